@@ -1,0 +1,35 @@
+# One entry point for people and CI. Every target creates or reuses .venv.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench soak clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m compensator.run
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy raft_store queues delay
+
+bench: $(STAMP)
+	$(PY) -m bench.raft --concurrency 1 --seconds 10 --json
+	$(PY) -m bench.raft --concurrency 16 --seconds 10 --json
+	$(PY) -m bench.raft --concurrency 256 --seconds 10 --json
+	$(PY) -m bench.raft --failover --json
+
+soak: $(STAMP)
+	SIM_SEEDS=$${SIM_SEEDS:-2000} SIM_BUDGET_S=$${SIM_BUDGET_S:-3600} $(PY) -m pytest -q tests/raft_store/test_simulation.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
