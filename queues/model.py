@@ -1,0 +1,348 @@
+"""Values of the compensation queue: states, commands, results, events and query views.
+
+Owns: the typed, frozen shapes that cross the replicated log (commands in, results out) and the
+event log (events out), with their limits as msgspec constraints, so decoding *is* validation
+(the gateway rule: nothing downstream re-validates a decoded value's ranges).
+
+Must never: import the machine, SQLite, a clock or a network module.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Final
+
+import msgspec
+
+from delay.policy import DELAY_MAX_MS, ErrorClass, RetryPolicy
+
+PAYLOAD_BYTES_MAX: Final = 256 * 1024
+"""RocketMQ's and QMQ's message size limit: a compensation request is a small instruction."""
+HEADERS_MAX: Final = 32
+TEXT_LENGTH_MAX: Final = 4096
+LEASE_COUNT_MAX: Final = 1000
+LEASE_MS_MAX: Final = 24 * 3600 * 1000
+LEASE_RESULT_BYTES_MAX: Final = 8 * 1024 * 1024
+"""A lease result stops granting once its payloads reach this size (at least one is granted)."""
+KINDS_PER_LEASE_MAX: Final = 64
+BATCH_IDS_MAX: Final = 1000
+TIME_MS_MAX: Final = 1 << 62
+
+KindName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+Key = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+RefKey = Annotated[str, msgspec.Meta(max_length=128)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+Text = Annotated[str, msgspec.Meta(max_length=TEXT_LENGTH_MAX)]
+Payload = Annotated[bytes, msgspec.Meta(max_length=PAYLOAD_BYTES_MAX)]
+HeaderValue = Annotated[str, msgspec.Meta(max_length=1024)]
+Headers = Annotated[dict[Name, HeaderValue], msgspec.Meta(max_length=HEADERS_MAX)]
+MessageId = Annotated[int, msgspec.Meta(ge=1)]
+Token = Annotated[int, msgspec.Meta(ge=1)]
+TimeMs = Annotated[int, msgspec.Meta(ge=0, le=TIME_MS_MAX)]
+DelayMs = Annotated[int, msgspec.Meta(ge=0, le=DELAY_MAX_MS)]
+LeaseMs = Annotated[int, msgspec.Meta(ge=1, le=LEASE_MS_MAX)]
+CountMax = Annotated[int, msgspec.Meta(ge=1, le=LEASE_COUNT_MAX)]
+BatchLimit = Annotated[int, msgspec.Meta(ge=1, le=BATCH_IDS_MAX)]
+
+BUILTIN_KINDS: Final = ("callback", "list_update", "transfer")
+ERROR_CLASS_LEASE_EXPIRED: Final = "lease_expired"
+
+
+class State(enum.Enum):
+    DELAYED = "delayed"
+    READY = "ready"
+    LEASED = "leased"
+    DONE = "done"
+    DEAD = "dead"
+    DISCARDED = "discarded"
+
+
+class Phase(enum.IntEnum):
+    """What is stored. WAITING is DELAYED or READY depending on due_ms against now_ms."""
+
+    WAITING = 1
+    LEASED = 2
+    DONE = 3
+    DEAD = 4
+    DISCARDED = 5
+
+
+def state_of(phase: Phase, due_ms: int, now_ms: int) -> State:
+    if phase is Phase.WAITING:
+        return State.READY if due_ms <= now_ms else State.DELAYED
+    return _PHASE_STATE[phase]
+
+
+_PHASE_STATE: Final = {
+    Phase.LEASED: State.LEASED,
+    Phase.DONE: State.DONE,
+    Phase.DEAD: State.DEAD,
+    Phase.DISCARDED: State.DISCARDED,
+}
+
+
+class Code(enum.IntEnum):
+    """Result codes. Expected outcomes are values, never exceptions."""
+
+    OK = 0
+    EXISTS = 1
+    """Enqueue: the idempotency key is known with the same content; the original id is returned."""
+    CONFLICT = 2
+    """Enqueue: the idempotency key is known with different content."""
+    NOT_FOUND = 3
+    ILLEGAL_STATE = 4
+    """The lifecycle table has no transition for (state, command)."""
+    STALE_TOKEN = 5
+    """The token is not the message's current lease: a newer grant fenced it off."""
+    LEASE_EXPIRED = 6
+    """The token was current but its lease expired (already counted as a failed attempt)."""
+    UNKNOWN_KIND = 7
+    INVALID = 8
+    """Decoded, but the values contradict each other (e.g. a due time too far away)."""
+    DECODE_ERROR = 9
+    UNSUPPORTED_VERSION = 10
+    ALREADY_ACKED = 11
+    """Ack repeated with the token that acked the message: the first ack's answer, not an error."""
+    ALREADY_PAUSED = 12
+    NOT_PAUSED = 13
+
+
+class DeadLetterFilter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    kind: KindName | None = None
+    error_class: ErrorClass | None = None
+    dead_from_ms: TimeMs | None = None
+    """Inclusive."""
+    dead_to_ms: TimeMs | None = None
+    """Exclusive."""
+    ref_key: RefKey | None = None
+
+
+# ---- commands -------------------------------------------------------------------------------
+class _Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="t"):
+    pass
+
+
+class Enqueue(_Command, frozen=True, tag="enqueue"):
+    kind: KindName
+    idempotency_key: Key
+    ref_key: RefKey
+    payload: Payload
+    headers: Headers = {}
+    delay_ms: DelayMs = 0
+    """Due at now_ms + delay_ms, unless due_ms is given."""
+    due_ms: TimeMs | None = None
+    """An absolute due time (at most DELAY_MAX_MS after now); a past time means ready now."""
+
+
+class Lease(_Command, frozen=True, tag="lease"):
+    worker_id: Name
+    count_max: CountMax
+    lease_ms: LeaseMs
+    kinds: Annotated[tuple[KindName, ...], msgspec.Meta(max_length=KINDS_PER_LEASE_MAX)] = ()
+    """Empty: every registered kind."""
+
+
+class ExtendLease(_Command, frozen=True, tag="extend"):
+    message_id: MessageId
+    token: Token
+    lease_ms: LeaseMs
+
+
+class Ack(_Command, frozen=True, tag="ack"):
+    message_id: MessageId
+    token: Token
+    summary: Text = ""
+
+
+class Fail(_Command, frozen=True, tag="fail"):
+    message_id: MessageId
+    token: Token
+    error_class: ErrorClass
+    error_text: Text = ""
+    permanent: bool = False
+    not_before_ms: TimeMs | None = None
+    """The downstream's Retry-After as an absolute time: the retry is not due before it."""
+
+
+class ExpireLeases(_Command, frozen=True, tag="expire"):
+    limit: BatchLimit = BATCH_IDS_MAX
+
+
+class Redrive(_Command, frozen=True, tag="redrive"):
+    actor: Name
+    reason: Text
+    ids: Annotated[tuple[MessageId, ...], msgspec.Meta(max_length=BATCH_IDS_MAX)] = ()
+    filter: DeadLetterFilter | None = None
+    """Dead letters matching this filter (oldest first, up to limit), instead of ids."""
+    limit: BatchLimit = 100
+    payload: Payload | None = None
+    """An edited payload (one id only); the original is kept beside it."""
+
+
+class Discard(_Command, frozen=True, tag="discard"):
+    message_id: MessageId
+    actor: Name
+    reason: Text
+
+
+class PauseKind(_Command, frozen=True, tag="pause"):
+    kind: KindName
+    holder: Name
+    reason: Text = ""
+
+
+class ResumeKind(_Command, frozen=True, tag="resume"):
+    kind: KindName
+    holder: Name
+
+
+class SetPolicy(_Command, frozen=True, tag="set_policy"):
+    """Registers the kind if it is new."""
+
+    kind: KindName
+    policy: RetryPolicy
+
+
+class Purge(_Command, frozen=True, tag="purge"):
+    """Delete tombstones (done, discarded) whose retention ended: bounded, driven by now_ms."""
+
+    limit: BatchLimit = BATCH_IDS_MAX
+
+
+QueueCommand = (
+    Enqueue | Lease | ExtendLease | Ack | Fail | ExpireLeases | Redrive | Discard | PauseKind | ResumeKind
+    | SetPolicy | Purge
+)  # fmt: skip
+
+
+# ---- results --------------------------------------------------------------------------------
+class _Result(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="t"):
+    code: Code
+
+
+class EnqueueResult(_Result, frozen=True, tag="enqueue"):
+    message_id: int = 0
+    state: State | None = None
+
+
+class Grant(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    message_id: int
+    token: int
+    kind: str
+    idempotency_key: str
+    ref_key: str
+    payload: bytes
+    """The edited payload if an operator redrove with one, else the original."""
+    headers: dict[str, str]
+    attempt: int
+    """1 for the first delivery; counts every delivery, across redrives."""
+    due_ms: int
+    """now_ms - due_ms is this delivery's lateness."""
+    deadline_ms: int
+
+
+class LeaseResult(_Result, frozen=True, tag="lease"):
+    grants: tuple[Grant, ...] = ()
+    expired: int = 0
+    """Leases found expired (and counted as failed attempts) by this command."""
+
+
+class Outcome(_Result, frozen=True, tag="outcome"):
+    """Extend, ack, fail, discard: the message's state after the command (or its current one)."""
+
+    message_id: int = 0
+    state: State | None = None
+    due_ms: int | None = None
+    deadline_ms: int | None = None
+    detail: str = ""
+
+
+class BatchResult(_Result, frozen=True, tag="batch"):
+    """Expire, purge, redrive: the ids touched."""
+
+    ids: tuple[int, ...] = ()
+    refused: tuple[tuple[int, Code], ...] = ()
+
+
+class KindResult(_Result, frozen=True, tag="kind"):
+    """Pause, resume, set policy: the kind's holders after the command."""
+
+    kind: str = ""
+    holders: tuple[str, ...] = ()
+
+
+class ErrorResult(_Result, frozen=True, tag="error"):
+    """The command's bytes did not decode, or its values contradict each other."""
+
+    detail: str = ""
+
+
+QueueResult = EnqueueResult | LeaseResult | Outcome | BatchResult | KindResult | ErrorResult
+
+
+# ---- events ---------------------------------------------------------------------------------
+class EventType(enum.Enum):
+    ENQUEUED = "enqueued"
+    LEASED = "leased"
+    LEASE_EXTENDED = "lease_extended"
+    SUCCEEDED = "succeeded"
+    ATTEMPT_FAILED = "attempt_failed"
+    LEASE_EXPIRED = "lease_expired"
+    DEAD_LETTERED = "dead_lettered"
+    REDRIVEN = "redriven"
+    DISCARDED = "discarded"
+    PURGED = "purged"
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    POLICY_SET = "policy_set"
+
+
+EventValue = str | int | bool | None
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    seq: int
+    """Dense, starting at 1: a projection saves the last seq it wrote, in its own transaction."""
+    log_index: int
+    ts_ms: int
+    type: EventType
+    message_id: int
+    """0 for kind-level events (pause, resume, policy)."""
+    kind: str
+    data: dict[str, EventValue]
+
+
+# ---- query views ----------------------------------------------------------------------------
+class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
+    attempt: int
+    token: int
+    worker_id: str
+    leased_ms: int
+    ended_ms: int | None
+    outcome: str | None
+    """None while leased; else succeeded, failed, expired."""
+    error_class: str | None
+    error_text: str | None
+
+
+class MessageView(msgspec.Struct, frozen=True, kw_only=True):
+    message_id: int
+    kind: str
+    idempotency_key: str
+    ref_key: str
+    payload: bytes
+    edited_payload: bytes | None
+    headers: dict[str, str]
+    created_ms: int
+    state: State
+    due_ms: int
+    attempts: int
+    last_error_class: str | None
+    last_error_text: str | None
+    token: int
+    lease_worker: str | None
+    lease_deadline_ms: int | None
+    dead_ms: int | None
+    dead_reason: str | None
+    terminal_ms: int | None
+    history: tuple[AttemptView, ...] = ()

@@ -1,0 +1,267 @@
+"""Read-only queries over the queue's tables.
+
+Owns: the views the API, the workers' long-poll and the projections read: a message by id, every
+message of a business id (ref key) with its attempt history, dead letters with filters and cursor
+pagination, counts per kind and state, the oldest due age per kind (the lateness metric), the
+event log after a sequence number, and the registered kinds.
+
+Must never: write, or be called inside an apply with another meaning than the machine's (the
+machine uses `dead_letter_ids` to resolve a redrive filter, inside its transaction). Time is the
+caller's `now_ms` (for "delayed" versus "ready"), never a clock read here.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Final
+
+import msgspec
+
+from delay import index as due_index
+from delay.policy import RetryPolicy
+from queues import codec
+from queues.model import (
+    AttemptView,
+    DeadLetterFilter,
+    Event,
+    EventType,
+    MessageView,
+    Phase,
+    State,
+    state_of,
+)
+
+PAGE_LIMIT_MAX: Final = 1000
+REF_KEY_MESSAGES_MAX: Final = 1000
+TABLE: Final = "messages"
+
+_MESSAGE_COLUMNS: Final = (
+    "id, kind, idempotency_key, ref_key, payload, edited_payload, headers, created_ms, phase, due_ms,"
+    " attempts, last_error_class, last_error_text, token, lease_worker, lease_deadline_ms, dead_ms,"
+    " dead_reason, terminal_ms"
+)
+
+_policy_decoder: Final = msgspec.msgpack.Decoder(RetryPolicy)
+
+
+class DeadLetterPage(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[MessageView, ...]
+    next_cursor: str | None
+    """Pass back to get the next page; None on the last page. Stable while new letters arrive."""
+
+
+class KindStateCount(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    state: State
+    count: int
+
+
+class KindView(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    policy: RetryPolicy
+    pause_holders: tuple[str, ...]
+
+
+def _history(conn: sqlite3.Connection, message_id: int) -> tuple[AttemptView, ...]:
+    rows = conn.execute(
+        "SELECT attempt, token, worker_id, leased_ms, ended_ms, outcome, error_class, error_text"
+        " FROM attempts WHERE message_id = ? ORDER BY attempt",
+        (message_id,),
+    ).fetchall()
+    return tuple(
+        AttemptView(
+            attempt=r[0],
+            token=r[1],
+            worker_id=r[2],
+            leased_ms=r[3],
+            ended_ms=r[4],
+            outcome=r[5],
+            error_class=r[6],
+            error_text=r[7],
+        )
+        for r in rows
+    )
+
+
+def _view(conn: sqlite3.Connection, row: tuple[Any, ...], now_ms: int, with_history: bool) -> MessageView:
+    r = row
+    message_id = int(r[0])
+    return MessageView(
+        message_id=message_id,
+        kind=r[1],
+        idempotency_key=r[2],
+        ref_key=r[3],
+        payload=r[4],
+        edited_payload=r[5],
+        headers=codec.decode_headers(r[6]),
+        created_ms=r[7],
+        state=state_of(Phase(r[8]), r[9], now_ms),
+        due_ms=r[9],
+        attempts=r[10],
+        last_error_class=r[11],
+        last_error_text=r[12],
+        token=r[13],
+        lease_worker=r[14],
+        lease_deadline_ms=r[15],
+        dead_ms=r[16],
+        dead_reason=r[17],
+        terminal_ms=r[18],
+        history=_history(conn, message_id) if with_history else (),
+    )
+
+
+def get_message(
+    conn: sqlite3.Connection, message_id: int, *, now_ms: int, with_history: bool = True
+) -> MessageView | None:
+    row = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)).fetchone()
+    return None if row is None else _view(conn, row, now_ms, with_history)
+
+
+def by_ref_key(
+    conn: sqlite3.Connection, ref_key: str, *, now_ms: int, limit: int = REF_KEY_MESSAGES_MAX
+) -> list[MessageView]:
+    """Every request of one business id, oldest first, each with its full attempt history."""
+    assert 0 < limit <= REF_KEY_MESSAGES_MAX
+    rows = conn.execute(
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE ref_key = ? ORDER BY id LIMIT ?", (ref_key, limit)
+    ).fetchall()
+    return [_view(conn, row, now_ms, True) for row in rows]
+
+
+def _dead_where(dead_filter: DeadLetterFilter, after: tuple[int, int] | None) -> tuple[str, list[object]]:
+    clauses = [f"phase = {int(Phase.DEAD)}"]
+    params: list[object] = []
+    if after is not None:
+        clauses.append("(dead_ms, id) > (?, ?)")
+        params.extend(after)
+    for column, value in (
+        ("kind", dead_filter.kind),
+        ("dead_error_class", dead_filter.error_class),
+        ("ref_key", dead_filter.ref_key),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if dead_filter.dead_from_ms is not None:
+        clauses.append("dead_ms >= ?")
+        params.append(dead_filter.dead_from_ms)
+    if dead_filter.dead_to_ms is not None:
+        clauses.append("dead_ms < ?")
+        params.append(dead_filter.dead_to_ms)
+    return " AND ".join(clauses), params
+
+
+def dead_letter_ids(
+    conn: sqlite3.Connection,
+    dead_filter: DeadLetterFilter,
+    *,
+    limit: int,
+    after: tuple[int, int] | None = None,
+) -> list[int]:
+    """Ids of dead letters matching the filter, ordered by (dead_ms, id): deterministic."""
+    assert 0 < limit <= PAGE_LIMIT_MAX
+    where, params = _dead_where(dead_filter, after)
+    rows = conn.execute(
+        f"SELECT id FROM messages WHERE {where} ORDER BY dead_ms, id LIMIT ?", (*params, limit)
+    ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def _parse_cursor(cursor: str) -> tuple[int, int]:
+    dead_ms, _, message_id = cursor.partition(".")
+    if not (dead_ms.isdigit() and message_id.isdigit()):
+        raise ValueError(f"bad dead-letter cursor {cursor!r}")
+    return int(dead_ms), int(message_id)
+
+
+def dead_letters(
+    conn: sqlite3.Connection,
+    dead_filter: DeadLetterFilter,
+    *,
+    now_ms: int,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> DeadLetterPage:
+    """A page of dead letters, oldest first. The cursor is the last (dead_ms, id) returned."""
+    assert 0 < limit <= PAGE_LIMIT_MAX
+    after = None if cursor is None else _parse_cursor(cursor)
+    where, params = _dead_where(dead_filter, after)
+    rows = conn.execute(
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY dead_ms, id LIMIT ?",
+        (*params, limit + 1),
+    ).fetchall()
+    items = tuple(_view(conn, row, now_ms, True) for row in rows[:limit])
+    next_cursor = None
+    if len(rows) > limit:
+        last = items[-1]
+        next_cursor = f"{last.dead_ms}.{last.message_id}"
+    return DeadLetterPage(items=items, next_cursor=next_cursor)
+
+
+def kinds(conn: sqlite3.Connection) -> list[KindView]:
+    rows = conn.execute("SELECT kind, policy FROM kinds ORDER BY kind").fetchall()
+    views = []
+    for kind, policy in rows:
+        holders = conn.execute(
+            "SELECT holder FROM kind_pauses WHERE kind = ? ORDER BY holder", (kind,)
+        ).fetchall()
+        views.append(
+            KindView(
+                kind=kind, policy=_policy_decoder.decode(policy), pause_holders=tuple(h[0] for h in holders)
+            )
+        )
+    return views
+
+
+def counts(conn: sqlite3.Connection, *, now_ms: int) -> list[KindStateCount]:
+    """Messages per (kind, state), sorted; zero counts are left out.
+
+    Delayed and ready come from two range counts on the due index; the other states from one
+    grouped scan (O(messages): a dashboard query, not a hot path).
+    """
+    found: dict[tuple[str, State], int] = {}
+    for kind, phase, count in conn.execute(
+        f"SELECT kind, phase, count(*) FROM messages WHERE phase != {int(Phase.WAITING)} GROUP BY kind, phase"
+    ):
+        found[(kind, state_of(Phase(phase), 0, now_ms))] = int(count)
+    for view in kinds(conn):
+        delayed, ready = due_index.count_waiting(conn, TABLE, kind=view.kind, now_ms=now_ms)
+        found[(view.kind, State.DELAYED)] = delayed
+        found[(view.kind, State.READY)] = ready
+    return [
+        KindStateCount(kind=kind, state=state, count=count)
+        for (kind, state), count in sorted(found.items(), key=lambda item: (item[0][0], item[0][1].value))
+        if count
+    ]
+
+
+def oldest_due_age_ms(conn: sqlite3.Connection, *, now_ms: int) -> dict[str, int]:
+    """Per kind with ready messages: how long its oldest ready message has been due (lateness)."""
+    ages: dict[str, int] = {}
+    for view in kinds(conn):
+        oldest = due_index.oldest_due_ms(conn, TABLE, kind=view.kind, now_ms=now_ms)
+        if oldest is not None:
+            ages[view.kind] = now_ms - oldest
+    return ages
+
+
+def events_after(conn: sqlite3.Connection, seq: int, *, limit: int = 1000) -> list[Event]:
+    """The events with a sequence number above `seq`, in order: what a projection tails."""
+    assert 0 < limit <= PAGE_LIMIT_MAX * 10
+    rows = conn.execute(
+        "SELECT seq, log_index, ts_ms, type, message_id, kind, data FROM events"
+        " WHERE seq > ? ORDER BY seq LIMIT ?",
+        (seq, limit),
+    ).fetchall()
+    return [
+        Event(
+            seq=r[0],
+            log_index=r[1],
+            ts_ms=r[2],
+            type=EventType(r[3]),
+            message_id=r[4],
+            kind=r[5],
+            data=codec.decode_event_data(r[6]),
+        )
+        for r in rows
+    ]
