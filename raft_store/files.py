@@ -1,0 +1,236 @@
+"""The only place the WAL and snapshot store touch the OS.
+
+Two modes:
+- normal: `os.write` on real file descriptors, `os.fsync` at sync, and a directory fsync after
+  a file is created, renamed or removed (a new name is not durable until its directory is
+  fsynced; "All File Systems Are Not Created Equal", OSDI'14);
+- volatile: appends are held in process memory and only written and fsynced at `sync()`, so a
+  kill -9 (or `close()` without sync) loses exactly the un-fsynced data. This turns "power loss"
+  into something a test can do on real files.
+
+A `FaultHook` sees every operation first; tests use it to count fsyncs, fail an fsync with EIO,
+or stop at a failpoint with `SimulatedCrash`.
+
+An fsync failure is sticky: after one, the `FileSystem` refuses everything. On Linux a failed
+fsync may have already dropped the dirty pages and cleared the error, so a retry can "succeed"
+without the data ever reaching disk (PostgreSQL's "fsyncgate", 2018). The only safe reaction is
+to stop and recover from what is durable (or from the other replicas).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+Op = Literal["create", "write", "fsync", "fsync_dir", "rename", "remove", "truncate"]
+
+
+class WalFailedError(RuntimeError):
+    """The storage layer hit an I/O error and refuses further work; the node must stop."""
+
+
+class FsyncFailedError(WalFailedError):
+    """An fsync (file or directory) failed: what was written may or may not be durable."""
+
+
+class SimulatedCrash(BaseException):
+    """Raised by a FaultHook at a failpoint to stop the code under test like a kill -9.
+
+    A BaseException so `except Exception` cleanup paths do not run, as they would not in a
+    real crash.
+    """
+
+
+class FaultHook:
+    """Counts operations and injects faults; subclass and override `before` for other faults.
+
+    fail_fsync_at: the n-th fsync (file or directory, 1-based) raises OSError(EIO); only that
+    one, so a test can prove the caller never retries its way past the failure.
+    crash_before / crash_at: raise SimulatedCrash before the `crash_at`-th operation `crash_before`.
+    """
+
+    def __init__(
+        self,
+        *,
+        fail_fsync_at: int | None = None,
+        crash_before: Op | None = None,
+        crash_at: int = 1,
+    ) -> None:
+        self.calls: Counter[str] = Counter()
+        self.fail_fsync_at = fail_fsync_at
+        self.crash_before = crash_before
+        self.crash_at = crash_at
+
+    @property
+    def fsyncs(self) -> int:
+        return self.calls["fsync"] + self.calls["fsync_dir"]
+
+    def before(self, op: Op, path: Path) -> None:
+        self.calls[op] += 1
+        if op == self.crash_before and self.calls[op] == self.crash_at:
+            raise SimulatedCrash(f"crash before {op} #{self.crash_at} of {path}")
+        if (
+            op in ("fsync", "fsync_dir")
+            and self.fail_fsync_at is not None
+            and self.fsyncs == self.fail_fsync_at
+        ):
+            raise OSError(errno.EIO, "injected fsync failure", str(path))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class FileSystem:
+    """Shared state of one store: the mode, the fault hook and the sticky failure."""
+
+    def __init__(self, *, volatile: bool = False, fault: FaultHook | None = None) -> None:
+        self.volatile = volatile
+        self.fault = fault
+        self.failure: WalFailedError | None = None
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise type(self.failure)(f"storage refuses work after an earlier failure: {self.failure}")
+
+    def before_op(self, op: Op, path: Path) -> None:
+        self.check()
+        if self.fault is not None:
+            try:
+                self.fault.before(op, path)
+            except OSError as err:
+                raise self.fail(err, op, path) from err
+
+    def fail(self, err: OSError, op: Op, path: Path) -> WalFailedError:
+        """Record a sticky failure and return the error to raise."""
+        cls = FsyncFailedError if op in ("fsync", "fsync_dir") else WalFailedError
+        failure = cls(f"{op} of {path} failed: {err}")
+        failure.__cause__ = err
+        if self.failure is None:
+            self.failure = failure
+        return failure
+
+    def create(self, path: Path) -> AppendFile:
+        """Create a new, empty file for appending (never reuses a name: O_EXCL)."""
+        self.before_op("create", path)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise self.fail(err, "create", path) from err
+        return AppendFile(self, path, fd, 0)
+
+    def open_append(self, path: Path) -> AppendFile:
+        self.check()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        return AppendFile(self, path, fd, os.fstat(fd).st_size)
+
+    def fsync_dir(self, directory: Path) -> None:
+        self.before_op("fsync_dir", directory)
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            raise self.fail(err, "fsync_dir", directory) from err
+
+    def rename(self, src: Path, dst: Path) -> None:
+        """Atomic replace; the caller fsyncs the directory to make it durable."""
+        self.before_op("rename", dst)
+        try:
+            os.replace(src, dst)
+        except OSError as err:
+            raise self.fail(err, "rename", dst) from err
+
+    def remove(self, path: Path) -> None:
+        self.before_op("remove", path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise self.fail(err, "remove", path) from err
+
+    def truncate(self, path: Path, size: int) -> None:
+        """Cut a file to `size` and fsync it (used by recovery to drop a torn tail)."""
+        self.before_op("truncate", path)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as err:
+            raise self.fail(err, "truncate", path) from err
+        try:
+            try:
+                os.ftruncate(fd, size)
+            except OSError as err:
+                raise self.fail(err, "truncate", path) from err
+            self.before_op("fsync", path)
+            try:
+                os.fsync(fd)
+            except OSError as err:
+                raise self.fail(err, "fsync", path) from err
+        finally:
+            os.close(fd)
+
+
+class AppendFile:
+    """An append-only file; `size` counts held (volatile) bytes too."""
+
+    __slots__ = ("_fd", "_fs", "_held", "path", "size")
+
+    def __init__(self, fs: FileSystem, path: Path, fd: int, size: int) -> None:
+        self._fs = fs
+        self.path = path
+        self._fd: int | None = fd
+        self.size = size
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        """One write per call: the WAL hands over a whole batch already joined."""
+        fs = self._fs
+        if fs.failure is not None:
+            fs.check()
+        assert self._fd is not None, "write after close"
+        if fs.volatile:
+            self._held.append(data)
+        else:
+            if fs.fault is not None:
+                fs.before_op("write", self.path)
+            try:
+                _write_all(self._fd, data)
+            except OSError as err:
+                raise fs.fail(err, "write", self.path) from err
+        self.size += len(data)
+
+    def sync(self) -> None:
+        fs = self._fs
+        fs.check()
+        assert self._fd is not None, "sync after close"
+        if self._held:
+            data = b"".join(self._held) if len(self._held) > 1 else self._held[0]
+            self._held.clear()
+            if fs.fault is not None:
+                fs.before_op("write", self.path)
+            try:
+                _write_all(self._fd, data)
+            except OSError as err:
+                raise fs.fail(err, "write", self.path) from err
+        if fs.fault is not None:
+            fs.before_op("fsync", self.path)
+        try:
+            os.fsync(self._fd)
+        except OSError as err:
+            raise fs.fail(err, "fsync", self.path) from err
+
+    def close(self) -> None:
+        """Release the descriptor; in volatile mode un-synced bytes are lost, as in a kill -9."""
+        self._held.clear()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
