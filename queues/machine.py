@@ -642,7 +642,8 @@ class _Apply:
                 continue
             self.conn.execute(
                 "UPDATE messages SET phase = ?, due_ms = ?, budget_attempts = attempts, budget_start_ms = ?,"
-                " token_open = 0, dead_ms = NULL, edited_payload = coalesce(?, edited_payload) WHERE id = ?",
+                " token_open = 0, dead_ms = NULL, dead_reason = NULL, dead_error_class = NULL,"
+                " edited_payload = coalesce(?, edited_payload) WHERE id = ?",
                 (Phase.WAITING, self.now_ms, self.now_ms, command.payload, message_id),
             )
             self.emit(
