@@ -1,0 +1,255 @@
+"""Queries and the scenarios behind the issue's complaints, driven through apply_batch bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from delay.policy import DAY_MS, RetryPolicy
+from queues import codec, queries
+from queues.machine import QueueMachine
+from queues.model import (
+    Ack,
+    BatchResult,
+    Code,
+    DeadLetterFilter,
+    Enqueue,
+    EnqueueResult,
+    EventType,
+    Fail,
+    Lease,
+    LeaseResult,
+    PauseKind,
+    Purge,
+    QueueCommand,
+    QueueResult,
+    Redrive,
+    ResumeKind,
+    SetPolicy,
+    State,
+)
+from raft_store.state_machine import Command
+
+T0 = 1_700_000_000_000
+
+
+class Node:
+    def __init__(self, path: str = ":memory:") -> None:
+        self.machine = QueueMachine(path)
+        self.index = 0
+        self.now_ms = T0
+
+    def apply_many(self, commands: list[QueueCommand]) -> list[QueueResult]:
+        self.index += 1
+        data = [Command(0, 0, codec.encode_command(c)) for c in commands]
+        return [codec.decode_result(r) for r in self.machine.apply_batch(self.index, self.now_ms, data)]
+
+    def apply(self, command: QueueCommand) -> QueueResult:
+        return self.apply_many([command])[0]
+
+    def enqueue(self, key: str, kind: str = "transfer", ref: str = "order-1", delay_ms: int = 0) -> int:
+        result = self.apply(
+            Enqueue(kind=kind, idempotency_key=key, ref_key=ref, payload=key.encode(), delay_ms=delay_ms)
+        )
+        assert isinstance(result, EnqueueResult) and result.code is Code.OK, result
+        return result.message_id
+
+    def lease(self, count_max: int = 10, kinds: tuple[str, ...] = ()) -> LeaseResult:
+        result = self.apply(Lease(worker_id="w", count_max=count_max, lease_ms=30_000, kinds=kinds))
+        assert isinstance(result, LeaseResult)
+        return result
+
+    def kill(self, message_id: int, token: int, error_class: str = "insufficient_funds") -> None:
+        fail = Fail(message_id=message_id, token=token, error_class=error_class, permanent=True)
+        assert self.apply(fail).code is Code.OK
+
+
+def test_by_id_and_by_ref_key_with_history() -> None:
+    node = Node()
+    first = node.enqueue("a", ref="packet-1")
+    node.enqueue("b", ref="packet-2")
+    (grant,) = node.lease(1).grants
+    node.now_ms += 1000
+    node.apply(Fail(message_id=grant.message_id, token=grant.token, error_class="timeout", error_text="slow"))
+    view = queries.get_message(node.machine.connection, first, now_ms=node.now_ms)
+    assert view is not None and view.state is State.DELAYED and view.attempts == 1
+    assert view.history[0].outcome == "failed" and view.history[0].error_text == "slow"
+    assert queries.get_message(node.machine.connection, 999, now_ms=node.now_ms) is None
+    second = node.enqueue("c", ref="packet-1")
+    by_ref = queries.by_ref_key(node.machine.connection, "packet-1", now_ms=node.now_ms)
+    assert [m.message_id for m in by_ref] == [first, second]
+    assert len(by_ref[0].history) == 1
+
+
+def test_dedup_window_is_days_not_minutes() -> None:
+    node = Node()
+    message_id = node.enqueue("pay-1")
+    (grant,) = node.lease().grants
+    assert node.apply(Ack(message_id=message_id, token=grant.token)).code is Code.OK
+    node.now_ms += 6 * DAY_MS
+    again = node.apply(Enqueue(kind="transfer", idempotency_key="pay-1", ref_key="order-1", payload=b"pay-1"))
+    assert again == EnqueueResult(code=Code.EXISTS, message_id=message_id, state=State.DONE)
+    other = node.apply(Enqueue(kind="transfer", idempotency_key="pay-1", ref_key="order-1", payload=b"other"))
+    assert other.code is Code.CONFLICT
+    node.now_ms += DAY_MS + 1
+    purged = node.apply(Purge(limit=100))
+    assert isinstance(purged, BatchResult) and purged.ids == (message_id,)
+    fresh = node.apply(Enqueue(kind="transfer", idempotency_key="pay-1", ref_key="order-1", payload=b"pay-1"))
+    assert fresh.code is Code.OK and fresh.message_id != message_id  # type: ignore[union-attr]
+
+
+def test_dead_letters_filters_and_cursor_pagination() -> None:
+    node = Node()
+    for i in range(7):
+        node.enqueue(f"t{i}", kind="transfer" if i % 2 else "callback", ref=f"r{i % 3}")
+    for grant in node.lease(7).grants:
+        node.now_ms += 10
+        node.kill(grant.message_id, grant.token, "insufficient_funds" if grant.message_id < 5 else "bad_url")
+    conn = node.machine.connection
+    everything = DeadLetterFilter()
+    seen: list[int] = []
+    cursor = None
+    while True:
+        page = queries.dead_letters(conn, everything, now_ms=node.now_ms, cursor=cursor, limit=3)
+        seen.extend(m.message_id for m in page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+        node.enqueue(f"late-{cursor}")  # new traffic does not disturb the pages
+    assert sorted(seen) == list(range(1, 8)) and len(seen) == 7
+    assert all(m.state is State.DEAD and m.dead_reason == "permanent_error" for m in page.items)
+
+    def ids(**kwargs: object) -> list[int]:
+        found = queries.dead_letters(conn, DeadLetterFilter(**kwargs), now_ms=node.now_ms, limit=100)  # type: ignore[arg-type]
+        return sorted(m.message_id for m in found.items)
+
+    assert ids(kind="transfer") == [2, 4, 6]
+    assert ids(error_class="bad_url") == [5, 6, 7]
+    assert ids(ref_key="r0") == [1, 4, 7]
+    dead_ms = {m: queries.get_message(conn, m, now_ms=node.now_ms).dead_ms for m in range(1, 8)}  # type: ignore[union-attr]
+    assert ids(dead_from_ms=dead_ms[3], dead_to_ms=dead_ms[5]) == [3, 4]
+
+    redriven = node.apply(
+        Redrive(
+            actor="ops", reason="funds topped up", filter=DeadLetterFilter(error_class="insufficient_funds")
+        )
+    )
+    assert isinstance(redriven, BatchResult) and redriven.ids == (1, 2, 3, 4)
+    assert ids() == [5, 6, 7]
+
+
+def test_edited_payload_is_kept_beside_the_original() -> None:
+    node = Node()
+    message_id = node.enqueue("x")
+    (grant,) = node.lease().grants
+    node.kill(message_id, grant.token)
+    node.apply(Redrive(actor="ops", reason="fix account", ids=(message_id,), payload=b"corrected"))
+    (again,) = node.lease().grants
+    assert again.payload == b"corrected" and again.attempt == 2
+    view = queries.get_message(node.machine.connection, message_id, now_ms=node.now_ms)
+    assert view is not None and view.payload == b"x" and view.edited_payload == b"corrected"
+    invalid = node.apply(Redrive(actor="o", reason="r", filter=DeadLetterFilter(), payload=b"no"))
+    assert invalid.code is Code.INVALID
+
+
+def test_counts_and_oldest_due_age() -> None:
+    node = Node()
+    node.enqueue("a")
+    node.enqueue("b", delay_ms=60_000)
+    node.enqueue("c", kind="callback")
+    node.now_ms += 5000
+    conn = node.machine.connection
+    counts = {(c.kind, c.state): c.count for c in queries.counts(conn, now_ms=node.now_ms)}
+    assert counts == {
+        ("callback", State.READY): 1,
+        ("transfer", State.DELAYED): 1,
+        ("transfer", State.READY): 1,
+    }
+    assert queries.oldest_due_age_ms(conn, now_ms=node.now_ms) == {"callback": 5000, "transfer": 5000}
+    node.lease(1, kinds=("callback",))
+    counts = {(c.kind, c.state): c.count for c in queries.counts(conn, now_ms=node.now_ms + 60_000)}
+    assert counts[("callback", State.LEASED)] == 1 and counts[("transfer", State.READY)] == 2
+
+
+def test_fair_across_kinds_a_flood_does_not_starve_the_rest() -> None:
+    node = Node()
+    node.apply_many(
+        [Enqueue(kind="transfer", idempotency_key=f"t{i}", ref_key="r", payload=b"") for i in range(500)]
+    )
+    node.now_ms += 1
+    node.enqueue("cb", kind="callback")
+    node.enqueue("lu", kind="list_update")
+    kinds = [g.kind for g in node.lease(3).grants]
+    assert sorted(kinds) == ["callback", "list_update", "transfer"]
+
+
+def test_pause_holders_do_not_undo_each_other() -> None:
+    node = Node()
+    node.enqueue("a")
+    node.apply(PauseKind(kind="transfer", holder="alice", reason="bank outage"))
+    node.apply(PauseKind(kind="transfer", holder="bob", reason="audit"))
+    assert node.lease().grants == ()
+    node.apply(ResumeKind(kind="transfer", holder="alice"))
+    assert node.lease().grants == ()  # bob still holds it
+    assert node.apply(ResumeKind(kind="transfer", holder="alice")).code is Code.NOT_PAUSED
+    node.apply(ResumeKind(kind="transfer", holder="bob"))
+    assert len(node.lease().grants) == 1
+
+
+def test_burst_due_in_one_second_is_drained_oldest_first_in_batches() -> None:
+    node = Node()
+    node.apply_many(
+        [
+            Enqueue(kind="transfer", idempotency_key=f"b{i}", ref_key="r", payload=b"", delay_ms=10_000)
+            for i in range(3000)
+        ]
+    )
+    assert node.lease().grants == ()  # delayed: invisible to lease, visible to counts
+    node.now_ms += 10_000
+    leased: list[int] = []
+    while batch := node.lease(1000).grants:
+        leased.extend(g.message_id for g in batch)
+        assert all(g.due_ms <= node.now_ms for g in batch)
+    assert leased == list(range(1, 3001))
+
+
+def test_lease_and_dead_letter_scans_use_their_indexes() -> None:
+    conn = Node().machine.connection
+    plans = {
+        "lease": "SELECT id, due_ms FROM messages INDEXED BY messages_due WHERE kind = 'transfer'"
+        " AND phase = 1 AND due_ms <= 5 ORDER BY due_ms, id LIMIT 10",
+        "expire": "SELECT id FROM messages INDEXED BY messages_lease_deadline WHERE phase = 2"
+        " AND lease_deadline_ms <= 5 ORDER BY lease_deadline_ms, id LIMIT 10",
+    }
+    for name, sql in plans.items():
+        plan = " ".join(str(row) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "USING COVERING INDEX" in plan or "USING INDEX" in plan, (name, plan)
+        assert "TEMP B-TREE" not in plan, (name, plan)  # no sort: O(batch), not O(backlog)
+
+
+def test_events_after_a_sequence_number() -> None:
+    node = Node()
+    node.enqueue("a")
+    node.apply(SetPolicy(kind="refund", policy=RetryPolicy(tiers_ms=(1000,), attempts_max=2)))
+    node.enqueue("r", kind="refund")
+    (_, g2) = node.lease().grants
+    node.apply(Fail(message_id=g2.message_id, token=g2.token, error_class="timeout"))
+    events = queries.events_after(node.machine.connection, 0)
+    assert [e.type for e in events] == [
+        EventType.ENQUEUED, EventType.POLICY_SET, EventType.ENQUEUED, EventType.LEASED, EventType.LEASED,
+        EventType.ATTEMPT_FAILED,
+    ]  # fmt: skip
+    assert [e.seq for e in queries.events_after(node.machine.connection, 4)] == [5, 6]
+
+
+def test_snapshot_of_a_file_store_restores_into_a_fresh_node(tmp_path: Path) -> None:
+    node = Node(str(tmp_path / "a.db"))
+    for i in range(20):
+        node.enqueue(f"k{i}", delay_ms=i * 1000)
+    node.lease(5)
+    index = node.machine.write_snapshot(tmp_path / "snap.db")
+    other = Node(str(tmp_path / "b.db"))
+    other.machine.restore_snapshot(tmp_path / "snap.db", index)
+    assert list(other.machine.connection.iterdump()) == list(node.machine.connection.iterdump())
+    other.index = index
+    other.now_ms += 10_000
+    assert [g.token for g in other.lease(2).grants] == [6, 7]  # the token counter survived
