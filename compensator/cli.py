@@ -1,0 +1,54 @@
+"""The ``compensator`` command: one argparse parser, one subcommand per capability.
+
+Owns: argument parsing and the exit-code contract. A bad argument prints one line
+(``compensator: error: ...``) and exits 2; a failed command prints one line and exits 1.
+
+To add a subcommand, write ``register(subparsers)`` next to the capability (see
+:mod:`spark_reconcile.command`) and add it to ``_REGISTRARS``. Registrars must keep heavy imports
+(Spark, database drivers) inside their handlers so ``compensator --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from compensator.errors import CommandError
+from spark_reconcile import command as reconcile_command
+
+Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
+_REGISTRARS: tuple[Registrar, ...] = (reconcile_command.register,)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message.splitlines()[0]}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="compensator", description="Reliable compensation and retry service.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for register in _REGISTRARS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = arguments.handler
+    try:
+        return handler(arguments)
+    except (CommandError, ValueError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"compensator {arguments.command}: error: {first_line}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"compensator {arguments.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""``compensator reconcile`` and ``compensator seed-ledgers``: the composition root of the job.
+
+Owns: reading the environment (``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``,
+``COMPENSATOR_PG_DATA``), choosing the database (configured DSN, else an embedded PostgreSQL in a
+dedicated data folder), building the session and the source, and printing where the results are.
+
+Must never: import Spark at module import time (``compensator --help`` must stay instant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from compensator.errors import CommandError
+
+DEFAULT_OUTPUT: Final = Path("var/reconcile")
+DEFAULT_PG_DATA: Final = Path("var/pg/data")
+API_URL_ENV: Final = "COMPENSATOR_API_URL"
+PG_DATA_ENV: Final = "COMPENSATOR_PG_DATA"
+
+
+def _date(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a date as YYYY-MM-DD, got {text!r}") from None
+
+
+def _hours(text: str) -> dt.timedelta:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of hours, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"hours must not be negative, got {text!r}")
+    return dt.timedelta(hours=value)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    reconcile = subparsers.add_parser(
+        "reconcile", help="reconcile the payment, red-packet and compensation ledgers"
+    )
+    reconcile.add_argument("--date", type=_date, required=True, help="business date, YYYY-MM-DD (UTC day)")
+    reconcile.add_argument("--source", choices=("jdbc", "parquet"), default="jdbc")
+    reconcile.add_argument(
+        "--parquet-dir", type=Path, help="root of the Parquet exports (with --source parquet)"
+    )
+    reconcile.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
+    reconcile.add_argument(
+        "--master", help="Spark master URL (default local[*]; spark-submit's when submitted)"
+    )
+    reconcile.add_argument("--late-window-hours", type=_hours, default=dt.timedelta(hours=6))
+    reconcile.add_argument("--pending-sla-hours", type=_hours, default=dt.timedelta(hours=4))
+    reconcile.add_argument("--jdbc-partitions", type=_positive, default=4)
+    reconcile.add_argument("--fetch-size", type=_positive, default=10_000)
+    reconcile.add_argument("--shuffle-partitions", type=_positive, default=8)
+    reconcile.add_argument("--driver-memory", default="2g")
+    reconcile.add_argument(
+        "--no-db", action="store_true", help="no run summary in PostgreSQL (Parquet source)"
+    )
+    reconcile.add_argument("--enqueue", action="store_true", help="send fixes to the API (default: dry run)")
+    reconcile.add_argument("--api-url", help=f"compensation API base URL (default ${API_URL_ENV})")
+    reconcile.add_argument("--pg-data", type=Path, help=f"embedded PostgreSQL data folder (${PG_DATA_ENV})")
+    reconcile.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
+    reconcile.set_defaults(handler=run_reconcile)
+
+    seed = subparsers.add_parser("seed-ledgers", help="load synthetic ledgers with known breaks (dev, demo)")
+    seed.add_argument("--date", type=_date, required=True)
+    seed.add_argument("--rows", type=_positive, default=10_000)
+    seed.add_argument(
+        "--per-class", type=int, help="injected breaks per class (default rows/1000, at least 1)"
+    )
+    seed.add_argument("--seed", type=int, default=7)
+    seed.add_argument("--parquet-dir", type=Path, help="write Parquet exports here instead of PostgreSQL")
+    seed.add_argument("--pg-data", type=Path)
+    seed.set_defaults(handler=run_seed)
+
+
+def _pg_data(arguments: argparse.Namespace) -> Path:
+    configured = arguments.pg_data or os.environ.get(PG_DATA_ENV)
+    return Path(configured) if configured else DEFAULT_PG_DATA
+
+
+def run_reconcile(arguments: argparse.Namespace) -> int:
+    from compensator import pg
+    from spark_reconcile.params import ReconcileParams
+
+    params = ReconcileParams(
+        business_date=arguments.date,
+        late_window=arguments.late_window_hours,
+        pending_sla=arguments.pending_sla_hours,
+    )
+    if arguments.source == "parquet" and arguments.parquet_dir is None:
+        raise CommandError("--source parquet needs --parquet-dir")
+    if arguments.source == "jdbc" and arguments.no_db:
+        raise CommandError("--no-db only makes sense with --source parquet")
+    api_url = arguments.api_url or os.environ.get(API_URL_ENV)
+    if arguments.enqueue and not api_url:
+        raise CommandError(f"--enqueue needs --api-url or ${API_URL_ENV}")
+    if arguments.no_db:
+        return _reconcile_with(arguments, params, dsn=None, api_url=api_url)
+    with pg.database(_pg_data(arguments)) as dsn:
+        return _reconcile_with(arguments, params, dsn=dsn, api_url=api_url)
+
+
+def _reconcile_with(
+    arguments: argparse.Namespace, params: Any, *, dsn: str | None, api_url: str | None
+) -> int:
+    from spark_reconcile import pipeline, session
+    from spark_reconcile.sources import JdbcConnection, JdbcSource, LedgerSource, ParquetSource
+
+    source: LedgerSource
+    if arguments.source == "parquet":
+        source = ParquetSource(root=str(arguments.parquet_dir.resolve()))
+    else:
+        assert dsn is not None
+        _require_upstream_tables(dsn)
+        source = JdbcSource(
+            connection=JdbcConnection.from_dsn(dsn),
+            partitions=arguments.jdbc_partitions,
+            fetch_size=arguments.fetch_size,
+        )
+    from pyspark.sql import SparkSession
+
+    owns_session = SparkSession.getActiveSession() is None  # in-process callers (tests) keep theirs
+    spark = session.build(
+        session.SessionConfig(
+            master=arguments.master,
+            shuffle_partitions=arguments.shuffle_partitions,
+            driver_memory=arguments.driver_memory,
+        )
+    )
+    config = pipeline.PipelineConfig(
+        params=params, output_root=arguments.output_dir, dsn=dsn, enqueue=arguments.enqueue, api_url=api_url
+    )
+    try:
+        result = pipeline.run(spark, source, config)
+    finally:
+        if owns_session:
+            spark.stop()
+    _print_result(result, as_json=arguments.json)
+    failed = [d for d in result.deliveries if not d.accepted]
+    if failed:
+        print(f"enqueue: {len(failed)} of {len(result.deliveries)} deliveries failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_result(result: Any, *, as_json: bool) -> None:
+    summary = result.summary
+    if as_json:
+        print(json.dumps(summary.to_json(), sort_keys=True))
+        return
+    counts = summary.counts()
+    print(f"business date: {summary.business_date.isoformat()}  run: {summary.run_id}")
+    print(f"discrepancies: {sum(counts.values())}  " + " ".join(f"{k}={v}" for k, v in counts.items()))
+    print(f"run summary:   PostgreSQL reconciliation_runs run_id={summary.run_id}")
+    print(f"discrepancies: {result.discrepancies}")
+    print(f"report:        {result.report}")
+    print(f"summary json:  {result.summary_json}")
+    mode = f"enqueued {sum(d.accepted for d in result.deliveries)}" if result.deliveries else "dry run"
+    print(f"fixes:         {result.fixes_jsonl} ({summary.fixes_proposed} proposed, {mode})")
+
+
+def _require_upstream_tables(dsn: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    async def missing() -> list[str]:
+        connection = await asyncpg.connect(dsn)
+        try:
+            rows = await connection.fetch(
+                "SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NULL",
+                ["payment_transfers", "red_packet_grants", "compensation_requests"],
+            )
+            return [row["t"] for row in rows]
+        finally:
+            await connection.close()
+
+    from compensator import migrate
+
+    migrate.apply(dsn)
+    absent = asyncio.run(missing())
+    if absent:
+        raise CommandError(
+            f"ledger tables missing: {', '.join(absent)}"
+            " (load them, or try `compensator seed-ledgers --date ...`)"
+        )
+
+
+def run_seed(arguments: argparse.Namespace) -> int:
+    from compensator import migrate, pg
+    from spark_reconcile import synthetic
+    from spark_reconcile.params import ReconcileParams
+
+    params = ReconcileParams(business_date=arguments.date)
+    per_class = arguments.per_class if arguments.per_class is not None else max(1, arguments.rows // 1000)
+    ledgers = synthetic.generate(rows=arguments.rows, per_class=per_class, params=params, seed=arguments.seed)
+    if arguments.parquet_dir is not None:
+        synthetic.write_parquet(ledgers, arguments.parquet_dir)
+        print(f"wrote Parquet exports to {arguments.parquet_dir}")
+    else:
+        with pg.database(_pg_data(arguments)) as dsn:
+            migrate.apply(dsn)
+            synthetic.load_postgres(ledgers, dsn)
+            print(f"loaded ledgers into {dsn}")
+    print(json.dumps({"injected": ledgers.injection.counts}, sort_keys=True))
+    return 0
