@@ -106,13 +106,14 @@ def message_in(driver: Driver, state: State) -> tuple[int, int]:
 
 def command_for(action: Action, message_id: int, token: int) -> QueueCommand:
     token = max(token, 1)
-    return {
+    commands: dict[Action, QueueCommand] = {
         Action.EXTEND: ExtendLease(message_id=message_id, token=token, lease_ms=1000),
         Action.ACK: Ack(message_id=message_id, token=token),
         Action.FAIL: Fail(message_id=message_id, token=token, error_class="timeout"),
         Action.REDRIVE: Redrive(actor="ops", reason="r", ids=(message_id,)),
         Action.DISCARD: Discard(message_id=message_id, actor="ops", reason="r"),
-    }[action]
+    }
+    return commands[action]
 
 
 # Lease, expire and purge pick messages through an index by state, so they cannot address an
