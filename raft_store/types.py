@@ -15,7 +15,7 @@ NodeId = NewType("NodeId", int)
 Term = NewType("Term", int)
 Index = NewType("Index", int)
 
-NO_NODE = NodeId(0)
+NO_NODE: int = 0
 
 
 class EntryKind(enum.IntEnum):

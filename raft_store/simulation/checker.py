@@ -1,0 +1,173 @@
+"""Safety and liveness properties, checked after every simulated event.
+
+Properties (Raft paper Figure 3, plus the durability promises a node makes on the wire):
+- election safety: at most one leader per term;
+- log matching: two logs with an entry of the same index and term agree on everything before it;
+- leader completeness: a new leader's log holds every entry committed before it;
+- state machine safety: no two nodes apply different entries at one index;
+- acknowledged is forever: every acked proposal is applied on every node after healing;
+- promises survive restarts: a node never restarts with a term lower than one it has sent, nor
+  with a different vote in a term in which it granted one;
+- linearizable reads: a read index is at least the commit index when the read was requested;
+- liveness: after healing, one leader and full convergence within a bound.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from raft_store.core import Role
+from raft_store.types import Entry, HardState, Message, MessageType, ReadState, Snapshot, SnapshotMeta
+
+if TYPE_CHECKING:
+    from raft_store.simulation.cluster import Cluster
+
+MT = MessageType
+_UNPERSISTED_TERMS = (MT.PRE_VOTE, MT.PRE_VOTE_RESP)
+
+
+class Checker:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.leaders: dict[int, int] = {}
+        self.committed: dict[int, tuple[int, bytes]] = {}  # index -> (term, data)
+        self.max_committed = 0
+        self.acked: dict[int, tuple[int, int]] = {}  # value -> (index, term)
+        self.term_sent: dict[int, int] = {}
+        self.votes_granted: dict[tuple[int, int], int] = {}  # (node, term) -> candidate
+        self.read_floor: dict[bytes, int] = {}
+        self.reads_checked = 0
+        self._checked_commit: dict[int, int] = {}
+        self._events = 0
+
+    def violation(self, text: str) -> None:
+        self.cluster.fail(text)
+
+    # ---- hooks -------------------------------------------------------------------------
+    def on_send(self, m: Message) -> None:
+        if m.type not in _UNPERSISTED_TERMS:
+            self.term_sent[m.frm] = max(self.term_sent.get(m.frm, 0), m.term)
+        if m.type is MT.VOTE_RESP and not m.reject:
+            key = (m.frm, m.term)
+            previous = self.votes_granted.setdefault(key, m.to)
+            if previous != m.to:
+                self.violation(f"n{m.frm} granted votes to n{previous} and n{m.to} in term {m.term}")
+
+    def on_restart(self, node: int, hs: HardState, entries: list[Entry], snap: SnapshotMeta) -> None:
+        sent = self.term_sent.get(node, 0)
+        if hs.term < sent:
+            self.violation(f"n{node} restarted at term {hs.term} after sending term {sent}")
+        granted = self.votes_granted.get((node, hs.term))
+        if granted is not None and hs.vote != granted:
+            self.violation(f"n{node} restarted with vote {hs.vote} in term {hs.term}, granted n{granted}")
+        self._checked_commit[node] = snap.index
+
+    def on_apply(self, node: int, entry: Entry) -> None:
+        known = self.committed.get(entry.index)
+        if known is not None and known != (entry.term, entry.data):
+            self.violation(f"n{node} applied {entry.index}@{entry.term}, another node applied {known[0]}")
+        self._register(entry)
+
+    def on_ack(self, value: int, entry: Entry) -> None:
+        self.acked[value] = (entry.index, entry.term)
+
+    def on_snapshot_installed(self, node: int, snapshot: Snapshot) -> None:
+        self._checked_commit[node] = snapshot.meta.index
+
+    def on_read_requested(self, context: bytes, leader: int) -> None:
+        self.read_floor[context] = self.max_committed
+
+    def on_read_state(self, node: int, state: ReadState) -> None:
+        floor = self.read_floor.get(state.context)
+        if floor is not None and state.index < floor:
+            self.violation(f"n{node} read index {state.index} below commit {floor} at request time")
+        self.reads_checked += 1
+
+    # ---- after every event ---------------------------------------------------------------
+    def after_event(self) -> None:
+        self._events += 1
+        for node_id, node in self.cluster.nodes.items():
+            core = node.core
+            if core is None:
+                continue
+            if core.role is Role.LEADER:
+                first = self.leaders.setdefault(core.term, node_id)
+                if first != node_id:
+                    self.violation(f"two leaders in term {core.term}: n{first} and n{node_id}")
+                if not getattr(core, "_checked_complete", False):
+                    self._check_leader_complete(node_id)
+                    core._checked_complete = True  # type: ignore[attr-defined]
+            self._check_commits(node_id)
+        if self._events % 16 == 0:
+            self._check_log_matching()
+
+    def _register(self, entry: Entry) -> None:
+        known = self.committed.get(entry.index)
+        if known is None:
+            self.committed[entry.index] = (entry.term, entry.data)
+            self.max_committed = max(self.max_committed, entry.index)
+        elif known != (entry.term, entry.data):
+            self.violation(f"index {entry.index} committed as {known[0]} and as {entry.term}")
+
+    def _check_commits(self, node_id: int) -> None:
+        core = self.cluster.nodes[node_id].core
+        assert core is not None
+        log = core.log
+        start = max(self._checked_commit.get(node_id, 0), log.snapshot_index) + 1
+        for index in range(start, log.committed + 1):
+            self._register(log.entry(index))
+        self._checked_commit[node_id] = max(self._checked_commit.get(node_id, 0), log.committed)
+
+    def _check_leader_complete(self, node_id: int) -> None:
+        core = self.cluster.nodes[node_id].core
+        assert core is not None
+        log = core.log
+        for index, (term, _) in self.committed.items():
+            if index <= log.snapshot_index:
+                continue
+            if log.term(index) != term:
+                self.violation(f"new leader n{node_id} (term {core.term}) lacks committed entry {index}@{term}")
+
+    def _check_log_matching(self) -> None:
+        live = [(n, node.core) for n, node in self.cluster.nodes.items() if node.core is not None]
+        for i, (a, core_a) in enumerate(live):
+            for b, core_b in live[i + 1 :]:
+                la, lb = core_a.log, core_b.log
+                lo = max(la.snapshot_index, lb.snapshot_index) + 1
+                hi = min(la.last_index(), lb.last_index())
+                matched = False
+                for index in range(hi, lo - 1, -1):
+                    ea, eb = la.entry(index), lb.entry(index)
+                    if matched or ea.term == eb.term:
+                        matched = True
+                        if ea != eb:
+                            self.violation(f"log matching broken at {index} between n{a} and n{b}")
+
+    # ---- end of run ---------------------------------------------------------------------
+    def check_converged(self, final_value: int) -> None:
+        cluster = self.cluster
+        if final_value not in self.acked:
+            self.violation("a proposal made after healing did not commit in time")
+        leader = cluster.leader()
+        if leader is None:
+            self.violation("no leader after healing")
+        live = {n: node for n, node in cluster.nodes.items() if not node.corrupted}
+        lcore = cluster.nodes[leader].core  # type: ignore[index]
+        assert lcore is not None
+        members = lcore.conf.all_nodes()
+        target = lcore.log.last_index()
+        for node_id, node in live.items():
+            if node_id not in members:
+                continue
+            if node.core is None:
+                self.violation(f"n{node_id} not running after healing")
+            if node.state_index != target:
+                self.violation(f"n{node_id} applied {node.state_index}, leader has {target} after healing")
+            applied = {index: (term, data) for index, term, data in node.applied}
+            for value, (index, term) in self.acked.items():
+                got = applied.get(index)
+                if got is None or got[0] != term or int.from_bytes(got[1][:8], "big") != value:
+                    self.violation(f"acked value {value} at {index}@{term} lost on n{node_id}")
+            for index, (term, data) in applied.items():
+                if self.committed.get(index, (term, data)) != (term, data):
+                    self.violation(f"n{node_id} state differs at {index}")

@@ -1,0 +1,498 @@
+"""A seeded cluster: production RaftCore objects, a hostile network, crashing disks, a checker.
+
+One `random.Random(seed)` decides every delay, drop, partition, crash and proposal, so a failing
+run is replayed exactly by `python -m raft_store.simulation --seed N ...`.
+
+The node driver here follows the same Ready contract as the real runner (raft_store/node.py) but
+splits it into three events so a crash can land between them: (1) send early messages and write
+to the disk's volatile buffer, (2) fsync after a simulated fsync latency, (3) send replies,
+apply, advance. Planted bugs bend exactly that contract to prove the checker notices.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raft_store.core import Config, ProposalDropped, RaftCore, Ready, Recovered, Role
+from raft_store.membership import MembershipError
+from raft_store.simulation.checker import Checker
+from raft_store.simulation.disk import SimCorruption, SimDisk
+from raft_store.types import (
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    Message,
+    MessageType,
+    Snapshot,
+    SnapshotMeta,
+)
+
+TICK_MS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Probabilities and rates of each fault; all zero means a perfect world."""
+
+    drop: float = 0.05
+    duplicate: float = 0.03
+    delay_ms_max: int = 20
+    partition_every_ms: int = 1500
+    partition_probability: float = 0.5
+    one_way_probability: float = 0.3
+    crash_every_ms: int = 700
+    crash_probability: float = 0.5
+    corrupt_probability: float = 0.1
+    restart_after_ms_max: int = 1500
+    membership_every_ms: int = 2000
+    clock_drift_max: float = 0.1
+    snapshot_every_entries: int = 40
+    read_every_ms: int = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Bugs:
+    """Deliberately broken drivers; each must make the checker fail on some seeds."""
+
+    ack_before_fsync: bool = False
+    vote_without_fsync: bool = False
+    truncate_on_corruption: bool = False
+
+
+class SimulationFailure(AssertionError):
+    def __init__(self, seed: int, replay: str, reason: str, trace: list[str]) -> None:
+        tail = "\n".join(trace[-40:])
+        super().__init__(f"seed {seed}: {reason}\nreplay: {replay}\nlast events:\n{tail}")
+        self.seed = seed
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class SimNode:
+    node_id: int
+    disk: SimDisk
+    core: RaftCore | None = None
+    applied: list[tuple[int, int, bytes]] = field(default_factory=list)  # (index, term, data)
+    state_index: int = 0  # index the state machine reflects
+    durable_state: tuple[int, tuple[tuple[int, int, bytes], ...]] = (0, ())
+    busy: bool = False  # a Ready is being persisted
+    corrupted: bool = False
+    corruption_planted: bool = False
+    drift: float = 1.0
+    generation: int = 0  # bumps on every crash, so stale events of a dead incarnation are ignored
+
+
+class Cluster:
+    def __init__(
+        self, seed: int, nodes: int = 3, faults: Faults | None = None, bugs: Bugs | None = None,
+        *, membership: bool = False, replay: str | None = None,
+    ) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.faults = faults or Faults()
+        self.bugs = bugs or Bugs()
+        self.membership = membership
+        self.replay = replay or f"python -m raft_store.simulation --seed {seed} --nodes {nodes}"
+        self.now = 0
+        self._events: list[tuple[int, int, Callable[[], None]]] = []
+        self._seq = 0
+        self.ids = list(range(1, nodes + 1))
+        initial = ConfState(voters=frozenset(self.ids))
+        self.nodes: dict[int, SimNode] = {}
+        for node_id in self.ids:
+            disk = SimDisk(truncate_on_corruption=self.bugs.truncate_on_corruption)
+            disk.snapshot = Snapshot(SnapshotMeta(0, 0, initial), _encode_state(()))
+            self.nodes[node_id] = SimNode(node_id, disk, drift=1 + self.rng.uniform(
+                -self.faults.clock_drift_max, self.faults.clock_drift_max))
+        self.blocked: set[tuple[int, int]] = set()
+        self.checker = Checker(self)
+        self.trace: list[str] = []
+        self.healed = False
+        self.clients_stopped = False
+        self.final_value = -1
+        self.stats = {"faults": 0, "crashes": 0, "partitions": 0, "drops": 0, "corruptions": 0,
+                      "acked": 0, "proposed": 0, "snapshots": 0, "conf_changes": 0, "reads": 0}
+        self._next_value = 0
+        self._inflight: dict[int, tuple[int, int, int]] = {}  # value -> (leader, index, term)
+        for node_id in self.ids:
+            self._start(node_id)
+
+    # ---- event loop ------------------------------------------------------------------
+    def at(self, delay_ms: float, action: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (self.now + max(0, int(delay_ms)), self._seq, action))
+
+    def run_until(self, end_ms: int) -> None:
+        while self._events and self._events[0][0] <= end_ms:
+            when, _, action = heapq.heappop(self._events)
+            self.now = when
+            try:
+                action()
+                self.checker.after_event()
+            except SimulationFailure:
+                raise
+            except (AssertionError, Exception) as exc:  # a crash of the core is a finding too
+                self.fail(f"{type(exc).__name__}: {exc}")
+        self.now = max(self.now, end_ms)
+
+    def fail(self, reason: str) -> None:
+        raise SimulationFailure(self.seed, self.replay, reason, self.trace)
+
+    def log(self, text: str) -> None:
+        self.trace.append(f"{self.now:>7}ms {text}")
+        if len(self.trace) > 400:
+            del self.trace[:200]
+
+    # ---- nodes --------------------------------------------------------------------------
+    def _start(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        try:
+            rec = node.disk.recover()
+        except SimCorruption as exc:
+            node.corrupted = True
+            self.stats["corruptions"] += 1
+            self.log(f"n{node_id} refuses to start: {exc}")
+            return
+        snapshot = rec.snapshot
+        assert snapshot is not None
+        # The state machine persists lazily (SQLite synchronous=NORMAL): it may be behind the
+        # snapshot after a power cut, in which case the runner restores it from the snapshot.
+        state_index, state = node.durable_state
+        if state_index < snapshot.meta.index:
+            state_index, state = snapshot.meta.index, _decode_state(snapshot.data)
+        node.applied = list(state)
+        node.state_index = state_index
+        self.checker.on_restart(node_id, rec.hard_state, rec.entries, snapshot.meta)
+        recovered = Recovered(
+            hard_state=rec.hard_state, snapshot=snapshot.meta, entries=tuple(rec.entries),
+            applied=min(state_index, rec.entries[-1].index if rec.entries else snapshot.meta.index),
+        )
+        if recovered.applied < state_index:
+            # State machine is ahead of a log that lost its tail: impossible with a correct WAL.
+            self.fail(f"n{node_id} state machine at {state_index} ahead of its log")
+        node.core = RaftCore(
+            Config(node_id=node_id, election_ticks=10, heartbeat_ticks=2, inflight_max=4,
+                   append_bytes_max=600),
+            recovered, random.Random(self.rng.getrandbits(64)),
+        )
+        node.generation += 1
+        node.busy = False
+        self._schedule_tick(node_id, node.generation)
+        self.log(f"n{node_id} started term={rec.hard_state.term} vote={rec.hard_state.vote} "
+                 f"last={node.core.log.last_index()} torn={rec.torn_tail}")
+
+    def crash(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        if node.core is None:
+            return
+        may_corrupt = (
+            self.rng.random() < self.faults.corrupt_probability
+            and sum(1 for n in self.nodes.values() if n.corruption_planted) + 1 < (len(self.ids) + 1) // 2
+        )
+        node.corruption_planted |= may_corrupt
+        what = node.disk.crash(self.rng, may_corrupt=may_corrupt)
+        node.core = None
+        node.generation += 1
+        self.stats["crashes"] += 1
+        self.stats["faults"] += 1
+        for value, (leader, _, _) in list(self._inflight.items()):
+            if leader == node_id:
+                del self._inflight[value]  # the client sees a timeout: outcome unknown
+        self.log(f"n{node_id} CRASH ({what})")
+
+    def restart(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        if node.core is None and not node.corrupted:
+            self._start(node_id)
+
+    def _schedule_tick(self, node_id: int, generation: int) -> None:
+        node = self.nodes[node_id]
+        self.at(TICK_MS * node.drift, lambda: self._tick(node_id, generation))
+
+    def _tick(self, node_id: int, generation: int) -> None:
+        node = self.nodes[node_id]
+        if node.core is None or node.generation != generation:
+            return
+        node.core.tick()
+        self._pump(node_id)
+        self._schedule_tick(node_id, generation)
+
+    # ---- the Ready cycle ------------------------------------------------------------------
+    def _pump(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        core = node.core
+        if core is None or node.busy or not core.has_ready():
+            return
+        rd = core.ready()
+        node.busy = True
+        generation = node.generation
+        for m in rd.early_messages:
+            self._send(node, m)
+        if rd.snapshot is not None:
+            self._install_snapshot(node, rd.snapshot)
+        if rd.hard_state is not None:
+            node.disk.write_hard_state(rd.hard_state)
+        node.disk.write_entries(rd.entries)
+        if self.bugs.ack_before_fsync or (self.bugs.vote_without_fsync and not rd.entries):
+            for m in rd.messages:
+                self._send(node, m)
+            rd.messages = []
+        fsync_ms = self.rng.uniform(0.2, 3.0) if rd.must_sync else 0.0
+        self.at(fsync_ms, lambda: self._persisted(node_id, generation, rd))
+
+    def _persisted(self, node_id: int, generation: int, rd: Ready) -> None:
+        node = self.nodes[node_id]
+        if node.core is None or node.generation != generation:
+            return
+        if rd.must_sync and not (self.bugs.vote_without_fsync and not rd.entries):
+            node.disk.sync()
+            node.durable_state = (node.state_index, tuple(node.applied))
+        for m in rd.messages:
+            self._send(node, m)
+        for state in rd.read_states:
+            self.checker.on_read_state(node_id, state)
+        self._apply(node, rd.committed)
+        node.core.advance(rd)
+        node.busy = False
+        self._maybe_snapshot(node)
+        self._pump(node_id)
+
+    def _apply(self, node: SimNode, committed: list[Entry]) -> None:
+        for entry in committed:
+            if entry.index <= node.state_index:
+                continue
+            assert entry.index == node.state_index + 1, f"apply gap at n{node.node_id}"
+            node.applied.append((entry.index, entry.term, entry.data))
+            node.state_index = entry.index
+            self.checker.on_apply(node.node_id, entry)
+            if entry.kind is EntryKind.NORMAL:
+                value = int.from_bytes(entry.data[:8], "big")
+                pending = self._inflight.get(value)
+                if pending and pending[0] == node.node_id:
+                    del self._inflight[value]
+                    if (pending[1], pending[2]) == (entry.index, entry.term):
+                        self.stats["acked"] += 1
+                        self.checker.on_ack(value, entry)
+
+    def _install_snapshot(self, node: SimNode, snapshot: Snapshot) -> None:
+        node.disk.save_snapshot(snapshot, installed=True)
+        node.applied = list(_decode_state(snapshot.data))
+        node.state_index = snapshot.meta.index
+        self.checker.on_snapshot_installed(node.node_id, snapshot)
+
+    def _maybe_snapshot(self, node: SimNode) -> None:
+        core = node.core
+        assert core is not None
+        every = self.faults.snapshot_every_entries
+        if every and core.log.applied - core.log.snapshot_index >= every and node.state_index == core.log.applied:
+            index = core.log.applied
+            meta = core.compact(index)
+            data = _encode_state(tuple(node.applied))
+            node.disk.save_snapshot(Snapshot(meta, data), installed=False)
+            node.durable_state = (node.state_index, tuple(node.applied))
+            self.stats["snapshots"] += 1
+
+    # ---- network ------------------------------------------------------------------------
+    def _send(self, node: SimNode, m: Message) -> None:
+        self.checker.on_send(m)
+        if m.type is MessageType.SNAP:
+            snap = node.disk.snapshot
+            assert snap is not None and m.snapshot is not None and snap.meta == m.snapshot.meta, \
+                "the snapshot sent must be the one on disk"
+            m = _with_snapshot(m, snap)
+        if (m.frm, m.to) in self.blocked:
+            return
+        if not self.healed and self.rng.random() < self.faults.drop:
+            self.stats["drops"] += 1
+            return
+        copies = 2 if not self.healed and self.rng.random() < self.faults.duplicate else 1
+        for _ in range(copies):
+            delay = self.rng.uniform(0.5, self.faults.delay_ms_max if not self.healed else 2)
+            self.at(delay, lambda m=m: self._deliver(m))
+
+    def _deliver(self, m: Message) -> None:
+        node = self.nodes.get(m.to)
+        if node is None or node.core is None or (m.frm, m.to) in self.blocked:
+            return
+        node.core.step(m)
+        self._pump(m.to)
+
+    # ---- clients and operators -----------------------------------------------------------
+    def leader(self) -> int | None:
+        best: tuple[int, int] | None = None
+        for node_id, node in self.nodes.items():
+            if node.core is not None and node.core.role is Role.LEADER:
+                if best is None or node.core.term > best[0]:
+                    best = (node.core.term, node_id)
+        return best[1] if best else None
+
+    def propose(self) -> None:
+        leader = self.leader()
+        if leader is None:
+            return
+        core = self.nodes[leader].core
+        assert core is not None
+        self._next_value += 1
+        value = self._next_value
+        data = value.to_bytes(8, "big") + self.rng.randbytes(self.rng.randrange(0, 64))
+        try:
+            index = core.propose(data)
+        except ProposalDropped:
+            return
+        self.stats["proposed"] += 1
+        self._inflight[value] = (leader, index, core.term)
+        self._pump(leader)
+
+    def change_membership(self) -> None:
+        leader = self.leader()
+        if leader is None:
+            return
+        core = self.nodes[leader].core
+        assert core is not None
+        conf = core.conf
+        missing = [n for n in self.ids if n not in conf.voters]
+        if missing:
+            change = ConfChange(ConfChangeType.ADD_VOTER, self.rng.choice(missing))
+        else:
+            candidates = [n for n in sorted(conf.voters) if n != leader]
+            change = ConfChange(ConfChangeType.REMOVE_NODE, self.rng.choice(candidates))
+        try:
+            core.propose_conf_change(change)
+        except (ProposalDropped, MembershipError):
+            return
+        self.stats["conf_changes"] += 1
+        self.log(f"n{leader} proposes {change.change.name} n{change.node}")
+        self._pump(leader)
+
+    def read(self) -> None:
+        leader = self.leader()
+        if leader is None:
+            return
+        core = self.nodes[leader].core
+        assert core is not None
+        self.stats["reads"] += 1
+        context = self._seq.to_bytes(8, "big")
+        self.checker.on_read_requested(context, leader)
+        core.read_index(context)
+        self._pump(leader)
+
+    def transfer(self) -> None:
+        leader = self.leader()
+        if leader is None:
+            return
+        core = self.nodes[leader].core
+        assert core is not None
+        targets = [n for n in sorted(core.conf.voters) if n != leader]
+        if targets:
+            core.transfer_leadership(self.rng.choice(targets))
+            self._pump(leader)
+
+    # ---- fault schedule --------------------------------------------------------------------
+    def _chaos(self) -> None:
+        if self.healed:
+            return
+        f = self.faults
+        r = self.rng.random()
+        if r < 0.25 and f.crash_probability:
+            alive = [n for n, node in self.nodes.items() if node.core is not None]
+            if alive and self.rng.random() < f.crash_probability:
+                victim = self.rng.choice(alive)
+                self.crash(victim)
+                self.at(self.rng.uniform(50, f.restart_after_ms_max), lambda: self.restart(victim))
+        elif r < 0.45 and f.partition_probability:
+            self.blocked = set()
+            if self.rng.random() < f.partition_probability:
+                self._partition()
+        elif r < 0.55 and self.membership:
+            self.change_membership()
+        elif r < 0.6:
+            self.transfer()
+        self.at(self.rng.uniform(50, 400), self._chaos)
+
+    def _partition(self) -> None:
+        ids = self.ids[:]
+        self.rng.shuffle(ids)
+        cut = self.rng.randrange(1, len(ids))
+        side_a, side_b = ids[:cut], ids[cut:]
+        one_way = self.rng.random() < self.faults.one_way_probability
+        for a in side_a:
+            for b in side_b:
+                self.blocked.add((a, b))
+                if not one_way:
+                    self.blocked.add((b, a))
+        self.stats["partitions"] += 1
+        self.stats["faults"] += 1
+        self.log(f"partition {sorted(side_a)} | {sorted(side_b)}{' one-way' if one_way else ''}")
+
+    def _client_loop(self) -> None:
+        if self.clients_stopped:
+            return
+        if self.rng.random() < 0.8:
+            self.propose()
+        if self.rng.random() < 0.05:
+            self.read()
+        self.at(self.rng.uniform(5, 40), self._client_loop)
+
+    # ---- the whole run ---------------------------------------------------------------------
+    def run(self, chaos_ms: int = 8000, heal_ms: int = 6000) -> dict[str, Any]:
+        self.at(0, self._client_loop)
+        self.at(100, self._chaos)
+        self.run_until(chaos_ms)
+        self.heal()
+        self.run_until(chaos_ms + heal_ms // 2)
+        self.clients_stopped = True
+        self._final_proposal()
+        self.run_until(chaos_ms + heal_ms)
+        self.checker.check_converged(self.final_value)
+        return dict(self.stats)
+
+    def _final_proposal(self) -> None:
+        """After healing, a fresh proposal must commit: the liveness half of the check."""
+        if self.final_value in self.checker.acked:
+            return
+        if self.final_value not in self._inflight:
+            before = self._next_value
+            self.propose()
+            if self._next_value != before and self._next_value in self._inflight:
+                self.final_value = self._next_value
+        self.at(50, self._final_proposal)
+
+    def heal(self) -> None:
+        self.healed = True
+        self.blocked = set()
+        for node_id in self.ids:
+            self.restart(node_id)
+        self.log("HEAL")
+
+
+def _with_snapshot(m: Message, snapshot: Snapshot) -> Message:
+    return Message(m.type, to=m.to, frm=m.frm, term=m.term, snapshot=snapshot)
+
+
+def _encode_state(applied: tuple[tuple[int, int, bytes], ...]) -> bytes:
+    out = bytearray()
+    for index, term, data in applied:
+        out += index.to_bytes(8, "big") + term.to_bytes(8, "big") + len(data).to_bytes(4, "big") + data
+    return bytes(out)
+
+
+def _decode_state(blob: bytes) -> tuple[tuple[int, int, bytes], ...]:
+    out = []
+    offset = 0
+    while offset < len(blob):
+        index = int.from_bytes(blob[offset : offset + 8], "big")
+        term = int.from_bytes(blob[offset + 8 : offset + 16], "big")
+        length = int.from_bytes(blob[offset + 16 : offset + 20], "big")
+        out.append((index, term, blob[offset + 20 : offset + 20 + length]))
+        offset += 20 + length
+    return tuple(out)
+
+
+__all__ = ["Bugs", "Cluster", "Faults", "HardState", "SimulationFailure"]
