@@ -6,6 +6,7 @@ Properties (Raft paper Figure 3, plus the durability promises a node makes on th
 - leader completeness: a new leader's log holds every entry committed before it;
 - state machine safety: no two nodes apply different entries at one index;
 - acknowledged is forever: every acked proposal is applied on every node after healing;
+- acknowledged appends survive crashes: an entry a node said it stored is on its disk;
 - promises survive restarts: a node never restarts with a term lower than one it has sent, nor
   with a different vote in a term in which it granted one;
 - linearizable reads: a read index is at least the commit index when the read was requested;
@@ -37,6 +38,8 @@ class Checker:
         self.votes_granted: dict[tuple[int, int], int] = {}  # (node, term) -> candidate
         self.read_floor: dict[bytes, int] = {}
         self.reads_checked = 0
+        self.promised: dict[int, tuple[int, int]] = {}  # node -> (index, term) it acked
+        self.must_survive: dict[int, tuple[int, int]] = {}
         self._checked_commit: dict[int, int] = {}
         self._events = 0
 
@@ -47,6 +50,11 @@ class Checker:
     def on_send(self, m: Message) -> None:
         if m.type not in _UNPERSISTED_TERMS:
             self.term_sent[m.frm] = max(self.term_sent.get(m.frm, 0), m.term)
+        if m.type is MT.APP_RESP and not m.reject and m.index > 0:
+            core = self.cluster.nodes[m.frm].core
+            term = core.log.term(m.index) if core is not None else None
+            if term is not None and m.index >= self.promised.get(m.frm, (0, 0))[0]:
+                self.promised[m.frm] = (m.index, term)
         if m.type is MT.VOTE_RESP and not m.reject:
             key = (m.frm, m.term)
             previous = self.votes_granted.setdefault(key, m.to)
@@ -61,6 +69,19 @@ class Checker:
         if granted is not None and hs.vote != granted:
             self.violation(f"n{node} restarted with vote {hs.vote} in term {hs.term}, granted n{granted}")
         self._checked_commit[node] = snap.index
+        must = self.must_survive.pop(node, None)
+        if must is not None and must[0] > snap.index:
+            index, term = must
+            have = entries[index - entries[0].index].term if entries and entries[0].index <= index <= entries[-1].index else None
+            if have != term:
+                self.violation(f"n{node} acknowledged entry {index}@{term} and lost it in a crash")
+
+    def on_crash(self, node: int) -> None:
+        """What the node acknowledged and still held must be on its disk when it comes back."""
+        core = self.cluster.nodes[node].core
+        promise = self.promised.pop(node, None)
+        if core is not None and promise is not None and core.log.term(promise[0]) == promise[1]:
+            self.must_survive[node] = promise
 
     def on_apply(self, node: int, entry: Entry) -> None:
         known = self.committed.get(entry.index)
