@@ -126,7 +126,7 @@ def reconcile(
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
             connection.execute(f"COPY found TO '{output}' (FORMAT parquet)")
-        relation = connection.execute("SELECT * FROM found").to_arrow_table()
+        relation = connection.sql("SELECT * FROM found").to_arrow_table()
         counts = _count(relation)
         return OracleResult(discrepancies=relation, counts=counts)
     finally:

@@ -17,6 +17,7 @@ import dataclasses
 import datetime as dt
 import tempfile
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
@@ -177,14 +178,20 @@ def _const(value: object, size: int, kind: pa.DataType) -> pa.Array:
 class _Generator:
     """Holds the random state and the books while one set of ledgers is generated."""
 
-    def __init__(self, *, rows: int, per_class: int, params: ReconcileParams, seed: int) -> None:
+    def __init__(
+        self, *, rows: int, per_class: Mapping[str, int], params: ReconcileParams, seed: int
+    ) -> None:
         if not 1 <= rows <= ROWS_MAX:
             raise ValueError(f"rows must be within 1..{ROWS_MAX}")
-        if per_class * 9 > rows:
+        if set(per_class) != {c.value for c in DiscrepancyClass} or min(per_class.values()) < 0:
+            raise ValueError("need a non-negative injection count for every discrepancy class")
+        if sum(per_class.values()) + 3 * max(per_class.values()) > rows:
             raise ValueError("too many injected discrepancies for the number of rows")
         if params.pending_sla > dt.timedelta(hours=20) or params.late_window < dt.timedelta(minutes=10):
             raise ValueError("generator needs pending SLA <= 20h and late window >= 10min")
-        self.rows, self.per_class, self.params = rows, per_class, params
+        self.rows, self.params = rows, params
+        self.injected = dict(per_class)
+        self.per_class = max(per_class.values())  # size of each look-alike group
         self.rng = np.random.default_rng(seed)
         self.day0 = int(params.day_start.timestamp()) * _US
         self.grants, self.transfers, self.requests, self.attempts = (
@@ -329,9 +336,16 @@ def _totals(tables: dict[str, pa.Table], params: ReconcileParams) -> dict[str, d
     return result
 
 
-def generate(*, rows: int, per_class: int, params: ReconcileParams, seed: int = 7) -> SyntheticLedgers:
-    """Ledgers for ``params.business_date`` with ``per_class`` injected breaks of every class."""
-    g = _Generator(rows=rows, per_class=per_class, params=params, seed=seed)
+def generate(
+    *, rows: int, per_class: int | Mapping[str, int], params: ReconcileParams, seed: int = 7
+) -> SyntheticLedgers:
+    """Ledgers for ``params.business_date`` with ``per_class`` injected breaks of every class.
+
+    ``per_class`` is one count for all classes, or a count per class (different counts per class
+    catch a rule that reports one class under another's name).
+    """
+    counts = per_class if isinstance(per_class, Mapping) else {c.value: per_class for c in DiscrepancyClass}
+    g = _Generator(rows=rows, per_class=counts, params=params, seed=seed)
     _generate_day(g)
     schemas = {
         Ledger.RED_PACKET.value: (g.grants, GRANTS_SCHEMA),
@@ -357,25 +371,26 @@ def generate(*, rows: int, per_class: int, params: ReconcileParams, seed: int = 
 
 def _generate_day(g: _Generator) -> None:
     """Lay out the grants of the day in disjoint groups, one per behaviour."""
-    c, n = g.per_class, g.rows
+    c, n, k = g.per_class, g.rows, g.injected
     day0, day_end = g.day0, g.day0 + _DAY
     sla_deadline = int(g.params.sla_deadline.timestamp()) * _US
     late_us = int(g.params.late_window.total_seconds()) * _US
     order = g.rng.permutation(n)
     amount_all = g.uniform(100, 200_000, n)
     currency_all = g.currencies(n)
-    group_names = (
-        "missing_pay",
-        "mismatch",
-        "duplicate",
-        "comp_unpaid",
-        "pending",
-        "dead",
-        "pending_ok",
-        "late",
-    )
-    groups = {name: order[i * c : (i + 1) * c] for i, name in enumerate(group_names)}
-    groups["normal"] = order[len(group_names) * c :]
+    sizes = {
+        "missing_pay": k[DiscrepancyClass.MISSING_IN_PAYMENT],
+        "mismatch": k[DiscrepancyClass.AMOUNT_MISMATCH],
+        "duplicate": k[DiscrepancyClass.DUPLICATE_PAYOUT],
+        "comp_unpaid": k[DiscrepancyClass.COMPENSATED_NOT_PAID],
+        "pending": k[DiscrepancyClass.PENDING_PAST_SLA],
+        "dead": k[DiscrepancyClass.DEAD_LETTERED],
+        "pending_ok": c,
+        "late": c,
+    }
+    bounds = np.cumsum([0, *sizes.values()])
+    groups = {name: order[bounds[i] : bounds[i + 1]] for i, name in enumerate(sizes)}
+    groups["normal"] = order[bounds[-1] :]
     early = (day0, day0 + 20 * _HOUR)
     windows = {
         "missing_pay": (day0, day_end - _US),
@@ -466,10 +481,10 @@ def _mismatch(
 
 def _add_outside_noise(g: _Generator, day0: int, day_end: int, late_us: int) -> None:
     """Breaks of other days and non-payments inside the read window: none may be reported today."""
-    c = g.per_class
-    stray = _ids("x-", np.arange(c))
-    stray_at = g.uniform(day0, day_end - _US, c)
-    stray_amount, stray_currency = g.uniform(100, 200_000, c), g.currencies(c)
+    c, strays = g.per_class, g.injected[DiscrepancyClass.MISSING_IN_RED_PACKET]
+    stray = _ids("x-", np.arange(strays))
+    stray_at = g.uniform(day0, day_end - _US, strays)
+    stray_amount, stray_currency = g.uniform(100, 200_000, strays), g.currencies(strays)
     g.add_transfers(stray, stray_at, stray_amount, stray_currency)
     g.book(DiscrepancyClass.MISSING_IN_RED_PACKET, stray, stray_currency, stray_amount)
     previous = _ids("p-", np.arange(c))  # unpaid grants of the previous evening: yesterday's break

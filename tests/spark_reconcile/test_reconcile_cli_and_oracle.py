@@ -1,0 +1,101 @@
+"""The CLI on Parquet exports, checked row for row against the DuckDB formulation and the injection."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from compensator import cli
+from spark_reconcile import duckdb_oracle
+from spark_reconcile.params import ReconcileParams
+from spark_reconcile.schemas import DiscrepancyClass
+from spark_reconcile.synthetic import generate, write_parquet
+
+INJECTED = {cls.value: count for count, cls in zip((4, 1, 3, 2, 6, 5, 7), DiscrepancyClass, strict=True)}
+
+
+def _rows(path: Path) -> list[dict[str, object]]:
+    rows = pq.read_table(path).to_pylist()
+    return sorted(rows, key=lambda r: (r["discrepancy_class"], r["business_id"], r["request_id"] or ""))
+
+
+def test_cli_parquet_run_agrees_with_duckdb_and_the_injection(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = ReconcileParams(business_date=dt.date(2026, 11, 20), late_window=dt.timedelta(hours=3))
+    ledgers = generate(rows=3_000, per_class=INJECTED, params=params, seed=5)
+    exports = tmp_path / "exports"
+    write_parquet(ledgers, exports)
+    argv = [
+        "reconcile",
+        "--date",
+        "2026-11-20",
+        "--source",
+        "parquet",
+        "--parquet-dir",
+        str(exports),
+        "--no-db",
+        "--late-window-hours",
+        "3",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--shuffle-partitions",
+        "2",
+        "--json",
+    ]
+    assert cli.main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert {name: c["count"] for name, c in printed["classes"].items()} == INJECTED
+
+    oracle = duckdb_oracle.reconcile(exports, params, output=tmp_path / "duckdb.parquet")
+    assert oracle.counts == INJECTED
+    spark_rows = _rows(tmp_path / "out" / "date=2026-11-20" / "discrepancies")
+    assert spark_rows == _rows(tmp_path / "duckdb.parquet")
+    assert {r["business_id"] for r in spark_rows if r["fixable"]} == ledgers.injection.business_ids[
+        DiscrepancyClass.MISSING_IN_PAYMENT.value
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["reconcile"], "the following arguments are required: --date"),
+        (["reconcile", "--date", "2026-02-30"], "expected a date as YYYY-MM-DD"),
+        (["reconcile", "--date", "2026-11-20", "--late-window-hours", "-1"], "must not be negative"),
+        (["reconcile", "--date", "2026-11-20", "--source", "kafka"], "invalid choice"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert error.count("\n") == 1 and message in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["reconcile", "--date", "2026-11-20", "--source", "parquet"],
+            "--source parquet needs --parquet-dir",
+        ),
+        (["reconcile", "--date", "2026-11-20", "--late-window-hours", "200"], "late window must be within"),
+        (["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", ""], "--enqueue needs --api-url"),
+    ],
+)
+def test_invalid_combinations_give_one_line_and_exit_1(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COMPENSATOR_API_URL", raising=False)
+    assert cli.main(argv) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error

@@ -1,0 +1,65 @@
+"""The embedded PostgreSQL helper and the migration runner, against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from compensator import migrate, pg
+
+
+def test_migrations_apply_once_and_record_their_versions(pg_dsn: str) -> None:
+    assert migrate.apply(pg_dsn) == []  # the template already ran them all
+    versions = asyncio.run(_fetch(pg_dsn, "SELECT version FROM schema_migrations ORDER BY version"))
+    assert versions == [m.version for m in migrate.discover()]
+
+
+def test_an_edited_migration_is_refused(pg_dsn: str, tmp_path: Path) -> None:
+    for path in migrate.MIGRATIONS_DIR.glob("*.sql"):
+        shutil.copy(path, tmp_path / path.name)
+    first = sorted(tmp_path.glob("*.sql"))[0]
+    first.write_text(first.read_text() + "\n-- edited\n")
+    with pytest.raises(migrate.MigrationError, match="changed after it was applied"):
+        migrate.apply(pg_dsn, tmp_path)
+
+
+def test_migration_files_must_not_have_gaps(tmp_path: Path) -> None:
+    (tmp_path / "0001_a.sql").write_text("SELECT 1;")
+    (tmp_path / "0003_c.sql").write_text("SELECT 1;")
+    with pytest.raises(migrate.MigrationError, match="without gaps"):
+        migrate.discover(tmp_path)
+
+
+def test_ledger_invariants_are_enforced_by_the_schema(pg_dsn: str) -> None:
+    open_with_finish = """INSERT INTO compensation_requests
+        (request_id, kind, idempotency_key, ref_key, amount_minor, currency, state, created_at, finished_at)
+        VALUES (gen_random_uuid(), 'payout', 'k', 'g', 1, 'CNY', 'PENDING', now(), now())"""
+    with pytest.raises(asyncpg.CheckViolationError):
+        asyncio.run(_fetch(pg_dsn, open_with_finish))
+
+
+def test_a_second_handle_reuses_the_running_server_and_does_not_stop_it(
+    postgres: pg.EmbeddedPostgres,
+) -> None:
+    other = pg.EmbeddedPostgres(postgres.data_dir)
+    assert other.start() == postgres.address
+    other.stop()
+    assert asyncio.run(_fetch(postgres.dsn, "SELECT 1")) == [1]
+
+
+def test_a_configured_dsn_wins_over_the_embedded_server(tmp_path: Path) -> None:
+    with pg.database(tmp_path / "never", {pg.DSN_ENV: "postgresql://u@db:5432/x"}) as dsn:
+        assert dsn == "postgresql://u@db:5432/x"
+    assert not (tmp_path / "never").exists()
+
+
+async def _fetch(dsn: str, query: str) -> list[object]:
+    connection = await asyncpg.connect(dsn)
+    try:
+        return [row[0] for row in await connection.fetch(query)]
+    finally:
+        await connection.close()
