@@ -81,7 +81,7 @@ class Config:
 class Recovered:
     """What durable storage gave back at start-up."""
 
-    hard_state: HardState = HardState()
+    hard_state: HardState = field(default_factory=HardState)
     snapshot: SnapshotMeta = field(default_factory=SnapshotMeta)
     entries: tuple[Entry, ...] = ()
     applied: int = 0

@@ -11,6 +11,7 @@ apply, advance. Planted bugs bend exactly that contract to prove the checker not
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 from collections.abc import Callable
@@ -317,7 +318,7 @@ class Cluster:
         copies = 2 if not self.healed and self.rng.random() < self.faults.duplicate else 1
         for _ in range(copies):
             delay = self.rng.uniform(0.5, self.faults.delay_ms_max if not self.healed else 2)
-            self.at(delay, lambda m=m: self._deliver(m))
+            self.at(delay, functools.partial(self._deliver, m))
 
     def _deliver(self, m: Message) -> None:
         node = self.nodes.get(m.to)
@@ -330,9 +331,9 @@ class Cluster:
     def leader(self) -> int | None:
         best: tuple[int, int] | None = None
         for node_id, node in self.nodes.items():
-            if node.core is not None and node.core.role is Role.LEADER:
-                if best is None or node.core.term > best[0]:
-                    best = (node.core.term, node_id)
+            core = node.core
+            if core is not None and core.role is Role.LEADER and (best is None or core.term > best[0]):
+                best = (core.term, node_id)
         return best[1] if best else None
 
     def propose(self) -> None:

@@ -1,0 +1,230 @@
+"""The native client: finds the leader, follows redirects, retries, and applies each command once.
+
+Exactly-once uses client sessions (Raft dissertation 6.3). The state machine remembers, per
+session id, the last sequence number applied and its result. A session runs one command at a
+time, so a client that wants many commands in flight holds many sessions ("lanes"): a command
+takes a free lane, keeps that lane's (id, seq) across every retry, and gives the lane back with
+seq+1 once answered. A lane whose command ended in doubt (timeout) is never reused, so a later
+command cannot be mistaken for the doubtful one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raft_store import codec
+from raft_store.codec import FrameType, Status
+from raft_store.transport import hello, read_frame
+
+Address = tuple[str, int]
+
+
+class ClientError(Exception):
+    """The cluster refused the request, or gave no answer within the deadline."""
+
+
+class RequestRefused(ClientError):
+    """The request is wrong (Status.ERROR): retrying will not help."""
+
+
+@dataclass(slots=True)
+class _Lane:
+    session_id: int
+    seq: int
+
+
+class _Connection:
+    def __init__(self, address: Address, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.address = address
+        self.reader = reader
+        self.writer = writer
+        self.pending: dict[int, asyncio.Future[tuple[FrameType, bytes]]] = {}
+        self.status_waiters: list[asyncio.Future[tuple[FrameType, bytes]]] = []
+        self.task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                ftype, body = await read_frame(self.reader)
+                if ftype is FrameType.RESULT:
+                    result = codec.decode_result(body)
+                    future = self.pending.pop(result.request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result((ftype, body))
+                elif ftype is FrameType.STATUS_RESULT and self.status_waiters:
+                    waiter = self.status_waiters.pop(0)
+                    if not waiter.done():
+                        waiter.set_result((ftype, body))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, codec.CodecError) as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        for future in [*self.pending.values(), *self.status_waiters]:
+            if not future.done():
+                future.set_exception(ConnectionError(f"connection to {self.address} lost: {exc!r}"))
+        self.pending.clear()
+        self.status_waiters.clear()
+
+    @property
+    def alive(self) -> bool:
+        return not self.task.done()
+
+    async def close(self) -> None:
+        self.task.cancel()
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+        self._fail(ConnectionError("closed"))
+
+
+class RaftClient:
+    def __init__(
+        self, addresses: Sequence[Address], *, cluster_id: int = 1, attempt_timeout_s: float = 2.0,
+        deadline_s: float = 30.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("need at least one node address")
+        self.addresses = list(addresses)
+        self.cluster_id = cluster_id
+        self.attempt_timeout_s = attempt_timeout_s
+        self.deadline_s = deadline_s
+        self._ids: dict[int, Address] = {}
+        self._leader: Address | None = None
+        self._conns: dict[Address, _Connection] = {}
+        self._lanes: list[_Lane] = []
+        self._request_id = 0
+        self._rotate = 0
+        self.retries = 0
+        self.redirects = 0
+
+    # ---- public API ---------------------------------------------------------------------
+    async def propose(self, data: bytes) -> bytes:
+        return (await self.propose_many([data]))[0]
+
+    async def propose_many(self, commands: Sequence[bytes]) -> list[bytes]:
+        """Commands go in one frame and, at the leader, in one log entry when they fit."""
+        lanes = [self._take_lane() for _ in commands]
+        triples = tuple((lane.session_id, lane.seq, data) for lane, data in zip(lanes, commands, strict=True))
+        try:
+            result = await self._call_with_retries(
+                lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, triples)))
+            )
+        except BaseException:
+            raise  # the lanes' outcomes are in doubt: they are never reused
+        for lane in lanes:
+            lane.seq += 1
+            self._lanes.append(lane)
+        return list(result.results)
+
+    async def read(self, query: bytes, *, linearizable: bool = True) -> tuple[bytes, int]:
+        """Returns (answer, applied index the answer reflects)."""
+        result = await self._call_with_retries(
+            lambda request_id: (FrameType.READ, codec.encode_read(codec.Read(request_id, linearizable, query)))
+        )
+        answer, applied = result.results
+        return answer, int.from_bytes(applied, "big")
+
+    async def admin(self, op: str, node: int, address: str | None = None) -> bytes:
+        body: dict[str, Any] = {"op": op, "node": node}
+        if address:
+            body["address"] = address
+
+        def build(request_id: int) -> tuple[FrameType, bytes]:
+            return FrameType.ADMIN, json.dumps({**body, "request_id": request_id}).encode()
+
+        result = await self._call_with_retries(build)
+        return result.results[0] if result.results else b""
+
+    async def status(self, address: Address) -> dict[str, Any]:
+        conn = await self._connect(address)
+        future: asyncio.Future[tuple[FrameType, bytes]] = asyncio.get_running_loop().create_future()
+        conn.status_waiters.append(future)
+        conn.writer.write(codec.frame(FrameType.STATUS, b""))
+        _, body = await asyncio.wait_for(future, self.attempt_timeout_s)
+        status: dict[str, Any] = json.loads(body)
+        self._ids[int(status["node"])] = address
+        return status
+
+    async def close(self) -> None:
+        for conn in list(self._conns.values()):
+            await conn.close()
+        self._conns.clear()
+
+    # ---- internals ------------------------------------------------------------------------
+    def _take_lane(self) -> _Lane:
+        if self._lanes:
+            return self._lanes.pop()
+        return _Lane(secrets.randbits(62) + 1, 1)
+
+    async def _connect(self, address: Address) -> _Connection:
+        conn = self._conns.get(address)
+        if conn is not None and conn.alive:
+            return conn
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), self.attempt_timeout_s)
+        writer.write(hello(0, self.cluster_id))
+        conn = _Connection(address, reader, writer)
+        self._conns[address] = conn
+        return conn
+
+    def _target(self) -> Address:
+        if self._leader is not None:
+            return self._leader
+        self._rotate += 1
+        return self.addresses[self._rotate % len(self.addresses)]
+
+    async def _call_with_retries(self, build: Any) -> codec.Result:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.deadline_s
+        backoff = 0.01
+        last_error = "no attempt"
+        while loop.time() < deadline:
+            address = self._target()
+            try:
+                conn = await self._connect(address)
+                self._request_id += 1
+                request_id = self._request_id
+                future: asyncio.Future[tuple[FrameType, bytes]] = loop.create_future()
+                conn.pending[request_id] = future
+                ftype, body = build(request_id)
+                conn.writer.write(codec.frame(ftype, body))
+                _, reply = await asyncio.wait_for(future, self.attempt_timeout_s)
+                result = codec.decode_result(reply)
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                last_error = f"{address}: {exc!r}"
+                self._leader = None
+                self.retries += 1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
+                continue
+            if result.status is Status.OK:
+                self._leader = address
+                return result
+            if result.status is Status.ERROR:
+                raise RequestRefused(b"; ".join(result.results).decode(errors="replace"))
+            last_error = f"{address}: {result.status.name}"
+            self.retries += 1
+            hinted = self._ids.get(result.leader_hint) if result.leader_hint else None
+            if result.leader_hint and hinted is None:
+                await self._learn_ids()
+                hinted = self._ids.get(result.leader_hint)
+            if hinted is not None and hinted != address:
+                self.redirects += 1
+                self._leader = hinted
+                continue
+            self._leader = None
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 0.5)
+        raise ClientError(f"no answer within {self.deadline_s}s; last: {last_error}")
+
+    async def _learn_ids(self) -> None:
+        for address in self.addresses:
+            if address in self._ids.values():
+                continue
+            with contextlib.suppress(Exception):
+                await self.status(address)

@@ -1,0 +1,261 @@
+"""Binary frames for node-to-node and client-to-node traffic. No pickle: a peer's bytes are data.
+
+Every frame on a connection is `u32 length | u8 type | body`. Decoding validates lengths and
+enum values and returns frozen values, or raises CodecError; the transport disconnects a peer
+whose bytes do not decode (validate at the gateway, trust inside).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from raft_store.types import ConfState, Entry, EntryKind, Message, MessageType, Snapshot, SnapshotMeta
+
+FRAME_HEADER = struct.Struct(">IB")
+FRAME_BYTES_MAX = 64 << 20
+HELLO_MAGIC = b"RSTR\x01"
+
+
+class CodecError(ValueError):
+    """Bytes that are not a valid frame: the sender is broken or hostile."""
+
+
+class FrameType(enum.IntEnum):
+    HELLO = 1  # u64 sender node id (0 for a client), u64 cluster id
+    RAFT = 2  # one Message
+    SNAP_CHUNK = 3  # a piece of a snapshot file on its way to a follower
+    PROPOSE = 10  # a batch of client commands
+    RESULT = 11  # the answers to one PROPOSE or READ
+    READ = 12  # a read request: linearizable (ReadIndex) or stale-ok
+    STATUS = 13  # ask for the node's status
+    STATUS_RESULT = 14
+    ADMIN = 15  # membership change or leader transfer
+
+
+# ---- Raft messages ---------------------------------------------------------------------
+_MSG = struct.Struct(">BQQQQQQ?QI")  # type, to, frm, term, log_term, index, commit, reject, hint, n
+_ENTRY = struct.Struct(">QQBI")
+_META = struct.Struct(">QQHH")
+
+
+def _encode_meta(meta: SnapshotMeta) -> bytes:
+    voters, learners = sorted(meta.conf.voters), sorted(meta.conf.learners)
+    return _META.pack(meta.index, meta.term, len(voters), len(learners)) + b"".join(
+        n.to_bytes(8, "big") for n in (*voters, *learners)
+    )
+
+
+def _decode_meta(buf: bytes, offset: int) -> tuple[SnapshotMeta, int]:
+    if offset + _META.size > len(buf):
+        raise CodecError("snapshot meta truncated")
+    index, term, n_voters, n_learners = _META.unpack_from(buf, offset)
+    offset += _META.size
+    end = offset + 8 * (n_voters + n_learners)
+    if end > len(buf):
+        raise CodecError("snapshot membership truncated")
+    ids = [int.from_bytes(buf[i : i + 8], "big") for i in range(offset, end, 8)]
+    conf = ConfState(voters=frozenset(ids[:n_voters]), learners=frozenset(ids[n_voters:]))
+    return SnapshotMeta(index=index, term=term, conf=conf), end
+
+
+def encode_message(m: Message) -> bytes:
+    parts = [_MSG.pack(
+        m.type, m.to, m.frm, m.term, m.log_term, m.index, m.commit, m.reject, m.reject_hint, len(m.entries)
+    )]
+    pack = _ENTRY.pack
+    for e in m.entries:
+        parts.append(pack(e.term, e.index, e.kind, len(e.data)))
+        parts.append(e.data)
+    parts.append(len(m.context).to_bytes(4, "big"))
+    parts.append(m.context)
+    if m.snapshot is not None:
+        parts.append(b"\x01")
+        parts.append(_encode_meta(m.snapshot.meta))
+    else:
+        parts.append(b"\x00")
+    return b"".join(parts)
+
+
+def decode_message(buf: bytes) -> Message:
+    try:
+        return _decode_message(buf)
+    except (struct.error, ValueError) as exc:
+        raise CodecError(f"bad raft message: {exc}") from None
+
+
+def _decode_message(buf: bytes) -> Message:
+    if len(buf) < _MSG.size:
+        raise CodecError("raft message truncated")
+    mtype, to, frm, term, log_term, index, commit, reject, hint, count = _MSG.unpack_from(buf, 0)
+    offset = _MSG.size
+    entries = []
+    unpack = _ENTRY.unpack_from
+    size = _ENTRY.size
+    for _ in range(count):
+        if offset + size > len(buf):
+            raise CodecError("entry header truncated")
+        e_term, e_index, kind, length = unpack(buf, offset)
+        offset += size
+        if offset + length > len(buf):
+            raise CodecError("entry data truncated")
+        entries.append(Entry(e_term, e_index, EntryKind(kind), buf[offset : offset + length]))
+        offset += length
+    if offset + 4 > len(buf):
+        raise CodecError("context length truncated")
+    clen = int.from_bytes(buf[offset : offset + 4], "big")
+    offset += 4
+    context = buf[offset : offset + clen]
+    if len(context) != clen:
+        raise CodecError("context truncated")
+    offset += clen
+    if offset >= len(buf):
+        raise CodecError("snapshot flag missing")
+    snapshot = None
+    if buf[offset] == 1:
+        meta, offset = _decode_meta(buf, offset + 1)
+        snapshot = Snapshot(meta=meta)
+    else:
+        offset += 1
+    if offset != len(buf):
+        raise CodecError("trailing bytes after raft message")
+    return Message(
+        MessageType(mtype), to=to, frm=frm, term=term, log_term=log_term, index=index,
+        entries=tuple(entries), commit=commit, reject=bool(reject), reject_hint=hint,
+        context=bytes(context), snapshot=snapshot,
+    )
+
+
+# ---- snapshot chunks -----------------------------------------------------------------
+_CHUNK = struct.Struct(">QQQQ?")  # frm, to, term, offset, last
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    frm: int
+    to: int
+    term: int
+    meta: SnapshotMeta
+    offset: int
+    last: bool
+    data: bytes
+
+
+def encode_chunk(c: SnapshotChunk) -> bytes:
+    return _CHUNK.pack(c.frm, c.to, c.term, c.offset, c.last) + _encode_meta(c.meta) + c.data
+
+
+def decode_chunk(buf: bytes) -> SnapshotChunk:
+    try:
+        frm, to, term, offset, last = _CHUNK.unpack_from(buf, 0)
+        meta, pos = _decode_meta(buf, _CHUNK.size)
+    except struct.error as exc:
+        raise CodecError(f"bad snapshot chunk: {exc}") from None
+    return SnapshotChunk(frm, to, term, meta, offset, last, bytes(buf[pos:]))
+
+
+# ---- client protocol -------------------------------------------------------------------
+class Status(enum.IntEnum):
+    OK = 0
+    NOT_LEADER = 1  # leader_hint says where to go (0: unknown, retry later)
+    DROPPED = 2  # the leader could not take it now (transfer, overload): retry
+    ERROR = 3  # the request itself is wrong: do not retry
+
+
+_PROPOSE = struct.Struct(">QI")  # request id, count
+_COMMAND = struct.Struct(">QQI")  # client id, seq, length
+_RESULT = struct.Struct(">QBQI")  # request id, status, leader hint, count
+
+
+@dataclass(frozen=True, slots=True)
+class Propose:
+    request_id: int
+    commands: tuple[tuple[int, int, bytes], ...]  # (client_id, seq, data)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    request_id: int
+    status: Status
+    leader_hint: int
+    results: tuple[bytes, ...]
+
+
+def encode_propose(p: Propose) -> bytes:
+    parts = [_PROPOSE.pack(p.request_id, len(p.commands))]
+    for client_id, seq, data in p.commands:
+        parts.append(_COMMAND.pack(client_id, seq, len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def decode_propose(buf: bytes) -> Propose:
+    try:
+        request_id, count = _PROPOSE.unpack_from(buf, 0)
+        offset = _PROPOSE.size
+        commands = []
+        for _ in range(count):
+            client_id, seq, length = _COMMAND.unpack_from(buf, offset)
+            offset += _COMMAND.size
+            data = bytes(buf[offset : offset + length])
+            if len(data) != length:
+                raise CodecError("command truncated")
+            commands.append((client_id, seq, data))
+            offset += length
+    except struct.error as exc:
+        raise CodecError(f"bad propose frame: {exc}") from None
+    if offset != len(buf):
+        raise CodecError("trailing bytes after propose")
+    return Propose(request_id, tuple(commands))
+
+
+def encode_result(r: Result) -> bytes:
+    parts = [_RESULT.pack(r.request_id, r.status, r.leader_hint, len(r.results))]
+    for item in r.results:
+        parts.append(len(item).to_bytes(4, "big"))
+        parts.append(item)
+    return b"".join(parts)
+
+
+def decode_result(buf: bytes) -> Result:
+    try:
+        request_id, status, hint, count = _RESULT.unpack_from(buf, 0)
+        offset = _RESULT.size
+        results = []
+        for _ in range(count):
+            length = int.from_bytes(buf[offset : offset + 4], "big")
+            offset += 4
+            results.append(bytes(buf[offset : offset + length]))
+            offset += length
+        return Result(request_id, Status(status), hint, tuple(results))
+    except (struct.error, ValueError) as exc:
+        raise CodecError(f"bad result frame: {exc}") from None
+
+
+_READ = struct.Struct(">QB")  # request id, linearizable
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    request_id: int
+    linearizable: bool
+    query: bytes
+
+
+def encode_read(r: Read) -> bytes:
+    return _READ.pack(r.request_id, r.linearizable) + r.query
+
+
+def decode_read(buf: bytes) -> Read:
+    try:
+        request_id, linearizable = _READ.unpack_from(buf, 0)
+    except struct.error as exc:
+        raise CodecError(f"bad read frame: {exc}") from None
+    return Read(request_id, bool(linearizable), bytes(buf[_READ.size :]))
+
+
+def frame(ftype: FrameType, body: bytes) -> bytes:
+    if len(body) + 1 > FRAME_BYTES_MAX:
+        raise CodecError(f"frame of {len(body)} bytes exceeds {FRAME_BYTES_MAX}")
+    return FRAME_HEADER.pack(len(body) + 1, ftype) + body

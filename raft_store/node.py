@@ -1,0 +1,609 @@
+"""The node runner: drives the pure core with real time, disk, network and a state machine.
+
+One asyncio task owns the core and runs the Ready contract (see core.py) in order: send the
+leader's appends, write and fsync the WAL in a dedicated thread (group commit: everything that
+arrived while the previous fsync ran goes into the next one), send replies, apply committed
+commands in the apply thread, answer clients, advance. Client commands arriving at the leader in
+one loop iteration share one log entry, one WAL record and one fsync.
+
+Failure policy: a failed fsync or a corrupt WAL stops the node (never retried and ignored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from raft_store import codec
+from raft_store.codec import FrameType, Status
+from raft_store.core import Config as CoreConfig
+from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
+from raft_store.membership import MembershipError
+from raft_store.metrics import NodeMetrics
+from raft_store.snapshots import SnapshotStore, SnapshotWriter
+from raft_store.state_machine import BatchFormatError, StateMachine, decode_batch, encode_batch
+from raft_store.transport import ClientConnection, Transport, TransportConfig
+from raft_store.types import (
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryKind,
+    Message,
+    MessageType,
+    Snapshot,
+    SnapshotMeta,
+)
+from raft_store.wal import GroupCommitPolicy, Wal
+
+log = logging.getLogger("raft_store.node")
+
+SNAPSHOT_CHUNK_BYTES = 1 << 20
+
+
+class Queryable(Protocol):
+    def query(self, data: bytes) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: int
+    data_dir: Path
+    listen: tuple[str, int]
+    peers: dict[int, tuple[str, int]]
+    initial_voters: frozenset[int] = frozenset()
+    cluster_id: int = 1
+    tick_ms: int = 30
+    election_ticks: int = 10
+    heartbeat_ticks: int = 2
+    batch_commands_max: int = 8192
+    group_commit: GroupCommitPolicy = field(default_factory=lambda: GroupCommitPolicy(max_entries=8192, max_delay_ms=0.0))
+    snapshot_every_entries: int = 20_000
+    volatile_until_fsync: bool = False
+    segment_bytes: int = 64 << 20
+
+    def validate(self) -> None:
+        if self.node_id <= 0:
+            raise ValueError("node_id must be positive")
+        if self.tick_ms <= 0:
+            raise ValueError("tick_ms must be positive")
+        if self.initial_voters and self.node_id not in self.initial_voters and self.node_id not in self.peers:
+            log.info("node %d starts outside the initial voters: it waits to be added", self.node_id)
+        self.group_commit.validate()
+        for node in self.initial_voters:
+            if node != self.node_id and node not in self.peers:
+                raise ValueError(f"initial voter {node} has no address in peers")
+
+
+@dataclass(slots=True)
+class _Waiter:
+    conn: ClientConnection | None
+    request_id: int
+    count: int
+    future: asyncio.Future[codec.Result] | None = None
+
+
+class NodeStopped(Exception):
+    """The node stopped itself: storage failed or was found corrupt."""
+
+
+class Node:
+    def __init__(self, config: NodeConfig, machine: StateMachine) -> None:
+        config.validate()
+        self.config = config
+        self.machine = machine
+        self.metrics = NodeMetrics()
+        self.core: RaftCore | None = None
+        self.wal: Wal | None = None
+        self.snapshots = SnapshotStore(config.data_dir / "snapshots")
+        self.transport = Transport(
+            config.node_id, config.listen,
+            {n: a for n, a in config.peers.items() if n != config.node_id},
+            self._on_peer_frame, self._on_client_frame, TransportConfig(cluster_id=config.cluster_id),
+        )
+        self.transport.on_unreachable = self._on_unreachable
+        self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"wal-{config.node_id}")
+        self._apply_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"apply-{config.node_id}")
+        self._inbox: deque[Message] = deque()
+        self._ticks = 0
+        self._proposals: list[tuple[_Waiter, tuple[tuple[int, int, bytes], ...]]] = []
+        self._proposals_since = 0.0
+        self._waiting: dict[int, tuple[int, list[_Waiter]]] = {}
+        self._admin_waiting: dict[int, tuple[int, _Waiter]] = {}
+        self._reads: dict[bytes, tuple[ClientConnection, codec.Read]] = {}
+        self._ready_reads: list[tuple[int, ClientConnection, codec.Read]] = []
+        self._read_seq = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._receiving: dict[int, tuple[SnapshotMeta, SnapshotWriter]] = {}
+        self._received: dict[int, Path] = {}
+        self._sending_snapshot: set[int] = set()
+        self._was_leader = False
+        self.stopped = asyncio.Event()
+
+    # ---- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.core = await loop.run_in_executor(self._io, self._recover)
+        await self.transport.start()
+        self._tasks = [
+            loop.create_task(self._run(), name=f"node-{self.config.node_id}"),
+            loop.create_task(self._ticker(), name=f"ticker-{self.config.node_id}"),
+        ]
+
+    def _recover(self) -> RaftCore:
+        cfg = self.config
+        wal, rec = Wal.open(cfg.data_dir / "wal", segment_bytes=cfg.segment_bytes, volatile=cfg.volatile_until_fsync)
+        if rec.torn_tail is not None:
+            log.warning("node %d: WAL torn tail truncated: %s", cfg.node_id, rec.torn_tail)
+            self.metrics.torn_tails += 1
+        self.wal = wal
+        latest = self.snapshots.latest()
+        if latest is not None:
+            meta, path = latest
+        else:
+            meta, path = SnapshotMeta(0, 0, ConfState(voters=cfg.initial_voters)), None
+        if path is not None and self.machine.applied_index() < meta.index:
+            self._restore_machine(path, meta)
+        entries = [e for e in rec.entries if e.index > meta.index]
+        if entries and entries[0].index != meta.index + 1:
+            raise NodeStopped(f"WAL starts at {entries[0].index}, snapshot ends at {meta.index}: refusing a gap")
+        last = entries[-1].index if entries else meta.index
+        applied = self.machine.applied_index()
+        if applied > last:
+            raise NodeStopped(f"state machine applied {applied} beyond the log's last index {last}")
+        return RaftCore(
+            CoreConfig(node_id=cfg.node_id, election_ticks=cfg.election_ticks, heartbeat_ticks=cfg.heartbeat_ticks),
+            Recovered(hard_state=rec.hard_state, snapshot=meta, entries=tuple(entries), applied=max(applied, meta.index)),
+            random.Random(),
+        )
+
+    def _restore_machine(self, path: Path, meta: SnapshotMeta) -> None:
+        with tempfile.NamedTemporaryFile(dir=self.config.data_dir, suffix=".restore", delete=False) as tmp:
+            for chunk in SnapshotStore.iter_data(path):
+                tmp.write(chunk)
+        try:
+            self.machine.restore_snapshot(Path(tmp.name), meta.index)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp.name)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.transport.close()
+        self._fail_all_waiters(Status.NOT_LEADER)
+        if self.wal is not None and self._failure is None:
+            with contextlib.suppress(Exception):
+                await asyncio.get_running_loop().run_in_executor(self._io, self.wal.close)
+        self._io.shutdown(wait=True)
+        self._apply_pool.shutdown(wait=True)
+        self.stopped.set()
+
+    # ---- inputs -------------------------------------------------------------------------
+    async def _ticker(self) -> None:
+        interval = self.config.tick_ms / 1000
+        next_at = time.monotonic()
+        while not self._stopping:
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            self._ticks += 1
+            self._wake.set()
+
+    def _on_peer_frame(self, sender: int, ftype: FrameType, body: bytes) -> None:
+        if ftype is FrameType.RAFT:
+            m = codec.decode_message(body)
+            if m.frm != sender or m.to != self.config.node_id:
+                raise codec.CodecError(f"message from {m.frm} to {m.to} on {sender}'s connection")
+            self._inbox.append(m)
+        else:
+            self._receive_chunk(codec.decode_chunk(body))
+        self._wake.set()
+
+    def _on_client_frame(self, conn: ClientConnection, ftype: FrameType, body: bytes) -> None:
+        if ftype is FrameType.PROPOSE:
+            self._client_propose(conn, codec.decode_propose(body))
+        elif ftype is FrameType.READ:
+            self._client_read(conn, codec.decode_read(body))
+        elif ftype is FrameType.STATUS:
+            conn.send(FrameType.STATUS_RESULT, json.dumps(self.status()).encode())
+        elif ftype is FrameType.ADMIN:
+            self._client_admin(conn, body)
+        else:
+            raise codec.CodecError(f"client sent a {ftype.name} frame")
+        self._wake.set()
+
+    def _client_propose(self, conn: ClientConnection | None, request: codec.Propose,
+                        future: asyncio.Future[codec.Result] | None = None) -> None:
+        core = self.core
+        assert core is not None
+        waiter = _Waiter(conn, request.request_id, len(request.commands), future)
+        if core.role is not Role.LEADER:
+            self._reply(waiter, Status.NOT_LEADER, core.leader, ())
+            return
+        if not self._proposals:
+            self._proposals_since = time.monotonic()
+        self._proposals.append((waiter, request.commands))
+
+    async def propose_local(self, commands: list[tuple[int, int, bytes]]) -> codec.Result:
+        """Propose from inside the node's process (embedded use and tests)."""
+        future: asyncio.Future[codec.Result] = asyncio.get_running_loop().create_future()
+        self._client_propose(None, codec.Propose(0, tuple(commands)), future)
+        self._wake.set()
+        return await future
+
+    def _client_read(self, conn: ClientConnection, read: codec.Read) -> None:
+        core = self.core
+        assert core is not None
+        if not read.linearizable:
+            self._ready_reads.append((0, conn, read))
+            return
+        if core.leader == 0:
+            conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
+            return
+        self._read_seq += 1
+        context = self._read_seq.to_bytes(8, "big") + os.urandom(4)
+        self._reads[context] = (conn, read)
+        core.read_index(context)
+
+    def _client_admin(self, conn: ClientConnection, body: bytes) -> None:
+        core = self.core
+        assert core is not None
+        try:
+            request = json.loads(body)
+            op, node, request_id = str(request["op"]), int(request["node"]), int(request.get("request_id", 0))
+        except (ValueError, KeyError, TypeError) as exc:
+            conn.send(FrameType.RESULT, codec.encode_result(codec.Result(0, Status.ERROR, 0, (str(exc).encode(),))))
+            return
+        waiter = _Waiter(conn, request_id, 1)
+        if core.role is not Role.LEADER:
+            self._reply(waiter, Status.NOT_LEADER, core.leader, ())
+            return
+        if op == "transfer":
+            core.transfer_leadership(node)
+            self._reply(waiter, Status.OK, core.leader, (b"transfer started",))
+            return
+        changes = {"add_voter": ConfChangeType.ADD_VOTER, "add_learner": ConfChangeType.ADD_LEARNER,
+                   "remove": ConfChangeType.REMOVE_NODE}
+        if op not in changes:
+            self._reply(waiter, Status.ERROR, core.leader, (f"unknown op {op!r}".encode(),))
+            return
+        if "address" in request:
+            host, port = str(request["address"]).rsplit(":", 1)
+            self.transport.add_peer(node, (host, int(port)))
+        try:
+            index = core.propose_conf_change(ConfChange(changes[op], node))
+        except (ProposalDropped, MembershipError) as exc:
+            self._reply(waiter, Status.ERROR, core.leader, (str(exc).encode(),))
+            return
+        self._admin_waiting[index] = (core.term, waiter)
+
+    # ---- the loop -----------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while not self._stopping:
+                await self._wake.wait()
+                self._wake.clear()
+                self._step_inputs()
+                await self._serve_reads()
+                core = self.core
+                assert core is not None
+                while core.has_ready() and not self._stopping:
+                    await self._handle_ready(core.ready())
+                    self._step_inputs()
+                self._after_role_change()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # storage failure or a bug: stop, loudly
+            self._failure = exc
+            log.critical("node %d stopping: %r", self.config.node_id, exc, exc_info=exc)
+            self._stopping = True
+            self._fail_all_waiters(Status.NOT_LEADER)
+            self.stopped.set()
+
+    def _step_inputs(self) -> None:
+        core = self.core
+        assert core is not None
+        while self._ticks:
+            self._ticks -= 1
+            core.tick()
+        inbox = self._inbox
+        while inbox:
+            core.step(inbox.popleft())
+        self._propose_pending()
+
+    def _propose_pending(self) -> None:
+        core = self.core
+        assert core is not None
+        if not self._proposals:
+            return
+        if core.role is not Role.LEADER:
+            for waiter, _ in self._proposals:
+                self._reply(waiter, Status.NOT_LEADER, core.leader, ())
+            self._proposals = []
+            return
+        pending = sum(len(c) for _, c in self._proposals)
+        age_ms = (time.monotonic() - self._proposals_since) * 1000
+        if not self.config.group_commit.should_sync(pending, age_ms) and self.config.group_commit.max_delay_ms > 0:
+            delay = (self.config.group_commit.max_delay_ms - age_ms) / 1000
+            asyncio.get_running_loop().call_later(max(0.0, delay), self._wake.set)
+            return
+        now_ms = time.time_ns() // 1_000_000  # the leader's clock, stamped into the entry
+        while self._proposals:
+            batch: list[tuple[int, int, bytes]] = []
+            waiters: list[_Waiter] = []
+            while self._proposals and (not batch or len(batch) + len(self._proposals[0][1]) <= self.config.batch_commands_max):
+                waiter, commands = self._proposals.pop(0)
+                batch.extend(commands)
+                waiters.append(waiter)
+            try:
+                index = core.propose(encode_batch(now_ms, batch))
+            except ProposalDropped:
+                for waiter in waiters:
+                    self._reply(waiter, Status.DROPPED, core.leader, ())
+                continue
+            self._waiting[index] = (core.term, waiters)
+            self.metrics.proposed_commands += len(batch)
+
+    async def _handle_ready(self, rd: Ready) -> None:
+        core = self.core
+        wal = self.wal
+        assert core is not None and wal is not None
+        loop = asyncio.get_running_loop()
+        for m in rd.early_messages:
+            self._send(m)
+        if rd.snapshot is not None:
+            await loop.run_in_executor(self._io, self._install_snapshot, rd.snapshot.meta)
+        if rd.entries or rd.hard_state is not None:
+            started = time.perf_counter()
+            await loop.run_in_executor(self._io, self._persist, rd)
+            if rd.must_sync:
+                self.metrics.observe_fsync(len(rd.entries), time.perf_counter() - started)
+        for m in rd.messages:
+            self._send(m)
+        for state in rd.read_states:
+            pending = self._reads.pop(state.context, None)
+            if pending is not None:
+                self._ready_reads.append((state.index, *pending))
+        if rd.committed:
+            results = await loop.run_in_executor(self._apply_pool, self._apply, rd.committed)
+            self._answer(rd.committed, results)
+        core.advance(rd)
+        await self._serve_reads()
+        if core.log.applied - core.log.snapshot_index >= self.config.snapshot_every_entries:
+            await self._take_snapshot()
+
+    def _persist(self, rd: Ready) -> None:
+        wal = self.wal
+        assert wal is not None
+        if rd.entries:
+            wal.append(rd.entries)
+        if rd.hard_state is not None:
+            wal.set_hard_state(rd.hard_state)
+        if rd.must_sync:
+            wal.sync()
+
+    def _apply(self, committed: list[Entry]) -> list[list[bytes] | None]:
+        out: list[list[bytes] | None] = []
+        machine = self.machine
+        for entry in committed:
+            if entry.index <= machine.applied_index():
+                out.append(None)  # replayed after a restart: already in the machine's state
+                continue
+            if entry.kind is EntryKind.NORMAL:
+                try:
+                    now_ms, commands = decode_batch(entry.data)
+                except BatchFormatError:
+                    log.error("entry %d does not parse; applying it as a no-op", entry.index)
+                    machine.note_applied(entry.index)
+                    out.append(None)
+                    continue
+                out.append(machine.apply_batch(entry.index, now_ms, commands))
+                self.metrics.applied_commands += len(commands)
+            else:
+                machine.note_applied(entry.index)
+                out.append(None)
+        return out
+
+    def _answer(self, committed: list[Entry], results: list[list[bytes] | None]) -> None:
+        for entry, result in zip(committed, results, strict=True):
+            waiting = self._waiting.pop(entry.index, None)
+            if waiting is not None:
+                term, waiters = waiting
+                if term != entry.term or result is None:
+                    for waiter in waiters:
+                        self._reply(waiter, Status.NOT_LEADER, 0, ())
+                else:
+                    offset = 0
+                    for waiter in waiters:
+                        self._reply(waiter, Status.OK, self.config.node_id, tuple(result[offset : offset + waiter.count]))
+                        offset += waiter.count
+            admin = self._admin_waiting.pop(entry.index, None)
+            if admin is not None:
+                term, waiter = admin
+                status = Status.OK if term == entry.term else Status.NOT_LEADER
+                self._reply(waiter, status, self.config.node_id, (b"applied",))
+
+    def _reply(self, waiter: _Waiter, status: Status, hint: int, results: tuple[bytes, ...]) -> None:
+        result = codec.Result(waiter.request_id, status, hint, results)
+        if waiter.future is not None:
+            if not waiter.future.done():
+                waiter.future.set_result(result)
+        elif waiter.conn is not None:
+            waiter.conn.send(FrameType.RESULT, codec.encode_result(result))
+
+    async def _serve_reads(self) -> None:
+        if not self._ready_reads:
+            return
+        core = self.core
+        assert core is not None
+        ready = [r for r in self._ready_reads if r[0] <= core.log.applied]
+        if not ready:
+            return
+        self._ready_reads = [r for r in self._ready_reads if r[0] > core.log.applied]
+        loop = asyncio.get_running_loop()
+        machine: Any = self.machine
+        for _, conn, read in ready:
+            answer = await loop.run_in_executor(self._apply_pool, machine.query, read.query)
+            applied = machine.applied_index().to_bytes(8, "big")
+            conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.OK, core.leader, (answer, applied))))
+
+    def _after_role_change(self) -> None:
+        core = self.core
+        assert core is not None
+        is_leader = core.role is Role.LEADER
+        if self._was_leader and not is_leader:
+            # Entries we proposed may still commit under the next leader; clients retry with
+            # the same session sequence numbers and get the stored result.
+            self._fail_all_waiters(Status.NOT_LEADER)
+        if not is_leader and self._reads and core.leader == 0:
+            for conn, read in self._reads.values():
+                conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
+            self._reads = {}
+        self._was_leader = is_leader
+
+    def _fail_all_waiters(self, status: Status) -> None:
+        hint = self.core.leader if self.core is not None else 0
+        for _, waiters in self._waiting.values():
+            for waiter in waiters:
+                self._reply(waiter, status, hint, ())
+        self._waiting = {}
+        for _, waiter in self._admin_waiting.values():
+            self._reply(waiter, status, hint, ())
+        self._admin_waiting = {}
+        for waiter, _ in self._proposals:
+            self._reply(waiter, status, hint, ())
+        self._proposals = []
+
+    # ---- snapshots --------------------------------------------------------------------
+    async def _take_snapshot(self) -> None:
+        core = self.core
+        wal = self.wal
+        assert core is not None and wal is not None
+        loop = asyncio.get_running_loop()
+        tmp = self.config.data_dir / "snapshot.tmp"
+        index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
+        term = core.log.term(index)
+        assert term is not None
+        meta = SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
+        await loop.run_in_executor(self._io, self._save_snapshot, meta, tmp)
+        core.compact(index)
+        self.metrics.snapshots += 1
+
+    def _save_snapshot(self, meta: SnapshotMeta, tmp: Path) -> None:
+        self.snapshots.save(meta, tmp)
+        tmp.unlink()
+        assert self.wal is not None
+        self.wal.compact(meta.index, meta.term)
+
+    def _install_snapshot(self, meta: SnapshotMeta) -> None:
+        path = self._received.pop(meta.index, None)
+        if path is None:
+            raise NodeStopped(f"core installed snapshot {meta.index} that was never received")
+        self._restore_machine(path, meta)
+        assert self.wal is not None
+        self.wal.compact(meta.index, meta.term)
+
+    def _receive_chunk(self, chunk: codec.SnapshotChunk) -> None:
+        if chunk.to != self.config.node_id:
+            raise codec.CodecError("snapshot chunk for another node")
+        current = self._receiving.get(chunk.frm)
+        if chunk.offset == 0:
+            if current is not None:
+                current[1].abort()
+            current = (chunk.meta, self.snapshots.begin_receive(chunk.meta))
+            self._receiving[chunk.frm] = current
+        if current is None or current[0] != chunk.meta:
+            return  # a chunk of a transfer we are not assembling: the leader will resend
+        current[1].write_chunk(chunk.data, chunk.offset)
+        if chunk.last:
+            del self._receiving[chunk.frm]
+            path = current[1].finish()
+            self._received[chunk.meta.index] = path
+            self._inbox.append(Message(MessageType.SNAP, to=chunk.to, frm=chunk.frm, term=chunk.term,
+                                       snapshot=Snapshot(meta=chunk.meta)))
+
+    def _send_snapshot(self, m: Message) -> None:
+        if m.to in self._sending_snapshot:
+            return
+        latest = self.snapshots.latest()
+        core = self.core
+        if latest is None or core is None:
+            if core is not None:
+                core.report_snapshot_failed(m.to)
+            return
+        self._sending_snapshot.add(m.to)
+        asyncio.get_running_loop().create_task(self._stream_snapshot(m, *latest))
+
+    async def _stream_snapshot(self, m: Message, meta: SnapshotMeta, path: Path) -> None:
+        try:
+            size = path.stat().st_size
+            offset = 0
+            while True:
+                data = SnapshotStore.read_chunk(path, offset, SNAPSHOT_CHUNK_BYTES)
+                last = offset + len(data) >= size
+                chunk = codec.SnapshotChunk(m.frm, m.to, m.term, meta, offset, last, data)
+                while not self.transport.send(m.to, FrameType.SNAP_CHUNK, codec.encode_chunk(chunk)):
+                    await asyncio.sleep(0.05)
+                    if self._stopping:
+                        return
+                offset += len(data)
+                if last:
+                    return
+                await asyncio.sleep(0)
+        finally:
+            self._sending_snapshot.discard(m.to)
+
+    # ---- network --------------------------------------------------------------------------
+    def _send(self, m: Message) -> None:
+        if m.type is MessageType.SNAP:
+            self._send_snapshot(m)
+            return
+        self.transport.send(m.to, FrameType.RAFT, codec.encode_message(m))
+
+    def _on_unreachable(self, peer: int) -> None:
+        if self.core is not None:
+            self.core.report_unreachable(peer)
+
+    # ---- status -------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        core = self.core
+        assert core is not None
+        last = core.log.last_index()
+        followers = {
+            str(node): {"match": pr.match, "next": pr.next, "state": pr.state.value, "lag": last - pr.match,
+                        "learner": pr.is_learner, "connected": self.transport.is_connected(node)}
+            for node, pr in sorted(core.progress.items()) if node != self.config.node_id
+        }
+        return {
+            "node": self.config.node_id,
+            "role": core.role.value,
+            "term": core.term,
+            "leader": core.leader,
+            "commit": core.log.committed,
+            "applied": core.log.applied,
+            "last_index": last,
+            "snapshot_index": core.log.snapshot_index,
+            "voters": sorted(core.conf.voters),
+            "learners": sorted(core.conf.learners),
+            "followers": followers,
+            "failure": repr(self._failure) if self._failure else None,
+            "metrics": self.metrics.as_dict(),
+        }

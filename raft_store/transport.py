@@ -1,0 +1,258 @@
+"""asyncio TCP between nodes and from clients: framed binary, bounded, self-healing.
+
+Each node listens on one address. A connection opens with a HELLO frame naming the sender (a
+node id, or 0 for a client) and the cluster id; frames that do not decode, a wrong cluster id or
+an oversized frame close the connection (a peer that sends garbage is disconnected, not
+trusted). Node-to-node traffic flows over one outbound connection per peer, fed from a bounded
+queue: Raft tolerates lost messages, so when a peer is slow or down we drop and tell the core
+(report_unreachable) instead of buffering without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import struct
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from raft_store.codec import FRAME_BYTES_MAX, FRAME_HEADER, HELLO_MAGIC, CodecError, FrameType, frame
+
+log = logging.getLogger("raft_store.transport")
+
+_HELLO = struct.Struct(">5sQQ")
+
+FrameHandler = Callable[[int, FrameType, bytes], None]
+ClientHandler = Callable[["ClientConnection", FrameType, bytes], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    cluster_id: int = 1
+    queue_frames_max: int = 4096
+    queue_bytes_max: int = 64 << 20
+    reconnect_min_ms: int = 20
+    reconnect_max_ms: int = 1000
+    write_buffer_high: int = 4 << 20
+
+    def validate(self) -> None:
+        if self.queue_frames_max <= 0 or self.queue_bytes_max <= 0:
+            raise ValueError("queue bounds must be positive")
+        if not 0 < self.reconnect_min_ms <= self.reconnect_max_ms:
+            raise ValueError("need 0 < reconnect_min_ms <= reconnect_max_ms")
+
+
+def hello(node_id: int, cluster_id: int) -> bytes:
+    return frame(FrameType.HELLO, _HELLO.pack(HELLO_MAGIC, node_id, cluster_id))
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[FrameType, bytes]:
+    header = await reader.readexactly(FRAME_HEADER.size)
+    length, ftype = FRAME_HEADER.unpack(header)
+    if length < 1 or length > FRAME_BYTES_MAX:
+        raise CodecError(f"frame length {length} out of bounds")
+    try:
+        kind = FrameType(ftype)
+    except ValueError:
+        raise CodecError(f"unknown frame type {ftype}") from None
+    body = await reader.readexactly(length - 1) if length > 1 else b""
+    return kind, body
+
+
+async def read_hello(reader: asyncio.StreamReader, cluster_id: int) -> int:
+    kind, body = await read_frame(reader)
+    if kind is not FrameType.HELLO or len(body) != _HELLO.size:
+        raise CodecError("connection did not open with HELLO")
+    magic, sender, cluster = _HELLO.unpack(body)
+    if magic != HELLO_MAGIC:
+        raise CodecError("bad HELLO magic")
+    if cluster != cluster_id:
+        raise CodecError(f"peer belongs to cluster {cluster}, we are {cluster_id}")
+    return int(sender)
+
+
+class ClientConnection:
+    """One client's connection; replies may be sent from any task of the event loop."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self.closed = False
+
+    def send(self, ftype: FrameType, body: bytes) -> None:
+        if not self.closed:
+            self._writer.write(frame(ftype, body))
+
+    def close(self) -> None:
+        self.closed = True
+        self._writer.close()
+
+
+class _PeerLink:
+    """The outbound connection to one peer and its bounded send queue."""
+
+    def __init__(self, transport: Transport, peer: int, address: tuple[str, int]) -> None:
+        self.transport = transport
+        self.peer = peer
+        self.address = address
+        self.queue: deque[bytes] = deque()
+        self.queued_bytes = 0
+        self.wakeup = asyncio.Event()
+        self.connected = False
+        self.dropped = 0
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"peer-{peer}")
+
+    def enqueue(self, data: bytes) -> bool:
+        cfg = self.transport.config
+        if len(self.queue) >= cfg.queue_frames_max or self.queued_bytes + len(data) > cfg.queue_bytes_max:
+            self.dropped += 1
+            return False
+        self.queue.append(data)
+        self.queued_bytes += len(data)
+        self.wakeup.set()
+        return True
+
+    async def _run(self) -> None:
+        cfg = self.transport.config
+        backoff = cfg.reconnect_min_ms
+        rng = random.Random()
+        while not self.transport.closing:
+            writer: asyncio.StreamWriter | None = None
+            try:
+                _, writer = await asyncio.open_connection(*self.address)
+                writer.transport.set_write_buffer_limits(high=cfg.write_buffer_high)
+                writer.write(hello(self.transport.node_id, cfg.cluster_id))
+                self.connected = True
+                backoff = cfg.reconnect_min_ms
+                await self._pump(writer)
+            except (OSError, asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                self.connected = False
+                if writer is not None:
+                    writer.close()
+                    with contextlib.suppress(Exception):
+                        await writer.wait_closed()
+            if self.transport.is_closing():
+                return
+            # Whatever was queued for a dead connection is stale by the time we are back.
+            self._discard_queue()
+            self.transport.on_unreachable(self.peer)
+            await asyncio.sleep(rng.uniform(backoff / 2, backoff) / 1000)
+            backoff = min(backoff * 2, cfg.reconnect_max_ms)
+
+    async def _pump(self, writer: asyncio.StreamWriter) -> None:
+        while not self.transport.closing:
+            if not self.queue:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            batch = list(self.queue)
+            self.queue.clear()
+            self.queued_bytes = 0
+            writer.writelines(batch)
+            await writer.drain()
+
+    def _discard_queue(self) -> None:
+        self.dropped += len(self.queue)
+        self.queue.clear()
+        self.queued_bytes = 0
+
+
+class Transport:
+    def __init__(
+        self, node_id: int, listen: tuple[str, int], peers: dict[int, tuple[str, int]],
+        on_peer_frame: FrameHandler, on_client_frame: ClientHandler,
+        config: TransportConfig | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.listen = listen
+        self.peers = dict(peers)
+        self.config = config or TransportConfig()
+        self.config.validate()
+        self.on_peer_frame = on_peer_frame
+        self.on_client_frame = on_client_frame
+        self.on_unreachable: Callable[[int], None] = lambda peer: None
+        self.closing = False
+        self._links: dict[int, _PeerLink] = {}
+        self._server: asyncio.Server | None = None
+        self._conn_tasks: set[asyncio.Task[None]] = set()
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, *self.listen, reuse_address=True)
+
+    def add_peer(self, peer: int, address: tuple[str, int]) -> None:
+        self.peers[peer] = address
+
+    def send(self, peer: int, ftype: FrameType, body: bytes) -> bool:
+        link = self._links.get(peer)
+        if link is None:
+            address = self.peers.get(peer)
+            if address is None:
+                return False
+            link = self._links[peer] = _PeerLink(self, peer, address)
+        return link.enqueue(frame(ftype, body))
+
+    def is_connected(self, peer: int) -> bool:
+        link = self._links.get(peer)
+        return link is not None and link.connected
+
+    async def close(self) -> None:
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        for link in self._links.values():
+            link.wakeup.set()
+            link.task.cancel()
+        for task in list(self._conn_tasks):
+            task.cancel()
+        await asyncio.gather(*(link.task for link in self._links.values()), *self._conn_tasks,
+                             return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conn_tasks.add(task)
+        peer_name = writer.get_extra_info("peername")
+        try:
+            sender = await asyncio.wait_for(read_hello(reader, self.config.cluster_id), 5)
+            if sender == 0:
+                await self._serve_client(reader, writer)
+            else:
+                await self._serve_peer(sender, reader)
+        except CodecError as exc:
+            log.warning("disconnecting %s: %s", peer_name, exc)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError):
+            pass
+        finally:
+            self._conn_tasks.discard(task)
+            writer.close()
+
+    async def _serve_peer(self, sender: int, reader: asyncio.StreamReader) -> None:
+        while True:
+            ftype, body = await read_frame(reader)
+            if ftype not in (FrameType.RAFT, FrameType.SNAP_CHUNK):
+                raise CodecError(f"peer {sender} sent a {ftype.name} frame")
+            self.on_peer_frame(sender, ftype, body)
+
+    async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.set_write_buffer_limits(high=self.config.write_buffer_high)
+        conn = ClientConnection(writer)
+        try:
+            while True:
+                ftype, body = await read_frame(reader)
+                outcome = self.on_client_frame(conn, ftype, body)
+                if outcome is not None:
+                    await outcome
+                if writer.transport.get_write_buffer_size() > self.config.write_buffer_high:
+                    await writer.drain()
+        finally:
+            conn.closed = True
