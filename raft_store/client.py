@@ -20,7 +20,7 @@ from typing import Any
 
 from raft_store import codec
 from raft_store.codec import FrameType, Status
-from raft_store.transport import hello, read_frame
+from raft_store.transport import CoalescingWriter, hello, read_frame
 
 Address = tuple[str, int]
 
@@ -44,6 +44,7 @@ class _Connection:
         self.address = address
         self.reader = reader
         self.writer = writer
+        self.out = CoalescingWriter(writer)
         self.pending: dict[int, asyncio.Future[tuple[FrameType, bytes]]] = {}
         self.status_waiters: list[asyncio.Future[tuple[FrameType, bytes]]] = []
         self.task = asyncio.get_running_loop().create_task(self._read_loop())
@@ -192,7 +193,7 @@ class RaftClient:
                 future: asyncio.Future[tuple[FrameType, bytes]] = loop.create_future()
                 conn.pending[request_id] = future
                 ftype, body = build(request_id)
-                conn.writer.write(codec.frame(ftype, body))
+                conn.out.write(codec.frame(ftype, body))
                 _, reply = await asyncio.wait_for(future, self.attempt_timeout_s)
                 result = codec.decode_result(reply)
             except (OSError, ConnectionError, TimeoutError) as exc:

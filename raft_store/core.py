@@ -7,11 +7,15 @@ in the seeded simulator and in the real node.
 
 The runner's contract, per Ready:
 1. send `early_messages` (the leader's appends: safe before its own fsync, because the leader
-   counts its own copy only once `advance` says it is persisted);
-2. persist `snapshot`, `entries` and `hard_state`, then fsync;
-3. send `messages` (votes, append replies: never before step 2);
-4. apply `committed` in order;
-5. call `advance(ready)`.
+   counts its own copy only once `on_persisted` says it is durable);
+2. persist `snapshot`, `entries` and `hard_state`, then fsync (in order with earlier Readies);
+3. send `messages` (votes, append replies) only once this Ready and all earlier ones are durable;
+4. apply `committed` in order, then call `on_applied`;
+5. call `on_persisted(ready)` when step 2 is done. `advance(ready)` does 4+5 for runners that
+   do everything in sequence.
+
+Several Readies may be outstanding: the runner need not wait for an fsync before stepping new
+messages, which is how the leader overlaps its own fsync with replication and application.
 
 Implements: pre-vote, check-quorum with leader lease, batched and pipelined replication with
 bounded inflights, fast back-off on conflicts, commitment of current-term entries only,
@@ -126,7 +130,7 @@ class RaftCore:
         self.log = RaftLog(recovered.snapshot, recovered.entries, hs.commit, recovered.applied)
         self.term = hs.term
         self.vote = hs.vote
-        self._persisted_hs = HardState(hs.term, hs.vote, self.log.committed)
+        self._handed_hs = HardState(hs.term, hs.vote, self.log.committed)
         self.role = Role.FOLLOWER
         self.leader = NO_NODE
         self.progress: dict[int, Progress] = {}
@@ -142,7 +146,6 @@ class RaftCore:
         self._msgs: list[Message] = []
         self._pending_snapshot: Snapshot | None = None
         self._uncommitted_bytes = 0
-        self._outstanding: Ready | None = None
         self._broadcast_pending = False
         self._tick: Callable[[], None] = self._tick_election
         self._reset_randomized_timeout()
@@ -210,8 +213,8 @@ class RaftCore:
         return HardState(self.term, self.vote, self.log.committed)
 
     def has_ready(self) -> bool:
-        return self._outstanding is None and (
-            self.hard_state() != self._persisted_hs
+        return (
+            self.hard_state() != self._handed_hs
             or bool(self.log.unstable_entries())
             or self._pending_snapshot is not None
             or bool(self._early or self._msgs or self._read_states)
@@ -220,7 +223,8 @@ class RaftCore:
         )
 
     def ready(self) -> Ready:
-        assert self._outstanding is None, "advance() the previous Ready first"
+        """Hand over everything new. Several Readies may be outstanding at once (the runner
+        persists them in order in another thread); `on_persisted` and `on_applied` report back."""
         if self._broadcast_pending and self.role is Role.LEADER:
             self._broadcast_append()
         self._broadcast_pending = False
@@ -229,7 +233,7 @@ class RaftCore:
         entries = self.log.unstable_entries()
         self.log.hand_to_storage()
         rd = Ready(
-            hard_state=hs if hs != self._persisted_hs else None,
+            hard_state=hs if hs != self._handed_hs else None,
             entries=entries,
             snapshot=snapshot,
             early_messages=self._early,
@@ -237,28 +241,36 @@ class RaftCore:
             committed=self.log.next_committed(),
             read_states=self._read_states,
         )
-        rd.must_sync = bool(entries or snapshot) or (hs.term, hs.vote) != (self._persisted_hs.term, self._persisted_hs.vote)
+        rd.must_sync = bool(entries or snapshot) or (hs.term, hs.vote) != (self._handed_hs.term, self._handed_hs.vote)
+        self._handed_hs = hs
         self._early, self._msgs, self._read_states = [], [], []
         self._pending_snapshot = None
-        self._outstanding = rd
         return rd
 
-    def advance(self, rd: Ready) -> None:
-        assert rd is self._outstanding, "advance() must get the Ready it was handed"
-        self._outstanding = None
-        if rd.hard_state is not None:
-            self._persisted_hs = rd.hard_state
-        if rd.entries:
-            self.log.stable_to(rd.entries[-1].index)
-        if rd.committed:
-            self.log.applied_to(rd.committed[-1].index)
-            self._after_apply(rd.committed)
-        if self.role is Role.LEADER and rd.entries:
+    def on_persisted(self, rd: Ready) -> None:
+        """Everything `rd` asked to persist (and every earlier Ready's) is durable."""
+        if not rd.entries:
+            return
+        last = rd.entries[-1]
+        if self.log.term(last.index) == last.term:  # not overwritten while the write was under way
+            self.log.stable_to(last.index)
+        if self.role is Role.LEADER:
             pr = self.progress.get(self.id)
             if pr is not None:
                 pr.maybe_update(self.log.persisted)
             if self._maybe_commit():
                 self._broadcast_pending = True
+
+    def on_applied(self, index: int, committed: list[Entry]) -> None:
+        """The state machine applied `committed` (handed in a Ready), up to `index`."""
+        self.log.applied_to(index)
+        self._after_apply(committed)
+
+    def advance(self, rd: Ready) -> None:
+        """Sequential runners: `rd` is persisted and its committed entries applied."""
+        self.on_persisted(rd)
+        if rd.committed:
+            self.on_applied(rd.committed[-1].index, rd.committed)
 
     # ---- stepping ------------------------------------------------------------------------
     def step(self, m: Message) -> None:

@@ -171,7 +171,8 @@ class RaftLog:
         return self.handed
 
     def stable_to(self, index: int) -> None:
-        """The runner fsynced the entries it was handed up to `index` (those not truncated since)."""
+        """The runner fsynced the entries it was handed up to `index`; the caller checked that
+        `index` still holds the entry that was written (not overwritten since)."""
         self.persisted = max(self.persisted, min(index, self.handed))
 
     def next_committed(self) -> list[Entry]:

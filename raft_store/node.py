@@ -132,6 +132,11 @@ class Node:
         self._received: dict[int, Path] = {}
         self._sending_snapshot: set[int] = set()
         self._was_leader = False
+        self._persist_queue: list[Ready] = []
+        self._persist_running = False
+        self._apply_queue: list[list[Entry]] = []
+        self._apply_running = False
+        self._snapshotting = False
         self.stopped = asyncio.Event()
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -301,22 +306,29 @@ class Node:
             while not self._stopping:
                 await self._wake.wait()
                 self._wake.clear()
+                if self._failure is not None:
+                    raise self._failure
                 self._step_inputs()
-                await self._serve_reads()
                 core = self.core
                 assert core is not None
                 while core.has_ready() and not self._stopping:
                     await self._handle_ready(core.ready())
                     self._step_inputs()
                 self._after_role_change()
+                self._serve_reads()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # storage failure or a bug: stop, loudly
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
             self._failure = exc
             log.critical("node %d stopping: %r", self.config.node_id, exc, exc_info=exc)
-            self._stopping = True
-            self._fail_all_waiters(Status.NOT_LEADER)
-            self.stopped.set()
+        self._stopping = True
+        self._fail_all_waiters(Status.NOT_LEADER)
+        self.stopped.set()
+        self._wake.set()
 
     def _step_inputs(self) -> None:
         core = self.core
@@ -363,42 +375,107 @@ class Node:
             self.metrics.proposed_commands += len(batch)
 
     async def _handle_ready(self, rd: Ready) -> None:
-        core = self.core
-        wal = self.wal
-        assert core is not None and wal is not None
-        loop = asyncio.get_running_loop()
+        """Dispatch one Ready without waiting for its I/O: writes and applies run in their own
+        threads, in order, and report back through callbacks on the event loop."""
         for m in rd.early_messages:
             self._send(m)
         if rd.snapshot is not None:
-            await loop.run_in_executor(self._io, self._install_snapshot, rd.snapshot.meta)
-        if rd.entries or rd.hard_state is not None:
-            started = time.perf_counter()
-            await loop.run_in_executor(self._io, self._persist, rd)
-            if rd.must_sync:
-                self.metrics.observe_fsync(len(rd.entries), time.perf_counter() - started)
-        for m in rd.messages:
-            self._send(m)
+            await self._drain_pipelines()
+            await asyncio.get_running_loop().run_in_executor(self._io, self._install_snapshot, rd.snapshot.meta)
         for state in rd.read_states:
             pending = self._reads.pop(state.context, None)
             if pending is not None:
                 self._ready_reads.append((state.index, *pending))
+        if rd.entries or rd.hard_state is not None or rd.messages:
+            if rd.entries or rd.hard_state is not None or self._persist_queue or self._persist_running:
+                self._persist_queue.append(rd)
+                self._kick_persist()
+            else:
+                for m in rd.messages:  # nothing to write and nothing in flight: safe now
+                    self._send(m)
         if rd.committed:
-            results = await loop.run_in_executor(self._apply_pool, self._apply, rd.committed)
-            self._answer(rd.committed, results)
-        core.advance(rd)
-        await self._serve_reads()
-        if core.log.applied - core.log.snapshot_index >= self.config.snapshot_every_entries:
-            await self._take_snapshot()
+            self._apply_queue.append(rd.committed)
+            self._kick_apply()
 
-    def _persist(self, rd: Ready) -> None:
+    def _kick_persist(self) -> None:
+        if self._persist_running or not self._persist_queue or self._stopping:
+            return
+        batch, self._persist_queue = self._persist_queue, []
+        self._persist_running = True
+        started = time.perf_counter()
+        future = asyncio.get_running_loop().run_in_executor(self._io, self._persist, batch)
+        future.add_done_callback(lambda f: self._persisted(f, batch, started))
+
+    def _persist(self, batch: list[Ready]) -> None:
+        """WAL thread: one write per Ready, one fsync for the whole batch (group commit)."""
         wal = self.wal
         assert wal is not None
-        if rd.entries:
-            wal.append(rd.entries)
-        if rd.hard_state is not None:
-            wal.set_hard_state(rd.hard_state)
-        if rd.must_sync:
+        sync = False
+        for rd in batch:
+            if rd.entries:
+                wal.append(rd.entries)
+            if rd.hard_state is not None:
+                wal.set_hard_state(rd.hard_state)
+            sync = sync or rd.must_sync
+        if sync:
             wal.sync()
+
+    def _persisted(self, future: asyncio.Future[None], batch: list[Ready], started: float) -> None:
+        self._persist_running = False
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._fail(exc)
+            return
+        core = self.core
+        assert core is not None
+        entries = sum(len(rd.entries) for rd in batch)
+        if any(rd.must_sync for rd in batch):
+            self.metrics.observe_fsync(entries, time.perf_counter() - started)
+        for rd in batch:
+            for m in rd.messages:
+                self._send(m)
+            core.on_persisted(rd)
+        self._kick_persist()
+        self._wake.set()
+
+    def _kick_apply(self) -> None:
+        if self._apply_running or not self._apply_queue or self._stopping:
+            return
+        batch = [entry for committed in self._apply_queue for entry in committed]
+        self._apply_queue = []
+        self._apply_running = True
+        future = asyncio.get_running_loop().run_in_executor(self._apply_pool, self._apply, batch)
+        future.add_done_callback(lambda f: self._applied(f, batch))
+
+    def _applied(self, future: asyncio.Future[list[list[bytes] | None]], batch: list[Entry]) -> None:
+        self._apply_running = False
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._fail(exc)
+            return
+        core = self.core
+        assert core is not None
+        self._answer(batch, future.result())
+        core.on_applied(batch[-1].index, batch)
+        self._kick_apply()
+        self._serve_reads()
+        if (core.log.applied - core.log.snapshot_index >= self.config.snapshot_every_entries
+                and not self._snapshotting):
+            self._snapshotting = True
+            asyncio.get_running_loop().create_task(self._take_snapshot())
+        self._wake.set()
+
+    async def _drain_pipelines(self) -> None:
+        while self._persist_running or self._persist_queue or self._apply_running or self._apply_queue:
+            await asyncio.sleep(0.001)
+            if self._failure is not None:
+                raise self._failure
+        while self._snapshotting:
+            await asyncio.sleep(0.005)
 
     def _apply(self, committed: list[Entry]) -> list[list[bytes] | None]:
         out: list[list[bytes] | None] = []
@@ -449,21 +526,23 @@ class Node:
         elif waiter.conn is not None:
             waiter.conn.send(FrameType.RESULT, codec.encode_result(result))
 
-    async def _serve_reads(self) -> None:
-        if not self._ready_reads:
+    def _serve_reads(self) -> None:
+        """Answer reads whose read index is applied. Queries run on the event loop between
+        applies (SQLite reads of one row are microseconds), so they see a consistent state."""
+        if not self._ready_reads or self._apply_running:
             return
         core = self.core
         assert core is not None
-        ready = [r for r in self._ready_reads if r[0] <= core.log.applied]
+        applied = core.log.applied
+        ready = [r for r in self._ready_reads if r[0] <= applied]
         if not ready:
             return
-        self._ready_reads = [r for r in self._ready_reads if r[0] > core.log.applied]
-        loop = asyncio.get_running_loop()
+        self._ready_reads = [r for r in self._ready_reads if r[0] > applied]
         machine: Any = self.machine
         for _, conn, read in ready:
-            answer = await loop.run_in_executor(self._apply_pool, machine.query, read.query)
-            applied = machine.applied_index().to_bytes(8, "big")
-            conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.OK, core.leader, (answer, applied))))
+            answer = machine.query(read.query)
+            result = codec.Result(read.request_id, Status.OK, core.leader, (answer, applied.to_bytes(8, "big")))
+            conn.send(FrameType.RESULT, codec.encode_result(result))
 
     def _after_role_change(self) -> None:
         core = self.core
@@ -494,18 +573,26 @@ class Node:
 
     # ---- snapshots --------------------------------------------------------------------
     async def _take_snapshot(self) -> None:
+        """Snapshot the machine in the apply thread (ordered with applies), save it and compact
+        the WAL in the WAL thread (ordered with writes), then let the core forget the prefix."""
         core = self.core
-        wal = self.wal
-        assert core is not None and wal is not None
+        assert core is not None
         loop = asyncio.get_running_loop()
         tmp = self.config.data_dir / "snapshot.tmp"
-        index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
-        term = core.log.term(index)
-        assert term is not None
-        meta = SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
-        await loop.run_in_executor(self._io, self._save_snapshot, meta, tmp)
-        core.compact(index)
-        self.metrics.snapshots += 1
+        try:
+            index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
+            term = core.log.term(index)
+            if term is None or index <= core.log.snapshot_index:
+                return
+            meta = SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
+            await loop.run_in_executor(self._io, self._save_snapshot, meta, tmp)
+            if index > core.log.snapshot_index:
+                core.compact(index)
+            self.metrics.snapshots += 1
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self._snapshotting = False
 
     def _save_snapshot(self, meta: SnapshotMeta, tmp: Path) -> None:
         self.snapshots.save(meta, tmp)

@@ -84,6 +84,8 @@ class SimNode:
     state_index: int = 0  # index the state machine reflects
     durable_state: tuple[int, tuple[tuple[int, int, bytes], ...]] = (0, ())
     busy: bool = False  # a Ready is being persisted
+    outstanding: int = 0
+    last_done_at: float = 0.0
     corrupted: bool = False
     corruption_planted: bool = False
     drift: float = 1.0
@@ -116,6 +118,7 @@ class Cluster:
         self.checker = Checker(self)
         self.trace: list[str] = []
         self.healed = False
+        self.pipelined = self.rng.random() < 0.5
         self.clients_stopped = False
         self.final_value = -1
         self.stats = {"faults": 0, "crashes": 0, "partitions": 0, "drops": 0, "corruptions": 0,
@@ -185,6 +188,7 @@ class Cluster:
         )
         node.generation += 1
         node.busy = False
+        node.outstanding = 0
         self._schedule_tick(node_id, node.generation)
         self.log(f"n{node_id} started term={rec.hard_state.term} vote={rec.hard_state.vote} "
                  f"last={node.core.log.last_index()} torn={rec.torn_tail}")
@@ -228,26 +232,38 @@ class Cluster:
 
     # ---- the Ready cycle ------------------------------------------------------------------
     def _pump(self, node_id: int) -> None:
+        """Run the Ready contract. Sequential nodes wait for each fsync before the next Ready
+        (like `advance`); pipelined nodes keep stepping while fsyncs complete in order (like
+        the real runner), so both drivers face the same checker."""
         node = self.nodes[node_id]
         core = node.core
-        if core is None or node.busy or not core.has_ready():
-            return
-        rd = core.ready()
-        node.busy = True
-        generation = node.generation
-        for m in rd.early_messages:
-            self._send(node, m)
-        if rd.snapshot is not None:
-            self._install_snapshot(node, rd.snapshot)
-        if rd.hard_state is not None:
-            node.disk.write_hard_state(rd.hard_state)
-        node.disk.write_entries(rd.entries)
-        if self.bugs.ack_before_fsync or (self.bugs.vote_without_fsync and not rd.entries):
-            for m in rd.messages:
+        while core is not None and not (node.busy and not self.pipelined) and core.has_ready():
+            rd = core.ready()
+            node.busy = True
+            generation = node.generation
+            for m in rd.early_messages:
                 self._send(node, m)
-            rd.messages = []
-        fsync_ms = self.rng.uniform(0.2, 3.0) if rd.must_sync else 0.0
-        self.at(fsync_ms, lambda: self._persisted(node_id, generation, rd))
+            if rd.snapshot is not None:
+                self._install_snapshot(node, rd.snapshot)
+            if rd.hard_state is not None:
+                node.disk.write_hard_state(rd.hard_state)
+            node.disk.write_entries(rd.entries)
+            if self.bugs.ack_before_fsync or (self.bugs.vote_without_fsync and not rd.entries):
+                for m in rd.messages:
+                    self._send(node, m)
+                rd.messages = []
+            if self.pipelined:
+                for state in rd.read_states:
+                    self.checker.on_read_state(node_id, state)
+                if rd.committed:
+                    self._apply(node, rd.committed)
+                    core.on_applied(rd.committed[-1].index, rd.committed)
+            fsync_ms = self.rng.uniform(0.2, 3.0) if rd.must_sync else 0.0
+            # Writes complete in order: never before the previous one of this node.
+            done_at = max(self.now + fsync_ms, node.last_done_at)
+            node.last_done_at = done_at
+            node.outstanding += 1
+            self.at(done_at - self.now, functools.partial(self._persisted, node_id, generation, rd))
 
     def _persisted(self, node_id: int, generation: int, rd: Ready) -> None:
         node = self.nodes[node_id]
@@ -258,12 +274,17 @@ class Cluster:
             node.durable_state = (node.state_index, tuple(node.applied))
         for m in rd.messages:
             self._send(node, m)
-        for state in rd.read_states:
-            self.checker.on_read_state(node_id, state)
-        self._apply(node, rd.committed)
-        node.core.advance(rd)
-        node.busy = False
-        self._maybe_snapshot(node)
+        if self.pipelined:
+            node.core.on_persisted(rd)
+        else:
+            for state in rd.read_states:
+                self.checker.on_read_state(node_id, state)
+            self._apply(node, rd.committed)
+            node.core.advance(rd)
+        node.outstanding -= 1
+        node.busy = node.outstanding > 0
+        if not node.busy:
+            self._maybe_snapshot(node)
         self._pump(node_id)
 
     def _apply(self, node: SimNode, committed: list[Entry]) -> None:

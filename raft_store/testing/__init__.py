@@ -1,0 +1,1 @@
+"""Helpers to run real multi-process clusters on loopback (process tests and benchmarks)."""
