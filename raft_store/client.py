@@ -84,6 +84,11 @@ class _Connection:
         self._fail(ConnectionError("closed"))
 
 
+def _expire(future: asyncio.Future[tuple[FrameType, bytes]]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError("no answer within the attempt timeout"))
+
+
 class RaftClient:
     def __init__(
         self, addresses: Sequence[Address], *, cluster_id: int = 1, attempt_timeout_s: float = 2.0,
@@ -194,7 +199,14 @@ class RaftClient:
                 conn.pending[request_id] = future
                 ftype, body = build(request_id)
                 conn.out.write(codec.frame(ftype, body))
-                _, reply = await asyncio.wait_for(future, self.attempt_timeout_s)
+                # One timer per attempt, no wrapper task: asyncio.wait_for costs more than the
+                # rest of a request on the hot path.
+                timer = loop.call_later(self.attempt_timeout_s, _expire, future)
+                try:
+                    _, reply = await future
+                finally:
+                    timer.cancel()
+                    conn.pending.pop(request_id, None)
                 result = codec.decode_result(reply)
             except (OSError, ConnectionError, TimeoutError) as exc:
                 last_error = f"{address}: {exc!r}"
