@@ -1,0 +1,285 @@
+"""The queue's typed client over a Raft cluster: commands through the log, queries through reads.
+
+    raft = RaftClient([("127.0.0.1", 7001), ...])
+    queue = QueueClient(raft)
+    r = await queue.enqueue("transfer", idempotency_key="req-1", ref_key="order-9", payload=b"...")
+    grants = (await queue.lease("worker-1", count_max=100, lease_ms=30_000)).grants
+    await queue.ack(grants[0].message_id, grants[0].token)
+    page = (await queue.dead_letters(DeadLetterFilter(kind="transfer"))).value
+
+Owns: encoding commands (queues.codec) and queries (queues.query_codec), decoding their answers
+into the model's typed results, and coalescing: commands submitted by concurrent callers in the
+same event-loop iteration travel in one `propose_many` frame (one log entry, one fsync), each on
+its own exactly-once session lane. Expected outcomes (EXISTS, CONFLICT, STALE_TOKEN, ...) are
+values in the results; `QueueError` is raised only for a command the machine could not decode or
+found invalid, and `raft_store.client.ClientError` when the cluster gave no answer (the outcome
+is then unknown: retry with the same idempotency key).
+
+Queries are linearizable by default (ReadIndex on the leader). `stale_ok=True` reads from the
+replica the read client talks to without a ReadIndex round; every read returns the applied index
+its answer reflects, so a caller can tell how stale it was. For follower reads pass a `reader`:
+a RaftClient whose only address is the follower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Generic, TypeVar
+
+import msgspec
+
+from delay.policy import RetryPolicy
+from queues import codec
+from queues import query_codec as qc
+from queues.model import (
+    Ack,
+    BatchResult,
+    DeadLetterFilter,
+    Discard,
+    Enqueue,
+    EnqueueResult,
+    ErrorResult,
+    Event,
+    ExpireLeases,
+    ExtendLease,
+    Fail,
+    KindResult,
+    Lease,
+    LeaseResult,
+    MessageView,
+    Outcome,
+    PauseKind,
+    Purge,
+    QueueCommand,
+    QueueResult,
+    Redrive,
+    ResumeKind,
+    SetPolicy,
+)
+from raft_store.client import RaftClient
+
+T = TypeVar("T")
+R = TypeVar("R", bound=QueueResult)
+
+COALESCE_COMMANDS_MAX: Final = 1024
+"""Commands per frame when concurrent callers are coalesced (one log entry holds up to 8192)."""
+
+
+class QueueError(Exception):
+    """The machine refused the command's bytes or values (DECODE_ERROR, INVALID, ...)."""
+
+    def __init__(self, result: ErrorResult | qc.QueryError | str) -> None:
+        self.result = result
+        super().__init__(str(result))
+
+
+@dataclass(frozen=True, slots=True)
+class Read(Generic[T]):
+    value: T
+    applied_index: int
+    """The replica's applied index when it answered: the state the value reflects."""
+    now_ms: int
+    """The time the states in the value were computed at (delayed versus ready)."""
+
+
+class _Coalescer:
+    """Gathers commands submitted in one loop iteration into one propose_many."""
+
+    def __init__(self, raft: RaftClient, limit: int) -> None:
+        self._raft = raft
+        self._limit = limit
+        self._pending: list[tuple[bytes, asyncio.Future[bytes]]] = []
+        self._scheduled = False
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def submit(self, data: bytes) -> bytes:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+        self._pending.append((data, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(pending), self._limit):
+            task = loop.create_task(self._send(pending[start : start + self._limit]))
+            self._sending.add(task)  # a strong reference until it is done
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[bytes, asyncio.Future[bytes]]]) -> None:
+        try:
+            results = await self._raft.propose_many([data for data, _ in batch])
+        except BaseException as error:  # the whole frame's outcome is in doubt
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+
+class QueueClient:
+    def __init__(
+        self, raft: RaftClient, *, reader: RaftClient | None = None, coalesce: bool = True,
+        coalesce_max: int = COALESCE_COMMANDS_MAX,
+    ) -> None:
+        self.raft = raft
+        self.reader = reader or raft
+        self._coalescer = _Coalescer(raft, coalesce_max) if coalesce else None
+
+    # ---- commands -----------------------------------------------------------------------------
+    async def submit(self, command: QueueCommand) -> QueueResult:
+        """One command through the log; its decoded result."""
+        data = codec.encode_command(command)
+        raw = await (self._coalescer.submit(data) if self._coalescer else self.raft.propose(data))
+        return _decode(raw)
+
+    async def submit_many(self, commands: Sequence[QueueCommand]) -> list[QueueResult]:
+        """Many commands in one frame and one log entry (each on its own session lane)."""
+        if not commands:
+            return []
+        raws = await self.raft.propose_many([codec.encode_command(c) for c in commands])
+        return [_decode(raw) for raw in raws]
+
+    async def enqueue(
+        self, kind: str, *, idempotency_key: str, ref_key: str, payload: bytes,
+        headers: dict[str, str] | None = None, delay_ms: int = 0, due_ms: int | None = None,
+    ) -> EnqueueResult:
+        """The new message's id and state (OK), or the original's for a known key (EXISTS), or
+        CONFLICT / UNKNOWN_KIND. Retrying with the same key after a ClientError is safe."""
+        command = Enqueue(kind=kind, idempotency_key=idempotency_key, ref_key=ref_key, payload=payload,
+                          headers=headers or {}, delay_ms=delay_ms, due_ms=due_ms)
+        return _expect(await self.submit(command), EnqueueResult)
+
+    async def enqueue_many(self, items: Sequence[Enqueue]) -> list[EnqueueResult]:
+        return [_expect(r, EnqueueResult) for r in await self.submit_many(items)]
+
+    async def lease(
+        self, worker_id: str, *, kinds: Sequence[str] = (), count_max: int = 100, lease_ms: int = 30_000
+    ) -> LeaseResult:
+        command = Lease(worker_id=worker_id, count_max=count_max, lease_ms=lease_ms, kinds=tuple(kinds))
+        return _expect(await self.submit(command), LeaseResult)
+
+    async def extend(self, message_id: int, token: int, lease_ms: int) -> Outcome:
+        return _expect(await self.submit(ExtendLease(message_id=message_id, token=token, lease_ms=lease_ms)), Outcome)
+
+    async def ack(self, message_id: int, token: int, summary: str = "") -> Outcome:
+        return _expect(await self.submit(Ack(message_id=message_id, token=token, summary=summary)), Outcome)
+
+    async def ack_many(self, acks: Sequence[tuple[int, int]]) -> list[Outcome]:
+        """(message_id, token) pairs acknowledged in one frame and one log entry."""
+        results = await self.submit_many([Ack(message_id=m, token=t) for m, t in acks])
+        return [_expect(r, Outcome) for r in results]
+
+    async def fail(
+        self, message_id: int, token: int, error_class: str, error_text: str = "", *, permanent: bool = False,
+        not_before_ms: int | None = None,
+    ) -> Outcome:
+        command = Fail(message_id=message_id, token=token, error_class=error_class, error_text=error_text,
+                       permanent=permanent, not_before_ms=not_before_ms)
+        return _expect(await self.submit(command), Outcome)
+
+    async def redrive(
+        self, actor: str, reason: str, *, ids: Sequence[int] = (), dead_filter: DeadLetterFilter | None = None,
+        limit: int = 100, payload: bytes | None = None,
+    ) -> BatchResult:
+        command = Redrive(actor=actor, reason=reason, ids=tuple(ids), filter=dead_filter, limit=limit,
+                          payload=payload)
+        return _expect(await self.submit(command), BatchResult)
+
+    async def discard(self, message_id: int, actor: str, reason: str) -> Outcome:
+        return _expect(await self.submit(Discard(message_id=message_id, actor=actor, reason=reason)), Outcome)
+
+    async def pause(self, kind: str, holder: str, reason: str = "") -> KindResult:
+        return _expect(await self.submit(PauseKind(kind=kind, holder=holder, reason=reason)), KindResult)
+
+    async def resume(self, kind: str, holder: str) -> KindResult:
+        return _expect(await self.submit(ResumeKind(kind=kind, holder=holder)), KindResult)
+
+    async def set_policy(self, kind: str, policy: RetryPolicy) -> KindResult:
+        return _expect(await self.submit(SetPolicy(kind=kind, policy=policy)), KindResult)
+
+    async def expire_leases(self, limit: int = 1000) -> BatchResult:
+        return _expect(await self.submit(ExpireLeases(limit=limit)), BatchResult)
+
+    async def purge(self, limit: int = 1000) -> BatchResult:
+        return _expect(await self.submit(Purge(limit=limit)), BatchResult)
+
+    # ---- queries ------------------------------------------------------------------------------
+    async def query(self, query: qc.QueueQuery, *, stale_ok: bool = False) -> Read[qc.QueryAnswer]:
+        client = self.reader if stale_ok else self.raft
+        raw, applied = await client.read(qc.encode_query(query), linearizable=not stale_ok)
+        answer = qc.decode_answer(raw)
+        if isinstance(answer, qc.QueryError):
+            raise QueueError(answer)
+        return Read(answer, applied, answer.now_ms)
+
+    async def _ask(self, query: qc.QueueQuery, kind: type[T], stale_ok: bool) -> Read[T]:
+        read = await self.query(query, stale_ok=stale_ok)
+        if not isinstance(read.value, kind):
+            raise QueueError(f"expected {kind.__name__}, got {type(read.value).__name__}")
+        return Read(read.value, read.applied_index, read.now_ms)
+
+    async def get(self, message_id: int, *, stale_ok: bool = False) -> Read[MessageView | None]:
+        read = await self.get_many([message_id], stale_ok=stale_ok)
+        return Read(read.value[0] if read.value else None, read.applied_index, read.now_ms)
+
+    async def get_many(
+        self, ids: Sequence[int], *, with_history: bool = True, stale_ok: bool = False
+    ) -> Read[tuple[MessageView, ...]]:
+        read = await self._ask(qc.GetMessages(ids=tuple(ids), with_history=with_history), qc.MessagesAnswer, stale_ok)
+        return Read(read.value.messages, read.applied_index, read.now_ms)
+
+    async def by_idempotency_keys(
+        self, keys: Sequence[str], *, with_history: bool = False, stale_ok: bool = False
+    ) -> Read[tuple[MessageView, ...]]:
+        query = qc.ByIdempotencyKeys(keys=tuple(keys), with_history=with_history)
+        read = await self._ask(query, qc.MessagesAnswer, stale_ok)
+        return Read(read.value.messages, read.applied_index, read.now_ms)
+
+    async def by_ref_key(self, ref_key: str, *, stale_ok: bool = False) -> Read[tuple[MessageView, ...]]:
+        read = await self._ask(qc.ByRefKey(ref_key=ref_key), qc.MessagesAnswer, stale_ok)
+        return Read(read.value.messages, read.applied_index, read.now_ms)
+
+    async def dead_letters(
+        self, dead_filter: DeadLetterFilter | None = None, *, cursor: str | None = None, limit: int = 100,
+        stale_ok: bool = False,
+    ) -> Read[qc.DeadLettersAnswer]:
+        query = qc.DeadLetters(filter=dead_filter or DeadLetterFilter(), cursor=cursor, limit=limit)
+        return await self._ask(query, qc.DeadLettersAnswer, stale_ok)
+
+    async def counts(self, *, stale_ok: bool = False) -> Read[dict[tuple[str, str], int]]:
+        read = await self._ask(qc.Counts(), qc.CountsAnswer, stale_ok)
+        return Read({(c.kind, c.state.value): c.count for c in read.value.counts}, read.applied_index, read.now_ms)
+
+    async def oldest_due_age_ms(self, *, stale_ok: bool = False) -> Read[dict[str, int]]:
+        read = await self._ask(qc.OldestDueAge(), qc.OldestDueAnswer, stale_ok)
+        return Read(dict(read.value.ages_ms), read.applied_index, read.now_ms)
+
+    async def events_after(self, seq: int, *, limit: int = 1000, stale_ok: bool = False) -> Read[tuple[Event, ...]]:
+        read = await self._ask(qc.EventsAfter(seq=seq, limit=limit), qc.EventsAnswer, stale_ok)
+        return Read(read.value.events, read.applied_index, read.now_ms)
+
+
+def _decode(raw: bytes) -> QueueResult:
+    try:
+        return codec.decode_result(raw)
+    except (ValueError, msgspec.DecodeError) as error:  # e.g. raft_store's stale-session marker
+        raise QueueError(f"not a queue result: {raw[:32]!r}") from error
+
+
+def _expect(result: QueueResult, kind: type[R]) -> R:
+    if isinstance(result, kind):
+        return result
+    if isinstance(result, ErrorResult):
+        raise QueueError(result)
+    raise QueueError(f"expected {kind.__name__}, got {result!r}")

@@ -1,0 +1,157 @@
+"""The lease-expiry (and tombstone purge) driver: proposes ExpireLeases and Purge periodically.
+
+    python -m queues.maintenance --addresses 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
+
+Owns: *when* maintenance commands are proposed. The machine decides *what* they do, from the
+leader's now_ms in the log entry, so a driver never reads the queue's state and any number of
+drivers is safe (a second ExpireLeases at the same time finds nothing to expire). Proposals go
+through a RaftClient, which follows the leader: the commands are always appended by the leader.
+
+Cadence: ExpireLeases(limit) every `expire_every_s` (150 ms by default); when a command expired a
+full `limit`, the next one is proposed at once (a backlog of expired leases drains at log speed).
+Purge(limit) every `purge_every_s`, also repeated while full.
+
+Expiry is not what makes an expired or delayed message leasable again: every Lease expires
+overdue leases first and reads the due index at the leader's now_ms, so a message is leasable as
+soon as it is due and a worker polls. The driver keeps states, counts and the event log current
+for messages nobody is leasing (a paused kind, idle workers).
+
+Must never: decide anything from its own clock except when to propose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from queues.client import QueueClient, QueueError
+from raft_store.client import ClientError, RaftClient
+
+log = logging.getLogger("queues.maintenance")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MaintenanceConfig:
+    expire_every_s: float = 0.15
+    expire_limit: int = 1000
+    purge_every_s: float = 60.0
+    purge_limit: int = 1000
+    rounds_max: int = 100
+    """Back-to-back full commands at most, before yielding to the next period."""
+
+    def validate(self) -> None:
+        if self.expire_every_s <= 0 or self.purge_every_s <= 0:
+            raise ValueError("periods must be positive")
+        if not 1 <= self.expire_limit <= 1000 or not 1 <= self.purge_limit <= 1000:
+            raise ValueError("limits must be in [1, 1000]")
+
+
+@dataclass(slots=True)
+class MaintenanceStats:
+    expire_commands: int = 0
+    expired: int = 0
+    purge_commands: int = 0
+    purged: int = 0
+    errors: int = 0
+
+
+class MaintenanceDriver:
+    def __init__(self, queue: QueueClient, config: MaintenanceConfig | None = None) -> None:
+        self.queue = queue
+        self.config = config or MaintenanceConfig()
+        self.config.validate()
+        self.stats = MaintenanceStats()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> asyncio.Task[None]:
+        assert self._task is None, "already started"
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="queue-maintenance")
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        next_purge = loop.time() + cfg.purge_every_s
+        while True:
+            started = loop.time()
+            await self._guarded(self.expire_once)
+            if loop.time() >= next_purge:
+                next_purge = loop.time() + cfg.purge_every_s
+                await self._guarded(self.purge_once)
+            await asyncio.sleep(max(0.0, cfg.expire_every_s - (loop.time() - started)))
+
+    async def _guarded(self, step: Callable[[], Awaitable[int]]) -> None:
+        try:
+            await step()
+        except (ClientError, QueueError, OSError) as error:  # no leader yet, or a restart: next period
+            self.stats.errors += 1
+            log.warning("maintenance command failed: %r", error)
+
+    async def expire_once(self) -> int:
+        """Expire overdue leases, repeating while each command hits its limit. Returns the count."""
+        total = 0
+        for _ in range(self.config.rounds_max):
+            result = await self.queue.expire_leases(self.config.expire_limit)
+            self.stats.expire_commands += 1
+            self.stats.expired += len(result.ids)
+            total += len(result.ids)
+            if len(result.ids) < self.config.expire_limit:
+                break
+        return total
+
+    async def purge_once(self) -> int:
+        total = 0
+        for _ in range(self.config.rounds_max):
+            result = await self.queue.purge(self.config.purge_limit)
+            self.stats.purge_commands += 1
+            self.stats.purged += len(result.ids)
+            total += len(result.ids)
+            if len(result.ids) < self.config.purge_limit:
+                break
+        return total
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+async def _main(addresses: list[tuple[str, int]], config: MaintenanceConfig) -> None:
+    raft = RaftClient(addresses, attempt_timeout_s=1.0, deadline_s=5.0)
+    driver = MaintenanceDriver(QueueClient(raft, coalesce=False), config)
+    try:
+        await driver.run()
+    finally:
+        await raft.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m queues.maintenance", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--addresses", required=True, help="host:port,host:port,...")
+    parser.add_argument("--expire-every-ms", type=float, default=150.0)
+    parser.add_argument("--purge-every-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = MaintenanceConfig(expire_every_s=args.expire_every_ms / 1000, purge_every_s=args.purge_every_s)
+    try:
+        config.validate()
+    except ValueError as error:
+        parser.error(str(error))
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_main([_address(a) for a in args.addresses.split(",") if a], config))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

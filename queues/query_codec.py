@@ -1,0 +1,158 @@
+"""Bytes <-> typed values for the queue's read queries (served by `ReplicatedQueueMachine.query`).
+
+Owns: the wire format of a read: one version byte (QUERY_CODEC_VERSION), then a msgspec msgpack
+tagged union (field "q" for requests, "r" for answers). A query is not in the log: it is answered
+by one replica, after a ReadIndex (linearizable) or at once (stale, from a follower), with the
+applied index the answer reflects. Decoding is strict; `decode_query` never raises on bad bytes,
+it returns the `QueryError` to answer with.
+
+Must never: read state, clocks or anything but its argument.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Final, cast
+
+import msgspec
+
+from queues.model import DeadLetterFilter, Event, Key, MessageId, MessageView, RefKey, State, TimeMs
+
+QUERY_CODEC_VERSION: Final = 1
+_VERSION_BYTE: Final = bytes([QUERY_CODEC_VERSION])
+IDS_PER_QUERY_MAX: Final = 1000
+PAGE_LIMIT_MAX: Final = 1000
+EVENTS_LIMIT_MAX: Final = 10_000
+
+PageLimit = Annotated[int, msgspec.Meta(ge=1, le=PAGE_LIMIT_MAX)]
+
+
+# ---- requests -------------------------------------------------------------------------------
+class _Query(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="q"):
+    now_ms: TimeMs | None = None
+    """The time that decides delayed versus ready; None: the answering replica's clock."""
+
+
+class GetMessages(_Query, frozen=True, tag="messages"):
+    """Messages by id (missing ids are left out), each with its attempt history if asked."""
+
+    ids: Annotated[tuple[MessageId, ...], msgspec.Meta(min_length=1, max_length=IDS_PER_QUERY_MAX)]
+    with_history: bool = True
+
+
+class ByIdempotencyKeys(_Query, frozen=True, tag="by_keys"):
+    """The message each idempotency key maps to (keys unknown or purged are left out)."""
+
+    keys: Annotated[tuple[Key, ...], msgspec.Meta(min_length=1, max_length=IDS_PER_QUERY_MAX)]
+    with_history: bool = False
+
+
+class ByRefKey(_Query, frozen=True, tag="by_ref"):
+    """Every message of one business id, oldest first, with attempt history."""
+
+    ref_key: RefKey
+    limit: PageLimit = PAGE_LIMIT_MAX
+
+
+class DeadLetters(_Query, frozen=True, tag="dead"):
+    filter: DeadLetterFilter = DeadLetterFilter()
+    cursor: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    limit: PageLimit = 100
+
+
+class Counts(_Query, frozen=True, tag="counts"):
+    """Messages per (kind, state)."""
+
+
+class OldestDueAge(_Query, frozen=True, tag="oldest_due"):
+    """Per kind with ready messages: how long its oldest ready message has waited past due."""
+
+
+class EventsAfter(_Query, frozen=True, tag="events"):
+    seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=EVENTS_LIMIT_MAX)] = 1000
+
+
+QueueQuery = GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter
+
+
+# ---- answers --------------------------------------------------------------------------------
+class QueryErrorCode(enum.IntEnum):
+    DECODE_ERROR = 1
+    INVALID = 2
+    UNSUPPORTED_VERSION = 3
+    FAILED = 4
+    """The query decoded but could not be answered (e.g. a bad cursor); see detail."""
+
+
+class _Answer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="r"):
+    now_ms: int = 0
+    """The time the answer's states were computed at."""
+
+
+class MessagesAnswer(_Answer, frozen=True, tag="messages"):
+    messages: tuple[MessageView, ...] = ()
+
+
+class DeadLettersAnswer(_Answer, frozen=True, tag="dead"):
+    items: tuple[MessageView, ...] = ()
+    next_cursor: str | None = None
+
+
+class KindStateCount(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    kind: str
+    state: State
+    count: int
+
+
+class CountsAnswer(_Answer, frozen=True, tag="counts"):
+    counts: tuple[KindStateCount, ...] = ()
+
+
+class OldestDueAnswer(_Answer, frozen=True, tag="oldest_due"):
+    ages_ms: dict[str, int] = {}
+
+
+class EventsAnswer(_Answer, frozen=True, tag="events"):
+    events: tuple[Event, ...] = ()
+
+
+class QueryError(_Answer, frozen=True, tag="error"):
+    code: QueryErrorCode
+    detail: str = ""
+
+
+QueryAnswer = MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | QueryError
+
+_encoder: Final = msgspec.msgpack.Encoder()
+_query_decoder: Final = msgspec.msgpack.Decoder(QueueQuery)
+_answer_decoder: Final = msgspec.msgpack.Decoder(QueryAnswer)
+
+
+def encode_query(query: QueueQuery) -> bytes:
+    return _VERSION_BYTE + _encoder.encode(query)
+
+
+def decode_query(data: bytes) -> QueueQuery | QueryError:
+    """The query, or the error to answer with. Never raises on bad bytes."""
+    if not data:
+        return QueryError(code=QueryErrorCode.DECODE_ERROR, detail="empty query")
+    if data[0] != QUERY_CODEC_VERSION:
+        return QueryError(code=QueryErrorCode.UNSUPPORTED_VERSION, detail=f"query codec version {data[0]}")
+    try:
+        return cast(QueueQuery, _query_decoder.decode(memoryview(data)[1:]))
+    except msgspec.ValidationError as error:
+        return QueryError(code=QueryErrorCode.INVALID, detail=str(error)[:200])
+    except msgspec.DecodeError as error:
+        return QueryError(code=QueryErrorCode.DECODE_ERROR, detail=str(error)[:200])
+
+
+def encode_answer(answer: QueryAnswer) -> bytes:
+    return _VERSION_BYTE + _encoder.encode(answer)
+
+
+def decode_answer(data: bytes) -> QueryAnswer:
+    """Answers come from our own machine: anything else is a programmer error and raises."""
+    if not data or data[0] != QUERY_CODEC_VERSION:
+        raise ValueError(f"not a queue query answer: {data[:16]!r}")
+    return cast(QueryAnswer, _answer_decoder.decode(memoryview(data)[1:]))

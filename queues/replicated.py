@@ -1,0 +1,104 @@
+"""The queue machine as a raft_store node runs it: the factory and the read-query server.
+
+    python -m raft_store run --id 1 --peer 1=h:p ... --data DIR --machine queues.replicated:machine_factory
+
+Owns: `machine_factory(data_dir)` (the `module:factory` hook of raft_store's CLI) and
+`ReplicatedQueueMachine.query(bytes) -> bytes`, which the node calls after a ReadIndex
+(linearizable reads, on the leader) or at once (stale reads, on any replica), between applies.
+
+Queries are not applied: they change nothing and are not replicated, so reading a clock here is
+allowed (unlike in apply). The clock decides only "delayed versus ready" in the views, and the
+caller may pin it with `now_ms`.
+
+Must never: raise out of `query` (the node's event loop calls it), or write.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from queues import queries
+from queues import query_codec as qc
+from queues.machine import QueueConfig, QueueMachine
+from queues.model import MessageView
+
+DB_NAME: Final = "queue.sqlite"
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ReplicatedQueueMachine(QueueMachine):
+    """QueueMachine plus the read-query server the Raft node calls."""
+
+    def __init__(
+        self, path: str, config: QueueConfig | None = None, *, clock_ms: Callable[[], int] = wall_clock_ms
+    ) -> None:
+        self._clock_ms = clock_ms
+        super().__init__(path, config)
+
+    def query(self, data: bytes) -> bytes:
+        """Answer one encoded query. Bad bytes or a failing query give a `QueryError` answer."""
+        decoded = qc.decode_query(data)
+        if isinstance(decoded, qc.QueryError):
+            return qc.encode_answer(decoded)
+        now_ms = decoded.now_ms if decoded.now_ms is not None else self._clock_ms()
+        try:
+            answer = answer_query(self.connection, decoded, now_ms)
+        except Exception as error:  # the node's event loop must never see a raise from a query
+            answer = qc.QueryError(code=qc.QueryErrorCode.FAILED, detail=str(error)[:200], now_ms=now_ms)
+        return qc.encode_answer(answer)
+
+
+def _by_keys(conn: sqlite3.Connection, query: qc.ByIdempotencyKeys, now_ms: int) -> list[MessageView]:
+    views: list[MessageView] = []
+    for key in dict.fromkeys(query.keys):
+        row = conn.execute("SELECT message_id FROM idempotency WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            continue
+        view = queries.get_message(conn, int(row[0]), now_ms=now_ms, with_history=query.with_history)
+        if view is not None:
+            views.append(view)
+    return views
+
+
+def answer_query(conn: sqlite3.Connection, query: qc.QueueQuery, now_ms: int) -> qc.QueryAnswer:
+    """Pure over (tables, query, now_ms): the same answer on every replica at one applied index."""
+    match query:
+        case qc.GetMessages():
+            found = (
+                queries.get_message(conn, message_id, now_ms=now_ms, with_history=query.with_history)
+                for message_id in dict.fromkeys(query.ids)
+            )
+            return qc.MessagesAnswer(messages=tuple(v for v in found if v is not None), now_ms=now_ms)
+        case qc.ByIdempotencyKeys():
+            return qc.MessagesAnswer(messages=tuple(_by_keys(conn, query, now_ms)), now_ms=now_ms)
+        case qc.ByRefKey():
+            views = queries.by_ref_key(conn, query.ref_key, now_ms=now_ms, limit=query.limit)
+            return qc.MessagesAnswer(messages=tuple(views), now_ms=now_ms)
+        case qc.DeadLetters():
+            page = queries.dead_letters(conn, query.filter, now_ms=now_ms, cursor=query.cursor, limit=query.limit)
+            return qc.DeadLettersAnswer(items=page.items, next_cursor=page.next_cursor, now_ms=now_ms)
+        case qc.Counts():
+            counted = queries.counts(conn, now_ms=now_ms)
+            return qc.CountsAnswer(
+                counts=tuple(qc.KindStateCount(kind=c.kind, state=c.state, count=c.count) for c in counted),
+                now_ms=now_ms,
+            )
+        case qc.OldestDueAge():
+            return qc.OldestDueAnswer(ages_ms=queries.oldest_due_age_ms(conn, now_ms=now_ms), now_ms=now_ms)
+        case qc.EventsAfter():
+            events = queries.events_after(conn, query.seq, limit=query.limit)
+            return qc.EventsAnswer(events=tuple(events), now_ms=now_ms)
+
+
+def machine_factory(data_dir: Path) -> ReplicatedQueueMachine:
+    """`--machine queues.replicated:machine_factory`: one SQLite file in the node's data dir."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return ReplicatedQueueMachine(str(data_dir / DB_NAME))
