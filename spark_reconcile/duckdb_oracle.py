@@ -37,7 +37,7 @@ requests AS (
     WHERE created_at < $read_end AND (created_at >= $read_start OR finished_at IS NULL
           OR finished_at >= $day_start OR state = 'DEAD_LETTERED')),
 payouts AS (
-    SELECT business_id, count(*) AS n, sum(amount_minor) AS total,
+    SELECT business_id, count(*) AS n, sum(amount_minor)::BIGINT AS total,
            arg_min(struct_pack(id := transfer_id, amount := amount_minor, currency := currency,
                                payee := payee, at := created_at), (created_at, transfer_id)) AS first
     FROM paid GROUP BY business_id),
@@ -89,7 +89,37 @@ found AS (
     WHERE f.class IN ('dead_lettered_unresolved', 'pending_past_sla')
        OR (f.class = 'compensated_not_in_payment' AND f.ref_key NOT IN (SELECT business_id FROM payouts))
 )
-SELECT $business_date::DATE AS business_date, * FROM found
+SELECT $business_date::DATE AS business_date, discrepancy_class, business_id,
+       transfer_id::VARCHAR AS transfer_id, request_id::VARCHAR AS request_id, recipient, currency,
+       amount_minor::BIGINT AS amount_minor, expected_amount_minor::BIGINT AS expected_amount_minor,
+       actual_amount_minor::BIGINT AS actual_amount_minor, expected_currency::VARCHAR AS expected_currency,
+       actual_currency::VARCHAR AS actual_currency, occurred_at, fixable
+FROM found
+"""
+
+
+_TOTALS_SQL: Final = """
+SELECT 'red_packet_grants' AS ledger, currency, count(*) AS rows_read,
+       count(*) FILTER (WHERE state = 'GRANTED' AND granted_at >= $day_start AND granted_at < $day_end) AS day_count,
+       coalesce(sum(amount_minor) FILTER (WHERE state = 'GRANTED' AND granted_at >= $day_start
+                                         AND granted_at < $day_end), 0) AS day_amount_minor
+FROM read_parquet($red_packet) WHERE granted_at >= $read_start AND granted_at < $read_end GROUP BY currency
+UNION ALL
+SELECT 'payment_transfers', currency, count(*),
+       count(*) FILTER (WHERE status = 'SUCCEEDED' AND created_at >= $day_start AND created_at < $day_end),
+       coalesce(sum(amount_minor) FILTER (WHERE status = 'SUCCEEDED' AND created_at >= $day_start
+                                         AND created_at < $day_end), 0)
+FROM read_parquet($payment) WHERE created_at >= $read_start AND created_at < $read_end GROUP BY currency
+UNION ALL
+SELECT 'compensation_requests', currency, count(*),
+       count(*) FILTER (WHERE kind = 'payout' AND state = 'SUCCEEDED' AND finished_at >= $day_start
+                        AND finished_at < $day_end),
+       coalesce(sum(amount_minor) FILTER (WHERE kind = 'payout' AND state = 'SUCCEEDED'
+                                         AND finished_at >= $day_start AND finished_at < $day_end), 0)
+FROM read_parquet($compensation)
+WHERE created_at < $read_end AND (created_at >= $read_start OR finished_at IS NULL
+      OR finished_at >= $day_start OR state = 'DEAD_LETTERED')
+GROUP BY currency
 """
 
 
@@ -97,6 +127,7 @@ SELECT $business_date::DATE AS business_date, * FROM found
 class OracleResult:
     discrepancies: pa.Table
     counts: dict[str, int]
+    ledger_totals: list[tuple[str, str | None, int, int, int]]  # ledger, currency, rows, day n, day amount
 
 
 def _parameters(root: Path, params: ReconcileParams) -> dict[str, object]:
@@ -113,9 +144,7 @@ def _parameters(root: Path, params: ReconcileParams) -> dict[str, object]:
     }
 
 
-def reconcile(
-    root: Path, params: ReconcileParams, *, output: Path | None = None, threads: int = 0
-) -> OracleResult:
+def reconcile(root: Path, params: ReconcileParams, *, output: Path | None = None, threads: int = 0) -> OracleResult:
     """Find the discrepancies; with ``output``, also write them as Parquet (what a DuckDB job would do)."""
     connection = duckdb.connect()
     try:
@@ -127,8 +156,15 @@ def reconcile(
             output.parent.mkdir(parents=True, exist_ok=True)
             connection.execute(f"COPY found TO '{output}' (FORMAT parquet)")
         relation = connection.sql("SELECT * FROM found").to_arrow_table()
-        counts = _count(relation)
-        return OracleResult(discrepancies=relation, counts=counts)
+        totals_parameters = {
+            k: v for k, v in _parameters(root, params).items() if k not in {"business_date", "sla_deadline"}
+        }
+        totals = connection.execute(_TOTALS_SQL, totals_parameters).fetchall()
+        return OracleResult(
+            discrepancies=relation,
+            counts=_count(relation),
+            ledger_totals=sorted((str(ledger), c, int(r), int(n), int(a)) for ledger, c, r, n, a in totals),
+        )
     finally:
         connection.close()
 

@@ -11,7 +11,9 @@ the benchmark calls this module alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -27,6 +29,31 @@ from spark_reconcile.sources import LedgerSource
 FIXES_MAX: Final = 100_000
 LISTING_ROWS_MAX: Final = 5_000
 DISCREPANCIES_FOLDER: Final = "discrepancies"
+
+# The grouping key is (nearly) unique per row, so a pre-shuffle partial aggregation reduces nothing and
+# costs a hash map that falls back to sorting after a few hundred keys; one sort-based aggregation
+# after the shuffle is about twice as fast. Only for that action: the totals query, with a handful of
+# groups, profits from partial aggregation.
+HIGH_CARDINALITY_AGGREGATION: Final = {
+    "spark.sql.execution.bypassPartialAggregation": "true",
+    "spark.sql.execution.useObjectHashAggregateExec": "false",
+}
+
+
+@contextlib.contextmanager
+def sql_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Runtime SQL settings for the actions inside the block, restored afterwards."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,12 +135,10 @@ def run(
     path = staging / DISCREPANCIES_FOLDER
     with progress.spark_tasks():
         with progress.stage("ledger_totals"):
-            ledger_totals = tuple(
-                LedgerTotal(**row.asDict()) for row in rules.ledger_totals(frames, params).collect()
-            )
+            ledger_totals = tuple(LedgerTotal(**row.asDict()) for row in rules.ledger_totals(frames, params).collect())
         counts = {ledger: sum(t.rows_read for t in ledger_totals if t.ledger == ledger) for ledger in Ledger}
         progress.rows("read", **{ledger.name.lower(): count for ledger, count in counts.items()})
-        with progress.stage("discrepancies"):
+        with progress.stage("discrepancies"), sql_conf(spark, HIGH_CARDINALITY_AGGREGATION):
             write_discrepancies(rules.find_discrepancies(frames, params), path, config.output_files)
     with progress.stage("summarise"):
         written = spark.read.schema(DISCREPANCIES).parquet(str(path))

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
@@ -54,8 +55,12 @@ def test_cli_parquet_run_agrees_with_duckdb_and_the_injection(
 
     oracle = duckdb_oracle.reconcile(exports, params, output=tmp_path / "duckdb.parquet")
     assert oracle.counts == INJECTED
-    spark_rows = _rows(tmp_path / "out" / "date=2026-11-20" / "discrepancies")
-    assert spark_rows == _rows(tmp_path / "duckdb.parquet")
+    spark_path, duckdb_path = tmp_path / "out" / "date=2026-11-20" / "discrepancies", tmp_path / "duckdb.parquet"
+    spark_rows = _rows(spark_path)
+    assert spark_rows == _rows(duckdb_path)
+    for path in (spark_path, duckdb_path):  # money stays integral in both engines' files
+        schema = pq.read_schema(next(path.glob("*.parquet")) if path.is_dir() else path)
+        assert {schema.field(name).type for name in ("amount_minor", "actual_amount_minor")} == {pa.int64()}
     assert {r["business_id"] for r in spark_rows if r["fixable"]} == ledgers.injection.business_ids[
         DiscrepancyClass.MISSING_IN_PAYMENT.value
     ]
