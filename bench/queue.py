@@ -1,0 +1,433 @@
+"""Queue benchmark: the queue machine on a 3-node cluster of processes on loopback, fsync on.
+
+    python -m bench.queue enqueue --concurrency 256 --seconds 10 --json
+    python -m bench.queue drain --messages 100000 --json
+    python -m bench.queue lateness --delayed 1000000 --json
+    python -m bench.queue burst --messages 500000 --json
+    python -m bench.queue backlog --messages 10000000 --json
+
+Every mode starts its own cluster (`--machine queues.replicated:machine_factory`) in a temp dir
+and talks to it through QueueClient, the way a service and its workers would.
+
+- enqueue: `concurrency` callers each enqueue a unique 1 KiB message and wait for the commit
+  before the next; concurrent calls are coalesced into shared frames and log entries. Reports
+  acknowledged enqueues per second and the p50/p99 latency of each acknowledgement.
+- drain: preload `messages` ready messages, then 4 workers lease 1000 at a time and ack each
+  batch in one frame; reports acked messages per second.
+- lateness: preload `delayed` messages whose due times are spread uniformly over a window
+  (`--window-s`, an hour) that starts after the preload; then workers poll-lease (and ack)
+  continuously through the window's first `--measure-s` seconds, with the rest of the backlog still
+  delayed behind. Lateness of each grant is the leader's now_ms at the lease minus the message's
+  due_ms (queues/lateness.py); messages that fell due while the preload still ran are left out.
+- burst: preload `messages` messages all due within one second; reports the time from the start
+  of that second until every message has been leased (workers lease 1000 at a time, no ack).
+- backlog: enqueue `messages` delayed (due in a day) messages in batches of 1000; samples each
+  node's RSS every second; compares enqueue throughput of the first and last 10%; then kills all
+  three nodes (SIGKILL) and restarts them: restart_s is the time until a linearizable read and an
+  enqueue succeed again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from queues.client import QueueClient
+from queues.lateness import LatenessReport
+from queues.model import Code, Enqueue, Grant
+from raft_store.client import RaftClient
+from raft_store.testing.processes import ProcessCluster
+
+MACHINE = "queues.replicated:machine_factory"
+DAY_MS = 86_400_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def rss_mib(cluster: ProcessCluster) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for node, proc in cluster.procs.items():
+        try:
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    out[node] = int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return out
+
+
+async def connect(cluster: ProcessCluster) -> tuple[RaftClient, QueueClient]:
+    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=120.0)
+    await cluster.wait_leader(raft)
+    return raft, QueueClient(raft)
+
+
+async def preload(
+    queue: QueueClient, count: int, make: Callable[[int], Enqueue], *, batch: int = 1000, inflight: int = 3,
+    on_batch: Callable[[int, float], None] | None = None,
+) -> float:
+    """Enqueue `count` messages, `batch` per frame (one log entry), `inflight` frames at once."""
+    next_start = 0
+    started = time.perf_counter()
+
+    async def loader() -> None:
+        nonlocal next_start
+        while next_start < count:
+            start = next_start
+            next_start = min(count, start + batch)
+            results = await queue.enqueue_many([make(i) for i in range(start, next_start)])
+            assert all(r.code is Code.OK for r in results), results[0]
+            if on_batch is not None:
+                on_batch(next_start - start, time.perf_counter())
+
+    await asyncio.gather(*(loader() for _ in range(inflight)))
+    return time.perf_counter() - started
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def payload_of(size: int) -> bytes:
+    return os.urandom(size)
+
+
+# ---- modes ---------------------------------------------------------------------------------------
+async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
+    raft, queue = await connect(cluster)
+    payload = payload_of(args.payload_bytes)
+    latencies: list[float] = []
+    measuring = False
+    stop_at = time.perf_counter() + 1.0 + args.seconds
+    counter = 0
+
+    async def caller(worker: int) -> None:
+        nonlocal counter
+        while True:
+            counter += 1
+            key = f"c{worker}-{counter}"
+            started = time.perf_counter()
+            result = await queue.enqueue("transfer", idempotency_key=key, ref_key=key, payload=payload)
+            done = time.perf_counter()
+            assert result.code is Code.OK
+            if done >= stop_at:
+                return
+            if measuring:
+                latencies.append(done - started)
+
+    tasks = [asyncio.get_running_loop().create_task(caller(w)) for w in range(args.concurrency)]
+    await asyncio.sleep(1.0)
+    measuring = True
+    t0 = time.perf_counter()
+    cpu0 = cluster.cpu_seconds()
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - t0
+    node_cpu = cluster.cpu_seconds() - cpu0
+    await raft.close()
+    return {
+        "mode": "enqueue",
+        "enqueued_per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(1000 * percentile(latencies, 0.50), 3),
+        "p99_ms": round(1000 * percentile(latencies, 0.99), 3),
+        "acked": len(latencies),
+        "concurrency": args.concurrency,
+        "seconds": round(elapsed, 2),
+        "payload_bytes": args.payload_bytes,
+        "node_cpu_us_per_enqueue": round(1e6 * node_cpu / max(1, len(latencies)), 1),
+        "client_retries": raft.retries,
+    }
+
+
+async def drain_workers(
+    queue: QueueClient, total: int, *, workers: int, ack: bool, kinds: tuple[str, ...] = ("transfer",),
+    lease_ms: int = 600_000, on_grants: Callable[[tuple[Grant, ...]], None] | None = None,
+    deadline_s: float = 3600.0, idle_sleep_s: float = 0.005,
+) -> int:
+    """Lease (and ack) until `total` grants were received. Returns the number received."""
+    received = 0
+    give_up = time.perf_counter() + deadline_s
+
+    async def worker(n: int) -> None:
+        nonlocal received
+        while received < total and time.perf_counter() < give_up:
+            result = await queue.lease(f"bench-{n}", kinds=kinds, count_max=1000, lease_ms=lease_ms)
+            if not result.grants:
+                await asyncio.sleep(idle_sleep_s)
+                continue
+            received += len(result.grants)
+            if on_grants is not None:
+                on_grants(result.grants)
+            if ack:
+                outcomes = await queue.ack_many([(g.message_id, g.token) for g in result.grants])
+                assert all(o.code is Code.OK for o in outcomes)
+
+    await asyncio.gather(*(worker(n) for n in range(workers)))
+    return received
+
+
+async def drain_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
+    raft, queue = await connect(cluster)
+    payload = payload_of(args.payload_bytes)
+    preload_s = await preload(
+        queue, args.messages,
+        lambda i: Enqueue(kind="transfer", idempotency_key=f"d{i}", ref_key=f"r{i}", payload=payload),
+    )
+    t0 = time.perf_counter()
+    acked = await drain_workers(queue, args.messages, workers=args.workers, ack=True)
+    elapsed = time.perf_counter() - t0
+    counts = (await queue.counts()).value
+    await raft.close()
+    return {
+        "mode": "drain",
+        "acked_per_s": round(acked / elapsed, 1),
+        "acked": acked,
+        "seconds": round(elapsed, 2),
+        "workers": args.workers,
+        "lease_batch": 1000,
+        "payload_bytes": args.payload_bytes,
+        "preload_per_s": round(args.messages / preload_s, 1),
+        "done_after": counts.get(("transfer", "done"), 0),
+    }
+
+
+async def lateness_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
+    raft, queue = await connect(cluster)
+    payload = payload_of(args.payload_bytes)
+    count = args.delayed
+    # Calibrate the preload rate on 2% (due in a day: they stay delayed backlog), then place the
+    # due window after the estimated end of the preload.
+    calib = max(1000, count // 50)
+    calib_s = await preload(
+        queue, calib,
+        lambda i: Enqueue(kind="callback", idempotency_key=f"c{i}", ref_key=f"c{i}", payload=payload,
+                          delay_ms=DAY_MS),
+    )
+    estimate_s = count / (calib / calib_s)
+    window_start = now_ms() + int(1000 * (estimate_s * 1.3 + 5))
+    window_ms = int(1000 * args.window_s)
+    rng = random.Random(7)
+    due = [window_start + rng.randrange(window_ms) for _ in range(count)]
+    preload_s = await preload(
+        queue, count,
+        lambda i: Enqueue(kind="transfer", idempotency_key=f"l{i}", ref_key=f"l{i}", payload=payload,
+                          due_ms=due[i]),
+    )
+    preload_end = now_ms()
+    report = LatenessReport()
+    during_preload = 0
+    measure_end = window_start + int(1000 * args.measure_s)
+    expected = sum(1 for d in due if preload_end < d <= measure_end)
+    due_by_end = sum(1 for d in due if d <= measure_end)
+
+    def observe(grants: tuple[Grant, ...]) -> None:
+        nonlocal during_preload
+        fresh = tuple(g for g in grants if g.due_ms > preload_end)
+        during_preload += len(grants) - len(fresh)
+        report.observe(fresh, 600_000)
+
+    await asyncio.sleep(max(0.0, (window_start - now_ms()) / 1000 - 1.0))
+    t0 = time.perf_counter()
+    # Poll-lease (and ack) through the first measure_s seconds of the window: everything due in
+    # that stretch, with the rest of the backlog still delayed behind it.
+    received = await drain_workers(queue, due_by_end, workers=args.workers, ack=True,
+                                   on_grants=observe, deadline_s=args.measure_s + 60)
+    elapsed = time.perf_counter() - t0
+    counts = (await queue.counts()).value
+    await raft.close()
+    return {
+        "mode": "lateness",
+        **{k: v for k, v in report.summary().items() if k != "count"},
+        "measured_grants": len(report),
+        "expected_grants": expected,
+        "received": received,
+        "due_during_preload": during_preload,
+        "delayed": count,
+        "still_delayed_after": counts.get(("transfer", "delayed"), 0),
+        "due_window_s": args.window_s,
+        "measured_s": args.measure_s,
+        "poll_s": round(elapsed, 2),
+        "workers": args.workers,
+        "preload_per_s": round(count / preload_s, 1),
+        "backlog_extra_delayed": calib,
+        "payload_bytes": args.payload_bytes,
+        "lateness_from": "leader now_ms at lease - due_ms",
+    }
+
+
+async def burst_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
+    raft, queue = await connect(cluster)
+    payload = payload_of(args.payload_bytes)
+    count = args.messages
+    calib = max(1000, count // 50)
+    calib_s = await preload(
+        queue, calib,
+        lambda i: Enqueue(kind="callback", idempotency_key=f"c{i}", ref_key=f"c{i}", payload=payload,
+                          delay_ms=DAY_MS),
+    )
+    second_ms = (now_ms() + int(1000 * (count / (calib / calib_s) * 1.3 + 5))) // 1000 * 1000
+    rng = random.Random(11)
+    preload_s = await preload(
+        queue, count,
+        lambda i: Enqueue(kind="transfer", idempotency_key=f"b{i}", ref_key=f"b{i}", payload=payload,
+                          due_ms=second_ms + rng.randrange(1000)),
+    )
+    early = max(0.0, (second_ms - now_ms()) / 1000)
+    await asyncio.sleep(early)
+    last_grant_ms = 0
+
+    def observe(grants: tuple[Grant, ...]) -> None:
+        nonlocal last_grant_ms
+        last_grant_ms = max(last_grant_ms, max(g.deadline_ms - 600_000 for g in grants))
+
+    started = now_ms()
+    received = await drain_workers(queue, count, workers=args.workers, ack=False, on_grants=observe)
+    await raft.close()
+    return {
+        "mode": "burst",
+        "all_ready_s": round((last_grant_ms - second_ms) / 1000, 3),
+        "messages": count,
+        "received": received,
+        "started_after_second_ms": started - second_ms,
+        "leased_per_s": round(received / max(0.001, (last_grant_ms - second_ms) / 1000), 1),
+        "preload_finished_before_second_s": round(early, 1),
+        "preload_per_s": round(count / preload_s, 1),
+        "workers": args.workers,
+        "lease_batch": 1000,
+        "payload_bytes": args.payload_bytes,
+        "backlog_extra_delayed": calib,
+    }
+
+
+async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
+    raft, queue = await connect(cluster)
+    payload = payload_of(args.payload_bytes)
+    count = args.messages
+    rss_max: dict[int, float] = {}
+    marks: list[tuple[int, float]] = []
+    done = 0
+
+    def on_batch(n: int, at: float) -> None:
+        nonlocal done
+        done += n
+        marks.append((done, at))
+
+    async def sample() -> None:
+        while True:
+            for node, mib in rss_mib(cluster).items():
+                rss_max[node] = max(rss_max.get(node, 0.0), mib)
+            await asyncio.sleep(1.0)
+
+    sampler = asyncio.get_running_loop().create_task(sample())
+    started_ms = now_ms()
+    preload_s = await preload(
+        queue, count,
+        lambda i: Enqueue(kind="transfer", idempotency_key=f"k{i}", ref_key=f"r{i}", payload=payload,
+                          due_ms=started_ms + DAY_MS + i),
+        on_batch=on_batch,
+    )
+    sampler.cancel()
+    for node, mib in rss_mib(cluster).items():
+        rss_max[node] = max(rss_max.get(node, 0.0), mib)
+
+    def rate(lo: float, hi: float) -> float:
+        picked = [(n, t) for n, t in marks if lo * count <= n <= hi * count]
+        if len(picked) < 2:
+            return 0.0
+        return (picked[-1][0] - picked[0][0]) / max(1e-9, picked[-1][1] - picked[0][1])
+
+    lease_t0 = time.perf_counter()
+    nothing = await queue.lease("probe", kinds=("transfer",), count_max=1000, lease_ms=1000)
+    lease_empty_ms = (time.perf_counter() - lease_t0) * 1000
+    assert not nothing.grants
+    await raft.close()
+    data_mib = sum(f.stat().st_size for f in cluster.root.rglob("*") if f.is_file()) / (1 << 20) / cluster.size
+    for node in cluster.ids:
+        cluster.kill(node, signal.SIGKILL)
+    t0 = time.perf_counter()
+    cluster.start_all()
+    raft = RaftClient(cluster.addresses(), attempt_timeout_s=5.0, deadline_s=600.0)
+    queue = QueueClient(raft)
+    await cluster.wait_leader(raft, timeout_s=600.0)
+    counted = (await queue.by_idempotency_keys([f"k{count - 1}"])).value
+    after = await queue.enqueue("transfer", idempotency_key="after-restart", ref_key="x", payload=payload)
+    restart_s = time.perf_counter() - t0
+    assert counted and after.code is Code.OK
+    rss_after = rss_mib(cluster)
+    await raft.close()
+    return {
+        "mode": "backlog",
+        "messages": count,
+        "rss_mib_max": {str(n): round(v, 1) for n, v in sorted(rss_max.items())},
+        "rss_mib_after_restart": {str(n): round(v, 1) for n, v in sorted(rss_after.items())},
+        "enqueued_per_s_start": round(rate(0.0, 0.1), 1),
+        "enqueued_per_s_end": round(rate(0.9, 1.0), 1),
+        "enqueued_per_s_overall": round(count / preload_s, 1),
+        "lease_with_full_backlog_ms": round(lease_empty_ms, 2),
+        "restart_s": round(restart_s, 2),
+        "data_dir_mib_per_node": round(data_mib, 1),
+        "payload_bytes": args.payload_bytes,
+        "batch": 1000,
+    }
+
+
+MODES = {"enqueue": enqueue_mode, "drain": drain_mode, "lateness": lateness_mode, "burst": burst_mode,
+         "backlog": backlog_mode}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.queue", description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=sorted(MODES))
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--messages", type=int, default=None)
+    parser.add_argument("--delayed", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--window-s", type=float, default=3600.0, help="lateness: due times spread over this window")
+    parser.add_argument("--measure-s", type=float, default=60.0, help="lateness: poll the window's first seconds")
+    parser.add_argument("--payload-bytes", type=int, default=None,
+                        help="default 1024 for enqueue and drain, 256 for the preloaded modes")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    defaults = {"drain": 100_000, "burst": 500_000, "backlog": 10_000_000}
+    if args.messages is None:
+        args.messages = defaults.get(args.mode, 0)
+    if args.payload_bytes is None:
+        args.payload_bytes = 1024 if args.mode in ("enqueue", "drain") else 256
+    if args.concurrency <= 0 or args.seconds <= 0 or args.workers <= 0:
+        parser.error("--concurrency, --seconds and --workers must be positive")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
+        cluster = ProcessCluster(Path(tmp), machine=MACHINE)
+        cluster.start_all()
+        try:
+            result = asyncio.run(MODES[args.mode](cluster, args))
+        finally:
+            cluster.stop_all()
+    result["nodes"] = cluster.size
+    result["fsync"] = True
+    result["machine"] = f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
+    result["date"] = time.strftime("%Y-%m-%d")
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
