@@ -6,8 +6,8 @@ Bad arguments end with one line on stderr and exit status 2; an unreachable clus
 from __future__ import annotations
 
 import argparse
-import importlib
 import asyncio
+import importlib
 import json
 import logging
 import signal

@@ -142,20 +142,25 @@ class _PeerLink:
         while not self.transport.closing:
             writer: asyncio.StreamWriter | None = None
             try:
-                _, writer = await asyncio.open_connection(*self.address)
+                _, writer = await asyncio.wait_for(asyncio.open_connection(*self.address), 2.0)
                 writer.transport.set_write_buffer_limits(high=cfg.write_buffer_high)
                 writer.write(hello(self.transport.node_id, cfg.cluster_id))
                 self.connected = True
                 backoff = cfg.reconnect_min_ms
                 await self._pump(writer)
-            except (OSError, asyncio.IncompleteReadError, ConnectionError):
+            except asyncio.CancelledError:
+                raise
+            except (OSError, asyncio.IncompleteReadError, ConnectionError, TimeoutError):
                 pass
+            except RuntimeError:
+                pass  # uvloop: the transport closed under us (peer gone)
+            except Exception:  # never let the link die: a dead link is a silent partition
+                log.exception("link to peer %d failed", self.peer)
             finally:
                 self.connected = False
                 if writer is not None:
-                    writer.close()
-                    with contextlib.suppress(Exception):
-                        await writer.wait_closed()
+                    # abort, not close: close would wait to flush data a dead peer never reads.
+                    writer.transport.abort()
             if self.transport.is_closing():
                 return
             # Whatever was queued for a dead connection is stale by the time we are back.
@@ -170,6 +175,8 @@ class _PeerLink:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
+            if writer.is_closing():
+                raise ConnectionResetError("peer closed the connection")
             batch = list(self.queue)
             self.queue.clear()
             self.queued_bytes = 0
@@ -253,6 +260,8 @@ class Transport:
             log.warning("disconnecting %s: %s", peer_name, exc)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError):
             pass
+        except asyncio.CancelledError:
+            pass  # shutting down: asyncio's stream callback would log a cancelled handler as an error
         finally:
             self._conn_tasks.discard(task)
             writer.close()
