@@ -142,12 +142,13 @@ class _PeerLink:
         while not self.transport.closing:
             writer: asyncio.StreamWriter | None = None
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(*self.address), 2.0)
-                writer.transport.set_write_buffer_limits(high=cfg.write_buffer_high)
-                writer.write(hello(self.transport.node_id, cfg.cluster_id))
+                _, opened = await asyncio.wait_for(asyncio.open_connection(*self.address), 2.0)
+                writer = opened
+                opened.transport.set_write_buffer_limits(high=cfg.write_buffer_high)
+                opened.write(hello(self.transport.node_id, cfg.cluster_id))
                 self.connected = True
                 backoff = cfg.reconnect_min_ms
-                await self._pump(writer)
+                await self._pump(opened)
             except asyncio.CancelledError:
                 raise
             except (OSError, asyncio.IncompleteReadError, ConnectionError, TimeoutError):
