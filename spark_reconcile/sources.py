@@ -162,4 +162,4 @@ class JdbcSource:
         )
 
     def describe(self) -> str:
-        return f"jdbc:{self.connection.url}"
+        return self.connection.url  # already "jdbc:postgresql://..."; credentials are never in it

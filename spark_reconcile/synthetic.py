@@ -116,10 +116,14 @@ class _Builder:
             self.columns[name].append(array)
 
     def table(self, schema: pa.Schema) -> pa.Table:
-        arrays = [
-            pa.concat_arrays([a.cast(field.type) for a in self.columns[field.name]]) for field in schema
-        ]
-        return pa.Table.from_arrays(arrays, schema=schema)
+        columns = []
+        for field in schema:
+            chunks: list[pa.Array] = []
+            for part in self.columns[field.name]:  # large inputs come back from compute as chunked
+                typed = part.cast(field.type)
+                chunks.extend(typed.chunks if isinstance(typed, pa.ChunkedArray) else [typed])
+            columns.append(pa.chunked_array(chunks, field.type))
+        return pa.Table.from_arrays(columns, schema=schema)
 
 
 GRANTS_SCHEMA: Final = pa.schema(
@@ -178,9 +182,7 @@ def _const(value: object, size: int, kind: pa.DataType) -> pa.Array:
 class _Generator:
     """Holds the random state and the books while one set of ledgers is generated."""
 
-    def __init__(
-        self, *, rows: int, per_class: Mapping[str, int], params: ReconcileParams, seed: int
-    ) -> None:
+    def __init__(self, *, rows: int, per_class: Mapping[str, int], params: ReconcileParams, seed: int) -> None:
         if not 1 <= rows <= ROWS_MAX:
             raise ValueError(f"rows must be within 1..{ROWS_MAX}")
         if set(per_class) != {c.value for c in DiscrepancyClass} or min(per_class.values()) < 0:
@@ -207,9 +209,7 @@ class _Generator:
         self.next_request = 0
 
     # -- books ------------------------------------------------------------------------------
-    def book(
-        self, discrepancy: DiscrepancyClass, ids: pa.Array, currency: np.ndarray, amount: np.ndarray
-    ) -> None:
+    def book(self, discrepancy: DiscrepancyClass, ids: pa.Array, currency: np.ndarray, amount: np.ndarray) -> None:
         self.counts[discrepancy.value] += len(ids)
         self.business_ids[discrepancy.value].update(ids.to_pylist())
         for code in CURRENCIES:
@@ -222,9 +222,7 @@ class _Generator:
     def currencies(self, size: int) -> np.ndarray:
         return self.rng.choice(np.array(CURRENCIES), size=size, p=_CURRENCY_WEIGHTS)
 
-    def add_grants(
-        self, ids: pa.Array, at: np.ndarray, amount: np.ndarray, currency: np.ndarray, state: str
-    ) -> None:
+    def add_grants(self, ids: pa.Array, at: np.ndarray, amount: np.ndarray, currency: np.ndarray, state: str) -> None:
         size = len(ids)
         self.grants.add(
             grant_id=ids,
@@ -305,9 +303,7 @@ def _totals(tables: dict[str, pa.Table], params: ReconcileParams) -> dict[str, d
     def in_day(column: pa.ChunkedArray) -> pa.ChunkedArray:
         return pc.and_kleene(pc.greater_equal(column, start), pc.less(column, end))
 
-    grants, transfers, requests = (
-        tables[k] for k in (Ledger.RED_PACKET, Ledger.PAYMENT, Ledger.COMPENSATION)
-    )
+    grants, transfers, requests = (tables[k] for k in (Ledger.RED_PACKET, Ledger.PAYMENT, Ledger.COMPENSATION))
     masks = {
         Ledger.RED_PACKET.value: (
             grants,
@@ -330,8 +326,7 @@ def _totals(tables: dict[str, pa.Table], params: ReconcileParams) -> dict[str, d
         kept = table.filter(mask)
         grouped = kept.group_by("currency").aggregate([("amount_minor", "sum"), ("amount_minor", "count")])
         result[ledger] = {
-            row["currency"]: (row["amount_minor_count"], row["amount_minor_sum"])
-            for row in grouped.to_pylist()
+            row["currency"]: (row["amount_minor_count"], row["amount_minor_sum"]) for row in grouped.to_pylist()
         }
     return result
 
@@ -458,21 +453,15 @@ def _lay_out_group(
         g.book(DiscrepancyClass.DUPLICATE_PAYOUT, ids, currency, amount)
     if name == "normal":
         failed = g.rng.choice(size, size=min(g.per_class, size), replace=False)
-        g.add_transfers(
-            ids.take(pa.array(failed)), paid_at[failed] - _US, amount[failed], currency[failed], "FAILED"
-        )
+        g.add_transfers(ids.take(pa.array(failed)), paid_at[failed] - _US, amount[failed], currency[failed], "FAILED")
 
 
-def _mismatch(
-    g: _Generator, amount: np.ndarray, currency: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mismatch(g: _Generator, amount: np.ndarray, currency: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Even positions: wrong amount (at stake: the difference); odd: wrong currency (the grant)."""
     wrong_amount = np.arange(len(amount)) % 2 == 0
     delta = g.uniform(1, 500, len(amount)) * np.where(g.rng.random(len(amount)) < 0.5, -1, 1)
     paid_amount = np.where(wrong_amount, np.maximum(amount + delta, 1), amount)
-    shift = np.array(
-        [CURRENCIES[(CURRENCIES.index(code) + 1) % len(CURRENCIES)] for code in currency[~wrong_amount]]
-    )
+    shift = np.array([CURRENCIES[(CURRENCIES.index(code) + 1) % len(CURRENCIES)] for code in currency[~wrong_amount]])
     paid_currency = currency.copy()
     paid_currency[~wrong_amount] = shift
     at_stake = np.where(wrong_amount, np.abs(paid_amount - amount), amount)
@@ -488,17 +477,11 @@ def _add_outside_noise(g: _Generator, day0: int, day_end: int, late_us: int) -> 
     g.add_transfers(stray, stray_at, stray_amount, stray_currency)
     g.book(DiscrepancyClass.MISSING_IN_RED_PACKET, stray, stray_currency, stray_amount)
     previous = _ids("p-", np.arange(c))  # unpaid grants of the previous evening: yesterday's break
-    g.add_grants(
-        previous, g.uniform(day0 - late_us, day0, c), g.uniform(100, 9_999, c), g.currencies(c), "GRANTED"
-    )
+    g.add_grants(previous, g.uniform(day0 - late_us, day0, c), g.uniform(100, 9_999, c), g.currencies(c), "GRANTED")
     tomorrow = _ids("y-", np.arange(c))  # unmatched transfers of tomorrow morning: tomorrow's break
-    g.add_transfers(
-        tomorrow, g.uniform(day_end, day_end + late_us, c), g.uniform(100, 9_999, c), g.currencies(c)
-    )
+    g.add_transfers(tomorrow, g.uniform(day_end, day_end + late_us, c), g.uniform(100, 9_999, c), g.currencies(c))
     cancelled = _ids("c-", np.arange(c))  # cancelled grants owe nothing
-    g.add_grants(
-        cancelled, g.uniform(day0, day_end, c), g.uniform(100, 9_999, c), g.currencies(c), "CANCELLED"
-    )
+    g.add_grants(cancelled, g.uniform(day0, day_end, c), g.uniform(100, 9_999, c), g.currencies(c), "CANCELLED")
 
 
 def write_parquet(ledgers: SyntheticLedgers, root: Path, *, row_group_rows: int = 1_000_000) -> None:
