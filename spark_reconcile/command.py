@@ -53,27 +53,19 @@ def _positive(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    reconcile = subparsers.add_parser(
-        "reconcile", help="reconcile the payment, red-packet and compensation ledgers"
-    )
+    reconcile = subparsers.add_parser("reconcile", help="reconcile the payment, red-packet and compensation ledgers")
     reconcile.add_argument("--date", type=_date, required=True, help="business date, YYYY-MM-DD (UTC day)")
     reconcile.add_argument("--source", choices=("jdbc", "parquet"), default="jdbc")
-    reconcile.add_argument(
-        "--parquet-dir", type=Path, help="root of the Parquet exports (with --source parquet)"
-    )
+    reconcile.add_argument("--parquet-dir", type=Path, help="root of the Parquet exports (with --source parquet)")
     reconcile.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
-    reconcile.add_argument(
-        "--master", help="Spark master URL (default local[*]; spark-submit's when submitted)"
-    )
+    reconcile.add_argument("--master", help="Spark master URL (default local[*]; spark-submit's when submitted)")
     reconcile.add_argument("--late-window-hours", type=_hours, default=dt.timedelta(hours=6))
     reconcile.add_argument("--pending-sla-hours", type=_hours, default=dt.timedelta(hours=4))
     reconcile.add_argument("--jdbc-partitions", type=_positive, default=4)
     reconcile.add_argument("--fetch-size", type=_positive, default=10_000)
     reconcile.add_argument("--shuffle-partitions", type=_positive, default=8)
     reconcile.add_argument("--driver-memory", default="2g")
-    reconcile.add_argument(
-        "--no-db", action="store_true", help="no run summary in PostgreSQL (Parquet source)"
-    )
+    reconcile.add_argument("--no-db", action="store_true", help="no run summary in PostgreSQL (Parquet source)")
     reconcile.add_argument("--enqueue", action="store_true", help="send fixes to the API (default: dry run)")
     reconcile.add_argument("--api-url", help=f"compensation API base URL (default ${API_URL_ENV})")
     reconcile.add_argument("--pg-data", type=Path, help=f"embedded PostgreSQL data folder (${PG_DATA_ENV})")
@@ -83,9 +75,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     seed = subparsers.add_parser("seed-ledgers", help="load synthetic ledgers with known breaks (dev, demo)")
     seed.add_argument("--date", type=_date, required=True)
     seed.add_argument("--rows", type=_positive, default=10_000)
-    seed.add_argument(
-        "--per-class", type=int, help="injected breaks per class (default rows/1000, at least 1)"
-    )
+    seed.add_argument("--per-class", type=int, help="injected breaks per class (default rows/1000, at least 1)")
     seed.add_argument("--seed", type=int, default=7)
     seed.add_argument("--parquet-dir", type=Path, help="write Parquet exports here instead of PostgreSQL")
     seed.add_argument("--pg-data", type=Path)
@@ -119,9 +109,7 @@ def run_reconcile(arguments: argparse.Namespace) -> int:
         return _reconcile_with(arguments, params, dsn=dsn, api_url=api_url)
 
 
-def _reconcile_with(
-    arguments: argparse.Namespace, params: Any, *, dsn: str | None, api_url: str | None
-) -> int:
+def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | None, api_url: str | None) -> int:
     from spark_reconcile import pipeline, session
     from spark_reconcile.sources import JdbcConnection, JdbcSource, LedgerSource, ParquetSource
 
@@ -154,7 +142,7 @@ def _reconcile_with(
     finally:
         if owns_session:
             spark.stop()
-    _print_result(result, as_json=arguments.json)
+    _print_result(result, as_json=arguments.json, stored=dsn is not None)
     failed = [d for d in result.deliveries if not d.accepted]
     if failed:
         print(f"enqueue: {len(failed)} of {len(result.deliveries)} deliveries failed", file=sys.stderr)
@@ -162,7 +150,7 @@ def _reconcile_with(
     return 0
 
 
-def _print_result(result: Any, *, as_json: bool) -> None:
+def _print_result(result: Any, *, as_json: bool, stored: bool) -> None:
     summary = result.summary
     if as_json:
         print(json.dumps(summary.to_json(), sort_keys=True))
@@ -170,7 +158,8 @@ def _print_result(result: Any, *, as_json: bool) -> None:
     counts = summary.counts()
     print(f"business date: {summary.business_date.isoformat()}  run: {summary.run_id}")
     print(f"discrepancies: {sum(counts.values())}  " + " ".join(f"{k}={v}" for k, v in counts.items()))
-    print(f"run summary:   PostgreSQL reconciliation_runs run_id={summary.run_id}")
+    where = f"PostgreSQL reconciliation_runs run_id={summary.run_id}" if stored else "not stored (--no-db)"
+    print(f"run summary:   {where}")
     print(f"discrepancies: {result.discrepancies}")
     print(f"report:        {result.report}")
     print(f"summary json:  {result.summary_json}")
@@ -200,8 +189,7 @@ def _require_upstream_tables(dsn: str) -> None:
     absent = asyncio.run(missing())
     if absent:
         raise CommandError(
-            f"ledger tables missing: {', '.join(absent)}"
-            " (load them, or try `compensator seed-ledgers --date ...`)"
+            f"ledger tables missing: {', '.join(absent)} (load them, or try `compensator seed-ledgers --date ...`)"
         )
 
 

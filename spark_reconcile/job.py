@@ -43,17 +43,17 @@ HIGH_CARDINALITY_AGGREGATION: Final = {
 @contextlib.contextmanager
 def sql_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
     """Runtime SQL settings for the actions inside the block, restored afterwards."""
-    previous = {key: spark.conf.get(key, None) for key in settings}
+    previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
     for key, value in settings.items():
         spark.conf.set(key, value)
     try:
         yield
     finally:
-        for key, value in previous.items():
-            if value is None:
+        for key, old in previous.items():
+            if old is None:
                 spark.conf.unset(key)
             else:
-                spark.conf.set(key, value)
+                spark.conf.set(key, old)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

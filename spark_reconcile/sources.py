@@ -16,7 +16,7 @@ import itertools
 from typing import Final, Protocol
 from urllib.parse import unquote, urlsplit
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_reconcile.params import ReconcileParams
@@ -36,7 +36,7 @@ class LedgerSource(Protocol):
     def describe(self) -> str: ...
 
 
-def _window_filter(ledger: Ledger, params: ReconcileParams) -> F.Column:
+def _window_filter(ledger: Ledger, params: ReconcileParams) -> Column:
     if ledger is Ledger.COMPENSATION:
         return request_read_filter(params)
     column = F.col(TIME_COLUMN[ledger])
