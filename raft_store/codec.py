@@ -90,6 +90,8 @@ def _decode_message(buf: bytes) -> Message:
         raise CodecError("raft message truncated")
     mtype, to, frm, term, log_term, index, commit, reject, hint, count = _MSG.unpack_from(buf, 0)
     offset = _MSG.size
+    if count > (len(buf) - offset) // _ENTRY.size:
+        raise CodecError(f"message claims {count} entries")
     entries = []
     unpack = _ENTRY.unpack_from
     size = _ENTRY.size
@@ -194,6 +196,8 @@ def decode_propose(buf: bytes) -> Propose:
     try:
         request_id, count = _PROPOSE.unpack_from(buf, 0)
         offset = _PROPOSE.size
+        if count > (len(buf) - offset) // _COMMAND.size:
+            raise CodecError(f"propose claims {count} commands")
         commands = []
         for _ in range(count):
             client_id, seq, length = _COMMAND.unpack_from(buf, offset)
@@ -222,17 +226,25 @@ def decode_result(buf: bytes) -> Result:
     try:
         request_id, status, hint, count = _RESULT.unpack_from(buf, 0)
         offset = _RESULT.size
+        if count > (len(buf) - offset) // 4:
+            raise CodecError(f"result claims {count} items")
         results = []
         for _ in range(count):
-            length = int.from_bytes(buf[offset : offset + 4], "big")
+            (length,) = _LENGTH.unpack_from(buf, offset)
             offset += 4
-            results.append(bytes(buf[offset : offset + length]))
+            item = bytes(buf[offset : offset + length])
+            if len(item) != length:
+                raise CodecError("result item truncated")
+            results.append(item)
             offset += length
+        if offset != len(buf):
+            raise CodecError("trailing bytes after result")
         return Result(request_id, Status(status), hint, tuple(results))
     except (struct.error, ValueError) as exc:
         raise CodecError(f"bad result frame: {exc}") from None
 
 
+_LENGTH = struct.Struct(">I")
 _READ = struct.Struct(">QB")  # request id, linearizable
 
 
