@@ -16,11 +16,11 @@ import json
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from raft_store import codec
 from raft_store.codec import FrameType, Status
-from raft_store.transport import CoalescingWriter, hello, read_frame
+from raft_store.transport import CoalescingWriter, FrameParser, hello
 
 Address = tuple[str, int]
 
@@ -39,20 +39,27 @@ class _Lane:
     seq: int
 
 
-class _Connection:
-    def __init__(self, address: Address, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+class _Connection(asyncio.Protocol):
+    """One connection to a node; many requests in flight, matched to results by request id."""
+
+    def __init__(self, address: Address) -> None:
         self.address = address
-        self.reader = reader
-        self.writer = writer
-        self.out = CoalescingWriter(writer)
+        self.parser = FrameParser()
         self.pending: dict[int, asyncio.Future[tuple[FrameType, bytes]]] = {}
         self.status_waiters: list[asyncio.Future[tuple[FrameType, bytes]]] = []
-        self.task = asyncio.get_running_loop().create_task(self._read_loop())
+        self.transport: asyncio.Transport | None = None
+        self.out: CoalescingWriter | None = None
+        self.lost = False
 
-    async def _read_loop(self) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport but implement it.
+        self.transport = cast(asyncio.Transport, transport)
+        self.out = CoalescingWriter(self.transport)
+
+    def data_received(self, data: bytes) -> None:
         try:
-            while True:
-                ftype, body = await read_frame(self.reader)
+            frames = self.parser.feed(data)
+            for ftype, body in frames:
                 if ftype is FrameType.RESULT:
                     result = codec.decode_result(body)
                     future = self.pending.pop(result.request_id, None)
@@ -62,25 +69,33 @@ class _Connection:
                     waiter = self.status_waiters.pop(0)
                     if not waiter.done():
                         waiter.set_result((ftype, body))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, codec.CodecError) as exc:
+        except codec.CodecError as exc:
             self._fail(exc)
+            if self.transport is not None:
+                self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionError("closed by the node"))
 
     def _fail(self, exc: BaseException) -> None:
+        self.lost = True
         for future in [*self.pending.values(), *self.status_waiters]:
             if not future.done():
                 future.set_exception(ConnectionError(f"connection to {self.address} lost: {exc!r}"))
         self.pending.clear()
         self.status_waiters.clear()
 
+    def write(self, data: bytes) -> None:
+        assert self.out is not None
+        self.out.write(data)
+
     @property
     def alive(self) -> bool:
-        return not self.task.done()
+        return not self.lost
 
     async def close(self) -> None:
-        self.task.cancel()
-        self.writer.close()
-        with contextlib.suppress(Exception):
-            await self.writer.wait_closed()
+        if self.transport is not None:
+            self.transport.close()
         self._fail(ConnectionError("closed"))
 
 
@@ -151,7 +166,7 @@ class RaftClient:
         conn = await self._connect(address)
         future: asyncio.Future[tuple[FrameType, bytes]] = asyncio.get_running_loop().create_future()
         conn.status_waiters.append(future)
-        conn.writer.write(codec.frame(FrameType.STATUS, b""))
+        conn.write(codec.frame(FrameType.STATUS, b""))
         _, body = await asyncio.wait_for(future, self.attempt_timeout_s)
         status: dict[str, Any] = json.loads(body)
         self._ids[int(status["node"])] = address
@@ -172,11 +187,13 @@ class RaftClient:
         conn = self._conns.get(address)
         if conn is not None and conn.alive:
             return conn
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), self.attempt_timeout_s)
-        writer.write(hello(0, self.cluster_id))
-        conn = _Connection(address, reader, writer)
-        self._conns[address] = conn
-        return conn
+        loop = asyncio.get_running_loop()
+        _, opened = await asyncio.wait_for(
+            loop.create_connection(lambda: _Connection(address), *address), self.attempt_timeout_s
+        )
+        opened.write(hello(0, self.cluster_id))
+        self._conns[address] = opened
+        return opened
 
     def _target(self) -> Address:
         if self._leader is not None:
@@ -198,7 +215,7 @@ class RaftClient:
                 future: asyncio.Future[tuple[FrameType, bytes]] = loop.create_future()
                 conn.pending[request_id] = future
                 ftype, body = build(request_id)
-                conn.out.write(codec.frame(ftype, body))
+                conn.write(codec.frame(ftype, body))
                 # One timer per attempt, no wrapper task: asyncio.wait_for costs more than the
                 # rest of a request on the hot path.
                 timer = loop.call_later(self.attempt_timeout_s, _expire, future)

@@ -16,8 +16,9 @@ import logging
 import random
 import struct
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from raft_store.codec import FRAME_BYTES_MAX, FRAME_HEADER, HELLO_MAGIC, CodecError, FrameType, frame
 
@@ -26,7 +27,7 @@ log = logging.getLogger("raft_store.transport")
 _HELLO = struct.Struct(">5sQQ")
 
 FrameHandler = Callable[[int, FrameType, bytes], None]
-ClientHandler = Callable[["ClientConnection", FrameType, bytes], Awaitable[None] | None]
+ClientHandler = Callable[["ClientConnection", FrameType, bytes], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,42 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[FrameType, bytes]:
 
 async def read_hello(reader: asyncio.StreamReader, cluster_id: int) -> int:
     kind, body = await read_frame(reader)
+    return parse_hello(kind, body, cluster_id)
+
+
+class FrameParser:
+    """Splits a byte stream into frames with no coroutine per frame: one `data_received` of
+    64 KiB may carry hundreds of small client frames, and parsing them in a loop is the cheap
+    way to read them."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[FrameType, bytes]]:
+        buf = self._buf
+        buf += data
+        frames: list[tuple[FrameType, bytes]] = []
+        pos = 0
+        header = FRAME_HEADER.size
+        while len(buf) - pos >= header:
+            length, ftype = FRAME_HEADER.unpack_from(buf, pos)
+            if length < 1 or length > FRAME_BYTES_MAX:
+                raise CodecError(f"frame length {length} out of bounds")
+            end = pos + 4 + length
+            if end > len(buf):
+                break
+            try:
+                kind = FrameType(ftype)
+            except ValueError:
+                raise CodecError(f"unknown frame type {ftype}") from None
+            frames.append((kind, bytes(buf[pos + header : end])))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+def parse_hello(kind: FrameType, body: bytes, cluster_id: int) -> int:
     if kind is not FrameType.HELLO or len(body) != _HELLO.size:
         raise CodecError("connection did not open with HELLO")
     magic, sender, cluster = _HELLO.unpack(body)
@@ -78,7 +115,7 @@ class CoalescingWriter:
     """Collects the frames written during one event-loop iteration and hands them to the socket
     in one write: at hundreds of replies per batch, one syscall per reply is the hot path."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter | asyncio.WriteTransport) -> None:
         self._writer = writer
         self._parts: list[bytes] = []
         self._loop = asyncio.get_running_loop()
@@ -97,7 +134,7 @@ class CoalescingWriter:
 class ClientConnection:
     """One client's connection; replies may be sent from any task of the event loop."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.WriteTransport) -> None:
         self._writer = writer
         self._out = CoalescingWriter(writer)
         self.closed = False
@@ -207,13 +244,14 @@ class Transport:
         self.closing = False
         self._links: dict[int, _PeerLink] = {}
         self._server: asyncio.Server | None = None
-        self._conn_tasks: set[asyncio.Task[None]] = set()
+        self._inbound: set[_Inbound] = set()
 
     def is_closing(self) -> bool:
         return self.closing
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, *self.listen, reuse_address=True)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Inbound(self), *self.listen, reuse_address=True)
 
     def add_peer(self, peer: int, address: tuple[str, int]) -> None:
         self.peers[peer] = address
@@ -238,52 +276,75 @@ class Transport:
         for link in self._links.values():
             link.wakeup.set()
             link.task.cancel()
-        for task in list(self._conn_tasks):
-            task.cancel()
-        await asyncio.gather(*(link.task for link in self._links.values()), *self._conn_tasks,
-                             return_exceptions=True)
+        for inbound in list(self._inbound):
+            inbound.abort()
+        await asyncio.gather(*(link.task for link in self._links.values()), return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conn_tasks.add(task)
-        peer_name = writer.get_extra_info("peername")
+
+
+class _Inbound(asyncio.Protocol):
+    """One accepted connection: a peer's (Raft frames in) or a client's (requests in, results
+    out). The first frame must be HELLO; anything malformed aborts the connection."""
+
+    def __init__(self, owner: Transport) -> None:
+        self.owner = owner
+        self.parser = FrameParser()
+        self.sender: int | None = None
+        self.client: ClientConnection | None = None
+        self.transport: asyncio.Transport | None = None
+        self._hello_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport but implement it.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=self.owner.config.write_buffer_high)
+        self.owner._inbound.add(self)
+        self._hello_timer = asyncio.get_running_loop().call_later(5.0, self.abort)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
         try:
-            sender = await asyncio.wait_for(read_hello(reader, self.config.cluster_id), 5)
-            if sender == 0:
-                await self._serve_client(reader, writer)
-            else:
-                await self._serve_peer(sender, reader)
+            for ftype, body in self.parser.feed(data):
+                self._dispatch(ftype, body)
         except CodecError as exc:
-            log.warning("disconnecting %s: %s", peer_name, exc)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError):
-            pass
-        except asyncio.CancelledError:
-            pass  # shutting down: asyncio's stream callback would log a cancelled handler as an error
-        finally:
-            self._conn_tasks.discard(task)
-            writer.close()
+            peer = self.transport.get_extra_info("peername") if self.transport else None
+            log.warning("disconnecting %s: %s", peer, exc)
+            self.abort()
 
-    async def _serve_peer(self, sender: int, reader: asyncio.StreamReader) -> None:
-        while True:
-            ftype, body = await read_frame(reader)
-            if ftype not in (FrameType.RAFT, FrameType.SNAP_CHUNK):
-                raise CodecError(f"peer {sender} sent a {ftype.name} frame")
-            self.on_peer_frame(sender, ftype, body)
+    def _dispatch(self, ftype: FrameType, body: bytes) -> None:
+        if self.sender is None:
+            self.sender = parse_hello(ftype, body, self.owner.config.cluster_id)
+            if self._hello_timer is not None:
+                self._hello_timer.cancel()
+            if self.sender == 0:
+                assert self.transport is not None
+                self.client = ClientConnection(self.transport)
+            return
+        if self.client is not None:
+            self.owner.on_client_frame(self.client, ftype, body)
+            return
+        if ftype not in (FrameType.RAFT, FrameType.SNAP_CHUNK):
+            raise CodecError(f"peer {self.sender} sent a {ftype.name} frame")
+        self.owner.on_peer_frame(self.sender, ftype, body)
 
-    async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.transport.set_write_buffer_limits(high=self.config.write_buffer_high)
-        conn = ClientConnection(writer)
-        try:
-            while True:
-                ftype, body = await read_frame(reader)
-                outcome = self.on_client_frame(conn, ftype, body)
-                if outcome is not None:
-                    await outcome
-                if writer.transport.get_write_buffer_size() > self.config.write_buffer_high:
-                    await writer.drain()
-        finally:
-            conn.closed = True
+    def pause_writing(self) -> None:
+        # A client that does not read its results stops being read: bounded memory per client.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.client is not None:
+            self.client.closed = True
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self.owner._inbound.discard(self)
