@@ -23,6 +23,7 @@ from raft_store.codec import FrameType, Status
 from raft_store.transport import CoalescingWriter, FrameParser, hello
 
 Address = tuple[str, int]
+AUTO_BATCH_MAX = 1024  # commands per automatic batch frame
 
 
 class ClientError(Exception):
@@ -61,8 +62,7 @@ class _Connection(asyncio.Protocol):
             frames = self.parser.feed(data)
             for ftype, body in frames:
                 if ftype is FrameType.RESULT:
-                    result = codec.decode_result(body)
-                    future = self.pending.pop(result.request_id, None)
+                    future = self.pending.pop(codec.result_request_id(body), None)
                     if future is not None and not future.done():
                         future.set_result((ftype, body))
                 elif ftype is FrameType.STATUS_RESULT and self.status_waiters:
@@ -121,12 +121,41 @@ class RaftClient:
         self._lanes: list[_Lane] = []
         self._request_id = 0
         self._rotate = 0
+        self._batch: list[tuple[bytes, asyncio.Future[bytes]]] = []
+        self._batch_tasks: set[asyncio.Task[None]] = set()
         self.retries = 0
         self.redirects = 0
 
     # ---- public API ---------------------------------------------------------------------
     async def propose(self, data: bytes) -> bytes:
-        return (await self.propose_many([data]))[0]
+        """One command. Commands proposed by concurrent callers in the same event-loop turn
+        travel in one frame (and one log entry): the per-request cost at the client and the
+        leader is paid once per batch, not once per command."""
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        if not self._batch:
+            asyncio.get_running_loop().call_soon(self._flush_batch)
+        self._batch.append((data, future))
+        return await future
+
+    def _flush_batch(self) -> None:
+        while self._batch:
+            items = self._batch[:AUTO_BATCH_MAX]
+            del self._batch[:AUTO_BATCH_MAX]
+            task = asyncio.get_running_loop().create_task(self._send_batch(items))
+            self._batch_tasks.add(task)
+            task.add_done_callback(self._batch_tasks.discard)
+
+    async def _send_batch(self, items: list[tuple[bytes, asyncio.Future[bytes]]]) -> None:
+        try:
+            results = await self.propose_many([data for data, _ in items])
+        except BaseException as exc:
+            for _, future in items:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else ClientError(repr(exc)))
+            return
+        for (_, future), result in zip(items, results, strict=True):
+            if not future.done():
+                future.set_result(result)
 
     async def propose_many(self, commands: Sequence[bytes]) -> list[bytes]:
         """Commands go in one frame and, at the leader, in one log entry when they fit."""

@@ -165,6 +165,7 @@ class Status(enum.IntEnum):
     ERROR = 3  # the request itself is wrong: do not retry
 
 
+_STATUSES = tuple(Status)
 _PROPOSE = struct.Struct(">QI")  # request id, count
 _COMMAND = struct.Struct(">QQI")  # client id, seq, length
 _RESULT = struct.Struct(">QBQI")  # request id, status, leader hint, count
@@ -239,9 +240,16 @@ def decode_result(buf: bytes) -> Result:
             offset += length
         if offset != len(buf):
             raise CodecError("trailing bytes after result")
-        return Result(request_id, Status(status), hint, tuple(results))
-    except (struct.error, ValueError) as exc:
+        return Result(request_id, _STATUSES[status], hint, tuple(results))
+    except (struct.error, ValueError, IndexError) as exc:
         raise CodecError(f"bad result frame: {exc}") from None
+
+
+def result_request_id(buf: bytes) -> int:
+    """The request id of a RESULT body, without decoding the rest (the client's dispatch)."""
+    if len(buf) < 8:
+        raise CodecError("result frame truncated")
+    return int.from_bytes(buf[:8], "big")
 
 
 _LENGTH = struct.Struct(">I")
