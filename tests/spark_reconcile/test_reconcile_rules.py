@@ -34,9 +34,7 @@ def test_a_clean_day_has_no_discrepancies(spark: SparkSession, params: Reconcile
     assertDataFrameEqual(rules.find_discrepancies(frames, params), discrepancies(spark))
 
 
-def test_missing_in_payment_only_when_nothing_covers_the_grant(
-    spark: SparkSession, params: ReconcileParams
-) -> None:
+def test_missing_in_payment_only_when_nothing_covers_the_grant(spark: SparkSession, params: ReconcileParams) -> None:
     frames = ledgers(
         spark,
         grants=[
@@ -63,9 +61,7 @@ def test_missing_in_payment_only_when_nothing_covers_the_grant(
     assertDataFrameEqual(rules.find_discrepancies(frames, params), expected)
 
 
-def test_missing_in_red_packet_is_a_payout_nobody_granted(
-    spark: SparkSession, params: ReconcileParams
-) -> None:
+def test_missing_in_red_packet_is_a_payout_nobody_granted(spark: SparkSession, params: ReconcileParams) -> None:
     frames = ledgers(
         spark,
         grants=[grant("g-early", 100, "USD", at(20, days=-1))],  # granted last evening, inside the window
@@ -285,9 +281,7 @@ def test_dead_lettered_until_resolved(spark: SparkSession, params: ReconcilePara
     assertDataFrameEqual(rules.find_discrepancies(frames, params), expected)
 
 
-def test_ledger_totals_count_each_ledger_by_its_own_clock(
-    spark: SparkSession, params: ReconcileParams
-) -> None:
+def test_ledger_totals_count_each_ledger_by_its_own_clock(spark: SparkSession, params: ReconcileParams) -> None:
     frames = ledgers(
         spark,
         grants=[
@@ -334,3 +328,30 @@ def test_class_totals_sum_counts_and_amounts_per_currency(spark: SparkSession) -
         "discrepancy_class string, currency string, discrepancy_count long, amount_minor long",
     )
     assertDataFrameEqual(rules.class_totals(found), expected)
+
+
+def test_candidate_keys_keep_every_possible_break_and_drop_clean_ids(
+    spark: SparkSession, params: ReconcileParams
+) -> None:
+    frames = ledgers(
+        spark,
+        grants=[
+            grant("g-clean", 500, "CNY", at(10)),
+            grant("g-currency", 500, "CNY", at(10)),  # same amount, other currency: codes must differ
+            grant("g-long-code", 500, "XAU-GRAM", at(10)),  # too long for a code: compared exactly later
+            grant("g-covered", 500, "CNY", at(21)),
+            grant("g-unpaid", 500, "CNY", at(10)),
+        ],
+        transfers=[
+            transfer("t-clean", "g-clean", 500, "CNY", at(10, 1)),
+            transfer("t-currency", "g-currency", 500, "CNH", at(10, 1)),
+            transfer("t-long-code", "g-long-code", 500, "XAU-GRAM", at(10, 1)),
+        ],
+        requests=[
+            request("r-clean", "g-clean", 500, "CNY", "SUCCEEDED", at(10), at(10, 1)),
+            request("r-covered", "g-covered", 500, "CNY", "PENDING", at(21)),
+        ],
+    )
+    candidates = rules.candidate_keys(rules.all_events(frames, params), params)
+    expected = spark.createDataFrame([("g-currency",), ("g-long-code",), ("g-unpaid",)], "key string")
+    assertDataFrameEqual(candidates, expected)
