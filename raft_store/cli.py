@@ -58,6 +58,11 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     if listen is None:
         raise UsageError("--listen is required when the node is not in --peer")
     voters = settings.get("initial_voters")
+    if args.voters:
+        try:
+            voters = [int(v) for v in args.voters.split(",") if v]
+        except ValueError:
+            raise UsageError(f"--voters {args.voters!r} is not a list of node ids") from None
     if args.join:
         voters = []
     elif voters is None:
@@ -151,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data")
     run.add_argument("--machine", default="kv", help="kv, counter, or module:factory")
     run.add_argument("--join", action="store_true", help="start empty and wait to be added")
+    run.add_argument("--voters", help="initial voters of a new cluster, e.g. 1,2,3 (default: every --peer)")
     run.add_argument("--tick-ms", type=int, default=30)
     run.add_argument("--group-commit-entries", type=int, default=8192)
     run.add_argument("--group-commit-delay-ms", type=float, default=0.0)

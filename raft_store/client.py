@@ -199,6 +199,9 @@ class RaftClient:
         _, body = await asyncio.wait_for(future, self.attempt_timeout_s)
         status: dict[str, Any] = json.loads(body)
         self._ids[int(status["node"])] = address
+        for node, known in status.get("addresses", {}).items():
+            host, _, port = str(known).rpartition(":")
+            self._ids.setdefault(int(node), (host, int(port)))
         return status
 
     async def close(self) -> None:

@@ -691,6 +691,9 @@ class Node:
             "voters": sorted(core.conf.voters),
             "learners": sorted(core.conf.learners),
             "followers": followers,
+            # Every address this node knows, so a client given a few nodes can find the leader.
+            "addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(
+                {**self.transport.peers, self.config.node_id: self.config.listen}.items())},
             "failure": repr(self._failure) if self._failure else None,
             "metrics": self.metrics.as_dict(),
         }
