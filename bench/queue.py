@@ -86,11 +86,11 @@ async def preload(
         nonlocal next_start
         while next_start < count:
             start = next_start
-            next_start = min(count, start + batch)
-            results = await queue.enqueue_many([make(i) for i in range(start, next_start)])
+            end = next_start = min(count, start + batch)
+            results = await queue.enqueue_many([make(i) for i in range(start, end)])
             assert all(r.code is Code.OK for r in results), results[0]
             if on_batch is not None:
-                on_batch(next_start - start, time.perf_counter())
+                on_batch(end - start, time.perf_counter())
 
     await asyncio.gather(*(loader() for _ in range(inflight)))
     return time.perf_counter() - started
@@ -332,6 +332,7 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
 
     sampler = asyncio.get_running_loop().create_task(sample())
     started_ms = now_ms()
+    started = time.perf_counter()
     preload_s = await preload(
         queue, count,
         lambda i: Enqueue(kind="transfer", idempotency_key=f"k{i}", ref_key=f"r{i}", payload=payload,
@@ -375,6 +376,9 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         "enqueued_per_s_start": round(rate(0.0, 0.1), 1),
         "enqueued_per_s_end": round(rate(0.9, 1.0), 1),
         "enqueued_per_s_overall": round(count / preload_s, 1),
+        "enqueued_per_s_by_decile": [round(rate(d / 10, (d + 1) / 10)) for d in range(10)],
+        "first_batch_s": round(marks[0][1] - started, 2) if marks else None,
+        "last_batch_s": round(marks[-1][1] - started, 2) if marks else None,
         "lease_with_full_backlog_ms": round(lease_empty_ms, 2),
         "restart_s": round(restart_s, 2),
         "data_dir_mib_per_node": round(data_mib, 1),
