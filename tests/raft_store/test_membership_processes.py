@@ -24,8 +24,11 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 async def wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if await predicate():
-            return
+        try:
+            if await predicate():
+                return
+        except OSError:
+            pass  # the node is still starting
         await asyncio.sleep(0.2)
     raise AssertionError("condition not reached in time")
 
