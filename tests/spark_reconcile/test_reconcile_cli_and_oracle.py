@@ -17,6 +17,8 @@ from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import DiscrepancyClass
 from spark_reconcile.synthetic import generate, write_parquet
 
+pytestmark = pytest.mark.spark
+
 INJECTED = {cls.value: count for count, cls in zip((4, 1, 3, 2, 6, 5, 7), DiscrepancyClass, strict=True)}
 
 

@@ -26,6 +26,8 @@ from spark_reconcile.schemas import DiscrepancyClass
 from spark_reconcile.sources import JdbcConnection, JdbcSource
 from spark_reconcile.synthetic import SyntheticLedgers, generate, load_postgres
 
+pytestmark = pytest.mark.spark
+
 # Distinct counts per class: a rule reporting one class under another's name cannot pass.
 INJECTED = {cls.value: count for count, cls in enumerate(DiscrepancyClass, start=2)}
 
@@ -77,9 +79,7 @@ def _run(
     return pipeline.run(spark, source, config)
 
 
-def test_counts_and_amounts_equal_the_injection(
-    first_run: pipeline.PipelineResult, ledgers: SyntheticLedgers
-) -> None:
+def test_counts_and_amounts_equal_the_injection(first_run: pipeline.PipelineResult, ledgers: SyntheticLedgers) -> None:
     assert first_run.summary.counts() == ledgers.injection.counts
     assert {k: v for k, v in first_run.summary.amounts().items() if v} == {
         k: v for k, v in ledgers.injection.amounts.items() if v
@@ -124,9 +124,7 @@ def test_run_summary_is_in_postgres_and_json(
         "red_packet_grants": ledgers.grants.num_rows,
         "compensation_requests": ledgers.requests.num_rows,
     }
-    assert {
-        name: sum(r["n"] for r in classes if r["discrepancy_class"] == name) for name in INJECTED
-    } == INJECTED
+    assert {name: sum(r["n"] for r in classes if r["discrepancy_class"] == name) for name in INJECTED} == INJECTED
     on_disk = json.loads(first_run.summary_json.read_text())
     duplicates = on_disk["classes"][DiscrepancyClass.DUPLICATE_PAYOUT.value]
     assert duplicates["count"] == INJECTED["duplicate_payout"]
@@ -166,9 +164,7 @@ def test_rerun_replaces_the_date_and_enqueues_each_fix_once(
     assert [r["run_id"] for r in runs] == [third.summary.run_id]
     assert output_dir.joinpath(f"date={business_params.business_date}").resolve() == third.run_dir
     assert sorted(p.name for p in (output_dir / "runs").iterdir()) == [third.summary.run_id]
-    delivered = asyncio.run(
-        _fetch(database, "SELECT count(*) AS n FROM outbox WHERE delivered_at IS NOT NULL")
-    )
+    delivered = asyncio.run(_fetch(database, "SELECT count(*) AS n FROM outbox WHERE delivered_at IS NOT NULL"))
     assert delivered[0]["n"] == len(dry_run_keys)
 
 

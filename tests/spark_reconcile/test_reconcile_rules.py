@@ -6,6 +6,7 @@ as wrong as one that misses: finance would chase breaks that are not there.
 
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 from reconcile_ledgers import at, discrepancies, grant, ledgers, request, transfer
@@ -13,6 +14,8 @@ from reconcile_ledgers import at, discrepancies, grant, ledgers, request, transf
 from spark_reconcile import rules
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import LEDGER_TOTALS
+
+pytestmark = pytest.mark.spark
 
 
 def test_a_clean_day_has_no_discrepancies(spark: SparkSession, params: ReconcileParams) -> None:
