@@ -38,6 +38,7 @@ DATABASE: Final = "postgres"
 START_TIMEOUT_S: Final = 60
 STOP_TIMEOUT_S: Final = 60
 _SYSTEM_USER_WHEN_ROOT: Final = "embedded_postgres"
+_SOCKET_DIR_CHARS_MAX: Final = 80  # + "/.s.PGSQL.65535.lock" stays under the unix socket path limit
 
 
 def _wheel_commands() -> ModuleType:
@@ -125,7 +126,7 @@ class EmbeddedPostgres:
                 **self._run_as(),
             )
         port = self._requested_port or free_tcp_port()
-        options = f"-h {HOST} -p {port} -k {self._data_dir} -c fsync=off -c full_page_writes=off"
+        options = f"-h {HOST} -p {port} -k {self._socket_dir()} -c fsync=off -c full_page_writes=off"
         pg_commands.pg_ctl(
             [
                 "-w",
@@ -176,6 +177,12 @@ class EmbeddedPostgres:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop_async()
+
+    def _socket_dir(self) -> Path:
+        """PostgreSQL also opens a unix socket; its path must fit ``sun_path`` (about 107 bytes)."""
+        if len(str(self._data_dir)) <= _SOCKET_DIR_CHARS_MAX:
+            return self._data_dir
+        return Path(tempfile.gettempdir())  # world-writable, and the socket name carries the port
 
     def _run_as(self) -> dict[str, str]:
         return {"user": self._system_user} if self._system_user else {}
