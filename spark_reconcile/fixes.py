@@ -138,10 +138,7 @@ async def enqueue_async(dsn: str, fixes: list[FixRequest], *, source: str, api_u
         await connection.executemany(
             """INSERT INTO outbox (idempotency_key, kind, ref_key, payload, source)
                VALUES ($1, $2, $3, $4::jsonb, $5) ON CONFLICT (idempotency_key) DO NOTHING""",
-            [
-                (f.idempotency_key, f.kind, f.ref_key, json.dumps(f.payload, sort_keys=True), source)
-                for f in fixes
-            ],
+            [(f.idempotency_key, f.kind, f.ref_key, json.dumps(f.payload, sort_keys=True), source) for f in fixes],
         )
         pending = {
             row["idempotency_key"]
@@ -151,9 +148,7 @@ async def enqueue_async(dsn: str, fixes: list[FixRequest], *, source: str, api_u
                 [f.idempotency_key for f in fixes],
             )
         }
-        deliveries = [
-            await asyncio.to_thread(post, fix, api_url) for fix in fixes if fix.idempotency_key in pending
-        ]
+        deliveries = [await asyncio.to_thread(post, fix, api_url) for fix in fixes if fix.idempotency_key in pending]
         await connection.executemany(
             "UPDATE outbox SET delivered_at = now(), response_status = $2 WHERE idempotency_key = $1",
             [(d.idempotency_key, d.status) for d in deliveries if d.accepted],

@@ -67,9 +67,7 @@ def run(
     config.validate()
     started = dt.datetime.now(dt.UTC)
     run_id = str(uuid.uuid4())
-    output = RunOutput(
-        root=config.output_root.resolve(), business_date=config.params.business_date, run_id=run_id
-    )
+    output = RunOutput(root=config.output_root.resolve(), business_date=config.params.business_date, run_id=run_id)
     progress = Progress(progress_stream, spark=spark)
     progress.emit(stage="run", state="start", run_id=run_id, date=config.params.business_date.isoformat())
     if config.dsn is not None:

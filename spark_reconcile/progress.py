@@ -66,9 +66,7 @@ class Progress:
                     for stage_id in tracker.getActiveStageIds():
                         info = tracker.getStageInfo(stage_id)
                         if info is not None:
-                            self.emit(
-                                spark_stage=stage_id, tasks_done=info.numCompletedTasks, tasks=info.numTasks
-                            )
+                            self.emit(spark_stage=stage_id, tasks_done=info.numCompletedTasks, tasks=info.numTasks)
 
         thread = threading.Thread(target=poll, name="reconcile-progress", daemon=True)
         thread.start()

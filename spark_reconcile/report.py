@@ -58,9 +58,7 @@ def _e(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def bar_chart(
-    title: str, values: Mapping[str, float], *, value_label: Mapping[str, str] | None = None
-) -> str:
+def bar_chart(title: str, values: Mapping[str, float], *, value_label: Mapping[str, str] | None = None) -> str:
     """Horizontal bars, one per key; labels carry the exact figures so the chart is never the only copy."""
     width, label_w, row_h = 640, 260, 24
     height = row_h * max(1, len(values)) + 30
@@ -130,8 +128,7 @@ def _class_table(summary: RunSummary) -> str:
         return "<br>".join(_e(money(v, c)) for c, v in sorted(amounts[name].items())) or "-"
 
     rows = "".join(
-        f"<tr><td>{_e(_LABELS[name])}</td><td class=n>{counts[name]:,}</td>"
-        f"<td class=n>{shown(name)}</td></tr>"
+        f"<tr><td>{_e(_LABELS[name])}</td><td class=n>{counts[name]:,}</td><td class=n>{shown(name)}</td></tr>"
         for name in counts
     )
     return f"<table><tr><th>Class</th><th>Count</th><th>Amount at stake</th></tr>{rows}</table>"
@@ -157,9 +154,7 @@ def _totals_table(summary: RunSummary) -> str:
 
 def _listing(rows: Sequence[Mapping[str, Any]], total: int, parquet_uri: str) -> str:
     head = "".join(f"<th>{_e(c)}</th>" for c in _LISTED_COLUMNS)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_e(row.get(c))}</td>" for c in _LISTED_COLUMNS) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{_e(row.get(c))}</td>" for c in _LISTED_COLUMNS) + "</tr>" for row in rows)
     note = (
         f"All {total:,} discrepancies are listed below."
         if len(rows) >= total
@@ -183,9 +178,7 @@ def render(
         bar_chart(
             f"Amount at stake, {currency}",
             {name: float(per.get(currency, 0)) for name, per in summary.amounts().items()},
-            value_label={
-                name: money(per.get(currency, 0), currency) for name, per in summary.amounts().items()
-            },
+            value_label={name: money(per.get(currency, 0), currency) for name, per in summary.amounts().items()},
         )
         for currency in currencies
     )

@@ -49,9 +49,7 @@ def build(config: SessionConfig) -> SparkSession:
     config.validate()
     builder = SparkSession.builder.appName(config.app_name)
     if not under_spark_submit():
-        builder = builder.master(config.master or LOCAL_MASTER).config(
-            "spark.driver.memory", config.driver_memory
-        )
+        builder = builder.master(config.master or LOCAL_MASTER).config("spark.driver.memory", config.driver_memory)
         if config.fast_start:
             builder = builder.config("spark.driver.extraJavaOptions", FAST_START_JAVA_OPTIONS)
     jars = [jar for jar in config.jars if Path(jar).exists()]

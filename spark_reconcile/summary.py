@@ -116,9 +116,7 @@ async def persist_async(dsn: str, summary: RunSummary, before_commit: Callable[[
     connection = await asyncpg.connect(dsn)
     try:
         async with connection.transaction():
-            await connection.execute(
-                "DELETE FROM reconciliation_runs WHERE business_date = $1", summary.business_date
-            )
+            await connection.execute("DELETE FROM reconciliation_runs WHERE business_date = $1", summary.business_date)
             await connection.execute(
                 """INSERT INTO reconciliation_runs (run_id, business_date, started_at, finished_at,
                        duration_ms, discrepancies, input_rows, output_uri, parameters)

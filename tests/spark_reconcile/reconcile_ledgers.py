@@ -15,9 +15,7 @@ DAY = dt.date(2026, 11, 20)
 
 def at(hour: int, minute: int = 0, *, days: int = 0) -> dt.datetime:
     """An instant on the business day (``days`` shifts to neighbouring days), UTC."""
-    return dt.datetime.combine(DAY, dt.time(0), tzinfo=dt.UTC) + dt.timedelta(
-        days=days, hours=hour, minutes=minute
-    )
+    return dt.datetime.combine(DAY, dt.time(0), tzinfo=dt.UTC) + dt.timedelta(days=days, hours=hour, minutes=minute)
 
 
 def grant(
@@ -90,6 +88,4 @@ def discrepancies(spark: SparkSession, *rows: dict[str, Any]) -> DataFrame:
     for row in rows:
         unknown = set(row) - set(names)
         assert not unknown, f"unknown discrepancy fields {unknown}"
-    return spark.createDataFrame(
-        [tuple((defaults | row)[name] for name in names) for row in rows], DISCREPANCIES
-    )
+    return spark.createDataFrame([tuple((defaults | row)[name] for name in names) for row in rows], DISCREPANCIES)
