@@ -259,7 +259,7 @@ class RaftCore:
             if pr is not None:
                 pr.maybe_update(self.log.persisted)
             if self._maybe_commit():
-                self._broadcast_pending = True
+                self._commit_advanced()
 
     def on_applied(self, index: int, committed: list[Entry]) -> None:
         """The state machine applied `committed` (handed in a Ready), up to `index`."""
@@ -571,12 +571,19 @@ class RaftCore:
             pr.become_probe()
             pr.become_replicate()
         if self._maybe_commit():
-            self._broadcast_pending = True
-        else:
-            while self._send_append(m.frm, only_if_entries=True):
-                pass
+            self._commit_advanced()
+        while self._send_append(m.frm, only_if_entries=True):
+            pass
         if m.frm == self.lead_transferee and pr.match == self.log.last_index():
             self._send(Message(MT.TIMEOUT_NOW, to=m.frm, frm=self.id, term=self.term))
+
+    def _commit_advanced(self) -> None:
+        """Followers with entries still to receive get them (and the new commit index) now;
+        the others learn the commit index from the next heartbeat. An empty append per commit
+        would cost every follower a Ready cycle per round for nothing a client waits on."""
+        last = self.log.last_index()
+        if any(pr.next <= last for node, pr in self.progress.items() if node != self.id):
+            self._broadcast_pending = True
 
     def _maybe_commit(self) -> bool:
         voters = self.conf.voters

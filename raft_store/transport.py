@@ -159,11 +159,23 @@ class _PeerLink:
         self.queued_bytes = 0
         self.wakeup = asyncio.Event()
         self.connected = False
+        self.writer: asyncio.StreamWriter | None = None
         self.dropped = 0
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"peer-{peer}")
 
     def enqueue(self, data: bytes) -> bool:
         cfg = self.transport.config
+        writer = self.writer
+        if (
+            writer is not None
+            and not self.queue
+            and not writer.is_closing()
+            and writer.transport.get_write_buffer_size() < cfg.write_buffer_high
+        ):
+            # Connected and nothing queued: hand the frame to the socket now, not one event-loop
+            # turn later through the pump task.
+            writer.write(data)
+            return True
         if len(self.queue) >= cfg.queue_frames_max or self.queued_bytes + len(data) > cfg.queue_bytes_max:
             self.dropped += 1
             return False
@@ -184,6 +196,7 @@ class _PeerLink:
                 opened.transport.set_write_buffer_limits(high=cfg.write_buffer_high)
                 opened.write(hello(self.transport.node_id, cfg.cluster_id))
                 self.connected = True
+                self.writer = opened
                 backoff = cfg.reconnect_min_ms
                 await self._pump(opened)
             except asyncio.CancelledError:
@@ -196,6 +209,7 @@ class _PeerLink:
                 log.exception("link to peer %d failed", self.peer)
             finally:
                 self.connected = False
+                self.writer = None
                 if writer is not None:
                     # abort, not close: close would wait to flush data a dead peer never reads.
                     writer.transport.abort()
