@@ -86,6 +86,9 @@ def test_election_and_replication_commit_on_a_majority() -> None:
     net.elect(1)
     index = net.nodes[1].propose(b"x")
     net.settle()
+    assert net.nodes[1].log.committed >= index
+    # Followers learn the commit index with the next heartbeat (no empty append per commit).
+    net.tick(1, net.nodes[1].config.heartbeat_ticks)
     for node in (1, 2, 3):
         assert net.nodes[node].log.committed >= index
         assert [e.data for e in net.applied[node] if e.kind is EntryKind.NORMAL] == [b"x"]
