@@ -199,7 +199,7 @@ class Cluster:
             return
         may_corrupt = (
             self.rng.random() < self.faults.corrupt_probability
-            and sum(1 for n in self.nodes.values() if n.corruption_planted) + 1 < (len(self.ids) + 1) // 2
+            and sum(1 for n in self.nodes.values() if n.corruption_planted) < self._corruption_budget()
         )
         node.corruption_planted |= may_corrupt
         self.checker.on_crash(node_id)
@@ -212,6 +212,13 @@ class Cluster:
             if leader == node_id:
                 del self._inflight[value]  # the client sees a timeout: outcome unknown
         self.log(f"n{node_id} CRASH ({what})")
+
+    def _corruption_budget(self) -> int:
+        """Nodes whose disks may be corrupted (they never come back) while a majority of the
+        smallest configuration the run can reach stays healthy; with membership churn one voter
+        may be removed, so the budget is computed for one node fewer."""
+        smallest = len(self.ids) - 1 if self.membership else len(self.ids)
+        return (smallest - 1) // 2
 
     def restart(self, node_id: int) -> None:
         node = self.nodes[node_id]

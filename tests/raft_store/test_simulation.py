@@ -16,7 +16,7 @@ import pytest
 from raft_store.simulation.runner import run_seed
 
 REGRESSIONS = Path(__file__).with_name("sim_regressions.txt")
-BUDGET_S = float(os.environ.get("SIM_BUDGET_S", "150"))
+BUDGET_S = float(os.environ.get("SIM_BUDGET_S", "240"))
 SEEDS_MAX = int(os.environ.get("SIM_SEEDS", "100000"))
 FIRST_SEED = int(os.environ.get("SIM_FIRST_SEED", "1000"))
 
