@@ -443,13 +443,19 @@ class Node:
         if sync:
             wal.sync()
 
-    def _persisted(self, future: asyncio.Future[None], batch: list[Ready], started: float) -> None:
-        self._persist_running = False
+    def _failed(self, future: asyncio.Future[Any]) -> bool:
+        """A pipeline step that failed stops the node (storage errors are never retried)."""
         if future.cancelled():
-            return
+            return True
         exc = future.exception()
         if exc is not None:
             self._fail(exc)
+            return True
+        return False
+
+    def _persisted(self, future: asyncio.Future[None], batch: list[Ready], started: float) -> None:
+        self._persist_running = False
+        if self._failed(future):
             return
         core = self.core
         assert core is not None
@@ -484,13 +490,8 @@ class Node:
 
     def _applied(self, future: asyncio.Future[list[list[bytes] | None]], batch: list[Entry]) -> None:
         self._apply_running = False
-        if future.cancelled():
-            return
-        exc = future.exception()
-        if exc is not None:
-            self._fail(exc)
-            return
-        self._after_apply(batch, future.result())
+        if not self._failed(future):
+            self._after_apply(batch, future.result())
 
     def _after_apply(self, batch: list[Entry], results: list[list[bytes] | None]) -> None:
         core = self.core
