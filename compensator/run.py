@@ -34,6 +34,14 @@ async def serve(cluster: ProcessCluster, stop: asyncio.Event) -> None:
     print(json.dumps({"event": "ready", "raft_nodes": addresses, "leader": leader,
                       "machine": cluster.machine, "data": str(cluster.root)}), flush=True)
     print(f"status:  .venv/bin/raft-store status --addresses {addresses}", flush=True)
+    driver = None
+    if cluster.machine.startswith("queues."):
+        # Lease expiry and tombstone purge are commands someone must propose: run the driver.
+        from queues.client import QueueClient
+        from queues.maintenance import MaintenanceDriver
+
+        driver = MaintenanceDriver(QueueClient(client))
+        driver.start()
     while not stop.is_set():
         for node, proc in cluster.procs.items():
             if proc.poll() is not None:
@@ -41,6 +49,8 @@ async def serve(cluster: ProcessCluster, stop: asyncio.Event) -> None:
                 cluster.start(node)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
+    if driver is not None:
+        await driver.stop()
     await client.close()
 
 
