@@ -125,7 +125,8 @@ class Node:
         self._proposals_since = 0.0
         self._waiting: dict[int, tuple[int, list[_Waiter]]] = {}
         self._admin_waiting: dict[int, tuple[int, _Waiter]] = {}
-        self._reads: dict[bytes, tuple[ClientConnection, codec.Read]] = {}
+        self._reads: dict[bytes, list[tuple[ClientConnection, codec.Read]]] = {}
+        self._read_batch: list[tuple[ClientConnection, codec.Read]] = []
         self._ready_reads: list[tuple[int, ClientConnection, codec.Read]] = []
         self._read_seq = 0
         self._wake = asyncio.Event()
@@ -268,9 +269,19 @@ class Node:
         if core.leader == 0:
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
             return
+        self._read_batch.append((conn, read))
+
+    def _request_read_index(self) -> None:
+        """All linearizable reads that arrived since the last turn share one ReadIndex round
+        (one heartbeat to the followers), however many there are."""
+        core = self.core
+        assert core is not None
+        if not self._read_batch:
+            return
         self._read_seq += 1
         context = self._read_seq.to_bytes(8, "big") + os.urandom(4)
-        self._reads[context] = (conn, read)
+        self._reads[context] = self._read_batch
+        self._read_batch = []
         core.read_index(context)
 
     def _client_admin(self, conn: ClientConnection, body: bytes) -> None:
@@ -344,6 +355,7 @@ class Node:
         inbox = self._inbox
         while inbox:
             core.step(inbox.popleft())
+        self._request_read_index()
         self._propose_pending()
 
     def _propose_pending(self) -> None:
@@ -388,9 +400,8 @@ class Node:
             await self._drain_pipelines()
             await asyncio.get_running_loop().run_in_executor(self._io, self._install_snapshot, rd.snapshot.meta)
         for state in rd.read_states:
-            pending = self._reads.pop(state.context, None)
-            if pending is not None:
-                self._ready_reads.append((state.index, *pending))
+            for conn, read in self._reads.pop(state.context, []):
+                self._ready_reads.append((state.index, conn, read))
         if rd.hard_state is not None and not rd.must_sync and not rd.entries:
             # Only the commit index moved: it is volatile in Raft (relearned from the leader,
             # and the machine's applied index survives), so it rides along with the next write.
@@ -592,10 +603,12 @@ class Node:
             # Entries we proposed may still commit under the next leader; clients retry with
             # the same session sequence numbers and get the stored result.
             self._fail_all_waiters(Status.NOT_LEADER)
-        if not is_leader and self._reads and core.leader == 0:
-            for conn, read in self._reads.values():
+        if not is_leader and (self._reads or self._read_batch) and core.leader == 0:
+            waiting = [r for batch in self._reads.values() for r in batch] + self._read_batch
+            for conn, read in waiting:
                 conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
             self._reads = {}
+            self._read_batch = []
         self._was_leader = is_leader
 
     def _fail_all_waiters(self, status: Status) -> None:
