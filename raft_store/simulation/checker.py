@@ -41,6 +41,7 @@ class Checker:
         self.promised: dict[int, tuple[int, int]] = {}  # node -> (index, term) it acked
         self.must_survive: dict[int, tuple[int, int]] = {}
         self._checked_commit: dict[int, int] = {}
+        self._complete_checked: set[tuple[int, int]] = set()  # (node, term) leaderships checked
         self._events = 0
 
     def violation(self, text: str) -> None:
@@ -115,9 +116,9 @@ class Checker:
                 first = self.leaders.setdefault(core.term, node_id)
                 if first != node_id:
                     self.violation(f"two leaders in term {core.term}: n{first} and n{node_id}")
-                if not getattr(core, "_checked_complete", False):
+                if (node_id, core.term) not in self._complete_checked:
                     self._check_leader_complete(node_id)
-                    core._checked_complete = True  # type: ignore[attr-defined]
+                    self._complete_checked.add((node_id, core.term))
             self._check_commits(node_id)
         if self._events % 16 == 0:
             self._check_log_matching()
