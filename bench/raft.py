@@ -57,7 +57,6 @@ async def throughput(cluster: ProcessCluster, concurrency: int, seconds: float, 
                 latencies.append(done - started)
 
     loop = asyncio.get_running_loop()
-    stop_at = loop.time() + 10_000
     stop_at = time.perf_counter() + 1.0 + seconds
     tasks = [loop.create_task(proposer()) for _ in range(concurrency)]
     await asyncio.sleep(1.0)  # warm-up: connections, leader discovery, JIT-free steady state

@@ -161,12 +161,10 @@ class RaftClient:
         """Commands go in one frame and, at the leader, in one log entry when they fit."""
         lanes = [self._take_lane() for _ in commands]
         triples = tuple((lane.session_id, lane.seq, data) for lane, data in zip(lanes, commands, strict=True))
-        try:
-            result = await self._call_with_retries(
-                lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, triples)))
-            )
-        except BaseException:
-            raise  # the lanes' outcomes are in doubt: they are never reused
+        # If this raises, the lanes' outcomes are in doubt: they are dropped, never reused.
+        result = await self._call_with_retries(
+            lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, triples)))
+        )
         for lane in lanes:
             lane.seq += 1
             self._lanes.append(lane)

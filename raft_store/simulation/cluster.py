@@ -28,7 +28,6 @@ from raft_store.types import (
     ConfState,
     Entry,
     EntryKind,
-    HardState,
     Message,
     MessageType,
     Snapshot,
@@ -364,12 +363,19 @@ class Cluster:
                 best = (core.term, node_id)
         return best[1] if best else None
 
-    def propose(self) -> None:
+    def _leader_core(self) -> tuple[int, RaftCore] | None:
         leader = self.leader()
         if leader is None:
-            return
+            return None
         core = self.nodes[leader].core
         assert core is not None
+        return leader, core
+
+    def propose(self) -> None:
+        found = self._leader_core()
+        if found is None:
+            return
+        leader, core = found
         self._next_value += 1
         value = self._next_value
         data = value.to_bytes(8, "big") + self.rng.randbytes(self.rng.randrange(0, 64))
@@ -382,11 +388,10 @@ class Cluster:
         self._pump(leader)
 
     def change_membership(self) -> None:
-        leader = self.leader()
-        if leader is None:
+        found = self._leader_core()
+        if found is None:
             return
-        core = self.nodes[leader].core
-        assert core is not None
+        leader, core = found
         conf = core.conf
         missing = [n for n in self.ids if n not in conf.voters]
         if missing:
@@ -403,11 +408,10 @@ class Cluster:
         self._pump(leader)
 
     def read(self) -> None:
-        leader = self.leader()
-        if leader is None:
+        found = self._leader_core()
+        if found is None:
             return
-        core = self.nodes[leader].core
-        assert core is not None
+        leader, core = found
         self.stats["reads"] += 1
         context = self._seq.to_bytes(8, "big")
         self.checker.on_read_requested(context, leader)
@@ -415,11 +419,10 @@ class Cluster:
         self._pump(leader)
 
     def transfer(self) -> None:
-        leader = self.leader()
-        if leader is None:
+        found = self._leader_core()
+        if found is None:
             return
-        core = self.nodes[leader].core
-        assert core is not None
+        leader, core = found
         targets = [n for n in sorted(core.conf.voters) if n != leader]
         if targets:
             core.transfer_leadership(self.rng.choice(targets))
@@ -526,4 +529,4 @@ def _decode_state(blob: bytes) -> tuple[tuple[int, int, bytes], ...]:
     return tuple(out)
 
 
-__all__ = ["Bugs", "Cluster", "Faults", "HardState", "SimulationFailure"]
+__all__ = ["Bugs", "Cluster", "Faults", "SimulationFailure"]
