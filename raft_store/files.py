@@ -200,13 +200,19 @@ class AppendFile:
         if fs.volatile:
             self._held.append(data)
         else:
-            if fs.fault is not None:
-                fs.before_op("write", self.path)
-            try:
-                _write_all(self._fd, data)
-            except OSError as err:
-                raise fs.fail(err, "write", self.path) from err
+            self._write_through(data)
         self.size += len(data)
+
+    def _write_through(self, data: bytes) -> None:
+        """The one place bytes reach the file descriptor (both modes)."""
+        fs = self._fs
+        assert self._fd is not None
+        if fs.fault is not None:
+            fs.before_op("write", self.path)
+        try:
+            _write_all(self._fd, data)
+        except OSError as err:
+            raise fs.fail(err, "write", self.path) from err
 
     def sync(self) -> None:
         fs = self._fs
@@ -215,12 +221,7 @@ class AppendFile:
         if self._held:
             data = b"".join(self._held) if len(self._held) > 1 else self._held[0]
             self._held.clear()
-            if fs.fault is not None:
-                fs.before_op("write", self.path)
-            try:
-                _write_all(self._fd, data)
-            except OSError as err:
-                raise fs.fail(err, "write", self.path) from err
+            self._write_through(data)
         if fs.fault is not None:
             fs.before_op("fsync", self.path)
         try:
