@@ -111,6 +111,22 @@ class SqliteStateMachine:
         self._applied = self._read_applied()
         assert self._applied == index, f"snapshot says {self._applied}, expected {index}"
 
+    def snapshot_bytes(self) -> bytes:
+        """The whole state as one consistent image (sqlite3 serialize), for in-memory simulation.
+
+        The deterministic simulator keeps disks in memory; this is the same state a file snapshot
+        holds, without touching the file system."""
+        return self._conn.serialize()
+
+    def restore_bytes(self, image: bytes, index: int) -> None:
+        """Replace the whole state by an image from `snapshot_bytes`, which reflects `index`."""
+        if self._path != ":memory:":
+            raise ValueError("restore_bytes is for in-memory machines")
+        self._conn.deserialize(image)
+        self._init_schema()
+        self._applied = self._read_applied()
+        assert self._applied == index, f"image says {self._applied}, expected {index}"
+
     def close(self) -> None:
         self._conn.close()
 
