@@ -15,13 +15,14 @@ Properties (Raft paper Figure 3, plus the durability promises a node makes on th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raft_store.core import Role
 from raft_store.types import Entry, HardState, Message, MessageType, ReadState, Snapshot, SnapshotMeta
 
 if TYPE_CHECKING:
-    from raft_store.simulation.cluster import Cluster
+    from raft_store.simulation.cluster import Cluster, SimNode
 
 MT = MessageType
 _UNPERSISTED_TERMS = (MT.PRE_VOTE, MT.PRE_VOTE_RESP)
@@ -167,9 +168,14 @@ class Checker:
 
     # ---- end of run ---------------------------------------------------------------------
     def check_converged(self, final_value: int) -> None:
-        cluster = self.cluster
         if final_value not in self.acked:
             self.violation("a proposal made after healing did not commit in time")
+        self.check_healed(self._check_values)
+
+    def check_healed(self, per_node: Callable[[int, SimNode], None] | None = None) -> None:
+        """After healing: one leader, and every healthy member running and applied up to the
+        leader's last index; `per_node` then checks each member's state."""
+        cluster = self.cluster
         leader = cluster.leader()
         if leader is None:
             self.violation("no leader after healing")
@@ -185,11 +191,15 @@ class Checker:
                 self.violation(f"n{node_id} not running after healing")
             if node.state_index != target:
                 self.violation(f"n{node_id} applied {node.state_index}, leader has {target} after healing")
-            applied = {index: (term, data) for index, term, data in node.applied}
-            for value, (index, term) in self.acked.items():
-                got = applied.get(index)
-                if got is None or got[0] != term or int.from_bytes(got[1][:8], "big") != value:
-                    self.violation(f"acked value {value} at {index}@{term} lost on n{node_id}")
-            for index, (term, data) in applied.items():
-                if self.committed.get(index, (term, data)) != (term, data):
-                    self.violation(f"n{node_id} state differs at {index}")
+            if per_node is not None:
+                per_node(node_id, node)
+
+    def _check_values(self, node_id: int, node: SimNode) -> None:
+        applied = {index: (term, data) for index, term, data in node.applied}
+        for value, (index, term) in self.acked.items():
+            got = applied.get(index)
+            if got is None or got[0] != term or int.from_bytes(got[1][:8], "big") != value:
+                self.violation(f"acked value {value} at {index}@{term} lost on n{node_id}")
+        for index, (term, data) in applied.items():
+            if self.committed.get(index, (term, data)) != (term, data):
+                self.violation(f"n{node_id} state differs at {index}")

@@ -110,7 +110,7 @@ class Cluster:
         self.nodes: dict[int, SimNode] = {}
         for node_id in self.ids:
             disk = SimDisk(truncate_on_corruption=self.bugs.truncate_on_corruption)
-            disk.snapshot = Snapshot(SnapshotMeta(0, 0, initial), _encode_state(()))
+            disk.snapshot = Snapshot(SnapshotMeta(0, 0, initial), self._initial_state())
             self.nodes[node_id] = SimNode(node_id, disk, drift=1 + self.rng.uniform(
                 -self.faults.clock_drift_max, self.faults.clock_drift_max))
         self.blocked: set[tuple[int, int]] = set()
@@ -165,12 +165,7 @@ class Cluster:
             return
         snapshot = rec.snapshot
         assert snapshot is not None
-        # The state machine persists lazily (SQLite synchronous=NORMAL): it may be behind the
-        # snapshot after a power cut, in which case the runner restores it from the snapshot.
-        state_index, state = node.durable_state
-        if state_index < snapshot.meta.index:
-            state_index, state = snapshot.meta.index, _decode_state(snapshot.data)
-        node.applied = list(state)
+        state_index = self._load_state(node, snapshot)
         node.state_index = state_index
         self.checker.on_restart(node_id, rec.hard_state, rec.entries, snapshot.meta)
         recovered = Recovered(
@@ -277,7 +272,7 @@ class Cluster:
             return
         if rd.must_sync and not (self.bugs.vote_without_fsync and not rd.entries):
             node.disk.sync()
-            node.durable_state = (node.state_index, tuple(node.applied))
+            self._state_durable(node)
         for m in rd.messages:
             self._send(node, m)
         if self.pipelined:
@@ -298,21 +293,55 @@ class Cluster:
             if entry.index <= node.state_index:
                 continue
             assert entry.index == node.state_index + 1, f"apply gap at n{node.node_id}"
-            node.applied.append((entry.index, entry.term, entry.data))
+            self._apply_entry(node, entry)
             node.state_index = entry.index
             self.checker.on_apply(node.node_id, entry)
-            if entry.kind is EntryKind.NORMAL:
-                value = int.from_bytes(entry.data[:8], "big")
-                pending = self._inflight.get(value)
-                if pending and pending[0] == node.node_id:
-                    del self._inflight[value]
-                    if (pending[1], pending[2]) == (entry.index, entry.term):
-                        self.stats["acked"] += 1
-                        self.checker.on_ack(value, entry)
+            self._answer(node, entry)
+
+    def _answer(self, node: SimNode, entry: Entry) -> None:
+        """The leader that took a proposal answers its client once it applied the entry."""
+        if entry.kind is EntryKind.NORMAL:
+            value = int.from_bytes(entry.data[:8], "big")
+            pending = self._inflight.get(value)
+            if pending and pending[0] == node.node_id:
+                del self._inflight[value]
+                if (pending[1], pending[2]) == (entry.index, entry.term):
+                    self.stats["acked"] += 1
+                    self.checker.on_ack(value, entry)
+
+    # ---- the replicated state: hooks a subclass replaces to run a real state machine ----------
+    # The base replicates an opaque list of applied entries, which is all the Raft checker needs.
+    def _initial_state(self) -> bytes:
+        """The state image of the snapshot every disk starts with (index 0)."""
+        return _encode_state(())
+
+    def _load_state(self, node: SimNode, snapshot: Snapshot) -> int:
+        """Rebuild a restarting node's state; return the index it reflects.
+
+        The state machine persists lazily (SQLite synchronous=NORMAL): it may be behind the
+        snapshot after a power cut, in which case the runner restores it from the snapshot."""
+        state_index, state = node.durable_state
+        if state_index < snapshot.meta.index:
+            state_index, state = snapshot.meta.index, _decode_state(snapshot.data)
+        node.applied = list(state)
+        return state_index
+
+    def _state_durable(self, node: SimNode) -> None:
+        """The state machine's own storage caught up with what it applied (fsync or snapshot)."""
+        node.durable_state = (node.state_index, tuple(node.applied))
+
+    def _apply_entry(self, node: SimNode, entry: Entry) -> None:
+        node.applied.append((entry.index, entry.term, entry.data))
+
+    def _install_state(self, node: SimNode, snapshot: Snapshot) -> None:
+        node.applied = list(_decode_state(snapshot.data))
+
+    def _snapshot_state(self, node: SimNode) -> bytes:
+        return _encode_state(tuple(node.applied))
 
     def _install_snapshot(self, node: SimNode, snapshot: Snapshot) -> None:
         node.disk.save_snapshot(snapshot, installed=True)
-        node.applied = list(_decode_state(snapshot.data))
+        self._install_state(node, snapshot)
         node.state_index = snapshot.meta.index
         self.checker.on_snapshot_installed(node.node_id, snapshot)
 
@@ -323,9 +352,9 @@ class Cluster:
         if every and core.log.applied - core.log.snapshot_index >= every and node.state_index == core.log.applied:
             index = core.log.applied
             meta = core.compact(index)
-            data = _encode_state(tuple(node.applied))
+            data = self._snapshot_state(node)
             node.disk.save_snapshot(Snapshot(meta, data), installed=False)
-            node.durable_state = (node.state_index, tuple(node.applied))
+            self._state_durable(node)
             self.stats["snapshots"] += 1
 
     # ---- network ------------------------------------------------------------------------
