@@ -36,7 +36,8 @@ REF_KEY_MESSAGES_MAX: Final = 1000
 TABLE: Final = "messages"
 
 _MESSAGE_COLUMNS: Final = (
-    "id, kind, idempotency_key, ref_key, payload, edited_payload, headers, created_ms, phase, due_ms,"
+    "id, kind, idempotency_key, ref_key, (SELECT payload FROM bodies WHERE bodies.id = messages.id),"
+    " edited_payload, headers, created_ms, phase, due_ms,"
     " attempts, last_error_class, last_error_text, token, lease_worker, lease_deadline_ms, dead_ms,"
     " dead_reason, terminal_ms"
 )

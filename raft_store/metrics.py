@@ -22,6 +22,7 @@ class NodeMetrics:
     proposed_commands: int = 0
     applied_commands: int = 0
     snapshots: int = 0
+    checkpoints: int = 0
     torn_tails: int = 0
 
     def observe_fsync(self, entries: int, seconds: float) -> None:
@@ -45,5 +46,6 @@ class NodeMetrics:
             "proposed_commands": self.proposed_commands,
             "applied_commands": self.applied_commands,
             "snapshots": self.snapshots,
+            "checkpoints": self.checkpoints,
             "torn_tails": self.torn_tails,
         }

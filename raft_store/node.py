@@ -32,7 +32,13 @@ from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
-from raft_store.state_machine import BatchFormatError, StateMachine, decode_batch, encode_batch
+from raft_store.state_machine import (
+    BatchFormatError,
+    CheckpointingMachine,
+    StateMachine,
+    decode_batch,
+    encode_batch,
+)
 from raft_store.transport import ClientConnection, Transport, TransportConfig
 from raft_store.types import (
     ConfChange,
@@ -168,6 +174,16 @@ class Node:
             meta, path = latest
         else:
             meta, path = SnapshotMeta(0, 0, ConfState(voters=cfg.initial_voters)), None
+        checkpoint = self.snapshots.checkpoint()
+        if checkpoint is not None and checkpoint.index > meta.index:
+            # The log before the checkpoint is gone; only the machine's own store holds it.
+            if self.machine.applied_index() < checkpoint.index:
+                raise NodeStopped(
+                    f"state store reflects index {self.machine.applied_index()}, behind its checkpoint at"
+                    f" {checkpoint.index}: the store was replaced or rolled back; move this data directory"
+                    " aside and let the node rejoin empty (it then receives a snapshot)"
+                )
+            meta, path = checkpoint, None
         if path is not None and self.machine.applied_index() < meta.index:
             self._restore_machine(path, meta)
         entries = [e for e in rec.entries if e.index > meta.index]
@@ -626,25 +642,89 @@ class Node:
 
     # ---- snapshots --------------------------------------------------------------------
     async def _take_snapshot(self) -> None:
-        """Snapshot the machine in the apply thread (ordered with applies), save it and compact
-        the WAL in the WAL thread (ordered with writes), then let the core forget the prefix."""
+        """Compact the log: by a checkpoint of the machine's own store when it can make itself
+        durable, else by a snapshot file written in the apply thread (ordered with applies). The
+        marker or file is saved and the WAL compacted in the WAL thread (ordered with writes),
+        then the core forgets the prefix."""
         core = self.core
         assert core is not None
         loop = asyncio.get_running_loop()
         tmp = self.config.data_dir / "snapshot.tmp"
         try:
+            index = 0
+            if isinstance(self.machine, CheckpointingMachine):
+                index = await loop.run_in_executor(self._apply_pool, self.machine.checkpoint)
+                if index:
+                    meta = self._meta_at(index)
+                    if meta is not None:
+                        await loop.run_in_executor(self._io, self._save_checkpoint, meta)
+                        self._compacted(meta)
+                        self.metrics.checkpoints += 1
+                    return
             index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
-            term = core.log.term(index)
-            if term is None or index <= core.log.snapshot_index:
+            meta = self._meta_at(index)
+            if meta is None:
                 return
-            meta = SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
             await loop.run_in_executor(self._io, self._save_snapshot, meta, tmp)
-            if index > core.log.snapshot_index:
-                core.compact(index)
+            self._compacted(meta)
             self.metrics.snapshots += 1
         except Exception as exc:
             self._fail(exc)
         finally:
+            self._snapshotting = False
+
+    def _meta_at(self, index: int) -> SnapshotMeta | None:
+        """Meta for a snapshot at `index`, or None when the log is already compacted past it."""
+        core = self.core
+        assert core is not None
+        term = core.log.term(index)
+        if term is None or index <= core.log.snapshot_index:
+            return None
+        return SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
+
+    def _compacted(self, meta: SnapshotMeta) -> None:
+        core = self.core
+        assert core is not None
+        if meta.index > core.log.snapshot_index:
+            core.compact(meta.index)
+
+    def _save_checkpoint(self, meta: SnapshotMeta) -> None:
+        self.snapshots.save_checkpoint(meta)
+        assert self.wal is not None
+        self.wal.compact(meta.index, meta.term)
+
+    async def _snapshot_file(self, at_least: int) -> tuple[SnapshotMeta, Path] | None:
+        """A snapshot file covering `at_least`, written now if the newest file is older.
+
+        With checkpoints a node keeps no full copy of its store; a follower too far behind gets
+        one made on demand, an online copy taken in the apply thread between applies."""
+        latest = self.snapshots.latest()
+        if latest is not None and latest[0].index >= at_least:
+            return latest
+        while self._snapshotting:  # one user of the machine besides apply at a time
+            await asyncio.sleep(0.01)
+            if self._stopping:
+                return None
+        latest = self.snapshots.latest()
+        if latest is not None and latest[0].index >= at_least:
+            return latest
+        self._snapshotting = True
+        loop = asyncio.get_running_loop()
+        tmp = self.config.data_dir / "snapshot.tmp"
+        try:
+            index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
+            core = self.core
+            assert core is not None
+            term = core.log.term(index)
+            if term is None:
+                return None  # compacted past it meanwhile: the core will ask again
+            meta = SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
+            path = await loop.run_in_executor(self._io, self.snapshots.save, meta, tmp)
+            self.metrics.snapshots += 1
+            return meta, path
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
             self._snapshotting = False
 
     def _save_snapshot(self, meta: SnapshotMeta, tmp: Path) -> None:
@@ -681,16 +761,25 @@ class Node:
                                        snapshot=Snapshot(meta=chunk.meta)))
 
     def _send_snapshot(self, m: Message) -> None:
-        if m.to in self._sending_snapshot:
-            return
-        latest = self.snapshots.latest()
         core = self.core
-        if latest is None or core is None:
-            if core is not None:
-                core.report_snapshot_failed(m.to)
+        if m.to in self._sending_snapshot or core is None:
             return
         self._sending_snapshot.add(m.to)
-        asyncio.get_running_loop().create_task(self._stream_snapshot(m, *latest))
+        asyncio.get_running_loop().create_task(self._prepare_and_stream(m, core.log.snapshot_index))
+
+    async def _prepare_and_stream(self, m: Message, at_least: int) -> None:
+        try:
+            found = await self._snapshot_file(at_least)
+        except Exception as exc:
+            self._sending_snapshot.discard(m.to)
+            self._fail(exc)
+            return
+        if found is None:
+            self._sending_snapshot.discard(m.to)
+            if self.core is not None:
+                self.core.report_snapshot_failed(m.to)
+            return
+        await self._stream_snapshot(m, *found)
 
     async def _stream_snapshot(self, m: Message, meta: SnapshotMeta, path: Path) -> None:
         try:

@@ -44,6 +44,7 @@ _PREFIX = len(MAGIC) + _U32.size
 _TRAILER = _U64.size + _U32.size
 _MAX_META = 1 << 20  # a meta block this large is a corrupted length, not a real membership
 _NAME = re.compile(r"^snap-(\d{20})-(\d{20})\.snap$")
+CHECKPOINT_NAME = "checkpoint.snap"
 
 _crc = framing.crc32c
 
@@ -144,11 +145,11 @@ class SnapshotWriter:
     the next start to remove).
     """
 
-    def __init__(self, store: SnapshotStore, meta: SnapshotMeta, *, raw: bool) -> None:
+    def __init__(self, store: SnapshotStore, meta: SnapshotMeta, *, raw: bool, name: str | None = None) -> None:
         self._store = store
         self.meta = meta
         self._raw = raw
-        self.final_path = store.directory / snapshot_name(meta)
+        self.final_path = store.directory / (name or snapshot_name(meta))
         self.tmp_path = self.final_path.with_suffix(".tmp")
         fs = store.fs
         if self.tmp_path.exists():
@@ -236,7 +237,7 @@ class SnapshotStore:
         if not self.directory.exists():
             self.directory.mkdir(parents=True)
             self.fs.fsync_dir(self.directory.parent)
-        stale = list(self.directory.glob("snap-*.tmp"))
+        stale = [*self.directory.glob("snap-*.tmp"), *self.directory.glob("checkpoint.tmp")]
         for p in stale:
             self.fs.remove(p)
         if stale:
@@ -270,6 +271,34 @@ class SnapshotStore:
                 for i in range(0, len(data), CHUNK_BYTES):
                     w.write_chunk(data[i : i + CHUNK_BYTES])
             return w.finish()
+
+    def save_checkpoint(self, meta: SnapshotMeta) -> Path:
+        """Record that the state machine's own store durably reflects the log up to `meta`.
+
+        A checkpoint is a snapshot without data: for a machine whose state is already a durable
+        store (SQLite), copying gigabytes to compact a log of megabytes is waste. The file has the
+        snapshot format (header, zero data bytes, CRC) under the fixed name `checkpoint.snap`,
+        replaced atomically; a full snapshot file is written only when a follower needs one."""
+        with SnapshotWriter(self, meta, raw=False, name=CHECKPOINT_NAME) as w:
+            path = w.finish()
+        # A full snapshot older than the checkpoint can neither restart this node (its log tail is
+        # compacted away) nor catch up a follower (too old): it is only disk space.
+        doomed = [q for q in self.paths() if (m := _NAME.match(q.name)) and int(m.group(1)) < meta.index]
+        for q in doomed:
+            self.fs.remove(q)
+        if doomed:
+            self.fs.fsync_dir(self.directory)
+        return path
+
+    def checkpoint(self) -> SnapshotMeta | None:
+        """The last checkpoint's meta, or None. A corrupt checkpoint raises: the WAL before it is gone."""
+        path = self.directory / CHECKPOINT_NAME
+        if not path.exists():
+            return None
+        try:
+            return verify(path)
+        except struct.error as err:
+            raise CorruptSnapshotError(path, f"unreadable: {err}") from err
 
     def prune(self) -> None:
         """Keep the newest `keep`; older ones are covered by a newer snapshot."""

@@ -54,6 +54,12 @@ async def test_learner_promotion_transfer_and_removal(tmp_path: Path) -> None:
             return bool(status["applied"] >= 200 and 4 in status["learners"])
 
         await wait_for(learner_caught_up)
+        # The SQLite machine compacts by checkpoints (no copy of the store); the newcomer's snapshot
+        # file was written on demand, and it installed it rather than replaying from index 1.
+        leader_status = await client.status(cluster.address(leader))
+        assert leader_status["metrics"]["checkpoints"] >= 1
+        assert leader_status["metrics"]["snapshots"] >= 1
+        assert (await client.status(cluster.address(4)))["snapshot_index"] > 0
         assert cli("add-voter", "--addresses", addresses, "--node", "4").returncode == 0
 
         async def four_voters() -> bool:

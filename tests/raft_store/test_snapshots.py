@@ -170,3 +170,29 @@ def test_fsync_eio_is_sticky_for_snapshots(tmp_path: Path) -> None:
     with pytest.raises(FsyncFailedError):
         store.save(meta(2), b"y")
     assert hook.fsyncs == 1
+
+
+def test_checkpoint_marker_round_trips_and_retires_older_snapshots(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    conf = ConfState(voters=frozenset({1, 2, 3}))
+    store.save(SnapshotMeta(5, 1, conf), b"old state")
+    store.save(SnapshotMeta(40, 2, conf), b"newer state")
+    assert store.checkpoint() is None
+    store.save_checkpoint(SnapshotMeta(20, 2, conf))
+    assert store.checkpoint() == SnapshotMeta(20, 2, conf)
+    # the snapshot at 5 can serve nobody once the log before 20 is gone; the one at 40 still can
+    assert [SnapshotStore.read_meta(p).index for p in store.paths()] == [40]
+    store.save_checkpoint(SnapshotMeta(50, 3, conf))
+    assert store.checkpoint() == SnapshotMeta(50, 3, conf)
+    assert store.paths() == []
+    assert store.latest() is None  # a checkpoint is not a snapshot file a follower could be sent
+
+
+def test_corrupt_checkpoint_is_reported_not_ignored(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    path = store.save_checkpoint(SnapshotMeta(20, 2, ConfState(voters=frozenset({1}))))
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptSnapshotError):
+        SnapshotStore(tmp_path).checkpoint()

@@ -1,0 +1,142 @@
+"""What the per-entry batching of the queue machine must keep true.
+
+The machine keeps counters, new idempotency keys, payloads and events of one log entry in Python
+and writes them at the entry's end; leases are kept in sessions as (id, token) pairs; the clock of
+the log never goes backwards. Each test here would fail if one of those shortcuts leaked.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from queues import codec, queries
+from queues.machine import QueueMachine, StoreLayoutError
+from queues.model import (
+    Ack,
+    Code,
+    Enqueue,
+    EnqueueResult,
+    Lease,
+    LeaseResult,
+    Outcome,
+    QueueCommand,
+    QueueResult,
+    State,
+)
+from raft_store.state_machine import Command
+
+T0 = 1_700_000_000_000
+
+
+class Replica:
+    def __init__(self, path: str = ":memory:") -> None:
+        self.machine = QueueMachine(path)
+        self.index = 0
+
+    def entry(self, now_ms: int, commands: list[tuple[int, int, QueueCommand]]) -> list[QueueResult]:
+        self.index += 1
+        batch = [Command(client, seq, codec.encode_command(c)) for client, seq, c in commands]
+        return [codec.decode_result(r) for r in self.machine.apply_batch(self.index, now_ms, batch)]
+
+
+def enqueue(key: str, payload: bytes = b"p", delay_ms: int = 0) -> Enqueue:
+    return Enqueue(kind="transfer", idempotency_key=key, ref_key="r", payload=payload, delay_ms=delay_ms)
+
+
+def test_enqueue_then_lease_in_one_entry_sees_payload_and_key() -> None:
+    replica = Replica()
+    results = replica.entry(
+        T0,
+        [
+            (1, 1, enqueue("a", b"alpha")),
+            (2, 1, enqueue("a", b"alpha")),  # same key, same entry: the first one's id
+            (3, 1, enqueue("a", b"other")),  # same key, different payload: conflict
+            (4, 1, Lease(worker_id="w", count_max=10, lease_ms=1000)),
+        ],
+    )
+    first, again, conflict, lease = results
+    assert isinstance(first, EnqueueResult) and first.code is Code.OK
+    assert isinstance(again, EnqueueResult) and (again.code, again.message_id) == (Code.EXISTS, first.message_id)
+    assert isinstance(conflict, EnqueueResult) and conflict.code is Code.CONFLICT
+    assert isinstance(lease, LeaseResult)
+    assert [(g.message_id, g.payload) for g in lease.grants] == [(first.message_id, b"alpha")]
+    events = queries.events_after(replica.machine.connection, 0, limit=10)
+    assert [e.seq for e in events] == [1, 2]  # enqueued, leased: dense, in order
+
+
+def test_retried_lease_returns_its_live_grants_and_grants_nothing_new() -> None:
+    replica = Replica()
+    replica.entry(T0, [(1, i + 1, enqueue(f"k{i}", f"body{i}".encode())) for i in range(5)])
+    (lease,) = replica.entry(T0 + 1, [(7, 1, Lease(worker_id="w", count_max=3, lease_ms=10_000))])
+    assert isinstance(lease, LeaseResult) and len(lease.grants) == 3
+    (retry,) = replica.entry(T0 + 2, [(7, 1, Lease(worker_id="w", count_max=3, lease_ms=10_000))])
+    assert retry == lease  # byte-for-byte the same grants, payloads read back from the store
+    first = lease.grants[0]
+    (ack,) = replica.entry(T0 + 3, [(8, 1, Ack(message_id=first.message_id, token=first.token))])
+    assert isinstance(ack, Outcome) and ack.code is Code.OK
+    (retry,) = replica.entry(T0 + 4, [(7, 1, Lease(worker_id="w", count_max=3, lease_ms=10_000))])
+    assert isinstance(retry, LeaseResult) and retry.grants == lease.grants[1:]  # the acked one is no longer its
+    (late,) = replica.entry(T0 + 20_000, [(7, 1, Lease(worker_id="w", count_max=3, lease_ms=10_000))])
+    assert isinstance(late, LeaseResult) and late.grants == ()  # expired leases are not handed out again
+    stored = replica.machine.connection.execute("SELECT result FROM _sessions WHERE client_id = 7").fetchone()[0]
+    assert b"body1" not in stored  # sessions keep (id, token) pairs, not payloads
+    counts = {(c.kind, c.state): c.count for c in queries.counts(replica.machine.connection, now_ms=T0 + 4)}
+    assert counts[("transfer", State.LEASED)] == 2 and counts[("transfer", State.READY)] == 2
+
+
+def test_log_time_never_goes_backwards() -> None:
+    """A new leader whose clock is behind must not make a due time or a deadline come again."""
+    replica = Replica()
+    (first,) = replica.entry(T0, [(1, 1, enqueue("a", delay_ms=100))])
+    (second,) = replica.entry(T0 - 5_000, [(1, 2, enqueue("b", delay_ms=100))])
+    assert isinstance(first, EnqueueResult) and isinstance(second, EnqueueResult)
+    view = queries.get_message(replica.machine.connection, second.message_id, now_ms=T0)
+    assert view is not None and view.due_ms == T0 + 100 and view.created_ms == T0
+
+
+def test_rollback_forgets_cached_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that fails mid-way rolls back; a kind it registered must not stay cached."""
+    from delay.policy import DEFAULT_POLICY
+    from queues.model import SetPolicy
+
+    replica = Replica()
+    original = QueueMachine.end_batch
+
+    def explode(self: QueueMachine, conn: sqlite3.Connection) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(QueueMachine, "end_batch", explode)
+    with pytest.raises(RuntimeError):
+        replica.entry(
+            T0,
+            [
+                (0, 0, SetPolicy(kind="refund", policy=DEFAULT_POLICY)),
+                (0, 0, Enqueue(kind="refund", idempotency_key="y", ref_key="r", payload=b"")),  # caches it
+            ],
+        )
+    monkeypatch.setattr(QueueMachine, "end_batch", original)
+    replica.index -= 1  # the entry was not applied; the node would apply it again
+    (result,) = replica.entry(
+        T0, [(0, 0, Enqueue(kind="refund", idempotency_key="x", ref_key="r", payload=b""))]
+    )
+    assert isinstance(result, EnqueueResult) and result.code is Code.UNKNOWN_KIND
+
+
+def test_store_with_inline_payloads_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "queue.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, payload BLOB)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreLayoutError, match="empty data directory"):
+        QueueMachine(str(path))
+
+
+def test_checkpoint_makes_state_durable_and_reports_the_index(tmp_path: Path) -> None:
+    replica = Replica(str(tmp_path / "queue.sqlite"))
+    replica.entry(T0, [(1, 1, enqueue("a"))])
+    assert replica.machine.checkpoint() == 1
+    assert Replica().machine.checkpoint() == 0  # an in-memory store cannot; the node copies instead
