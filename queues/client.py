@@ -34,7 +34,9 @@ from delay.policy import RetryPolicy
 from queues import codec
 from queues import query_codec as qc
 from queues.model import (
+    BATCH_IDS_MAX,
     Ack,
+    AckMany,
     BatchResult,
     DeadLetterFilter,
     Discard,
@@ -50,6 +52,7 @@ from queues.model import (
     LeaseResult,
     MessageView,
     Outcome,
+    Outcomes,
     PauseKind,
     Purge,
     QueueCommand,
@@ -176,9 +179,14 @@ class QueueClient:
         return _expect(await self.submit(Ack(message_id=message_id, token=token, summary=summary)), Outcome)
 
     async def ack_many(self, acks: Sequence[tuple[int, int]]) -> list[Outcome]:
-        """(message_id, token) pairs acknowledged in one frame and one log entry."""
-        results = await self.submit_many([Ack(message_id=m, token=t) for m, t in acks])
-        return [_expect(r, Outcome) for r in results]
+        """(message_id, token) pairs acknowledged as AckMany commands of up to 1000 each.
+
+        One command per 1000 acks: one session lane and one set-wise write on every replica,
+        instead of a lane, a session row and three statements per ack."""
+        items = [Ack(message_id=m, token=t) for m, t in acks]
+        chunks = [AckMany(acks=tuple(items[i : i + BATCH_IDS_MAX])) for i in range(0, len(items), BATCH_IDS_MAX)]
+        results = await self.submit_many(chunks) if chunks else []
+        return [outcome for r in results for outcome in _expect(r, Outcomes).outcomes]
 
     async def fail(
         self, message_id: int, token: int, error_class: str, error_text: str = "", *, permanent: bool = False,

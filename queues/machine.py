@@ -24,6 +24,7 @@ into Python. Every scan goes through an index and has a named limit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -42,6 +43,7 @@ from queues.model import (
     ERROR_CLASS_LEASE_EXPIRED,
     LEASE_RESULT_BYTES_MAX,
     Ack,
+    AckMany,
     BatchResult,
     Code,
     Discard,
@@ -58,6 +60,7 @@ from queues.model import (
     Lease,
     LeaseResult,
     Outcome,
+    Outcomes,
     PauseKind,
     Phase,
     Purge,
@@ -194,6 +197,44 @@ class _Batch:
         if self.bodies:
             conn.executemany("INSERT INTO bodies (id, payload) VALUES (?, ?)", self.bodies)
             self.bodies.clear()
+
+
+_PHASE_OF: Final = {phase.value: phase for phase in Phase}
+
+
+def _row_of(row: Any) -> _Row:
+    return _Row(
+        int(row[0]),
+        row[1],
+        _PHASE_OF[row[2]],
+        int(row[3]),
+        int(row[4]),
+        int(row[5]),
+        int(row[6]),
+        int(row[7]),
+        bool(row[8]),
+        row[9],
+        row[10],
+    )
+
+
+@dataclass(slots=True)
+class _AckWrites:
+    """The row changes of accepted acks, written together by `flush`."""
+
+    messages: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    attempts: list[tuple[int, str, int, int]] = dataclasses.field(default_factory=list)
+
+    def flush(self, conn: sqlite3.Connection) -> None:
+        if self.messages:
+            conn.executemany(
+                f"UPDATE messages SET phase = {Phase.DONE.value}, token_open = 0, lease_worker = NULL,"
+                " lease_deadline_ms = NULL, terminal_ms = ?, purge_ms = ?, dead_ms = NULL WHERE id = ?",
+                self.messages,
+            )
+            conn.executemany(
+                "UPDATE attempts SET ended_ms = ?, outcome = ? WHERE message_id = ? AND attempt = ?", self.attempts
+            )
 
 
 def content_hash(kind: str, ref_key: str, payload: bytes) -> bytes:
@@ -422,6 +463,8 @@ class _Apply:
                 return self.extend(command)
             case Ack():
                 return self.ack(command)
+            case AckMany():
+                return self.ack_many(command)
             case Fail():
                 return self.fail(command)
             case ExpireLeases():
@@ -462,21 +505,18 @@ class _Apply:
 
     def load(self, message_id: int) -> _Row | None:
         row = self.conn.execute(f"SELECT {_ROW_COLUMNS} FROM messages WHERE id = ?", (message_id,)).fetchone()
-        if row is None:
-            return None
-        return _Row(
-            int(row[0]),
-            row[1],
-            Phase(row[2]),
-            int(row[3]),
-            int(row[4]),
-            int(row[5]),
-            int(row[6]),
-            int(row[7]),
-            bool(row[8]),
-            row[9],
-            row[10],
-        )
+        return None if row is None else _row_of(row)
+
+    def load_many(self, message_ids: Sequence[int]) -> dict[int, _Row]:
+        """Rows of the given messages (those that exist), 500 ids per query."""
+        ids = list(dict.fromkeys(message_ids))
+        found: dict[int, _Row] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self.conn.execute(f"SELECT {_ROW_COLUMNS} FROM messages WHERE id IN ({marks})", chunk):
+                found[int(row[0])] = _row_of(row)
+        return found
 
     def load_current(self, message_id: int) -> _Row | None:
         """The message, with its lease expired first if the deadline passed."""
@@ -784,7 +824,32 @@ class _Apply:
         return Outcome(code=Code.OK, message_id=row.id, state=State.LEASED, deadline_ms=deadline_ms)
 
     def ack(self, command: Ack) -> QueueResult:
-        row = self.load_current(command.message_id)
+        acks = _AckWrites()
+        outcome = self.ack_row(self.load_current(command.message_id), command, acks)
+        acks.flush(self.conn)
+        return outcome
+
+    def ack_many(self, command: AckMany) -> QueueResult:
+        rows = self.load_many([ack.message_id for ack in command.acks])
+        acks = _AckWrites()
+        outcomes: list[Outcome] = []
+        acked: set[int] = set()  # accepted in this command: a repeat must find the message done
+        for ack in command.acks:
+            row = rows.get(ack.message_id)
+            if row is not None and row.id in acked:
+                row = dataclasses.replace(row, phase=Phase.DONE, token_open=False)
+            deadline = row.lease_deadline_ms if row is not None and row.phase is Phase.LEASED else None
+            if row is not None and deadline is not None and deadline <= self.now_ms:
+                row = self.load_current(row.id)  # lazily expired, as for a lone ack
+            outcome = self.ack_row(row, ack, acks)
+            if outcome.code is Code.OK:
+                acked.add(ack.message_id)
+            outcomes.append(outcome)
+        acks.flush(self.conn)
+        return Outcomes(code=Code.OK, outcomes=tuple(outcomes))
+
+    def ack_row(self, row: _Row | None, command: Ack, acks: _AckWrites) -> Outcome:
+        """Judge one ack against its message's current row; the writes go to `acks`."""
         if row is not None and row.phase is Phase.DONE and command.token == row.token:
             return Outcome(code=Code.ALREADY_ACKED, message_id=row.id, state=State.DONE)
         refusal = self.check_token(row, command.token, Action.ACK)
@@ -792,15 +857,8 @@ class _Apply:
             return refusal
         assert row is not None
         late = row.phase is not Phase.LEASED
-        self.conn.execute(
-            "UPDATE messages SET phase = ?, token_open = 0, lease_worker = NULL, lease_deadline_ms = NULL,"
-            " terminal_ms = ?, purge_ms = ?, dead_ms = NULL WHERE id = ?",
-            (Phase.DONE, self.now_ms, self.now_ms + self.config.retention_ms, row.id),
-        )
-        self.conn.execute(
-            "UPDATE attempts SET ended_ms = ?, outcome = ? WHERE message_id = ? AND attempt = ?",
-            (self.now_ms, "succeeded_late" if late else "succeeded", row.id, row.attempts),
-        )
+        acks.messages.append((self.now_ms, self.now_ms + self.config.retention_ms, row.id))
+        acks.attempts.append((self.now_ms, "succeeded_late" if late else "succeeded", row.id, row.attempts))
         self.emit(
             EventType.SUCCEEDED,
             row.id,

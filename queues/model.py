@@ -154,6 +154,15 @@ class Ack(_Command, frozen=True, tag="ack"):
     summary: Text = ""
 
 
+class AckMany(_Command, frozen=True, tag="ack_many"):
+    """A worker's batch of acks as one command: one session lane, one set-wise write.
+
+    Each ack is judged exactly as a lone `Ack` would be, in order (a repeated id is
+    ALREADY_ACKED the second time); the result has one `Outcome` per ack."""
+
+    acks: Annotated[tuple[Ack, ...], msgspec.Meta(min_length=1, max_length=BATCH_IDS_MAX)]
+
+
 class Fail(_Command, frozen=True, tag="fail"):
     message_id: MessageId
     token: Token
@@ -210,8 +219,8 @@ class Purge(_Command, frozen=True, tag="purge"):
 
 
 QueueCommand = (
-    Enqueue | Lease | ExtendLease | Ack | Fail | ExpireLeases | Redrive | Discard | PauseKind | ResumeKind
-    | SetPolicy | Purge
+    Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | ExpireLeases | Redrive | Discard | PauseKind
+    | ResumeKind | SetPolicy | Purge
 )  # fmt: skip
 
 
@@ -257,6 +266,12 @@ class Outcome(_Result, frozen=True, tag="outcome"):
     detail: str = ""
 
 
+class Outcomes(_Result, frozen=True, tag="outcomes"):
+    """AckMany: one outcome per ack, in the order given."""
+
+    outcomes: tuple[Outcome, ...] = ()
+
+
 class BatchResult(_Result, frozen=True, tag="batch"):
     """Expire, purge, redrive: the ids touched."""
 
@@ -277,7 +292,7 @@ class ErrorResult(_Result, frozen=True, tag="error"):
     detail: str = ""
 
 
-QueueResult = EnqueueResult | LeaseResult | Outcome | BatchResult | KindResult | ErrorResult
+QueueResult = EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | ErrorResult
 
 
 # ---- events ---------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from queues.model import (
     BUILTIN_KINDS,
     ERROR_CLASS_LEASE_EXPIRED,
     Ack,
+    AckMany,
     BatchResult,
     Code,
     DeadLetterFilter,
@@ -43,6 +44,7 @@ from queues.model import (
     Lease,
     LeaseResult,
     Outcome,
+    Outcomes,
     PauseKind,
     Purge,
     QueueCommand,
@@ -526,6 +528,22 @@ class QueueComparison(RuleBasedStateMachine):
                 self.do_fail(
                     grant.message_id, grant.token, error_class, outcome == "permanent", retry_after_ms
                 )
+
+    @rule(
+        picks=st.lists(st.tuples(MESSAGE_CHOICE, st.sampled_from((0, 0, 0, 1, 2, 3))), min_size=1, max_size=6),
+        lease_first=st.booleans(),
+    )
+    def ack_many(self, picks: list[tuple[int, int]], lease_first: bool) -> None:
+        """A worker's batch of acks in one AckMany: each judged as a lone ack, in order (repeats too)."""
+        acks: list[Ack] = []
+        if lease_first:
+            acks += [Ack(message_id=g.message_id, token=g.token) for g in self.do_lease((), 3, 2000)]
+        for message_id, mode in picks:
+            chosen = self.pick(message_id)
+            acks.append(Ack(message_id=chosen, token=self.token_for(chosen, mode)))
+        result = self.apply(AckMany(acks=tuple(acks)))
+        assert isinstance(result, Outcomes)
+        assert [o.code for o in result.outcomes] == [self.model.ack(a) for a in acks]
 
     @rule(
         message_id=MESSAGE_CHOICE,
