@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
-from raft_store.simulation.runner import BUGS, run_seed
+from raft_store.simulation.runner import BUGS, run_seed, seed_parser, selected_seeds
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m raft_store.simulation")
-    parser.add_argument("--seed", type=int, default=None, help="replay one seed")
-    parser.add_argument("--seeds", type=int, default=1, help="how many seeds from --first")
-    parser.add_argument("--first", type=int, default=0)
-    parser.add_argument("--nodes", type=int, default=3, choices=(3, 5))
-    parser.add_argument("--membership", action="store_true")
-    parser.add_argument("--bug", choices=sorted(BUGS), default=None)
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    seeds = [args.seed] if args.seed is not None else list(range(args.first, args.first + args.seeds))
+    args = seed_parser("python -m raft_store.simulation", BUGS).parse_args(argv)
+    seeds = selected_seeds(args)
     failures = 0
     started = time.monotonic()
     for seed in seeds:

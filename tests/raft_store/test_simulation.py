@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from raft_store.simulation.runner import run_seed
+from raft_store.simulation.runner import read_regressions, run_seed
 
 REGRESSIONS = Path(__file__).with_name("sim_regressions.txt")
 BUDGET_S = float(os.environ.get("SIM_BUDGET_S", "240"))
@@ -21,16 +21,7 @@ SEEDS_MAX = int(os.environ.get("SIM_SEEDS", "100000"))
 FIRST_SEED = int(os.environ.get("SIM_FIRST_SEED", "1000"))
 
 
-def _regressions() -> list[tuple[int, int, bool]]:
-    rows = []
-    for line in REGRESSIONS.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            seed, nodes, membership = line.split()[:3]
-            rows.append((int(seed), int(nodes), membership == "yes"))
-    return rows
-
-
-@pytest.mark.parametrize(("seed", "nodes", "membership"), _regressions())
+@pytest.mark.parametrize(("seed", "nodes", "membership"), read_regressions(REGRESSIONS))
 def test_pinned_regression_seeds(seed: int, nodes: int, membership: bool) -> None:
     outcome = run_seed(seed, nodes=nodes, membership=membership)
     assert outcome.failure is None, str(outcome.failure)

@@ -1,0 +1,237 @@
+"""The queue's properties (testing.md), checked as the simulation runs and after the drain.
+
+Sources, each checked against the others:
+- the committed log as applied: every replica's result bytes for an entry must be identical, and
+  every replica's whole state at the same index must be identical (canonical table dumps);
+- the replicated event log, replayed through `history.LogModel` in log order;
+- what clients saw: enqueue outcomes (ok / fail / unknown), grants, ack answers;
+- the downstream's effect ledger: effects per idempotency key, tokens presented.
+
+Must be zero (each one fails the seed): lost and lost-on-node, unexpected, failed-but-appeared,
+duplicated enqueues, effects twice for one key, done without an effect, acked twice, redelivered
+after an ack, overlapping leases, effects or acks accepted with a stale fencing token, retries
+before their due time, attempt counts that skip or go back, dead letters without an exhausted
+budget or a permanent error, messages not settled after the drain, replicas that differ.
+Reported: duplicate deliveries, recovered enqueues, how often the stamped clock went backwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from queues import queries
+from queues.model import Code, Enqueue, EnqueueResult, Grant, LeaseResult, Outcome, QueueResult
+from queues.simulation.downstream import ACCEPTED, CallRecord
+from queues.simulation.history import SETTLED, LogModel
+from raft_store.simulation.cluster import SimNode
+from raft_store.state_machine import Command
+
+if TYPE_CHECKING:
+    from queues.simulation.cluster import QueueCluster
+
+_PHASES = {1: "waiting", 2: "leased", 3: "done", 4: "dead", 5: "discarded"}
+
+
+class QueueChecker:
+    def __init__(self, cluster: QueueCluster) -> None:
+        self.cluster = cluster
+        self.sent: dict[str, Enqueue] = {}
+        self.ops: dict[str, list[str]] = {}  # key -> outcomes in order: ok / fail / unknown
+        self.acked: dict[str, int] = {}  # key -> message id the client was told
+        self.recovered = 0
+        self.fail_not_before: dict[int, int | None] = {}
+        self.model = LogModel(self.violation, self.sent.__contains__, self.fail_not_before)
+        self.applied_seen = 0
+        self.log_time = 0
+        self.clock_went_back = 0
+        self._results: dict[int, bytes] = {}  # index -> digest of the result bytes
+        self._digests: dict[int, bytes] = {}  # index -> digest of the whole state
+        self._reference: tuple[int, bytes] | None = None  # (node, digest) of the first replica checked
+        self._ack_ok: dict[int, int] = {}  # message id -> token of the ack answered OK
+        self._presented: dict[str, int] = {}  # key -> highest token a downstream call carried
+        self._effects: Counter[str] = Counter()
+        self.grants_seen = 0
+        self.fenced_calls = 0
+
+    def violation(self, text: str) -> None:
+        self.cluster.fail(text)
+
+    # ---- the log as every replica applies it ------------------------------------------------
+    def on_apply(self, node: int, index: int, now_ms: int | None, commands: Sequence[Command],
+                 results: Sequence[bytes]) -> None:
+        digest = _digest([c.data for c in commands] + [b"|"] + list(results))
+        if index <= self.applied_seen:
+            if self._results[index] != digest:
+                self.violation(f"n{node} answered entry {index} differently from the first replica")
+            return
+        if index != self.applied_seen + 1:
+            self.violation(f"n{node} applied {index}, but no replica applied {self.applied_seen + 1} yet")
+        self.applied_seen = index
+        self._results[index] = digest
+        if now_ms is not None:
+            if now_ms < self.log_time:
+                self.clock_went_back += 1
+            self.log_time = max(self.log_time, now_ms)  # the machine's clock never goes backwards
+        conn = self.cluster.machines[node].connection
+        while True:
+            events = queries.events_after(conn, self.model.last_seq, limit=1000)
+            for event in events:
+                if event.log_index != index:
+                    self.violation(f"event {event.seq} of entry {event.log_index} appeared at {index}")
+                self.model.on_event(event, self.log_time)
+            if len(events) < 1000:
+                break
+
+    def on_digest_point(self, node: int, index: int) -> None:
+        digest = state_digest(self.cluster.machines[node].connection)
+        first = self._digests.setdefault(index, digest)
+        if first != digest:
+            self.violation(f"n{node}'s state at index {index} differs from another replica's")
+
+    # ---- what clients saw ------------------------------------------------------------------
+    def on_enqueue_sent(self, command: Enqueue) -> None:
+        self.sent.setdefault(command.idempotency_key, command)
+
+    def on_enqueue_answer(self, key: str, result: QueueResult | None) -> None:
+        outcomes = self.ops.setdefault(key, [])
+        if result is None:
+            outcomes.append("unknown")
+            return
+        if not isinstance(result, EnqueueResult) or result.code not in (Code.OK, Code.EXISTS):
+            outcomes.append("fail")
+            return
+        if result.code is Code.EXISTS and "unknown" in outcomes and "ok" not in outcomes:
+            self.recovered += 1
+        outcomes.append("ok")
+        known = self.acked.setdefault(key, result.message_id)
+        if known != result.message_id:
+            self.violation(f"key {key} acknowledged as message {known} and as {result.message_id}")
+        if self.model.by_key.get(key) != result.message_id:
+            self.violation(f"key {key} acknowledged as message {result.message_id}, the log says {self.model.by_key.get(key)}")
+
+    def on_grants(self, worker: str, result: LeaseResult) -> None:
+        for grant in result.grants:
+            self.grants_seen += 1
+            logged = self.model.granted.get(grant.token)
+            if logged != (grant.message_id, grant.attempt, grant.deadline_ms):
+                self.violation(f"{worker} got grant {grant.message_id}/{grant.token}; the log shows {logged}")
+
+    def on_fail_sent(self, token: int, not_before_ms: int | None) -> None:
+        self.fail_not_before[token] = not_before_ms
+
+    def on_ack_answer(self, grant: Grant, result: QueueResult | None) -> None:
+        if isinstance(result, Outcome) and result.code is Code.OK:
+            previous = self._ack_ok.setdefault(grant.message_id, grant.token)
+            if previous != grant.token:
+                self.violation(f"acked twice: message {grant.message_id} with tokens {previous} and {grant.token}")
+
+    def on_call(self, call: CallRecord) -> None:
+        """A downstream call: one effect per key, and never an action on a superseded token."""
+        presented = self._presented.get(call.key, 0)
+        if call.outcome in ACCEPTED and call.token < presented:
+            self.violation(
+                f"effect with a stale fencing token: {call.worker} acted on {call.key} with token "
+                f"{call.token} after token {presented} was presented"
+            )
+        if call.outcome.value == "fenced":
+            self.fenced_calls += 1
+        self._presented[call.key] = max(presented, call.token)
+        if call.applied:
+            self._effects[call.key] += 1
+            if self._effects[call.key] > 1:
+                self.violation(f"effect applied twice for idempotency key {call.key}")
+
+    # ---- after the drain ---------------------------------------------------------------------
+    def check_end(self) -> None:
+        model = self.model
+        for key, message_id in self.acked.items():
+            m = model.messages.get(message_id)
+            if m is None or m.key != key:
+                self.violation(f"lost: acknowledged key {key} (message {message_id}) is not in the log")
+            elif m.phase not in SETTLED:
+                self.violation(f"not settled after the drain: acknowledged {key} is {m.phase}")
+        for message_id, m in model.messages.items():
+            if m.phase not in SETTLED:
+                self.violation(f"not settled after the drain: message {message_id} ({m.key}) is {m.phase}")
+            if m.phase == "done" and self._effects[m.key] == 0:
+                self.violation(f"done without an effect: message {message_id} ({m.key})")
+            if "ok" not in self.ops.get(m.key, []) and "unknown" not in self.ops.get(m.key, []):
+                self.violation(f"failed but appeared: {m.key} (outcomes {self.ops.get(m.key)})")
+        for call in self.cluster.workload.downstream.calls:
+            if call.key not in model.by_key:
+                self.violation(f"unexpected effect for key {call.key}, which is not in the log")
+            granted = model.granted.get(call.token)
+            if granted is None or granted[0] != call.message_id:
+                self.violation(f"downstream called with token {call.token} the queue never granted {call.message_id}")
+        self._reference = None
+        self.cluster.checker.check_healed(self._check_replica)
+
+    def _check_replica(self, node_id: int, node: SimNode) -> None:
+        conn = self.cluster.machines[node_id].connection
+        for key, message_id in self.acked.items():
+            view = queries.get_message(conn, message_id, now_ms=self.log_time, with_history=False)
+            if view is None or view.idempotency_key != key:
+                self.violation(f"lost on n{node_id}: acknowledged key {key} (message {message_id})")
+        rows = conn.execute("SELECT id, idempotency_key, phase FROM messages ORDER BY id").fetchall()
+        for message_id, key, phase in rows:
+            m = self.model.messages.get(message_id)
+            if m is None or m.key != key or m.phase != _PHASES[phase]:
+                self.violation(f"n{node_id} holds message {message_id} ({key}, {_PHASES[phase]}); the log says {m}")
+        if len(rows) != len(self.model.messages):
+            self.violation(f"n{node_id} holds {len(rows)} messages, the log {len(self.model.messages)}")
+        digest = state_digest(conn)
+        if self._reference is None:
+            self._reference = (node_id, digest)
+        elif self._reference[1] != digest:
+            self.violation(f"replicas n{self._reference[0]} and n{node_id} differ at index {node.state_index}")
+
+    def stats(self) -> dict[str, Any]:
+        model = self.model
+        acked_enqueues = sum(1 for outcomes in self.ops.values() if "ok" in outcomes)
+        return {
+            "messages": len(model.messages),
+            "acked_enqueues": acked_enqueues,
+            "lost": 0,
+            "unexpected": 0,
+            "duplicate_deliveries": sum(max(0, m.grants - 1) for m in model.messages.values()),
+            "duplicate_effects": sum(max(0, n - 1) for n in self._effects.values()),
+            "recovered": self.recovered,
+            "grants": self.grants_seen,
+            "dead_letters": model.dead_letters,
+            "late_acks": model.late_acks,
+            "fenced_calls": self.fenced_calls,
+            "clock_went_back": self.clock_went_back,
+            "machine_ts_behind_log_time": model.ts_behind_log_time,
+            "log_index": self.applied_seen,
+        }
+
+
+def state_digest(conn: sqlite3.Connection) -> bytes:
+    """A canonical digest of every table (schema and rows, sorted), independent of page layout.
+
+    Replicas with equal contents need not have equal pages (serialize() images differ after a
+    restore), so rows are rendered by SQLite itself (quote(), ordered by every column) and hashed."""
+    digest = hashlib.blake2b(digest_size=16)
+    tables = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name").fetchall()
+    for name, sql in tables:
+        digest.update(f"{name}:{sql}".encode())
+        columns = [row[1] for row in conn.execute(f'PRAGMA table_info("{name}")')]
+        rendered = " || ',' || ".join(f'quote("{column}")' for column in columns)
+        order = ", ".join(f'"{column}"' for column in columns)
+        (text,) = conn.execute(
+            f'SELECT group_concat(row, char(10)) FROM (SELECT {rendered} AS row FROM "{name}" ORDER BY {order})'
+        ).fetchone()
+        digest.update((text or "").encode())
+    return digest.digest()
+
+
+def _digest(parts: list[bytes]) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(len(part).to_bytes(4, "big"))
+        digest.update(part)
+    return digest.digest()

@@ -1,0 +1,173 @@
+"""raft_store's simulated cluster with the production QueueMachine as every node's state machine.
+
+Only the state hooks of `raft_store.simulation.cluster.Cluster` change: each node applies
+committed entries to its own `QueueMachine(":memory:")` exactly as raft_store/node.py does
+(decode the batch, `apply_batch` with the leader's stamped clock; no-op and membership entries
+are `note_applied`), snapshots are machine images, and the machine is lazily durable like SQLite
+with synchronous=NORMAL: its image survives a crash only as of some earlier fsync or snapshot
+(behind, never ahead), and a restart restores the newer of that image and the disk's snapshot,
+then replays the log tail. Each node has its own clock, offset and drifting, which the leader
+stamps into the entries it proposes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queues.machine import QueueMachine
+from queues.simulation.checker import QueueChecker
+from queues.simulation.downstream import AppBugs
+from queues.simulation.net import ClientNet, Reply, Status
+from queues.simulation.workload import Workload
+from raft_store.core import ProposalDropped, Role
+from raft_store.simulation.cluster import Bugs, Cluster, SimNode
+from raft_store.state_machine import decode_batch, encode_batch
+from raft_store.types import Entry, EntryKind, Snapshot
+
+EPOCH_MS = 1_700_000_000_000
+"""Simulated time 0 on a perfect clock: node clocks are offset from it and drift."""
+CLOCK_OFFSET_MS_MAX = 400
+DIGEST_EVERY = 128
+"""Every replica's whole state is compared at each multiple of this log index."""
+STATE_LAG = 0.5
+"""Probability that an fsync leaves the machine's durable image where it was (lazily durable)."""
+
+
+class QueueCluster(Cluster):
+    def __init__(
+        self, seed: int, nodes: int = 3, *, bugs: Bugs | None = None, app_bugs: AppBugs | None = None,
+        membership: bool = False, replay: str | None = None,
+    ) -> None:
+        # The base constructor starts every node, which loads state through the hooks below.
+        self.machines: dict[int, QueueMachine] = {}
+        self.images: dict[int, tuple[int, bytes]] = {}
+        self._empty_image = _fresh_image()
+        self._waiting: dict[int, dict[int, tuple[int, Reply]]] = {}  # node -> index -> (term, reply)
+        self._results: list[bytes] = []
+        super().__init__(seed, nodes, bugs=bugs, membership=membership,
+                         replay=replay or f"python -m queues.simulation --seed {seed} --nodes {nodes}")
+        self.offsets = {n: self.rng.randint(-CLOCK_OFFSET_MS_MAX, CLOCK_OFFSET_MS_MAX) for n in self.ids}
+        self.qchecker = QueueChecker(self)
+        self.net = ClientNet(self)
+        self.workload = Workload(self, app_bugs or AppBugs())
+
+    def clock(self, node_id: int) -> int:
+        """A node's wall clock: offset from true time and drifting at the node's tick rate."""
+        return EPOCH_MS + self.offsets[node_id] + int(self.now * self.nodes[node_id].drift)
+
+    def true_clock(self) -> int:
+        """The clock clients and workers read (their own skew is not modelled)."""
+        return EPOCH_MS + self.now
+
+    # ---- state hooks ---------------------------------------------------------------------
+    def _initial_state(self) -> bytes:
+        return self._empty_image
+
+    def _load_state(self, node: SimNode, snapshot: Snapshot) -> int:
+        index, image = self.images.get(node.node_id, (0, self._empty_image))
+        if index < snapshot.meta.index:
+            index, image = snapshot.meta.index, snapshot.data
+        self._set_machine(node.node_id, image, index)
+        return index
+
+    def _state_durable(self, node: SimNode) -> None:
+        if self.rng.random() >= STATE_LAG:
+            self.images[node.node_id] = (node.state_index, self.machines[node.node_id].snapshot_bytes())
+
+    def _apply_entry(self, node: SimNode, entry: Entry) -> None:
+        machine = self.machines[node.node_id]
+        if entry.kind is EntryKind.NORMAL:
+            now_ms, commands = decode_batch(entry.data)
+            self._results = machine.apply_batch(entry.index, now_ms, commands)
+            self.qchecker.on_apply(node.node_id, entry.index, now_ms, commands, self._results)
+        else:
+            machine.note_applied(entry.index)
+            self._results = []
+            self.qchecker.on_apply(node.node_id, entry.index, None, [], [])
+        if entry.index % DIGEST_EVERY == 0:
+            self.qchecker.on_digest_point(node.node_id, entry.index)
+
+    def _install_state(self, node: SimNode, snapshot: Snapshot) -> None:
+        self._set_machine(node.node_id, snapshot.data, snapshot.meta.index)
+
+    def _snapshot_state(self, node: SimNode) -> bytes:
+        return self.machines[node.node_id].snapshot_bytes()
+
+    def _set_machine(self, node_id: int, image: bytes, index: int) -> None:
+        old = self.machines.pop(node_id, None)
+        if old is not None:
+            old.close()
+        machine = QueueMachine(":memory:")
+        machine.restore_bytes(image, index)
+        self.machines[node_id] = machine
+
+    # ---- proposals from clients --------------------------------------------------------------
+    def receive(self, node_id: int, request: tuple[int, int, bytes], reply: Reply) -> None:
+        """A client request reaches a node: the leader stamps its clock and proposes one entry."""
+        core = self.nodes[node_id].core
+        if core is None:
+            return  # a dead process: the client times out
+        if core.role is not Role.LEADER:
+            reply(Status.NOT_LEADER, b"")
+            return
+        try:
+            index = core.propose(encode_batch(self.clock(node_id), [request]))
+        except ProposalDropped:
+            reply(Status.DROPPED, b"")
+            return
+        self._waiting.setdefault(node_id, {})[index] = (core.term, reply)
+        self._pump(node_id)
+
+    def _answer(self, node: SimNode, entry: Entry) -> None:
+        waiting = self._waiting.get(node.node_id, {}).pop(entry.index, None)
+        if waiting is None:
+            return
+        term, reply = waiting
+        if term != entry.term or not self._results:
+            reply(Status.NOT_LEADER, b"")  # the proposal was overwritten by another leader
+        else:
+            reply(Status.OK, self._results[0])
+
+    def crash(self, node_id: int) -> None:
+        running = self.nodes[node_id].core is not None
+        super().crash(node_id)
+        if running:
+            self._waiting.pop(node_id, None)  # in-flight proposals die with the process
+            self.machines.pop(node_id).close()
+
+    # ---- the run --------------------------------------------------------------------------
+    def run(self, chaos_ms: int = 8000, heal_ms: int = 6000) -> dict[str, Any]:
+        """Chaos, then heal and drain until every message settled, then let replicas converge."""
+        drain_ms_max = 30_000
+        self.workload.start()
+        self.at(100, self._chaos)
+        self.run_until(chaos_ms)
+        self.heal()
+        self.workload.drain()
+        while self.now < chaos_ms + drain_ms_max and not self.workload.drained():
+            self.run_until(self.now + 250)
+        if not self.workload.drained():
+            self.qchecker.violation(f"not settled {drain_ms_max} ms after healing: {self.workload.unsettled()}")
+        self.workload.stop()
+        self.run_until(self.now + max(1000, heal_ms // 3))
+        self.qchecker.check_end()
+        self.stats["sim_ms"] = self.now
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        stats: dict[str, Any] = dict(self.stats)
+        stats.update(self.workload.stats())
+        stats.update(self.qchecker.stats())
+        stats["faults"] = self.stats["faults"] + stats["pauses"]
+        return stats
+
+
+def _fresh_image() -> bytes:
+    machine = QueueMachine(":memory:")
+    try:
+        return machine.snapshot_bytes()
+    finally:
+        machine.close()
+
+
+__all__ = ["EPOCH_MS", "QueueCluster"]

@@ -1,0 +1,32 @@
+"""The figure testing.md asks for, summed over passing seeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_SUMMED = ("faults", "acked", "acked_enqueues", "lost", "unexpected", "duplicate_deliveries", "duplicate_effects",
+           "recovered", "dead_letters", "late_acks", "fenced_calls", "clock_went_back", "sim_ms")
+
+
+@dataclass(slots=True)
+class Totals:
+    seeds: int = 0
+    failures: int = 0
+    sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_SUMMED, 0))
+
+    def add(self, stats: dict[str, Any]) -> None:
+        self.seeds += 1
+        for key in _SUMMED:
+            self.sums[key] += int(stats.get(key, 0))
+
+    def sentence(self) -> str:
+        s = self.sums
+        hours = s["sim_ms"] / 3_600_000
+        return (
+            f"{s['faults']} faults injected, {s['acked']} acked requests ({s['acked_enqueues']} enqueues), "
+            f"{s['lost']} lost, {s['unexpected']} unexpected, {s['duplicate_deliveries']} duplicate deliveries, "
+            f"{s['duplicate_effects']} duplicate effects, {self.seeds} simulation seeds ({hours:.2f} simulated hours); "
+            f"{s['recovered']} recovered enqueues, {s['dead_letters']} dead letters, {s['late_acks']} late acks, "
+            f"{s['fenced_calls']} fenced calls, stamped clock went back {s['clock_went_back']} times"
+        )

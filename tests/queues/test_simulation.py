@@ -1,0 +1,111 @@
+"""Deterministic simulation of the replicated queue under faults (testing.md, layer L1).
+
+The production RaftCore and QueueMachine on every node; seeded drops, duplicates, delays,
+partitions, crashes with lost unsynced writes, torn tails and minority corruption, clock offset and
+drift, leader transfers, workers pausing past their leases. CI spends QUEUE_SIM_BUDGET_S (default
+120 s) on fresh seeds and prints testing.md's figure. A failure prints the command that replays
+its seed; pin it in queue_sim_regressions.txt once fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from queues.model import Event, EventType, EventValue
+from queues.simulation.history import LogModel
+from queues.simulation.runner import run_seed
+from queues.simulation.totals import Totals
+from raft_store.simulation.runner import read_regressions
+
+REGRESSIONS = Path(__file__).with_name("queue_sim_regressions.txt")
+BUDGET_S = float(os.environ.get("QUEUE_SIM_BUDGET_S", "120"))
+SEEDS_MAX = int(os.environ.get("QUEUE_SIM_SEEDS", "100000"))
+FIRST_SEED = int(os.environ.get("QUEUE_SIM_FIRST_SEED", "1000"))
+BUG_SEEDS_MAX = 60
+
+
+@pytest.mark.parametrize(("seed", "nodes", "membership"), read_regressions(REGRESSIONS))
+def test_pinned_regression_seeds(seed: int, nodes: int, membership: bool) -> None:
+    outcome = run_seed(seed, nodes=nodes, membership=membership)
+    assert outcome.failure is None, str(outcome.failure)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "membership", "share"), [(3, False, 0.7), (5, True, 0.3)], ids=["3-nodes", "5-nodes-membership"]
+)
+def test_seeds_within_budget(nodes: int, membership: bool, share: float) -> None:
+    deadline = time.monotonic() + BUDGET_S * share
+    totals = Totals()
+    seed = FIRST_SEED + nodes * 1_000_000 + (500_000 if membership else 0)
+    while time.monotonic() < deadline and totals.seeds < SEEDS_MAX:
+        outcome = run_seed(seed, nodes=nodes, membership=membership)
+        assert outcome.failure is None, str(outcome.failure)
+        totals.add(outcome.stats)
+        seed += 1
+    print(f"\nqueue simulation, {nodes} nodes, membership={membership}: {totals.sentence()}")
+    assert totals.seeds > 0 and totals.sums["acked_enqueues"] > 0
+
+
+@pytest.mark.parametrize("bug", ["lease_without_fencing", "effect_without_dedup", "ack_before_fsync"])
+def test_planted_bug_is_caught(bug: str) -> None:
+    """A checker that never fails proves nothing: each planted bug must be caught."""
+    for seed in range(BUG_SEEDS_MAX):
+        outcome = run_seed(seed, bug=bug)
+        if outcome.failure is not None:
+            print(f"\n{bug} caught on seed {seed}: {outcome.failure.reason}")
+            return
+    pytest.fail(f"planted bug {bug} survived {BUG_SEEDS_MAX} seeds: the checker is blind to it")
+
+
+def test_same_seed_replays_identically() -> None:
+    first = run_seed(7)
+    second = run_seed(7)
+    assert first.failure is None and second.failure is None
+    assert first.stats == second.stats
+
+
+# ---- the log model flags each forbidden history (so a passing seed means something) ---------
+Data = dict[str, EventValue]
+Step = tuple[EventType, int, Data]
+
+
+def _event(seq: int, type_: EventType, ts: int, data: Data) -> Event:
+    return Event(seq=seq, log_index=seq, ts_ms=ts, type=type_, message_id=1, kind="transfer", data=data)
+
+
+ENQUEUED: Step = (EventType.ENQUEUED, 0, {"idempotency_key": "k", "ref_key": "r", "due_ms": 100})
+LEASED: Step = (EventType.LEASED, 100, {"token": 1, "attempt": 1, "worker_id": "w", "deadline_ms": 600, "lateness_ms": 0})
+ACKED: Step = (EventType.SUCCEEDED, 200, {"token": 1, "attempt": 1, "summary": "", "late": False})
+
+FORGED: dict[str, list[Step]] = {
+    "overlapping leases": [ENQUEUED, LEASED, (EventType.LEASED, 300, {**LEASED[2], "token": 2, "attempt": 2})],
+    "retry before its due time": [ENQUEUED, (EventType.LEASED, 50, {**LEASED[2], "lateness_ms": -50})],
+    "attempt count jumps": [ENQUEUED, (EventType.LEASED, 100, {**LEASED[2], "attempt": 2})],
+    "ack with a stale token": [ENQUEUED, LEASED, (EventType.SUCCEEDED, 200, {**ACKED[2], "token": 9})],
+    "acked twice": [ENQUEUED, LEASED, ACKED, ACKED],
+    "redelivered after an ack": [ENQUEUED, LEASED, ACKED, (EventType.LEASED, 900, {**LEASED[2], "token": 2,
+                                                                                "attempt": 2, "lateness_ms": 800})],
+    "before its deadline": [ENQUEUED, LEASED, (EventType.LEASE_EXPIRED, 500, {
+        "token": 1, "attempt": 1, "error_class": "lease_expired", "permanent": False, "due_ms": 1500})],
+    "without exhausted attempts": [ENQUEUED, LEASED, (EventType.DEAD_LETTERED, 300, {
+        "reason": "attempts_exhausted", "attempt": 1})],
+    "policy says": [ENQUEUED, LEASED, (EventType.ATTEMPT_FAILED, 300, {
+        "token": 1, "attempt": 1, "error_class": "timeout", "permanent": False, "due_ms": 301})],
+    "unexpected": [(EventType.ENQUEUED, 0, {**ENQUEUED[2], "idempotency_key": "never-sent"})],
+}
+
+
+@pytest.mark.parametrize("expected", sorted(FORGED))
+def test_log_model_flags_forged_history(expected: str) -> None:
+    found: list[str] = []
+    model = LogModel(found.append, lambda key: key == "k", {})
+    history = FORGED[expected]
+    for seq, (type_, ts, data) in enumerate(history, start=1):
+        model.on_event(_event(seq, type_, ts, data), ts)
+        if seq < len(history):
+            assert found == [], f"flagged before the forged event: {found}"
+    assert any(expected in text for text in found), found
