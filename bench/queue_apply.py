@@ -23,7 +23,7 @@ from typing import Any
 
 from queues import codec
 from queues.machine import QueueMachine
-from queues.model import Ack, AckMany, Enqueue, Lease, LeaseResult
+from queues.model import Ack, AckMany, Enqueue, Grant, Lease, LeaseResult
 from raft_store.state_machine import Command
 
 BATCH = 1000
@@ -58,7 +58,7 @@ def run(messages: int, payload_bytes: int) -> dict[str, Any]:
         enqueue_s = time.perf_counter() - start
 
         seq = messages
-        grants = []
+        grants: list[Grant] = []
         start = time.perf_counter()
         while True:
             now += 1
