@@ -50,6 +50,7 @@ class LogModel:
     by_key: dict[str, int] = field(default_factory=dict)
     granted: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # token -> (id, attempt, deadline)
     policies: dict[str, RetryPolicy] = field(default_factory=lambda: dict.fromkeys(BUILTIN_KINDS, DEFAULT_POLICY))
+    pauses: dict[str, set[str]] = field(default_factory=dict)  # kind -> holders
     max_token: int = 0
     last_seq: int = 0
     dead_letters: int = 0
@@ -63,8 +64,7 @@ class LogModel:
         if ev.ts_ms < log_time:
             self.ts_behind_log_time += 1
         if ev.message_id == 0:
-            if ev.type is EventType.POLICY_SET:
-                self.policies[ev.kind] = msgspec.json.decode(str(ev.data["policy"]), type=RetryPolicy)
+            self._kind_event(ev)
             return
         if ev.type is EventType.ENQUEUED:
             self._enqueued(ev)
@@ -76,6 +76,17 @@ class LogModel:
         handler = _HANDLERS.get(ev.type)
         if handler is not None:
             handler(self, m, ev, log_time)
+
+    def _kind_event(self, ev: Event) -> None:
+        holders = self.pauses.setdefault(ev.kind, set())
+        if ev.type is EventType.POLICY_SET:
+            self.policies[ev.kind] = msgspec.json.decode(str(ev.data["policy"]), type=RetryPolicy)
+        elif ev.type is EventType.PAUSED:
+            holders.add(str(ev.data["holder"]))
+        elif ev.type is EventType.RESUMED:
+            holders.discard(str(ev.data["holder"]))
+            if bool(ev.data["still_paused"]) != bool(holders):
+                self.violation(f"{ev.kind} resumed by {ev.data['holder']}: still paused? model {sorted(holders)}")
 
     def _where(self, m: Msg, ev: Event) -> str:
         return f"message {ev.message_id} ({m.key}) at index {ev.log_index}"
@@ -101,6 +112,8 @@ class LogModel:
             self.violation(f"overlapping leases: {where} leased again while token {m.token} holds it")
         elif m.phase != WAITING:
             self.violation(f"{m.phase} message leased: {where}")
+        if self.pauses.get(m.kind):
+            self.violation(f"leased while {m.kind} is paused by {sorted(self.pauses[m.kind])}: {where}")
         token, attempt, deadline, lateness = (_int(ev, k) for k in ("token", "attempt", "deadline_ms", "lateness_ms"))
         if ev.ts_ms - lateness != m.due_ms:
             self.violation(f"{where}: granted as due at {ev.ts_ms - lateness}, scheduled for {m.due_ms}")

@@ -20,6 +20,7 @@ from queues import queries
 from queues.model import (
     BUILTIN_KINDS,
     Ack,
+    AckMany,
     Code,
     DeadLetterFilter,
     Discard,
@@ -32,6 +33,7 @@ from queues.model import (
     KindResult,
     Lease,
     LeaseResult,
+    Outcomes,
     PauseKind,
     Purge,
     QueueResult,
@@ -201,6 +203,7 @@ class Worker:
         self.w = workload
         self.name = f"w{index}"
         self.client = Client(workload.cluster.net, self.name)
+        self._acks: list[Grant] | None = None
 
     def loop(self) -> None:
         if not self.w.active():
@@ -258,12 +261,28 @@ class Worker:
         # FENCED: a newer holder exists; walk away without touching the message.
 
     def ack(self, grant: Grant, retries: int) -> None:
-        def answered(result: QueueResult | None) -> None:
-            self.w.cluster.qchecker.on_ack_answer(grant, result)
-            if result is None and retries > 0:
-                self.ack(grant, retries - 1)  # a fresh lane, the same token: ALREADY_ACKED if it landed
+        """Acks finishing within a few ms travel together as one AckMany (one lane, one entry)."""
+        if self._acks is None:
+            self._acks = []
+            self.w.cluster.at(self.w.cluster.rng.uniform(0, 5), functools.partial(self.flush_acks, retries))
+        self._acks.append(grant)
 
-        command = Ack(message_id=grant.message_id, token=grant.token, summary=f"by {self.name}")
+    def flush_acks(self, retries: int) -> None:
+        grants, self._acks = self._acks or [], None
+        acks = tuple(Ack(message_id=g.message_id, token=g.token, summary=f"by {self.name}") for g in grants)
+
+        def answered(result: QueueResult | None) -> None:
+            if result is None:
+                for grant in grants if retries > 0 else ():
+                    self.ack(grant, retries - 1)  # a fresh lane, the same token: ALREADY_ACKED if it landed
+                return
+            outcomes = result.outcomes if isinstance(result, Outcomes) else (result,)
+            if len(outcomes) != len(grants):
+                self.w.cluster.qchecker.violation(f"{len(grants)} acks answered with {result}")
+            for grant, outcome in zip(grants, outcomes, strict=False):
+                self.w.cluster.qchecker.on_ack_answer(grant, outcome)
+
+        command: Ack | AckMany = acks[0] if len(acks) == 1 else AckMany(acks=acks)
         self.client.submit(command, answered, tries_max=self.w.cluster.rng.randint(2, 4))
 
     def fail(self, grant: Grant, error_class: str, *, permanent: bool = False, not_before_ms: int | None = None) -> None:
@@ -315,22 +334,33 @@ class Operator:
         cluster = self.w.cluster
         rng = cluster.rng
         known = sorted(cluster.qchecker.model.messages)
+        dead = self.dead_letter_page()
         draw = rng.random()
         self.actions += 1
-        if draw < 0.3:
+        if draw < 0.25:
             self.submit(Redrive(actor="op", reason="sim", filter=DeadLetterFilter(kind=rng.choice(BUILTIN_KINDS)),
                                 limit=rng.randint(1, 10)))
-        elif draw < 0.45 and known:
-            self.submit(Redrive(actor="op", reason="edited", ids=(rng.choice(known),), payload=b"edited"))
-        elif draw < 0.6 and known:
-            self.submit(Discard(message_id=rng.choice(known), actor="op", reason="sim"))
+        elif draw < 0.4 and (dead or known):
+            self.submit(Redrive(actor="op", reason="edited", ids=(rng.choice(dead or known),), payload=b"edited"))
+        elif draw < 0.55 and (dead or known):
+            self.submit(Discard(message_id=rng.choice(dead if dead and rng.random() < 0.5 else known or dead),
+                                actor="op", reason="sim"))
         elif draw < 0.75:
             self.toggle_pause(rng.choice(BUILTIN_KINDS), f"op{rng.randrange(2)}")
         elif draw < 0.9:
             self.set_policy(rng.choice(BUILTIN_KINDS), self.random_policy())
         else:
             self.submit(Purge(limit=100))
-        cluster.at(rng.uniform(300, 1200), self.loop)
+        cluster.at(rng.uniform(100, 500), self.loop)
+
+    def dead_letter_page(self) -> list[int]:
+        """What the operator's dead-letter page shows (a read on the leader, possibly stale)."""
+        leader = self.w.cluster.leader()
+        if leader is None or leader not in self.w.cluster.machines:
+            return []
+        conn = self.w.cluster.machines[leader].connection
+        page = queries.dead_letters(conn, DeadLetterFilter(), now_ms=self.w.cluster.clock(leader), limit=20)
+        return [view.message_id for view in page.items]
 
     def submit(self, command: Redrive | Discard | Purge) -> None:
         self.client.submit(command, lambda _: None, tries_max=2)

@@ -28,12 +28,14 @@ FIRST_SEED = int(os.environ.get("QUEUE_SIM_FIRST_SEED", "1000"))
 BUG_SEEDS_MAX = 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("seed", "nodes", "membership"), read_regressions(REGRESSIONS))
 def test_pinned_regression_seeds(seed: int, nodes: int, membership: bool) -> None:
     outcome = run_seed(seed, nodes=nodes, membership=membership)
     assert outcome.failure is None, str(outcome.failure)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("nodes", "membership", "share"), [(3, False, 0.7), (5, True, 0.3)], ids=["3-nodes", "5-nodes-membership"]
 )
@@ -50,6 +52,7 @@ def test_seeds_within_budget(nodes: int, membership: bool, share: float) -> None
     assert totals.seeds > 0 and totals.sums["acked_enqueues"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", ["lease_without_fencing", "effect_without_dedup", "ack_before_fsync"])
 def test_planted_bug_is_caught(bug: str) -> None:
     """A checker that never fails proves nothing: each planted bug must be caught."""
@@ -61,6 +64,7 @@ def test_planted_bug_is_caught(bug: str) -> None:
     pytest.fail(f"planted bug {bug} survived {BUG_SEEDS_MAX} seeds: the checker is blind to it")
 
 
+@pytest.mark.slow
 def test_same_seed_replays_identically() -> None:
     first = run_seed(7)
     second = run_seed(7)
@@ -74,7 +78,8 @@ Step = tuple[EventType, int, Data]
 
 
 def _event(seq: int, type_: EventType, ts: int, data: Data) -> Event:
-    return Event(seq=seq, log_index=seq, ts_ms=ts, type=type_, message_id=1, kind="transfer", data=data)
+    message_id = 0 if type_ in (EventType.PAUSED, EventType.RESUMED, EventType.POLICY_SET) else 1
+    return Event(seq=seq, log_index=seq, ts_ms=ts, type=type_, message_id=message_id, kind="transfer", data=data)
 
 
 ENQUEUED: Step = (EventType.ENQUEUED, 0, {"idempotency_key": "k", "ref_key": "r", "due_ms": 100})
@@ -95,6 +100,7 @@ FORGED: dict[str, list[Step]] = {
         "reason": "attempts_exhausted", "attempt": 1})],
     "policy says": [ENQUEUED, LEASED, (EventType.ATTEMPT_FAILED, 300, {
         "token": 1, "attempt": 1, "error_class": "timeout", "permanent": False, "due_ms": 301})],
+    "is paused": [ENQUEUED, (EventType.PAUSED, 50, {"holder": "op", "reason": ""}), LEASED],
     "unexpected": [(EventType.ENQUEUED, 0, {**ENQUEUED[2], "idempotency_key": "never-sent"})],
 }
 
