@@ -114,6 +114,8 @@ class QueueChecker:
             self.violation(f"key {key} acknowledged as message {result.message_id}, the log says {self.model.by_key.get(key)}")
 
     def on_grants(self, worker: str, result: LeaseResult) -> None:
+        if result.grants:
+            self.cluster.log(f"{worker} leased " + " ".join(f"{g.message_id}/{g.token}" for g in result.grants))
         for grant in result.grants:
             self.grants_seen += 1
             logged = self.model.granted.get(grant.token)
@@ -125,6 +127,8 @@ class QueueChecker:
         self.fail_not_before[token] = not_before_ms
 
     def on_ack_answer(self, grant: Grant, result: QueueResult | None) -> None:
+        answer = "unknown" if result is None else result.code.name
+        self.cluster.log(f"ack {grant.message_id}/{grant.token}: {answer}")
         if isinstance(result, Outcome) and result.code is Code.OK:
             previous = self._ack_ok.setdefault(grant.message_id, grant.token)
             if previous != grant.token:
@@ -132,6 +136,8 @@ class QueueChecker:
 
     def on_call(self, call: CallRecord) -> None:
         """A downstream call: one effect per key, and never an action on a superseded token."""
+        self.cluster.log(f"{call.worker} calls downstream {call.key} (message {call.message_id}) with token "
+                         f"{call.token}: {call.outcome.value}{' (effect)' if call.applied else ''}")
         presented = self._presented.get(call.key, 0)
         if call.outcome in ACCEPTED and call.token < presented:
             self.violation(
