@@ -41,6 +41,7 @@ import random
 import signal
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -336,6 +337,11 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
     payload = payload_of(args.payload_bytes)
     count = args.messages
     rss_max: dict[int, float] = {}
+
+    def key_of(i: int) -> str:
+        """Callers' keys: UUIDs (random B-tree positions) with --random-keys, else k0, k1, ..."""
+        return str(uuid.UUID(int=random.Random(i).getrandbits(128), version=4)) if args.random_keys else f"k{i}"
+
     marks: list[tuple[int, float]] = []
     done = 0
 
@@ -355,7 +361,7 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
     started = time.perf_counter()
     preload_s = await preload(
         queue, count,
-        lambda i: Enqueue(kind="transfer", idempotency_key=f"k{i}", ref_key=f"r{i}", payload=payload,
+        lambda i: Enqueue(kind="transfer", idempotency_key=key_of(i), ref_key=f"r{i}", payload=payload,
                           due_ms=started_ms + DAY_MS + i),
         on_batch=on_batch,
     )
@@ -382,7 +388,7 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
     raft = RaftClient(cluster.addresses(), attempt_timeout_s=5.0, deadline_s=600.0)
     queue = QueueClient(raft)
     await cluster.wait_leader(raft, timeout_s=600.0)
-    counted = (await queue.by_idempotency_keys([f"k{count - 1}"])).value
+    counted = (await queue.by_idempotency_keys([key_of(count - 1)])).value
     after = await queue.enqueue("transfer", idempotency_key="after-restart", ref_key="x", payload=payload)
     restart_s = time.perf_counter() - t0
     assert counted and after.code is Code.OK
@@ -403,6 +409,7 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         "restart_s": round(restart_s, 2),
         "data_dir_mib_per_node": round(data_mib, 1),
         "payload_bytes": args.payload_bytes,
+        "random_keys": args.random_keys,
         "batch": 1000,
     }
 
@@ -423,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-s", type=float, default=60.0, help="lateness: poll the window's first seconds")
     parser.add_argument("--payload-bytes", type=int, default=None,
                         help="default 1024 for enqueue and drain, 256 for the preloaded modes")
+    parser.add_argument("--random-keys", action="store_true", help="backlog: UUID idempotency keys, not k0, k1, ...")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     defaults = {"drain": 100_000, "burst": 500_000, "backlog": 10_000_000}
