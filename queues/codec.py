@@ -64,7 +64,12 @@ def decode_event_data(data: bytes) -> dict[str, EventValue]:
     return _event_data_decoder.decode(data)
 
 
+_NO_HEADERS: Final = msgspec.msgpack.encode({})
+
+
 def encode_headers(headers: dict[str, str]) -> bytes:
+    if not headers:
+        return _NO_HEADERS
     return _encoder.encode(dict(sorted(headers.items())))
 
 

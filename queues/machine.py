@@ -239,12 +239,9 @@ class _AckWrites:
 
 def content_hash(kind: str, ref_key: str, payload: bytes) -> bytes:
     """What makes two enqueues with one idempotency key 'the same' (headers are trace context)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for part in (kind.encode(), ref_key.encode()):
-        digest.update(len(part).to_bytes(4, "big"))
-        digest.update(part)
-    digest.update(payload)
-    return digest.digest()
+    kind_b, ref_b = kind.encode(), ref_key.encode()
+    framed = b"".join((len(kind_b).to_bytes(4, "big"), kind_b, len(ref_b).to_bytes(4, "big"), ref_b, payload))
+    return hashlib.blake2b(framed, digest_size=16).digest()
 
 
 class StoreLayoutError(RuntimeError):
