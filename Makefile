@@ -30,7 +30,7 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	SIM_SEEDS=$${SIM_SEEDS:-2000} SIM_BUDGET_S=$${SIM_BUDGET_S:-3600} $(PY) -m pytest -q tests/raft_store/test_simulation.py
-	QUEUE_SIM_BUDGET_S=$${QUEUE_SIM_BUDGET_S:-3600} $(PY) -m pytest -q -s tests/queues/test_simulation.py
+	QUEUE_SIM_BUDGET_S=$${QUEUE_SIM_BUDGET_S:-3600} $(PY) -m pytest -q -s tests/queues/test_queue_simulation.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
