@@ -68,19 +68,14 @@ def next_due_ms(conn: sqlite3.Connection, table: str, *, kind: str, now_ms: int)
     return None if row is None or row[0] is None else int(row[0])
 
 
-def count_waiting(conn: sqlite3.Connection, table: str, *, kind: str, now_ms: int) -> tuple[int, int]:
-    """(delayed, ready) counts of `kind` at now_ms: two index range counts."""
-    ready = conn.execute(
+def count_ready(conn: sqlite3.Connection, table: str, *, kind: str, now_ms: int) -> int:
+    """Ready (waiting and due) messages of `kind` at now_ms: one index range count, O(ready)."""
+    row = conn.execute(
         f"SELECT count(*) FROM {table} INDEXED BY {table}_due WHERE kind = ? AND phase = {PHASE_WAITING}"
         " AND due_ms <= ?",
         (kind, now_ms),
-    ).fetchone()[0]
-    delayed = conn.execute(
-        f"SELECT count(*) FROM {table} INDEXED BY {table}_due WHERE kind = ? AND phase = {PHASE_WAITING}"
-        " AND due_ms > ?",
-        (kind, now_ms),
-    ).fetchone()[0]
-    return int(delayed), int(ready)
+    ).fetchone()
+    return int(row[0])
 
 
 def expired_lease_ids(conn: sqlite3.Connection, table: str, *, now_ms: int, limit: int) -> list[int]:

@@ -129,6 +129,11 @@ _SCHEMA: Final = (
         seq INTEGER PRIMARY KEY, log_index INTEGER NOT NULL, ts_ms INTEGER NOT NULL,
         type TEXT NOT NULL, message_id INTEGER NOT NULL, kind TEXT NOT NULL, data BLOB NOT NULL)""",
     "CREATE TABLE IF NOT EXISTS kinds (kind TEXT PRIMARY KEY, policy BLOB NOT NULL) WITHOUT ROWID",
+    # Messages per (kind, stored phase), kept in step by every transition (flushed once per entry):
+    # counts() on a store of ten million messages is O(kinds), not a scan of ten million rows.
+    """CREATE TABLE IF NOT EXISTS phase_counts (
+        kind TEXT NOT NULL, phase INTEGER NOT NULL, count INTEGER NOT NULL,
+        PRIMARY KEY (kind, phase)) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS kind_pauses (
         kind TEXT NOT NULL, holder TEXT NOT NULL, reason TEXT NOT NULL, since_ms INTEGER NOT NULL,
         PRIMARY KEY (kind, holder)) WITHOUT ROWID""",
@@ -192,6 +197,17 @@ class _Batch:
     """Idempotency keys claimed in this entry (flushed at its end); looked up before the table."""
     bodies: list[tuple[int, bytes]]
     """Payloads of this entry's new messages, written by `flush_bodies` before anything reads one."""
+    moved: dict[tuple[str, int], int]
+    """Net change of messages per (kind, phase) in this entry, added to phase_counts at its end."""
+
+    def move(self, kind: str, before: Phase | None, after: Phase | None) -> None:
+        """Count a message leaving phase `before` (None: it is new) for `after` (None: purged)."""
+        if before is not None:
+            key = (kind, before.value)
+            self.moved[key] = self.moved.get(key, 0) - 1
+        if after is not None:
+            key = (kind, after.value)
+            self.moved[key] = self.moved.get(key, 0) + 1
 
     def flush_bodies(self, conn: sqlite3.Connection) -> None:
         if self.bodies:
@@ -274,8 +290,16 @@ class QueueMachine(SqliteStateMachine):
                 " this version keeps them in a table apart: start the node on an empty data directory"
                 " and let it catch up from the others"
             )
+        had_counts = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'phase_counts'"
+        ).fetchone()
         for statement in _SCHEMA:
             conn.execute(statement)
+        if had_counts is None:  # a store from before the counters: count once, here
+            conn.execute(
+                "INSERT INTO phase_counts (kind, phase, count) SELECT kind, phase, count(*) FROM messages"
+                " GROUP BY kind, phase"
+            )
         columns = {row[1] for row in conn.execute("PRAGMA table_info(queue_meta)")}
         if "clock_ms" not in columns:  # a store written before the monotonic clock
             conn.execute("ALTER TABLE queue_meta ADD COLUMN clock_ms INTEGER NOT NULL DEFAULT 0")
@@ -306,6 +330,7 @@ class QueueMachine(SqliteStateMachine):
             events=[],
             keys={},
             bodies=[],
+            moved={},
         )
 
     def end_batch(self, conn: sqlite3.Connection) -> None:
@@ -320,6 +345,13 @@ class QueueMachine(SqliteStateMachine):
         batch.flush_bodies(conn)
         if batch.events:
             conn.executemany(_EVENT_INSERT, batch.events)
+        changed = [(kind, phase, delta) for (kind, phase), delta in sorted(batch.moved.items()) if delta]
+        if changed:
+            conn.executemany(
+                "INSERT INTO phase_counts (kind, phase, count) VALUES (?, ?, ?)"
+                " ON CONFLICT(kind, phase) DO UPDATE SET count = count + excluded.count",
+                changed,
+            )
         conn.execute(
             "UPDATE queue_meta SET next_message_id = ?, next_token = ?, next_event_seq = ?, rr_offset = ?,"
             " clock_ms = ? WHERE id = 0",
@@ -589,6 +621,7 @@ class _Apply:
             ),
         )
         self.batch.keys[command.idempotency_key] = message_id
+        self.batch.move(command.kind, None, Phase.WAITING)
         self.batch.bodies.append((message_id, command.payload))
         self.emit(
             EventType.ENQUEUED,
@@ -654,6 +687,7 @@ class _Apply:
             updates.append((attempt, token, command.worker_id, deadline_ms, message_id))
             attempts.append((message_id, attempt, token, command.worker_id, self.now_ms))
             grant = _grant_of(row, token=token, attempt=attempt, deadline_ms=deadline_ms)
+            self.batch.move(grant.kind, Phase.WAITING, Phase.LEASED)
             self.emit(
                 EventType.LEASED,
                 message_id,
@@ -751,6 +785,7 @@ class _Apply:
         # An expired token stays open for a late ack; an explicit fail consumes it.
         token_open = 1 if expired else 0
         if isinstance(decision, DeadLetter):
+            self.batch.move(row.kind, row.phase, Phase.DEAD)
             self.conn.execute(
                 "UPDATE messages SET phase = ?, token_open = ?, lease_worker = NULL,"
                 " lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?, dead_ms = ?,"
@@ -777,6 +812,7 @@ class _Apply:
             )
             assert State.DEAD in allowed
             return Outcome(code=Code.OK, message_id=row.id, state=State.DEAD)
+        self.batch.move(row.kind, row.phase, Phase.WAITING)
         self.conn.execute(
             "UPDATE messages SET phase = ?, due_ms = ?, token_open = ?, lease_worker = NULL,"
             " lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ? WHERE id = ?",
@@ -854,6 +890,7 @@ class _Apply:
             return refusal
         assert row is not None
         late = row.phase is not Phase.LEASED
+        self.batch.move(row.kind, row.phase, Phase.DONE)
         acks.messages.append((self.now_ms, self.now_ms + self.config.retention_ms, row.id))
         acks.attempts.append((self.now_ms, "succeeded_late" if late else "succeeded", row.id, row.attempts))
         self.emit(
@@ -904,6 +941,7 @@ class _Apply:
             if isinstance(transition(state, Action.REDRIVE), Code):
                 refused.append((message_id, Code.ILLEGAL_STATE))
                 continue
+            self.batch.move(row.kind, row.phase, Phase.WAITING)
             self.conn.execute(
                 "UPDATE messages SET phase = ?, due_ms = ?, budget_attempts = attempts, budget_start_ms = ?,"
                 " token_open = 0, dead_ms = NULL, dead_reason = NULL, dead_error_class = NULL,"
@@ -931,6 +969,7 @@ class _Apply:
         state = row.state(self.now_ms)
         if isinstance(transition(state, Action.DISCARD), Code):
             return Outcome(code=Code.ILLEGAL_STATE, message_id=row.id, state=state)
+        self.batch.move(row.kind, row.phase, Phase.DISCARDED)
         self.conn.execute(
             "UPDATE messages SET phase = ?, token_open = 0, terminal_ms = ?, purge_ms = ?, dead_ms = NULL"
             " WHERE id = ?",
@@ -1003,6 +1042,7 @@ class _Apply:
         ).fetchall()
         for message_id, kind, key, phase in rows:
             assert state_of(Phase(phase), 0, self.now_ms) in TERMINAL
+            self.batch.move(kind, _PHASE_OF[phase], None)
             self.conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
             self.conn.execute("DELETE FROM bodies WHERE id = ?", (message_id,))
             self.conn.execute("DELETE FROM attempts WHERE message_id = ?", (message_id,))

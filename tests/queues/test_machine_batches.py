@@ -140,3 +140,15 @@ def test_checkpoint_makes_state_durable_and_reports_the_index(tmp_path: Path) ->
     replica.entry(T0, [(1, 1, enqueue("a"))])
     assert replica.machine.checkpoint() == 1
     assert Replica().machine.checkpoint() == 0  # an in-memory store cannot; the node copies instead
+
+
+def test_counters_are_built_once_for_a_store_from_before_them(tmp_path: Path) -> None:
+    path = str(tmp_path / "queue.sqlite")
+    replica = Replica(path)
+    replica.entry(T0, [(1, i + 1, enqueue(f"k{i}")) for i in range(3)])
+    replica.entry(T0, [(2, 1, Lease(worker_id="w", count_max=1, lease_ms=10_000))])
+    replica.machine.connection.execute("DROP TABLE phase_counts")  # as written before the counters
+    replica.machine.close()
+    reopened = QueueMachine(path)
+    counted = {(c.kind, c.state): c.count for c in queries.counts(reopened.connection, now_ms=T0)}
+    assert counted == {("transfer", State.LEASED): 1, ("transfer", State.READY): 2}

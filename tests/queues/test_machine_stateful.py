@@ -688,6 +688,13 @@ class QueueComparison(RuleBasedStateMachine):
             assert view.dead_reason == m.dead_reason
             if m.phase == "dead":
                 self.check_dead_letter(m)
+        # counts() reads the replicated counters: they must equal the model's states exactly
+        expected: dict[tuple[str, State], int] = {}
+        for m in self.model.messages.values():
+            key = (m.kind, m.state(now_ms))
+            expected[key] = expected.get(key, 0) + 1
+        counted = {(c.kind, c.state): c.count for c in queries.counts(conn, now_ms=now_ms)}
+        assert counted == expected, "phase counters drifted from the messages"
 
     def check_dead_letter(self, m: RefMessage) -> None:
         assert m.dead_justified, f"dead letter {m.id} without exhausted attempts, age or a permanent error"
