@@ -152,3 +152,30 @@ def test_counters_are_built_once_for_a_store_from_before_them(tmp_path: Path) ->
     reopened = QueueMachine(path)
     counted = {(c.kind, c.state): c.count for c in queries.counts(reopened.connection, now_ms=T0)}
     assert counted == {("transfer", State.LEASED): 1, ("transfer", State.READY): 2}
+
+
+def test_snapshot_copies_taken_beside_applies_are_consistent(tmp_path: Path) -> None:
+    """The node copies a SQLite store on its own thread while the apply thread goes on."""
+    import threading
+
+    replica = Replica(str(tmp_path / "queue.sqlite"))
+    assert replica.machine.snapshots_beside_apply
+    done = threading.Event()
+
+    def apply_many() -> None:
+        for n in range(60):
+            replica.entry(T0 + n, [(1, n * 10 + i + 1, enqueue(f"k{n}-{i}")) for i in range(10)])
+        done.set()
+
+    worker = threading.Thread(target=apply_many)
+    worker.start()
+    copies = []
+    while not done.is_set() or not copies:
+        target = tmp_path / f"copy-{len(copies)}.sqlite"
+        copies.append((replica.machine.write_snapshot(target), target))
+    worker.join()
+    for index, path in copies:
+        restored = QueueMachine(":memory:")
+        restored.restore_snapshot(path, index)
+        counted = {(c.kind, c.state): c.count for c in queries.counts(restored.connection, now_ms=T0 + 60)}
+        assert counted.get(("transfer", State.READY), 0) == 10 * index, (index, counted)
