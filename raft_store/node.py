@@ -125,6 +125,11 @@ class Node:
         self.transport.on_unreachable = self._on_unreachable
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"wal-{config.node_id}")
         self._apply_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"apply-{config.node_id}")
+        self._copy_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"copy-{config.node_id}")
+        self._copying = False
+        # The newest snapshot file known good (verified at start, or written or received since):
+        # what a lagging follower is sent, found without re-reading gigabytes on the event loop.
+        self._shippable: tuple[SnapshotMeta, Path] | None = None
         self._inbox: deque[Message] = deque()
         self._ticks = 0
         self._proposals: list[tuple[_Waiter, tuple[tuple[int, int, bytes], ...]]] = []
@@ -170,6 +175,7 @@ class Node:
             self.metrics.torn_tails += 1
         self.wal = wal
         latest = self.snapshots.latest()
+        self._shippable = latest
         if latest is not None:
             meta, path = latest
         else:
@@ -222,6 +228,7 @@ class Node:
                 await asyncio.get_running_loop().run_in_executor(self._io, self.wal.close)
         self._io.shutdown(wait=True)
         self._apply_pool.shutdown(wait=True)
+        self._copy_pool.shutdown(wait=True)
         self.stopped.set()
 
     # ---- inputs -------------------------------------------------------------------------
@@ -665,7 +672,7 @@ class Node:
             meta = self._meta_at(index)
             if meta is None:
                 return
-            await loop.run_in_executor(self._io, self._save_snapshot, meta, tmp)
+            self._shippable = (meta, await loop.run_in_executor(self._io, self._save_snapshot, meta, tmp))
             self._compacted(meta)
             self.metrics.snapshots += 1
         except Exception as exc:
@@ -697,41 +704,51 @@ class Node:
         """A snapshot file covering `at_least`, written now if the newest file is older.
 
         With checkpoints a node keeps no full copy of its store; a follower too far behind gets
-        one made on demand, an online copy taken in the apply thread between applies."""
-        latest = self.snapshots.latest()
-        if latest is not None and latest[0].index >= at_least:
-            return latest
-        while self._snapshotting:  # one user of the machine besides apply at a time
+        one made on demand: for a SQLite machine a copy through its own read transaction, on a
+        thread of its own while applies go on."""
+        if self._shippable is not None and self._shippable[0].index >= at_least and self._shippable[1].exists():
+            return self._shippable
+        beside = bool(getattr(self.machine, "snapshots_beside_apply", False))
+        while self._snapshotting or self._copying:  # one copy at a time; else the machine is shared
             await asyncio.sleep(0.01)
             if self._stopping:
                 return None
-        latest = self.snapshots.latest()
-        if latest is not None and latest[0].index >= at_least:
-            return latest
-        self._snapshotting = True
+        if self._shippable is not None and self._shippable[0].index >= at_least and self._shippable[1].exists():
+            return self._shippable
+        # A machine that copies through its own read transaction is copied on a thread of its own
+        # while applies go on; any other is copied in the apply thread, between applies.
+        self._copying = True
+        if not beside:
+            self._snapshotting = True
         loop = asyncio.get_running_loop()
-        tmp = self.config.data_dir / "snapshot.tmp"
+        tmp = self.config.data_dir / "snapshot-copy.tmp"
         try:
-            index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
+            pool = self._copy_pool if beside else self._apply_pool
+            index = await loop.run_in_executor(pool, self.machine.write_snapshot, tmp)
             core = self.core
             assert core is not None
             term = core.log.term(index)
             if term is None:
                 return None  # compacted past it meanwhile: the core will ask again
             meta = SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
-            path = await loop.run_in_executor(self._io, self.snapshots.save, meta, tmp)
+            # Framing a multi-GB copy takes long: not on the WAL thread, which the log needs.
+            path = await loop.run_in_executor(self._copy_pool, self.snapshots.save, meta, tmp)
             self.metrics.snapshots += 1
+            self._shippable = (meta, path)
             return meta, path
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-            self._snapshotting = False
+            self._copying = False
+            if not beside:
+                self._snapshotting = False
 
-    def _save_snapshot(self, meta: SnapshotMeta, tmp: Path) -> None:
-        self.snapshots.save(meta, tmp)
+    def _save_snapshot(self, meta: SnapshotMeta, tmp: Path) -> Path:
+        path = self.snapshots.save(meta, tmp)
         tmp.unlink()
         assert self.wal is not None
         self.wal.compact(meta.index, meta.term)
+        return path
 
     def _install_snapshot(self, meta: SnapshotMeta) -> None:
         path = self._received.pop(meta.index, None)
@@ -740,6 +757,7 @@ class Node:
         self._restore_machine(path, meta)
         assert self.wal is not None
         self.wal.compact(meta.index, meta.term)
+        self._shippable = (meta, path)
 
     def _receive_chunk(self, chunk: codec.SnapshotChunk) -> None:
         if chunk.to != self.config.node_id:
@@ -783,10 +801,19 @@ class Node:
 
     async def _stream_snapshot(self, m: Message, meta: SnapshotMeta, path: Path) -> None:
         try:
-            size = path.stat().st_size
+            # One open file for the whole transfer: a newer checkpoint may delete this snapshot
+            # file meanwhile, and an open descriptor keeps its bytes readable until we are done.
+            source = open(path, "rb")  # noqa: SIM115 - closed in the finally below
+        except FileNotFoundError:
+            self._sending_snapshot.discard(m.to)
+            if self.core is not None:
+                self.core.report_snapshot_failed(m.to)
+            return
+        try:
+            size = os.fstat(source.fileno()).st_size
             offset = 0
             while True:
-                data = SnapshotStore.read_chunk(path, offset, SNAPSHOT_CHUNK_BYTES)
+                data = source.read(SNAPSHOT_CHUNK_BYTES)
                 last = offset + len(data) >= size
                 chunk = codec.SnapshotChunk(m.frm, m.to, m.term, meta, offset, last, data)
                 while not self.transport.send(m.to, FrameType.SNAP_CHUNK, codec.encode_chunk(chunk)):
@@ -798,6 +825,7 @@ class Node:
                     return
                 await asyncio.sleep(0)
         finally:
+            source.close()
             self._sending_snapshot.discard(m.to)
 
     # ---- network --------------------------------------------------------------------------

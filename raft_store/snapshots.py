@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -199,9 +200,10 @@ class SnapshotWriter:
                 self._store.fs.remove(self.tmp_path)
                 raise CorruptSnapshotError(self.tmp_path, f"received snapshot is {got}, expected {self.meta}")
         store = self._store
-        store.fs.rename(self.tmp_path, self.final_path)
-        store.fs.fsync_dir(store.directory)
-        store.prune()
+        with store.lock:
+            store.fs.rename(self.tmp_path, self.final_path)
+            store.fs.fsync_dir(store.directory)
+            store.prune()
         return self.final_path
 
     def abort(self) -> None:
@@ -231,6 +233,9 @@ class SnapshotStore:
             raise ValueError("keep must be >= 1")
         self.directory = Path(directory)
         self.fs = FileSystem(fault=fault)
+        # The node saves checkpoints on its WAL thread and frames on-demand snapshot copies on
+        # another: every change to the directory's set of files happens under this lock.
+        self.lock = threading.RLock()
         self.keep = keep
         # Corruption found by latest() that was survived by falling back; for metrics/alerts.
         self.reported: list[CorruptSnapshotError] = []
@@ -283,11 +288,12 @@ class SnapshotStore:
             path = w.finish()
         # A full snapshot older than the checkpoint can neither restart this node (its log tail is
         # compacted away) nor catch up a follower (too old): it is only disk space.
-        doomed = [q for q in self.paths() if (m := _NAME.match(q.name)) and int(m.group(1)) < meta.index]
-        for q in doomed:
-            self.fs.remove(q)
-        if doomed:
-            self.fs.fsync_dir(self.directory)
+        with self.lock:
+            doomed = [q for q in self.paths() if (m := _NAME.match(q.name)) and int(m.group(1)) < meta.index]
+            for q in doomed:
+                self.fs.remove(q)
+            if doomed:
+                self.fs.fsync_dir(self.directory)
         return path
 
     def checkpoint(self) -> SnapshotMeta | None:
@@ -302,11 +308,12 @@ class SnapshotStore:
 
     def prune(self) -> None:
         """Keep the newest `keep`; older ones are covered by a newer snapshot."""
-        doomed = self.paths()[self.keep :]
-        for p in doomed:
-            self.fs.remove(p)
-        if doomed:
-            self.fs.fsync_dir(self.directory)
+        with self.lock:
+            doomed = self.paths()[self.keep :]
+            for p in doomed:
+                self.fs.remove(p)
+            if doomed:
+                self.fs.fsync_dir(self.directory)
 
     # ------------------------------------------------------------------ reading
 
