@@ -708,40 +708,54 @@ class Node:
         thread of its own while applies go on."""
         if self._shippable is not None and self._shippable[0].index >= at_least and self._shippable[1].exists():
             return self._shippable
-        beside = bool(getattr(self.machine, "snapshots_beside_apply", False))
         while self._snapshotting or self._copying:  # one copy at a time; else the machine is shared
             await asyncio.sleep(0.01)
             if self._stopping:
                 return None
         if self._shippable is not None and self._shippable[0].index >= at_least and self._shippable[1].exists():
             return self._shippable
-        # A machine that copies through its own read transaction is copied on a thread of its own
-        # while applies go on; any other is copied in the apply thread, between applies.
         self._copying = True
-        if not beside:
-            self._snapshotting = True
+        self._snapshotting = True  # no inline apply, no compaction: the state must hold still
         loop = asyncio.get_running_loop()
         tmp = self.config.data_dir / "snapshot-copy.tmp"
+        copy: Any = None
         try:
-            pool = self._copy_pool if beside else self._apply_pool
-            index = await loop.run_in_executor(pool, self.machine.write_snapshot, tmp)
-            core = self.core
-            assert core is not None
-            term = core.log.term(index)
-            if term is None:
-                return None  # compacted past it meanwhile: the core will ask again
-            meta = SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
+            if getattr(self.machine, "snapshots_beside_apply", False):
+                # Pin the state in the apply thread (a read transaction begun between applies:
+                # milliseconds), name it while its term is still in the log, then let applies and
+                # compaction go on while the pinned state is copied on a thread of its own.
+                copy = await loop.run_in_executor(self._apply_pool, self.machine.open_copy)  # type: ignore[attr-defined]
+                meta = self._meta_for_copy(copy.index)
+                self._snapshotting = False
+                if meta is None:
+                    return None
+                await loop.run_in_executor(self._copy_pool, copy.write, tmp)
+            else:
+                index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
+                meta = self._meta_for_copy(index)
+                self._snapshotting = False
+                if meta is None:
+                    return None
             # Framing a multi-GB copy takes long: not on the WAL thread, which the log needs.
             path = await loop.run_in_executor(self._copy_pool, self.snapshots.save, meta, tmp)
             self.metrics.snapshots += 1
             self._shippable = (meta, path)
             return meta, path
         finally:
+            if copy is not None:
+                copy.close()
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             self._copying = False
-            if not beside:
-                self._snapshotting = False
+            self._snapshotting = False
+
+    def _meta_for_copy(self, index: int) -> SnapshotMeta | None:
+        core = self.core
+        assert core is not None
+        term = core.log.term(index)
+        if term is None:
+            return None  # not in the log (cannot happen while compaction waits); the core asks again
+        return SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
 
     def _save_snapshot(self, meta: SnapshotMeta, tmp: Path) -> Path:
         path = self.snapshots.save(meta, tmp)

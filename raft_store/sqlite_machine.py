@@ -134,35 +134,29 @@ class SqliteStateMachine:
         return self._applied
 
     def write_snapshot(self, path: Path) -> int:
-        """A consistent copy of the store; returns the applied index the copy reflects.
-
-        A file-backed store is copied through a connection of its own, in one backup step, which
-        is one read transaction: in WAL mode it sees the state as of its start while the applying
-        connection goes on committing. So the copy may run on any thread, beside applies (a 15 GB
-        store takes minutes to copy; pausing the leader's applies for that long would stall
-        every client). The index is read from the copy itself, so it is exactly the copy's."""
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        if tmp.exists():
-            tmp.unlink()
-        target = sqlite3.connect(str(tmp))
+        """A consistent copy of the store; returns the applied index the copy reflects."""
+        if self._path == ":memory:":
+            return _copy_to(self._conn, path)
+        copy = self.open_copy()
         try:
-            if self._path == ":memory:":
-                self._conn.backup(target)
-            else:
-                source = sqlite3.connect(self._path)
-                try:
-                    source.backup(target)
-                finally:
-                    source.close()
-            (index,) = target.execute("SELECT applied_index FROM _raft_meta WHERE id = 0").fetchone()
+            return copy.write(path)
         finally:
-            target.close()
-        os.replace(tmp, path)
-        return int(index)
+            copy.close()
+
+    def open_copy(self) -> StoreCopy:
+        """Pin the state as it is now for a copy that may be written later, beside applies.
+
+        Call between applies (the node calls it in the apply thread): a second connection begins a
+        read transaction here, so its `index` is exactly the applied index of this moment, and in
+        WAL mode that transaction keeps seeing this state while the apply connection goes on
+        committing. A 15 GB store takes minutes to copy; the leader's applies must not wait."""
+        if self._path == ":memory:":
+            raise ValueError("an in-memory store is copied with write_snapshot, between applies")
+        return StoreCopy(self._path)
 
     @property
     def snapshots_beside_apply(self) -> bool:
-        """True when `write_snapshot` may run on another thread while batches are applied."""
+        """True when `open_copy` can pin a state to copy while batches are applied."""
         return self._path != ":memory:"
 
     def restore_snapshot(self, path: Path, index: int) -> None:
@@ -283,3 +277,43 @@ class SqliteStateMachine:
                 " (SELECT client_id FROM _sessions ORDER BY touched_index, client_id LIMIT ?)",
                 (count - SESSIONS_MAX,),
             )
+
+
+class StoreCopy:
+    """A read transaction pinned on a SQLite store, to be copied to a snapshot file once."""
+
+    def __init__(self, path: str) -> None:
+        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            self._conn.execute("BEGIN")
+            (index,) = self._conn.execute("SELECT applied_index FROM _raft_meta WHERE id = 0").fetchone()
+        except BaseException:
+            self._conn.close()
+            raise
+        self.index = int(index)
+
+    def write(self, path: Path) -> int:
+        """Copy the pinned state to `path` (replaced atomically); returns `index`."""
+        copied = _copy_to(self._conn, path)
+        assert copied == self.index, f"copy reflects {copied}, pinned {self.index}"
+        return copied
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("COMMIT")
+        self._conn.close()
+
+
+def _copy_to(source: sqlite3.Connection, path: Path) -> int:
+    """Back up `source` (in its current read transaction, if one is open) to `path`."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    if tmp.exists():
+        tmp.unlink()
+    target = sqlite3.connect(str(tmp))
+    try:
+        source.backup(target)
+        (index,) = target.execute("SELECT applied_index FROM _raft_meta WHERE id = 0").fetchone()
+    finally:
+        target.close()
+    os.replace(tmp, path)
+    return int(index)

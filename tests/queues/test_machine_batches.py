@@ -155,25 +155,32 @@ def test_counters_are_built_once_for_a_store_from_before_them(tmp_path: Path) ->
 
 
 def test_snapshot_copies_taken_beside_applies_are_consistent(tmp_path: Path) -> None:
-    """The node copies a SQLite store on its own thread while the apply thread goes on."""
+    """The node pins a copy between applies, then writes it on its own thread while applies go on."""
     import threading
 
     replica = Replica(str(tmp_path / "queue.sqlite"))
     assert replica.machine.snapshots_beside_apply
+    replica.entry(T0, [(1, i + 1, enqueue(f"first-{i}")) for i in range(10)])
+    pinned = replica.machine.open_copy()
+    assert pinned.index == 1
+    for n in range(1, 6):  # committed after the pin, before the copy is written
+        replica.entry(T0 + n, [(1, n * 10 + i + 1, enqueue(f"k{n}-{i}")) for i in range(10)])
     done = threading.Event()
 
     def apply_many() -> None:
-        for n in range(60):
+        for n in range(6, 60):
             replica.entry(T0 + n, [(1, n * 10 + i + 1, enqueue(f"k{n}-{i}")) for i in range(10)])
         done.set()
 
     worker = threading.Thread(target=apply_many)
     worker.start()
-    copies = []
-    while not done.is_set() or not copies:
+    copies = [(pinned.write(tmp_path / "pinned.sqlite"), tmp_path / "pinned.sqlite")]
+    pinned.close()
+    while not done.is_set() or len(copies) < 2:
         target = tmp_path / f"copy-{len(copies)}.sqlite"
         copies.append((replica.machine.write_snapshot(target), target))
     worker.join()
+    assert copies[0][0] == 1  # the pinned state, however far the applies went meanwhile
     for index, path in copies:
         restored = QueueMachine(":memory:")
         restored.restore_snapshot(path, index)
