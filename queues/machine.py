@@ -363,7 +363,7 @@ class QueueMachine(SqliteStateMachine):
         self._last_lease = None
         if isinstance(decoded, ErrorResult):
             return codec.encode_result(decoded)
-        if self._batch is None:  # outside apply_batch (a direct call): a batch of one
+        if self._batch is None:  # the per-entry state exists only inside apply_batch
             raise RuntimeError("QueueMachine.apply_command runs only inside apply_batch")
         result = _Apply(conn, self._batch, self.config, self).run(decoded)
         self._last_lease = result if isinstance(result, LeaseResult) else None

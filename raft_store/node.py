@@ -35,6 +35,8 @@ from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
     BatchFormatError,
     CheckpointingMachine,
+    CopyPinningMachine,
+    PinnedCopy,
     StateMachine,
     decode_batch,
     encode_batch,
@@ -662,14 +664,14 @@ class Node:
             if isinstance(self.machine, CheckpointingMachine):
                 index = await loop.run_in_executor(self._apply_pool, self.machine.checkpoint)
                 if index:
-                    meta = self._meta_at(index)
+                    meta = self._meta_at(index) if index > core.log.snapshot_index else None
                     if meta is not None:
                         await loop.run_in_executor(self._io, self._save_checkpoint, meta)
                         self._compacted(meta)
                         self.metrics.checkpoints += 1
                     return
             index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
-            meta = self._meta_at(index)
+            meta = self._meta_at(index) if index > core.log.snapshot_index else None
             if meta is None:
                 return
             self._shippable = (meta, await loop.run_in_executor(self._io, self._save_snapshot, meta, tmp))
@@ -681,11 +683,11 @@ class Node:
             self._snapshotting = False
 
     def _meta_at(self, index: int) -> SnapshotMeta | None:
-        """Meta for a snapshot at `index`, or None when the log is already compacted past it."""
+        """Meta for a snapshot at `index`, or None when its term is no longer in the log."""
         core = self.core
         assert core is not None
         term = core.log.term(index)
-        if term is None or index <= core.log.snapshot_index:
+        if term is None:
             return None
         return SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
 
@@ -718,21 +720,22 @@ class Node:
         self._snapshotting = True  # no inline apply, no compaction: the state must hold still
         loop = asyncio.get_running_loop()
         tmp = self.config.data_dir / "snapshot-copy.tmp"
-        copy: Any = None
+        copy: PinnedCopy | None = None
         try:
-            if getattr(self.machine, "snapshots_beside_apply", False):
+            if isinstance(self.machine, CopyPinningMachine):
                 # Pin the state in the apply thread (a read transaction begun between applies:
                 # milliseconds), name it while its term is still in the log, then let applies and
                 # compaction go on while the pinned state is copied on a thread of its own.
-                copy = await loop.run_in_executor(self._apply_pool, self.machine.open_copy)  # type: ignore[attr-defined]
-                meta = self._meta_for_copy(copy.index)
+                copy = await loop.run_in_executor(self._apply_pool, self.machine.open_copy)
+            if copy is not None:
+                meta = self._meta_at(copy.index)
                 self._snapshotting = False
                 if meta is None:
                     return None
                 await loop.run_in_executor(self._copy_pool, copy.write, tmp)
             else:
                 index = await loop.run_in_executor(self._apply_pool, self.machine.write_snapshot, tmp)
-                meta = self._meta_for_copy(index)
+                meta = self._meta_at(index)
                 self._snapshotting = False
                 if meta is None:
                     return None
@@ -748,14 +751,6 @@ class Node:
                 tmp.unlink()
             self._copying = False
             self._snapshotting = False
-
-    def _meta_for_copy(self, index: int) -> SnapshotMeta | None:
-        core = self.core
-        assert core is not None
-        term = core.log.term(index)
-        if term is None:
-            return None  # not in the log (cannot happen while compaction waits); the core asks again
-        return SnapshotMeta(index=index, term=term, conf=core.log.conf_at(index))
 
     def _save_snapshot(self, meta: SnapshotMeta, tmp: Path) -> Path:
         path = self.snapshots.save(meta, tmp)

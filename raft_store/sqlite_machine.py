@@ -135,15 +135,15 @@ class SqliteStateMachine:
 
     def write_snapshot(self, path: Path) -> int:
         """A consistent copy of the store; returns the applied index the copy reflects."""
-        if self._path == ":memory:":
-            return _copy_to(self._conn, path)
         copy = self.open_copy()
+        if copy is None:
+            return _copy_to(self._conn, path)
         try:
             return copy.write(path)
         finally:
             copy.close()
 
-    def open_copy(self) -> StoreCopy:
+    def open_copy(self) -> StoreCopy | None:
         """Pin the state as it is now for a copy that may be written later, beside applies.
 
         Call between applies (the node calls it in the apply thread): a second connection begins a
@@ -151,13 +151,8 @@ class SqliteStateMachine:
         WAL mode that transaction keeps seeing this state while the apply connection goes on
         committing. A 15 GB store takes minutes to copy; the leader's applies must not wait."""
         if self._path == ":memory:":
-            raise ValueError("an in-memory store is copied with write_snapshot, between applies")
+            return None  # a second connection cannot see it: copied by write_snapshot, between applies
         return StoreCopy(self._path)
-
-    @property
-    def snapshots_beside_apply(self) -> bool:
-        """True when `open_copy` can pin a state to copy while batches are applied."""
-        return self._path != ":memory:"
 
     def restore_snapshot(self, path: Path, index: int) -> None:
         self._conn.close()

@@ -89,6 +89,27 @@ class CheckpointingMachine(Protocol):
         ...
 
 
+class PinnedCopy(Protocol):
+    """A state pinned for copying: `index` is exactly the applied index it reflects."""
+
+    index: int
+
+    def write(self, path: Path) -> int:
+        """Write the pinned state to `path`; returns `index`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class CopyPinningMachine(Protocol):
+    """A machine that can pin its state between applies and have it copied beside later applies."""
+
+    def open_copy(self) -> PinnedCopy | None:
+        """Pin the state now (called between applies); None when this store cannot."""
+        ...
+
+
 class StateMachine(Protocol):
     """What the node needs from a replicated state machine."""
 
