@@ -100,6 +100,15 @@ async def preload(
     return time.perf_counter() - started
 
 
+async def log_shape(cluster: ProcessCluster, raft: RaftClient) -> tuple[int, int]:
+    """(applied index, applied commands) of the leader: their ratio over a run is commands per entry."""
+    for status in (await cluster.statuses(raft)).values():
+        if status.get("role") == "leader":
+            metrics: dict[str, Any] = status["metrics"]  # type: ignore[assignment]
+            return int(str(status["applied"])), int(metrics["applied_commands"])
+    return 0, 0
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
@@ -137,9 +146,11 @@ async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
     measuring = True
     t0 = time.perf_counter()
     cpu0 = cluster.cpu_seconds()
+    before = await log_shape(cluster, raft)
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - t0
     node_cpu = cluster.cpu_seconds() - cpu0
+    after = await log_shape(cluster, raft)
     await raft.close()
     return {
         "mode": "enqueue",
@@ -151,6 +162,7 @@ async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         "seconds": round(elapsed, 2),
         "payload_bytes": args.payload_bytes,
         "node_cpu_us_per_enqueue": round(1e6 * node_cpu / max(1, len(latencies)), 1),
+        "commands_per_entry": round((after[1] - before[1]) / max(1, after[0] - before[0]), 1),
         "client_retries": raft.retries,
     }
 

@@ -93,14 +93,14 @@ class _Coalescer:
     def __init__(self, raft: RaftClient, limit: int) -> None:
         self._raft = raft
         self._limit = limit
-        self._pending: list[tuple[bytes, asyncio.Future[bytes]]] = []
+        self._pending: list[tuple[bytes, bool, asyncio.Future[bytes]]] = []
         self._scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
 
-    async def submit(self, data: bytes) -> bytes:
+    async def submit(self, data: bytes, sessionless: bool) -> bytes:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
-        self._pending.append((data, future))
+        self._pending.append((data, sessionless, future))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
@@ -115,19 +115,30 @@ class _Coalescer:
             self._sending.add(task)  # a strong reference until it is done
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[tuple[bytes, asyncio.Future[bytes]]]) -> None:
+    async def _send(self, batch: list[tuple[bytes, bool, asyncio.Future[bytes]]]) -> None:
         try:
-            results = await self._raft.propose_many([data for data, _ in batch])
+            results = await self._raft.propose_many(
+                [data for data, _, _ in batch], sessionless=[free for _, free, _ in batch]
+            )
         except BaseException as error:  # the whole frame's outcome is in doubt
-            for _, future in batch:
+            for _, _, future in batch:
                 if not future.done():
                     future.set_exception(error)
             if isinstance(error, asyncio.CancelledError):
                 raise
             return
-        for (_, future), result in zip(batch, results, strict=True):
+        for (_, _, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+
+def _sessionless(command: QueueCommand) -> bool:
+    """An enqueue is exactly-once by its idempotency key: the session lane adds nothing to it.
+
+    Without a lane, a retry after a lost answer is applied again and answers EXISTS with the
+    original message's id and state, as any repeat of the key does, instead of replaying the
+    first answer; and every replica skips a session read and write for each enqueue."""
+    return isinstance(command, Enqueue)
 
 
 class QueueClient:
@@ -143,14 +154,21 @@ class QueueClient:
     async def submit(self, command: QueueCommand) -> QueueResult:
         """One command through the log; its decoded result."""
         data = codec.encode_command(command)
-        raw = await (self._coalescer.submit(data) if self._coalescer else self.raft.propose(data))
+        if self._coalescer is not None:
+            raw = await self._coalescer.submit(data, _sessionless(command))
+        elif _sessionless(command):
+            (raw,) = await self.raft.propose_many([data], sessionless=[True])
+        else:
+            raw = await self.raft.propose(data)
         return _decode(raw)
 
     async def submit_many(self, commands: Sequence[QueueCommand]) -> list[QueueResult]:
         """Many commands in one frame and one log entry (each on its own session lane)."""
         if not commands:
             return []
-        raws = await self.raft.propose_many([codec.encode_command(c) for c in commands])
+        raws = await self.raft.propose_many(
+            [codec.encode_command(c) for c in commands], sessionless=[_sessionless(c) for c in commands]
+        )
         return [_decode(raw) for raw in raws]
 
     async def enqueue(
@@ -158,7 +176,9 @@ class QueueClient:
         headers: dict[str, str] | None = None, delay_ms: int = 0, due_ms: int | None = None,
     ) -> EnqueueResult:
         """The new message's id and state (OK), or the original's for a known key (EXISTS), or
-        CONFLICT / UNKNOWN_KIND. Retrying with the same key after a ClientError is safe."""
+        CONFLICT / UNKNOWN_KIND. Retrying with the same key after a ClientError is safe; so is the
+        client's own retry after a lost answer, which may therefore answer EXISTS (see
+        `_sessionless`)."""
         command = Enqueue(kind=kind, idempotency_key=idempotency_key, ref_key=ref_key, payload=payload,
                           headers=headers or {}, delay_ms=delay_ms, due_ms=due_ms)
         return _expect(await self.submit(command), EnqueueResult)

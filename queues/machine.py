@@ -309,9 +309,11 @@ class QueueMachine(SqliteStateMachine):
             conn.execute("INSERT OR IGNORE INTO kinds (kind, policy) VALUES (?, ?)", (kind, policy))
         self._forget_caches()
 
-    def apply_batch(self, index: int, now_ms: int, commands: Sequence[Command]) -> list[bytes]:
+    def apply_batch(
+        self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True
+    ) -> list[bytes]:
         try:
-            return super().apply_batch(index, now_ms, commands)
+            return super().apply_batch(index, now_ms, commands, respond=respond)
         except BaseException:
             self._forget_caches()  # the transaction rolled back: so must what was cached from it
             raise
@@ -443,6 +445,13 @@ _lease_session_decoder: Final = msgspec.msgpack.Decoder(_LeaseSession)
 _GRANT_COLUMNS: Final = (
     "id, kind, idempotency_key, ref_key,"
     " coalesce(edited_payload, (SELECT payload FROM bodies WHERE bodies.id = messages.id)), headers, attempts, due_ms"
+)
+
+
+_QUIET_GRANT_COLUMNS: Final = (
+    "id, kind, NULL, NULL,"
+    " coalesce(length(edited_payload), (SELECT length(payload) FROM bodies WHERE bodies.id = messages.id)),"
+    " NULL, attempts, due_ms"
 )
 
 
@@ -677,16 +686,21 @@ class _Apply:
         attempts: list[tuple[int, int, int, str, int]] = []
         result_bytes = 0
         deadline_ms = self.now_ms + command.lease_ms
-        for row in self.grant_rows(self.pick_fair(kinds, command.count_max)):
-            payload: bytes = row[4]
-            if grants and result_bytes + len(payload) > LEASE_RESULT_BYTES_MAX:
+        respond = self.machine.responding
+        for row in self.grant_rows(self.pick_fair(kinds, command.count_max), respond=respond):
+            size = len(row[4]) if respond else int(row[4])
+            if grants and result_bytes + size > LEASE_RESULT_BYTES_MAX:
                 break
             message_id = int(row[0])
             token = self.next_token()
             attempt = int(row[6]) + 1
             updates.append((attempt, token, command.worker_id, deadline_ms, message_id))
             attempts.append((message_id, attempt, token, command.worker_id, self.now_ms))
-            grant = _grant_of(row, token=token, attempt=attempt, deadline_ms=deadline_ms)
+            if respond:
+                grant = _grant_of(row, token=token, attempt=attempt, deadline_ms=deadline_ms)
+            else:  # what the state and the session record need, without the payload
+                grant = Grant(message_id=message_id, token=token, kind=row[1], idempotency_key="", ref_key="",
+                              payload=b"", headers={}, attempt=attempt, due_ms=int(row[7]), deadline_ms=deadline_ms)
             self.batch.move(grant.kind, Phase.WAITING, Phase.LEASED)
             self.emit(
                 EventType.LEASED,
@@ -701,7 +715,7 @@ class _Apply:
                 },
             )
             grants.append(grant)
-            result_bytes += len(payload)
+            result_bytes += size
         self.conn.executemany(
             f"UPDATE messages SET phase = {Phase.LEASED.value}, attempts = ?, token = ?, token_open = 1,"
             " lease_worker = ?, lease_deadline_ms = ? WHERE id = ?",
@@ -712,17 +726,19 @@ class _Apply:
         )
         return LeaseResult(code=Code.OK, grants=tuple(grants), expired=len(expired))
 
-    def grant_rows(self, picks: list[int]) -> Iterator[Any]:
+    def grant_rows(self, picks: list[int], *, respond: bool = True) -> Iterator[Any]:
         """Rows of `_GRANT_COLUMNS` for the picks, in pick order, read 64 at a time.
 
         Chunks keep the read set-based without pulling up to 1000 payloads of 256 KiB when the
-        8 MiB result budget stops the lease after a few dozen."""
+        8 MiB result budget stops the lease after a few dozen. Without `respond`, the rows carry
+        the payload's length in its place: a follower needs it for that budget, not the bytes."""
+        columns = _GRANT_COLUMNS if respond else _QUIET_GRANT_COLUMNS
         for start in range(0, len(picks), 64):
             chunk = picks[start : start + 64]
             marks = ",".join("?" * len(chunk))
             found = {
                 int(row[0]): row
-                for row in self.conn.execute(f"SELECT {_GRANT_COLUMNS} FROM messages WHERE id IN ({marks})", chunk)
+                for row in self.conn.execute(f"SELECT {columns} FROM messages WHERE id IN ({marks})", chunk)
             }
             for message_id in chunk:
                 yield found[message_id]

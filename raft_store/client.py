@@ -157,13 +157,26 @@ class RaftClient:
             if not future.done():
                 future.set_result(result)
 
-    async def propose_many(self, commands: Sequence[bytes]) -> list[bytes]:
-        """Commands go in one frame and, at the leader, in one log entry when they fit."""
-        lanes = [self._take_lane() for _ in commands]
-        triples = tuple((lane.session_id, lane.seq, data) for lane, data in zip(lanes, commands, strict=True))
+    async def propose_many(self, commands: Sequence[bytes], *, sessionless: Sequence[bool] = ()) -> list[bytes]:
+        """Commands go in one frame and, at the leader, in one log entry when they fit.
+
+        Each command travels on a session lane, so a retry after a lost answer returns the stored
+        result instead of applying twice; a command marked in `sessionless` travels without one
+        (client id 0) because it is idempotent by its own content, and a retry of it may apply
+        again, which for such a command changes nothing."""
+        lanes: list[_Lane] = []
+        triples: list[tuple[int, int, bytes]] = []
+        for i, data in enumerate(commands):
+            if sessionless and sessionless[i]:
+                triples.append((0, 0, data))
+            else:
+                lane = self._take_lane()
+                lanes.append(lane)
+                triples.append((lane.session_id, lane.seq, data))
+        frame = tuple(triples)
         # If this raises, the lanes' outcomes are in doubt: they are dropped, never reused.
         result = await self._call_with_retries(
-            lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, triples)))
+            lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, frame)))
         )
         for lane in lanes:
             lane.seq += 1

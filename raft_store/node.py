@@ -36,6 +36,7 @@ from raft_store.state_machine import (
     BatchFormatError,
     CheckpointingMachine,
     CopyPinningMachine,
+    GroupCommittingMachine,
     PinnedCopy,
     StateMachine,
     decode_batch,
@@ -60,6 +61,9 @@ log = logging.getLogger("raft_store.node")
 SNAPSHOT_CHUNK_BYTES = 1 << 20
 INLINE_APPLY_BYTES_MAX = 64 << 10
 INLINE_PERSIST_BYTES_MAX = 32 << 10
+IDLE_COMMIT_S = 0.05
+"""A group-committing machine with applied but uncommitted entries is committed once its apply
+pipeline has been idle this long (under load it commits by size, in the apply thread)."""
 
 
 class Queryable(Protocol):
@@ -127,6 +131,7 @@ class Node:
         self.transport.on_unreachable = self._on_unreachable
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"wal-{config.node_id}")
         self._apply_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"apply-{config.node_id}")
+        self._idle_commit: asyncio.TimerHandle | None = None
         self._copy_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"copy-{config.node_id}")
         self._copying = False
         # The newest snapshot file known good (verified at start, or written or received since):
@@ -231,6 +236,10 @@ class Node:
         self._io.shutdown(wait=True)
         self._apply_pool.shutdown(wait=True)
         self._copy_pool.shutdown(wait=True)
+        if self._idle_commit is not None:
+            self._idle_commit.cancel()
+        if self._failure is None and isinstance(self.machine, GroupCommittingMachine):
+            self.machine.commit()  # a clean stop leaves the store current (a crash would replay)
         self.stopped.set()
 
     # ---- inputs -------------------------------------------------------------------------
@@ -535,6 +544,7 @@ class Node:
         self._answer(batch, results)
         core.on_applied(batch[-1].index, batch)
         self._kick_apply()
+        self._arm_idle_commit()
         self._serve_reads()
         self._bytes_since_snapshot += sum(len(e.data) for e in batch)
         if (not self._snapshotting
@@ -544,6 +554,31 @@ class Node:
             self._snapshotting = True
             asyncio.get_running_loop().create_task(self._take_snapshot())
         self._wake.set()
+
+    def _arm_idle_commit(self) -> None:
+        machine = self.machine
+        if (self._idle_commit is None and not self._apply_running and isinstance(machine, GroupCommittingMachine)
+                and machine.uncommitted):
+            self._idle_commit = asyncio.get_running_loop().call_later(IDLE_COMMIT_S, self._commit_if_idle)
+
+    def _commit_if_idle(self) -> None:
+        self._idle_commit = None
+        machine = self.machine
+        if self._stopping or not isinstance(machine, GroupCommittingMachine) or not machine.uncommitted:
+            return
+        if self._apply_running or self._apply_queue:
+            self._arm_idle_commit()  # busy again: the apply thread commits by size meanwhile
+            return
+        self._apply_running = True  # the commit runs in the apply thread, one user at a time
+        future = asyncio.get_running_loop().run_in_executor(self._apply_pool, machine.commit)
+
+        def done(f: asyncio.Future[None]) -> None:
+            self._apply_running = False
+            if not self._failed(f):
+                self._kick_apply()
+                self._serve_reads()
+
+        future.add_done_callback(done)
 
     async def _drain_pipelines(self) -> None:
         while self._persist_running or self._persist_queue or self._apply_running or self._apply_queue:
@@ -568,7 +603,9 @@ class Node:
                     machine.note_applied(entry.index)
                     out.append(None)
                     continue
-                out.append(machine.apply_batch(entry.index, now_ms, commands))
+                # Only the node that proposed the entry has clients waiting for its results.
+                result = machine.apply_batch(entry.index, now_ms, commands, respond=entry.index in self._waiting)
+                out.append(result)
                 self.metrics.applied_commands += len(commands)
             else:
                 machine.note_applied(entry.index)

@@ -110,19 +110,42 @@ class CopyPinningMachine(Protocol):
         ...
 
 
+@runtime_checkable
+class GroupCommittingMachine(Protocol):
+    """A machine that may keep applied entries in an open store transaction across applies.
+
+    The node commits it when the apply pipeline goes idle, so a quiet store is current on disk."""
+
+    @property
+    def uncommitted(self) -> int:
+        """Commands applied since the store last committed (0: nothing is pending)."""
+        ...
+
+    def commit(self) -> None: ...
+
+
 class StateMachine(Protocol):
     """What the node needs from a replicated state machine."""
 
     def applied_index(self) -> int:
-        """The last log index whose commands are reflected in the durable state."""
+        """The last log index whose commands are reflected in the state.
+
+        After a restart this is the durable state's index; a machine that commits groups of
+        entries (GroupCommittingMachine) also counts those applied since its last commit, which a
+        crash would undo and the node would then replay from the log."""
         ...
 
-    def apply_batch(self, index: int, now_ms: int, commands: Sequence[Command]) -> list[bytes]:
+    def apply_batch(
+        self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True
+    ) -> list[bytes]:
         """Apply the commands of log entry `index` atomically, recording `index` as applied.
 
         Returns one result per command. A command whose (client_id, seq) was already applied
         returns the stored result of its first application.
-        """
+
+        `respond=False`: no client waits for these results (a follower's apply, or a replay after
+        a restart), so the machine may leave out what only the answer needs (a lease's payloads).
+        The state, and what the session table keeps for retries, must be exactly the same."""
         ...
 
     def note_applied(self, index: int) -> None:

@@ -36,10 +36,13 @@ class Replica:
         self.machine = QueueMachine(path)
         self.index = 0
 
-    def entry(self, now_ms: int, commands: list[tuple[int, int, QueueCommand]]) -> list[QueueResult]:
+    def entry(
+        self, now_ms: int, commands: list[tuple[int, int, QueueCommand]], *, respond: bool = True
+    ) -> list[QueueResult]:
         self.index += 1
         batch = [Command(client, seq, codec.encode_command(c)) for client, seq, c in commands]
-        return [codec.decode_result(r) for r in self.machine.apply_batch(self.index, now_ms, batch)]
+        raw = self.machine.apply_batch(self.index, now_ms, batch, respond=respond)
+        return [codec.decode_result(r) for r in raw]
 
 
 def enqueue(key: str, payload: bytes = b"p", delay_ms: int = 0) -> Enqueue:
@@ -156,7 +159,10 @@ def test_counters_are_built_once_for_a_store_from_before_them(tmp_path: Path) ->
 
 def test_snapshot_copies_taken_beside_applies_are_consistent(tmp_path: Path) -> None:
     """The node pins a copy between applies, then writes it on its own thread while applies go on."""
+    import queue
     import threading
+
+    from raft_store.state_machine import PinnedCopy
 
     replica = Replica(str(tmp_path / "queue.sqlite"))
     assert Replica().machine.open_copy() is None  # an in-memory store is copied between applies
@@ -166,24 +172,56 @@ def test_snapshot_copies_taken_beside_applies_are_consistent(tmp_path: Path) -> 
     assert pinned.index == 1
     for n in range(1, 6):  # committed after the pin, before the copy is written
         replica.entry(T0 + n, [(1, n * 10 + i + 1, enqueue(f"k{n}-{i}")) for i in range(10)])
-    done = threading.Event()
+    pins: queue.Queue[PinnedCopy | None] = queue.Queue()
 
     def apply_many() -> None:
+        # As the node does: every pin is taken in the applying thread, between two applies.
         for n in range(6, 60):
             replica.entry(T0 + n, [(1, n * 10 + i + 1, enqueue(f"k{n}-{i}")) for i in range(10)])
-        done.set()
+            if n % 10 == 0:
+                pins.put(replica.machine.open_copy())
+        pins.put(None)
 
     worker = threading.Thread(target=apply_many)
     worker.start()
     copies = [(pinned.write(tmp_path / "pinned.sqlite"), tmp_path / "pinned.sqlite")]
     pinned.close()
-    while not done.is_set() or len(copies) < 2:
+    while (pin := pins.get(timeout=60)) is not None:  # written here, while the worker applies on
         target = tmp_path / f"copy-{len(copies)}.sqlite"
-        copies.append((replica.machine.write_snapshot(target), target))
+        try:
+            copies.append((pin.write(target), target))
+        finally:
+            pin.close()
     worker.join()
+    assert len(copies) == 6
     assert copies[0][0] == 1  # the pinned state, however far the applies went meanwhile
     for index, path in copies:
         restored = QueueMachine(":memory:")
         restored.restore_snapshot(path, index)
         counted = {(c.kind, c.state): c.count for c in queries.counts(restored.connection, now_ms=T0 + 60)}
         assert counted.get(("transfer", State.READY), 0) == 10 * index, (index, counted)
+
+
+def test_a_follower_apply_without_answers_leaves_the_same_state() -> None:
+    """A follower applies with respond=False and skips the lease payloads; nothing else may differ.
+
+    The payload budget of a lease (8 MiB) must cut at the same grant from lengths alone, and the
+    session record must let a retried Lease get the same grants back from either replica."""
+    leader, follower = Replica(), Replica()
+    big = b"b" * (256 << 10)  # the largest payload: 32 of them fill a lease's 8 MiB
+    for replica, respond in ((leader, True), (follower, False)):
+        replica.entry(T0, [(1, i + 1, enqueue(f"k{i}", big)) for i in range(40)] + [(2, 1, enqueue("s", b"small"))],
+                      respond=respond)
+        replica.entry(T0 + 1, [(5, 1, Lease(worker_id="w", count_max=100, lease_ms=1000))], respond=respond)
+        replica.entry(T0 + 2, [(5, 2, Lease(worker_id="w", count_max=100, lease_ms=1000)),
+                               (6, 1, Ack(message_id=1, token=1))], respond=respond)
+    dump = [list(r.machine.connection.iterdump()) for r in (leader, follower)]
+    assert dump[0] == dump[1]
+    counts = queries.counts(leader.machine.connection, now_ms=T0 + 3)
+    assert counts == queries.counts(follower.machine.connection, now_ms=T0 + 3)
+    assert {(c.state, c.count) for c in counts} == {(State.DONE, 1), (State.LEASED, 40)}
+    retried = [r.entry(T0 + 3, [(5, 2, Lease(worker_id="w", count_max=100, lease_ms=1000))])[0] for r in (leader, follower)]
+    assert isinstance(retried[0], LeaseResult) and isinstance(retried[1], LeaseResult)
+    assert retried[0] == retried[1]
+    # The second lease got the 8 left over from the first one's budget, and the small one.
+    assert [g.payload for g in retried[0].grants] == [big] * 8 + [b"small"]
