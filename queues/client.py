@@ -24,6 +24,7 @@ a RaftClient whose only address is the follower.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
@@ -133,12 +134,17 @@ class _Coalescer:
 
 
 def _sessionless(command: QueueCommand) -> bool:
-    """An enqueue is exactly-once by its idempotency key: the session lane adds nothing to it.
+    """An enqueue is exactly-once by its idempotency key: a session lane adds nothing to it.
 
-    Without a lane, a retry after a lost answer is applied again and answers EXISTS with the
-    original message's id and state, as any repeat of the key does, instead of replaying the
-    first answer; and every replica skips a session read and write for each enqueue."""
-    return isinstance(command, Enqueue)
+    Without a lane every replica skips a session read and write for each enqueue. A retry after
+    a lost answer is applied again; it carries the request_id of its first attempt, so the
+    machine recognises it and answers OK as the first application did (a repeat of the key by
+    anyone else answers EXISTS)."""
+    return isinstance(command, Enqueue) and command.request_id != 0
+
+
+def _request_id() -> int:
+    return secrets.randbits(63) or 1
 
 
 class QueueClient:
@@ -176,15 +182,14 @@ class QueueClient:
         headers: dict[str, str] | None = None, delay_ms: int = 0, due_ms: int | None = None,
     ) -> EnqueueResult:
         """The new message's id and state (OK), or the original's for a known key (EXISTS), or
-        CONFLICT / UNKNOWN_KIND. Retrying with the same key after a ClientError is safe; so is the
-        client's own retry after a lost answer, which may therefore answer EXISTS (see
-        `_sessionless`)."""
+        CONFLICT / UNKNOWN_KIND. Retrying with the same key after a ClientError is safe."""
         command = Enqueue(kind=kind, idempotency_key=idempotency_key, ref_key=ref_key, payload=payload,
-                          headers=headers or {}, delay_ms=delay_ms, due_ms=due_ms)
+                          headers=headers or {}, delay_ms=delay_ms, due_ms=due_ms, request_id=_request_id())
         return _expect(await self.submit(command), EnqueueResult)
 
     async def enqueue_many(self, items: Sequence[Enqueue]) -> list[EnqueueResult]:
-        return [_expect(r, EnqueueResult) for r in await self.submit_many(items)]
+        stamped = [item if item.request_id else msgspec.structs.replace(item, request_id=_request_id()) for item in items]
+        return [_expect(r, EnqueueResult) for r in await self.submit_many(stamped)]
 
     async def lease(
         self, worker_id: str, *, kinds: Sequence[str] = (), count_max: int = 100, lease_ms: int = 30_000

@@ -111,7 +111,7 @@ _SCHEMA: Final = (
         budget_attempts INTEGER NOT NULL, budget_start_ms INTEGER NOT NULL,
         last_error_class TEXT, last_error_text TEXT, token INTEGER NOT NULL, token_open INTEGER NOT NULL,
         lease_worker TEXT, lease_deadline_ms INTEGER, dead_ms INTEGER, dead_reason TEXT,
-        dead_error_class TEXT, terminal_ms INTEGER, purge_ms INTEGER)""",
+        dead_error_class TEXT, terminal_ms INTEGER, purge_ms INTEGER, request_id INTEGER)""",
     # Payloads live apart from the message rows: a lease, ack or fail rewrites its message row, and
     # with a 1 KiB payload inline that row filled a third of a page; apart, a page holds about 25
     # message rows, so a batch of 1000 state changes writes about 40 pages to the WAL, not 330.
@@ -303,6 +303,8 @@ class QueueMachine(SqliteStateMachine):
         columns = {row[1] for row in conn.execute("PRAGMA table_info(queue_meta)")}
         if "clock_ms" not in columns:  # a store written before the monotonic clock
             conn.execute("ALTER TABLE queue_meta ADD COLUMN clock_ms INTEGER NOT NULL DEFAULT 0")
+        if "request_id" not in {row[1] for row in conn.execute("PRAGMA table_info(messages)")}:
+            conn.execute("ALTER TABLE messages ADD COLUMN request_id INTEGER")  # before sessionless enqueues
         due_index.create_indexes(conn, TABLE)
         policy = _policy_encoder.encode(self.config.default_policy)
         for kind in BUILTIN_KINDS:
@@ -585,14 +587,14 @@ class _Apply:
 
     # ---- enqueue ----------------------------------------------------------------------------
     def lookup_key(self, key: str) -> Any:
-        """(id, content_hash, phase, due_ms, purge_ms) of the message holding `key`, if any."""
+        """(id, content_hash, phase, due_ms, purge_ms, request_id) of the message holding `key`."""
         claimed = self.batch.keys.get(key)
         if claimed is not None:
             return self.conn.execute(
-                "SELECT id, content_hash, phase, due_ms, purge_ms FROM messages WHERE id = ?", (claimed,)
+                "SELECT id, content_hash, phase, due_ms, purge_ms, request_id FROM messages WHERE id = ?", (claimed,)
             ).fetchone()
         return self.conn.execute(
-            "SELECT m.id, m.content_hash, m.phase, m.due_ms, m.purge_ms FROM idempotency i"
+            "SELECT m.id, m.content_hash, m.phase, m.due_ms, m.purge_ms, m.request_id FROM idempotency i"
             " JOIN messages m ON m.id = i.message_id WHERE i.key = ?",
             (key,),
         ).fetchone()
@@ -607,15 +609,20 @@ class _Apply:
         digest = content_hash(command.kind, command.ref_key, command.payload)
         existing = self.lookup_key(command.idempotency_key)
         if existing is not None and (existing[4] is None or existing[4] > now_ms):
-            code = Code.EXISTS if existing[1] == digest else Code.CONFLICT
+            if existing[1] != digest:
+                code = Code.CONFLICT
+            elif command.request_id and existing[5] == command.request_id:
+                code = Code.OK  # the same request retried by its client: answered as the first time
+            else:
+                code = Code.EXISTS
             state = state_of(Phase(existing[2]), existing[3], now_ms)
             return EnqueueResult(code=code, message_id=int(existing[0]), state=state)
         message_id = self.batch.next_message_id
         self.batch.next_message_id += 1
         self.conn.execute(
             "INSERT INTO messages (id, kind, idempotency_key, ref_key, content_hash, headers,"
-            " created_ms, phase, due_ms, attempts, budget_attempts, budget_start_ms, token, token_open)"
-            " VALUES (?,?,?,?,?,?,?,?,?,0,0,?,0,0)",
+            " created_ms, phase, due_ms, attempts, budget_attempts, budget_start_ms, token, token_open, request_id)"
+            " VALUES (?,?,?,?,?,?,?,?,?,0,0,?,0,0,?)",
             (
                 message_id,
                 command.kind,
@@ -627,6 +634,7 @@ class _Apply:
                 Phase.WAITING,
                 due_ms,
                 now_ms,
+                command.request_id or None,
             ),
         )
         self.batch.keys[command.idempotency_key] = message_id

@@ -132,6 +132,10 @@ class Enqueue(_Command, frozen=True, tag="enqueue"):
     """Due at now_ms + delay_ms, unless due_ms is given."""
     due_ms: TimeMs | None = None
     """An absolute due time (at most DELAY_MAX_MS after now); a past time means ready now."""
+    request_id: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)] = 0
+    """Chosen by the client once per enqueue and kept across its retries (0: none). Enqueues travel
+    without a session lane; a repeat of the key whose request_id is the original's is the same
+    request retried, and answers OK as the first application did, not EXISTS."""
 
 
 class Lease(_Command, frozen=True, tag="lease"):

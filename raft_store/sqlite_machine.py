@@ -140,9 +140,10 @@ class SqliteStateMachine:
         """End the open transaction, if any: every applied entry is now in the store's WAL.
 
         Applies share one SQLite transaction until they have written `commit_every_changes` rows
-        (or the node commits an idle machine, or a checkpoint or copy needs the store current). Why: SQLite writes every page a transaction dirtied, once, at its commit; a
-        random-key index insert dirties a page of its own, so small transactions write about one
-        page per index per command, and larger ones share pages. Nothing is at risk meanwhile:
+        (or the node commits an idle machine, or a checkpoint or copy needs the store current).
+        Why: SQLite writes every page a transaction dirtied, once, at its commit; a random-key
+        index insert dirties a page of its own, so small transactions write about one page per
+        index per command, and larger ones share pages. Nothing is at risk meanwhile:
         the Raft log holds every applied entry durably, and the applied index commits with the
         state it describes, so a crash replays exactly the entries the store had not committed."""
         if self._open:

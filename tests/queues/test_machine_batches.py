@@ -225,3 +225,21 @@ def test_a_follower_apply_without_answers_leaves_the_same_state() -> None:
     assert retried[0] == retried[1]
     # The second lease got the 8 left over from the first one's budget, and the small one.
     assert [g.payload for g in retried[0].grants] == [big] * 8 + [b"small"]
+
+
+def test_a_retried_sessionless_enqueue_answers_as_the_first_time() -> None:
+    """Enqueues travel without a session lane; their request_id tells a retry from a repeat."""
+    replica = Replica()
+    first = Enqueue(kind="transfer", idempotency_key="a", ref_key="r", payload=b"p", request_id=7)
+    same_entry = replica.entry(T0, [(0, 0, first), (0, 0, first)])
+    later = replica.entry(
+        T0 + 1,
+        [
+            (0, 0, first),  # the client's retry after a lost answer
+            (0, 0, Enqueue(kind="transfer", idempotency_key="a", ref_key="r", payload=b"p", request_id=8)),
+            (0, 0, Enqueue(kind="transfer", idempotency_key="a", ref_key="r", payload=b"p")),
+            (0, 0, Enqueue(kind="transfer", idempotency_key="a", ref_key="r", payload=b"q", request_id=7)),
+        ],
+    )
+    codes = [(r.code, r.message_id) for r in same_entry + later if isinstance(r, EnqueueResult)]
+    assert codes == [(Code.OK, 1), (Code.OK, 1), (Code.OK, 1), (Code.EXISTS, 1), (Code.EXISTS, 1), (Code.CONFLICT, 1)]
