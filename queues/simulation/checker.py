@@ -41,6 +41,8 @@ class QueueChecker:
         self.cluster = cluster
         self.sent: dict[str, Enqueue] = {}
         self.ops: dict[str, list[str]] = {}  # key -> outcomes in order: ok / fail / unknown
+        self.created_by: dict[str, int] = {}
+        """Key -> request id of the sessionless send answered OK: the one that must have created it."""
         self.acked: dict[str, int] = {}  # key -> message id the client was told
         self.recovered = 0
         self.fail_not_before: dict[int, int | None] = {}
@@ -96,7 +98,7 @@ class QueueChecker:
     def on_enqueue_sent(self, command: Enqueue) -> None:
         self.sent.setdefault(command.idempotency_key, command)
 
-    def on_enqueue_answer(self, key: str, result: QueueResult | None) -> None:
+    def on_enqueue_answer(self, key: str, result: QueueResult | None, request_id: int = 0) -> None:
         outcomes = self.ops.setdefault(key, [])
         if result is None:
             outcomes.append("unknown")
@@ -106,6 +108,14 @@ class QueueChecker:
             return
         if result.code is Code.EXISTS and "unknown" in outcomes and "ok" not in outcomes:
             self.recovered += 1
+        if result.code is Code.OK:
+            # OK means "this send created it": retries of one send (same lane, or same request id
+            # without a lane) may say so again, but never two sends of the same key.
+            if "created" in outcomes:
+                self.violation(f"key {key}: two sends were both answered OK (created)")
+            outcomes.append("created")
+            if request_id:
+                self.created_by[key] = request_id
         outcomes.append("ok")
         known = self.acked.setdefault(key, result.message_id)
         if known != result.message_id:
@@ -190,6 +200,10 @@ class QueueChecker:
                 self.violation(f"n{node_id} holds message {message_id} ({key}, {_PHASES[phase]}); the log says {m}")
         if len(rows) != len(self.model.messages):
             self.violation(f"n{node_id} holds {len(rows)} messages, the log {len(self.model.messages)}")
+        for key, request_id in self.created_by.items():
+            row = conn.execute("SELECT request_id FROM messages WHERE idempotency_key = ?", (key,)).fetchone()
+            if row is not None and row[0] != request_id:
+                self.violation(f"n{node_id}: key {key} answered OK to request {request_id}, created by {row[0]}")
         digest = state_digest(conn)
         if self._reference is None:
             self._reference = (node_id, digest)

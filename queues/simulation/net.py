@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from queues.codec import decode_result, encode_command
-from queues.model import QueueCommand, QueueResult
+from queues.model import Enqueue, QueueCommand, QueueResult
 from raft_store.sqlite_machine import SESSION_RESULT_STALE
 
 if TYPE_CHECKING:
@@ -108,8 +108,11 @@ class Client:
         self._free: list[Lane] = []
 
     def submit(self, command: QueueCommand, on_done: Done, *, tries_max: int = 4) -> None:
-        lane = self._free.pop() if self._free else self.net.new_lane()
-        lane.seq += 1
+        if isinstance(command, Enqueue) and command.request_id:
+            lane = Lane(0)  # as QueueClient sends enqueues: no session, a request id instead
+        else:
+            lane = self._free.pop() if self._free else self.net.new_lane()
+            lane.seq += 1
         call = Call(lane, encode_command(command), on_done, tries_max)
         self.net.stats.calls += 1
         self._try(call)
@@ -153,5 +156,6 @@ class Client:
             )
         call.done = True
         self.net.stats.answered += 1
-        self._free.append(call.lane)
+        if call.lane.client_id:
+            self._free.append(call.lane)
         call.on_done(decode_result(result))

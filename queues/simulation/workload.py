@@ -179,16 +179,21 @@ class Enqueuer:
     def attempt(self, command: Enqueue) -> None:
         rng = self.w.cluster.rng
         # Headers are trace context: a re-send carries a new trace id and is still "the same".
+        # Like QueueClient, most sends travel without a session, with a request id of their own
+        # (retries of this send keep it; a later re-send draws another); some keep a lane.
         resend = Enqueue(
             kind=command.kind, idempotency_key=command.idempotency_key, ref_key=command.ref_key,
             payload=command.payload, headers={"trace": f"{rng.getrandbits(32):08x}"},
             delay_ms=command.delay_ms, due_ms=command.due_ms,
+            request_id=rng.getrandbits(62) + 1 if rng.random() < 0.8 else 0,
         )
-        self.client.submit(resend, functools.partial(self.answered, command), tries_max=rng.randint(2, 5))
+        self.client.submit(
+            resend, functools.partial(self.answered, command, resend.request_id), tries_max=rng.randint(2, 5)
+        )
 
-    def answered(self, command: Enqueue, result: QueueResult | None) -> None:
+    def answered(self, command: Enqueue, request_id: int, result: QueueResult | None) -> None:
         cluster = self.w.cluster
-        cluster.qchecker.on_enqueue_answer(command.idempotency_key, result)
+        cluster.qchecker.on_enqueue_answer(command.idempotency_key, result, request_id)
         if result is None and (self.w.phase == DRAIN or cluster.rng.random() < 0.85):
             # Unknown: re-send the same key later on a fresh lane (the first may have landed).
             cluster.at(cluster.rng.uniform(100, 1500), functools.partial(self.attempt, command))
