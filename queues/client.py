@@ -133,7 +133,7 @@ class _Coalescer:
                 future.set_result(result)
 
 
-def _sessionless(command: QueueCommand) -> bool:
+def travels_sessionless(command: QueueCommand) -> bool:
     """An enqueue is exactly-once by its idempotency key: a session lane adds nothing to it.
 
     Without a lane every replica skips a session read and write for each enqueue. A retry after
@@ -161,8 +161,8 @@ class QueueClient:
         """One command through the log; its decoded result."""
         data = codec.encode_command(command)
         if self._coalescer is not None:
-            raw = await self._coalescer.submit(data, _sessionless(command))
-        elif _sessionless(command):
+            raw = await self._coalescer.submit(data, travels_sessionless(command))
+        elif travels_sessionless(command):
             (raw,) = await self.raft.propose_many([data], sessionless=[True])
         else:
             raw = await self.raft.propose(data)
@@ -173,7 +173,7 @@ class QueueClient:
         if not commands:
             return []
         raws = await self.raft.propose_many(
-            [codec.encode_command(c) for c in commands], sessionless=[_sessionless(c) for c in commands]
+            [codec.encode_command(c) for c in commands], sessionless=[travels_sessionless(c) for c in commands]
         )
         return [_decode(raw) for raw in raws]
 

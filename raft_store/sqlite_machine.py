@@ -48,7 +48,6 @@ class SqliteStateMachine:
     def __init__(self, path: Path | str) -> None:
         self._path = str(path)
         self._open = False
-        self._uncommitted = 0
         self._changes_at_begin = 0
         self.responding = True
         """False while applying an entry whose results nobody will read (see StateMachine)."""
@@ -119,7 +118,6 @@ class SqliteStateMachine:
             conn.execute("RELEASE entry")
             raise
         self._applied = index
-        self._uncommitted += len(commands) + 1
         if conn.total_changes - self._changes_at_begin >= self.commit_every_changes:
             self.commit()
         return results
@@ -129,12 +127,11 @@ class SqliteStateMachine:
         self._begin()
         self._conn.execute("UPDATE _raft_meta SET applied_index = ? WHERE id = 0", (index,))
         self._applied = index
-        self._uncommitted += 1
 
     @property
-    def uncommitted(self) -> int:
-        """Commands applied since the last commit (0: the store on disk is current)."""
-        return self._uncommitted
+    def uncommitted(self) -> bool:
+        """Entries were applied since the last commit (False: the store on disk is current)."""
+        return self._open
 
     def commit(self) -> None:
         """End the open transaction, if any: every applied entry is now in the store's WAL.
@@ -149,7 +146,6 @@ class SqliteStateMachine:
         if self._open:
             self._conn.execute("COMMIT")
             self._open = False
-        self._uncommitted = 0
 
     def _begin(self) -> None:
         if not self._open:
@@ -188,8 +184,7 @@ class SqliteStateMachine:
 
     def write_snapshot(self, path: Path) -> int:
         """A consistent copy of the store; returns the applied index the copy reflects."""
-        self.commit()
-        copy = self.open_copy()
+        copy = self.open_copy()  # commits first
         if copy is None:
             return _copy_to(self._conn, path)
         try:
@@ -259,7 +254,6 @@ class SqliteStateMachine:
         if self._open:
             self._conn.execute("ROLLBACK")
             self._open = False
-        self._uncommitted = 0
 
     # ---- internals ----------------------------------------------------------------
     @staticmethod

@@ -117,8 +117,8 @@ class GroupCommittingMachine(Protocol):
     The node commits it when the apply pipeline goes idle, so a quiet store is current on disk."""
 
     @property
-    def uncommitted(self) -> int:
-        """Commands applied since the store last committed (0: nothing is pending)."""
+    def uncommitted(self) -> bool:
+        """Entries were applied since the store last committed."""
         ...
 
     def commit(self) -> None: ...

@@ -200,10 +200,10 @@ class QueueChecker:
                 self.violation(f"n{node_id} holds message {message_id} ({key}, {_PHASES[phase]}); the log says {m}")
         if len(rows) != len(self.model.messages):
             self.violation(f"n{node_id} holds {len(rows)} messages, the log {len(self.model.messages)}")
+        created = dict(conn.execute("SELECT idempotency_key, request_id FROM messages").fetchall())
         for key, request_id in self.created_by.items():
-            row = conn.execute("SELECT request_id FROM messages WHERE idempotency_key = ?", (key,)).fetchone()
-            if row is not None and row[0] != request_id:
-                self.violation(f"n{node_id}: key {key} answered OK to request {request_id}, created by {row[0]}")
+            if key in created and created[key] != request_id:
+                self.violation(f"n{node_id}: key {key} answered OK to request {request_id}, created by {created[key]}")
         digest = state_digest(conn)
         if self._reference is None:
             self._reference = (node_id, digest)

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from queues.client import travels_sessionless
 from queues.codec import decode_result, encode_command
-from queues.model import Enqueue, QueueCommand, QueueResult
+from queues.model import QueueCommand, QueueResult
 from raft_store.sqlite_machine import SESSION_RESULT_STALE
 
 if TYPE_CHECKING:
@@ -108,8 +109,8 @@ class Client:
         self._free: list[Lane] = []
 
     def submit(self, command: QueueCommand, on_done: Done, *, tries_max: int = 4) -> None:
-        if isinstance(command, Enqueue) and command.request_id:
-            lane = Lane(0)  # as QueueClient sends enqueues: no session, a request id instead
+        if travels_sessionless(command):
+            lane = Lane(0)  # as QueueClient sends it: no session (an enqueue with a request id)
         else:
             lane = self._free.pop() if self._free else self.net.new_lane()
             lane.seq += 1
