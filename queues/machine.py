@@ -171,6 +171,12 @@ class _Row:
 
 _META_COLUMNS: Final = "next_message_id, next_token, next_event_seq, rr_offset, clock_ms"
 
+_MESSAGE_INSERT: Final = (
+    "INSERT INTO messages (id, kind, idempotency_key, ref_key, content_hash, headers, created_ms, phase, due_ms,"
+    " attempts, budget_attempts, budget_start_ms, token, token_open, request_id)"
+    " VALUES (?,?,?,?,?,?,?,?,?,0,0,?,0,0,?)"
+)
+
 _EVENT_INSERT: Final = "INSERT INTO events (seq, log_index, ts_ms, type, message_id, kind, data) VALUES (?,?,?,?,?,?,?)"
 
 
@@ -196,26 +202,41 @@ class _Batch:
     keys: dict[str, int]
     """Idempotency keys claimed in this entry (flushed at its end); looked up before the table."""
     bodies: list[tuple[int, bytes]]
-    """Payloads of this entry's new messages, written by `flush_bodies` before anything reads one."""
+    """Payloads of this entry's new messages, written by `flush_writes` before anything reads one."""
     moved: dict[tuple[str, int], int]
     """Net change of messages per (kind, phase) in this entry, added to phase_counts at its end."""
+    new_rows: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    """Message rows of this entry's enqueues, inserted by `flush_writes` before anything reads one."""
+    fresh: dict[str, tuple[int, bytes, int, int, None, int | None]] = dataclasses.field(default_factory=dict)
+    """What `lookup_key` answers for a key claimed by a row still in `new_rows`."""
+    known: dict[str, Any] | None = None
+    """The entry's idempotency keys as the table held them before it: read in one query for a run
+    of enqueues, instead of one query per enqueue. None until read."""
+    known_stale: bool = False
+    """A command other than an enqueue ran in this entry: `known` may be out of date."""
 
     def move(self, kind: str, before: Phase | None, after: Phase | None) -> None:
         """Count a message leaving phase `before` (None: it is new) for `after` (None: purged)."""
         if before is not None:
-            key = (kind, before.value)
+            key = (kind, int(before))
             self.moved[key] = self.moved.get(key, 0) - 1
         if after is not None:
-            key = (kind, after.value)
+            key = (kind, int(after))
             self.moved[key] = self.moved.get(key, 0) + 1
 
-    def flush_bodies(self, conn: sqlite3.Connection) -> None:
+    def flush_writes(self, conn: sqlite3.Connection) -> None:
+        """Write the buffered message rows and payloads: call before any statement that may read them."""
+        if self.new_rows:
+            conn.executemany(_MESSAGE_INSERT, self.new_rows)
+            self.new_rows.clear()
+            self.fresh.clear()
         if self.bodies:
             conn.executemany("INSERT INTO bodies (id, payload) VALUES (?, ?)", self.bodies)
             self.bodies.clear()
 
 
 _PHASE_OF: Final = {phase.value: phase for phase in Phase}
+_WAITING: Final = int(Phase.WAITING)
 
 
 def _row_of(row: Any) -> _Row:
@@ -273,6 +294,7 @@ class QueueMachine(SqliteStateMachine):
         self._kinds: dict[str, RetryPolicy] | None = None
         self._paused: frozenset[str] | None = None
         self._batch: _Batch | None = None
+        self._decoded: dict[int, tuple[bytes, QueueCommand | ErrorResult]] = {}
         self._last_lease: LeaseResult | None = None
         super().__init__(path)
 
@@ -314,6 +336,8 @@ class QueueMachine(SqliteStateMachine):
     def apply_batch(
         self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True
     ) -> list[bytes]:
+        # Decoded once here, so a run of enqueues can have its idempotency keys read in one query.
+        self._decoded = {id(c.data): (c.data, codec.decode_command(c.data)) for c in commands}
         try:
             return super().apply_batch(index, now_ms, commands, respond=respond)
         except BaseException:
@@ -321,6 +345,7 @@ class QueueMachine(SqliteStateMachine):
             raise
         finally:
             self._batch = None
+            self._decoded = {}
 
     def begin_batch(self, conn: sqlite3.Connection, index: int, now_ms: int) -> None:
         row = conn.execute(f"SELECT {_META_COLUMNS} FROM queue_meta WHERE id = 0").fetchone()
@@ -346,7 +371,7 @@ class QueueMachine(SqliteStateMachine):
                 " ON CONFLICT(key) DO UPDATE SET message_id = excluded.message_id",
                 list(batch.keys.items()),
             )
-        batch.flush_bodies(conn)
+        batch.flush_writes(conn)
         if batch.events:
             conn.executemany(_EVENT_INSERT, batch.events)
         changed = [(kind, phase, delta) for (kind, phase), delta in sorted(batch.moved.items()) if delta]
@@ -363,7 +388,8 @@ class QueueMachine(SqliteStateMachine):
         )
 
     def apply_command(self, conn: sqlite3.Connection, now_ms: int, data: bytes) -> bytes:
-        decoded = codec.decode_command(data)
+        cached = self._decoded.get(id(data))
+        decoded = cached[1] if cached is not None and cached[0] is data else codec.decode_command(data)
         self._last_lease = None
         if isinstance(decoded, ErrorResult):
             return codec.encode_result(decoded)
@@ -391,7 +417,7 @@ class QueueMachine(SqliteStateMachine):
             return stored
         session = _lease_session_decoder.decode(stored[len(_LEASE_SESSION) :])
         assert self._batch is not None
-        self._batch.flush_bodies(conn)
+        self._batch.flush_writes(conn)
         grants = [
             grant
             for message_id, token in session.grants
@@ -417,6 +443,22 @@ class QueueMachine(SqliteStateMachine):
 
     def forget_pauses(self) -> None:
         self._paused = None
+
+    def entry_keys(self, conn: sqlite3.Connection) -> dict[str, Any]:
+        """(id, content_hash, phase, due_ms, purge_ms, request_id) of the message holding each
+        idempotency key of this entry's enqueues, as the table holds them: 500 keys per query."""
+        keys = sorted({d.idempotency_key for _, d in self._decoded.values() if isinstance(d, Enqueue)})
+        found: dict[str, Any] = {}
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in conn.execute(
+                "SELECT i.key, m.id, m.content_hash, m.phase, m.due_ms, m.purge_ms, m.request_id FROM idempotency i"
+                f" JOIN messages m ON m.id = i.message_id WHERE i.key IN ({marks})",
+                chunk,
+            ):
+                found[row[0]] = row[1:]
+        return found
 
     def kinds(self, conn: sqlite3.Connection) -> dict[str, RetryPolicy]:
         """Registered kinds and their policies, read once and kept until a SetPolicy or rollback."""
@@ -494,9 +536,13 @@ class _Apply:
         self.machine = machine
 
     def run(self, command: QueueCommand) -> QueueResult:
+        if isinstance(command, Enqueue):
+            return self.enqueue(command)
+        # Anything else may read or change message rows: write the buffered ones first, and stop
+        # trusting the keys read before the entry (this command may discard or purge their holders).
+        self.batch.flush_writes(self.conn)
+        self.batch.known_stale = True
         match command:
-            case Enqueue():
-                return self.enqueue(command)
             case Lease():
                 return self.lease(command)
             case ExtendLease():
@@ -588,11 +634,19 @@ class _Apply:
     # ---- enqueue ----------------------------------------------------------------------------
     def lookup_key(self, key: str) -> Any:
         """(id, content_hash, phase, due_ms, purge_ms, request_id) of the message holding `key`."""
-        claimed = self.batch.keys.get(key)
+        batch = self.batch
+        fresh = batch.fresh.get(key)
+        if fresh is not None:
+            return fresh
+        claimed = batch.keys.get(key)
         if claimed is not None:
             return self.conn.execute(
                 "SELECT id, content_hash, phase, due_ms, purge_ms, request_id FROM messages WHERE id = ?", (claimed,)
             ).fetchone()
+        if not batch.known_stale:
+            if batch.known is None:
+                batch.known = self.machine.entry_keys(self.conn)
+            return batch.known.get(key)
         return self.conn.execute(
             "SELECT m.id, m.content_hash, m.phase, m.due_ms, m.purge_ms, m.request_id FROM idempotency i"
             " JOIN messages m ON m.id = i.message_id WHERE i.key = ?",
@@ -617,12 +671,11 @@ class _Apply:
                 code = Code.EXISTS
             state = state_of(Phase(existing[2]), existing[3], now_ms)
             return EnqueueResult(code=code, message_id=int(existing[0]), state=state)
-        message_id = self.batch.next_message_id
-        self.batch.next_message_id += 1
-        self.conn.execute(
-            "INSERT INTO messages (id, kind, idempotency_key, ref_key, content_hash, headers,"
-            " created_ms, phase, due_ms, attempts, budget_attempts, budget_start_ms, token, token_open, request_id)"
-            " VALUES (?,?,?,?,?,?,?,?,?,0,0,?,0,0,?)",
+        batch = self.batch
+        message_id = batch.next_message_id
+        batch.next_message_id += 1
+        request_id = command.request_id or None
+        batch.new_rows.append(
             (
                 message_id,
                 command.kind,
@@ -631,15 +684,16 @@ class _Apply:
                 digest,
                 codec.encode_headers(command.headers),
                 now_ms,
-                Phase.WAITING,
+                _WAITING,
                 due_ms,
                 now_ms,
-                command.request_id or None,
-            ),
+                request_id,
+            )
         )
-        self.batch.keys[command.idempotency_key] = message_id
-        self.batch.move(command.kind, None, Phase.WAITING)
-        self.batch.bodies.append((message_id, command.payload))
+        batch.fresh[command.idempotency_key] = (message_id, digest, _WAITING, due_ms, None, request_id)
+        batch.keys[command.idempotency_key] = message_id
+        batch.move(command.kind, None, Phase.WAITING)
+        batch.bodies.append((message_id, command.payload))
         self.emit(
             EventType.ENQUEUED,
             message_id,
@@ -684,7 +738,6 @@ class _Apply:
         return picks
 
     def lease(self, command: Lease) -> QueueResult:
-        self.batch.flush_bodies(self.conn)
         expired = self.expire_due(self.config.expire_per_lease_max)
         kinds = self.eligible_kinds(command.kinds)
         if not kinds:

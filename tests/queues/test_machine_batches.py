@@ -17,6 +17,7 @@ from queues.machine import QueueMachine, StoreLayoutError
 from queues.model import (
     Ack,
     Code,
+    Discard,
     Enqueue,
     EnqueueResult,
     Lease,
@@ -243,3 +244,57 @@ def test_a_retried_sessionless_enqueue_answers_as_the_first_time() -> None:
     )
     codes = [(r.code, r.message_id) for r in same_entry + later if isinstance(r, EnqueueResult)]
     assert codes == [(Code.OK, 1), (Code.OK, 1), (Code.OK, 1), (Code.EXISTS, 1), (Code.EXISTS, 1), (Code.CONFLICT, 1)]
+
+
+def test_a_run_of_enqueues_in_one_entry_answers_as_one_entry_each() -> None:
+    """An entry reads its enqueues' keys in one query and writes their rows at the first command
+    that is not an enqueue: the answers and the state must be those of one command per entry.
+
+    The Discard between the enqueues is the trap: the keys were read before it, so an enqueue of
+    the discarded message's key must not answer from that read (READY), but DISCARDED."""
+    setup = [enqueue("old", b"o"), enqueue("gone", b"g")]
+    tested: list[QueueCommand] = [
+        Enqueue(kind="transfer", idempotency_key="a", ref_key="r", payload=b"a", request_id=5),
+        enqueue("old", b"o"),
+        Enqueue(kind="transfer", idempotency_key="a", ref_key="r", payload=b"a", request_id=5),
+        Discard(message_id=2, actor="finance", reason="duplicate"),
+        enqueue("gone", b"g"),
+        Lease(worker_id="w", count_max=10, lease_ms=1000),
+        Enqueue(kind="transfer", idempotency_key="a", ref_key="r", payload=b"a", request_id=6),
+        enqueue("b", b"b1"),
+        enqueue("b", b"b2"),
+        enqueue("c", b"c", delay_ms=5000),
+    ]
+    batched, single = Replica(), Replica()
+    for replica in (batched, single):
+        for command in setup:
+            replica.entry(T0, [(0, 0, command)])
+    got = batched.entry(T0 + 1, [(0, 0, c) if isinstance(c, Enqueue) else (9, 1 + i, c) for i, c in enumerate(tested)])
+    want = [
+        single.entry(T0 + 1, [(0, 0, c) if isinstance(c, Enqueue) else (9, 1 + i, c)])[0]
+        for i, c in enumerate(tested)
+    ]
+    assert got == want
+    states = [(r.code, r.state) for r in got if isinstance(r, EnqueueResult)]
+    assert states == [
+        (Code.OK, State.READY),
+        (Code.EXISTS, State.READY),
+        (Code.OK, State.READY),
+        (Code.EXISTS, State.DISCARDED),
+        (Code.EXISTS, State.LEASED),
+        (Code.OK, State.READY),
+        (Code.CONFLICT, State.READY),
+        (Code.OK, State.DELAYED),
+    ]
+
+    def rows(replica: Replica) -> list[object]:
+        conn = replica.machine.connection
+        return [
+            conn.execute("SELECT * FROM messages ORDER BY id").fetchall(),
+            conn.execute("SELECT * FROM bodies ORDER BY id").fetchall(),
+            conn.execute("SELECT * FROM idempotency ORDER BY key").fetchall(),
+            conn.execute("SELECT seq, type, message_id, data FROM events ORDER BY seq").fetchall(),
+            conn.execute("SELECT * FROM phase_counts ORDER BY kind, phase").fetchall(),
+        ]
+
+    assert rows(batched) == rows(single)
