@@ -41,12 +41,15 @@ class QueueChecker:
         self.cluster = cluster
         self.sent: dict[str, Enqueue] = {}
         self.ops: dict[str, list[str]] = {}  # key -> outcomes in order: ok / fail / unknown
-        self.created_by: dict[str, int] = {}
-        """Key -> request id of the sessionless send answered OK: the one that must have created it."""
-        self.acked: dict[str, int] = {}  # key -> message id the client was told
+        self.created_by: dict[int, int] = {}
+        """Message id -> request id of the sessionless send answered OK: the one that must have created it."""
+        self.created: set[int] = set()
+        """Messages a send was answered OK (created) for: by one send only."""
+        self.acked: dict[str, int] = {}  # key -> the newest message id the client was told
         self.recovered = 0
         self.fail_not_before: dict[int, int | None] = {}
-        self.model = LogModel(self.violation, self.sent.__contains__, self.fail_not_before)
+        self.model = LogModel(self.violation, self.sent.__contains__, self.fail_not_before,
+                              retention_ms=cluster.queue_config.retention_ms)
         self.applied_seen = 0
         self.log_time = 0
         self.clock_went_back = 0
@@ -108,20 +111,25 @@ class QueueChecker:
             return
         if result.code is Code.EXISTS and "unknown" in outcomes and "ok" not in outcomes:
             self.recovered += 1
+        message_id = result.message_id
         if result.code is Code.OK:
             # OK means "this send created it": retries of one send (same lane, or same request id
-            # without a lane) may say so again, but never two sends of the same key.
-            if "created" in outcomes:
-                self.violation(f"key {key}: two sends were both answered OK (created)")
-            outcomes.append("created")
+            # without a lane) may say so again, but never two sends of the same message.
+            if message_id in self.created:
+                self.violation(f"key {key}: two sends were both answered OK (created) for message {message_id}")
+            self.created.add(message_id)
             if request_id:
-                self.created_by[key] = request_id
+                self.created_by[message_id] = request_id
         outcomes.append("ok")
-        known = self.acked.setdefault(key, result.message_id)
-        if known != result.message_id:
-            self.violation(f"key {key} acknowledged as message {known} and as {result.message_id}")
-        if self.model.by_key.get(key) != result.message_id:
-            self.violation(f"key {key} acknowledged as message {result.message_id}, the log says {self.model.by_key.get(key)}")
+        # One key, one message, for the retention window: a second message only once the first's
+        # retention has ended (the older of the two, whichever answer arrives first).
+        known = self.acked.setdefault(key, message_id)
+        if known != message_id and not self.model.expired(min(known, message_id), self.log_time):
+            self.violation(f"key {key} acknowledged as message {known} and as {message_id}")
+        self.acked[key] = max(known, message_id)
+        holder = self.model.by_key.get(key)
+        if holder != message_id and not self.model.expired(message_id, self.log_time):
+            self.violation(f"key {key} acknowledged as message {message_id}, the log says {holder}")
 
     def on_grants(self, worker: str, result: LeaseResult) -> None:
         if result.grants:
@@ -166,6 +174,8 @@ class QueueChecker:
     def check_end(self) -> None:
         model = self.model
         for key, message_id in self.acked.items():
+            if message_id in model.purged:
+                continue  # deleted after its retention, which the model checked when it happened
             m = model.messages.get(message_id)
             if m is None or m.key != key:
                 self.violation(f"lost: acknowledged key {key} (message {message_id}) is not in the log")
@@ -179,7 +189,7 @@ class QueueChecker:
             if "ok" not in self.ops.get(m.key, []) and "unknown" not in self.ops.get(m.key, []):
                 self.violation(f"failed but appeared: {m.key} (outcomes {self.ops.get(m.key)})")
         for call in self.cluster.workload.downstream.calls:
-            if call.key not in model.by_key:
+            if call.key not in model.by_key and call.key not in {m.key for m in model.purged.values()}:
                 self.violation(f"unexpected effect for key {call.key}, which is not in the log")
             granted = model.granted.get(call.token)
             if granted is None or granted[0] != call.message_id:
@@ -190,6 +200,8 @@ class QueueChecker:
     def _check_replica(self, node_id: int, node: SimNode) -> None:
         conn = self.cluster.machines[node_id].connection
         for key, message_id in self.acked.items():
+            if message_id in self.model.purged:
+                continue
             view = queries.get_message(conn, message_id, now_ms=self.log_time, with_history=False)
             if view is None or view.idempotency_key != key:
                 self.violation(f"lost on n{node_id}: acknowledged key {key} (message {message_id})")
@@ -200,10 +212,11 @@ class QueueChecker:
                 self.violation(f"n{node_id} holds message {message_id} ({key}, {_PHASES[phase]}); the log says {m}")
         if len(rows) != len(self.model.messages):
             self.violation(f"n{node_id} holds {len(rows)} messages, the log {len(self.model.messages)}")
-        created = dict(conn.execute("SELECT idempotency_key, request_id FROM messages").fetchall())
-        for key, request_id in self.created_by.items():
-            if key in created and created[key] != request_id:
-                self.violation(f"n{node_id}: key {key} answered OK to request {request_id}, created by {created[key]}")
+        created = dict(conn.execute("SELECT id, request_id FROM messages").fetchall())
+        for message_id, request_id in self.created_by.items():
+            if message_id in created and created[message_id] != request_id:
+                self.violation(f"n{node_id}: message {message_id} answered OK to request {request_id},"
+                               f" created by {created[message_id]}")
         digest = state_digest(conn)
         if self._reference is None:
             self._reference = (node_id, digest)
@@ -224,6 +237,8 @@ class QueueChecker:
             "grants": self.grants_seen,
             "dead_letters": model.dead_letters,
             "late_acks": model.late_acks,
+            "purged": len(model.purged),
+            "reused_keys": model.reused_keys,
             "fenced_calls": self.fenced_calls,
             "clock_went_back": self.clock_went_back,
             "machine_ts_behind_log_time": model.ts_behind_log_time,

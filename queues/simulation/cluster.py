@@ -12,9 +12,10 @@ stamps into the entries it proposes.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from queues.machine import QueueMachine
+from queues.machine import QueueConfig, QueueMachine
 from queues.simulation.checker import QueueChecker
 from queues.simulation.downstream import AppBugs
 from queues.simulation.net import ClientNet, Reply, Status
@@ -40,6 +41,9 @@ class QueueCluster(Cluster):
     ) -> None:
         # The base constructor starts every node, which loads state through the hooks below.
         self.machines: dict[int, QueueMachine] = {}
+        # Seconds, not 7 days: tombstones are purged and their keys taken again within a run. Drawn
+        # from its own generator so that every other draw of a seed stays what it was.
+        self.queue_config = QueueConfig(retention_ms=random.Random(seed ^ 0x7E7E).randint(1_500, 6_000))
         self.images: dict[int, tuple[int, bytes]] = {}
         self._empty_image = _fresh_image()
         self._waiting: dict[int, dict[int, tuple[int, Reply]]] = {}  # node -> index -> (term, reply)
@@ -97,7 +101,7 @@ class QueueCluster(Cluster):
         old = self.machines.pop(node_id, None)
         if old is not None:
             old.close()
-        machine = QueueMachine(":memory:")
+        machine = QueueMachine(":memory:", self.queue_config)
         machine.restore_bytes(image, index)
         self.machines[node_id] = machine
 

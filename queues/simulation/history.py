@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from delay.policy import DEFAULT_POLICY, DeadLetter, RetryPolicy, decide
+from delay.policy import DAY_MS, DEFAULT_POLICY, DeadLetter, RetryPolicy, decide
 from queues.model import BUILTIN_KINDS, Event, EventType
 
 WAITING, LEASED, DONE, DEAD, DISCARDED = "waiting", "leased", "done", "dead", "discarded"
@@ -38,6 +38,8 @@ class Msg:
     deadline_ms: int = 0
     grants: int = 0
     expect_dead: str | None = None
+    purge_ms: int | None = None
+    """When a done or discarded message's retention ends: its key may be taken again from then."""
 
 
 @dataclass(slots=True)
@@ -46,7 +48,11 @@ class LogModel:
     sent_keys: Callable[[str], bool]
     fail_not_before: dict[int, int | None]
     """token -> the Retry-After a worker's Fail carried (absent for expiries)."""
+    retention_ms: int = 7 * DAY_MS
     messages: dict[int, Msg] = field(default_factory=dict)
+    purged: dict[int, Msg] = field(default_factory=dict)
+    """Messages deleted after their retention: absent from every replica, and rightly so."""
+    reused_keys: int = 0
     by_key: dict[str, int] = field(default_factory=dict)
     granted: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # token -> (id, attempt, deadline)
     policies: dict[str, RetryPolicy] = field(default_factory=lambda: dict.fromkeys(BUILTIN_KINDS, DEFAULT_POLICY))
@@ -77,6 +83,13 @@ class LogModel:
         if handler is not None:
             handler(self, m, ev, log_time)
 
+    def expired(self, message_id: int, now_ms: int) -> bool:
+        """The message's retention has ended (it may still be in the store until a Purge)."""
+        if message_id in self.purged:
+            return True
+        m = self.messages.get(message_id)
+        return m is not None and m.purge_ms is not None and m.purge_ms <= now_ms
+
     def _kind_event(self, ev: Event) -> None:
         holders = self.pauses.setdefault(ev.kind, set())
         if ev.type is EventType.POLICY_SET:
@@ -97,8 +110,11 @@ class LogModel:
             self.violation(f"message id {ev.message_id} enqueued twice")
         if not self.sent_keys(key):
             self.violation(f"unexpected: message {ev.message_id} has key {key} no client sent")
-        if key in self.by_key:
-            self.violation(f"duplicated: key {key} enqueued as {self.by_key[key]} and {ev.message_id}")
+        holder = self.by_key.get(key)
+        if holder is not None:
+            if not self.expired(holder, ev.ts_ms):
+                self.violation(f"duplicated: key {key} enqueued as {holder} and {ev.message_id}")
+            self.reused_keys += 1
         due = ev.data["due_ms"]
         assert isinstance(due, int)
         self.messages[ev.message_id] = Msg(key, ev.kind, due, ev.ts_ms)
@@ -184,7 +200,7 @@ class LogModel:
             self.late_acks += 1
         elif m.phase != LEASED or token != m.token:
             self.violation(f"ack with a stale token {token} accepted (current {m.token}): {where}")
-        m.phase, m.token_open = DONE, False
+        m.phase, m.token_open, m.purge_ms = DONE, False, ev.ts_ms + self.retention_ms
 
     def _redriven(self, m: Msg, ev: Event, log_time: int) -> None:
         delayed = m.phase == WAITING and m.due_ms > ev.ts_ms
@@ -196,13 +212,16 @@ class LogModel:
     def _discarded(self, m: Msg, ev: Event, log_time: int) -> None:
         if m.phase not in (WAITING, DEAD):
             self.violation(f"discard of a {m.phase} message: {self._where(m, ev)}")
-        m.phase, m.token_open = DISCARDED, False
+        m.phase, m.token_open, m.purge_ms = DISCARDED, False, ev.ts_ms + self.retention_ms
 
     def _purged(self, m: Msg, ev: Event, log_time: int) -> None:
         if m.phase not in (DONE, DISCARDED):
             self.violation(f"purge of a {m.phase} message: {self._where(m, ev)}")
-        del self.messages[ev.message_id]
-        del self.by_key[m.key]
+        elif m.purge_ms is None or ev.ts_ms < m.purge_ms:
+            self.violation(f"purged at {ev.ts_ms}, before its retention ended at {m.purge_ms}: {self._where(m, ev)}")
+        self.purged[ev.message_id] = self.messages.pop(ev.message_id)
+        if self.by_key.get(m.key) == ev.message_id:  # else a newer message holds the key already
+            del self.by_key[m.key]
 
 
 def _int(ev: Event, key: str) -> int:

@@ -3,7 +3,8 @@
 Why these actors: they produce every history testing.md asks the checker to judge. Enqueuers send
 unique idempotency keys (some delayed, some of an unregistered kind that must fail) and, after
 giving up on an unknown outcome, re-send the same key on a new lane (a "recovered" enqueue when
-the first try had taken effect). Workers lease batches with short leases, call the downstream,
+the first try had taken effect); now and then they replay a settled send, which must find its
+message, or create a new one once the retention (seconds here) has ended. Workers lease batches with short leases, call the downstream,
 then ack or fail (retryable, permanent, Retry-After); some pause past their lease, so expiry and
 redelivery happen and their late acks and effects carry superseded tokens. The operator sets
 short retry policies (so retries and dead letters happen within simulated seconds), redrives and
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 SETUP, RUN, DRAIN, STOPPED = "setup", "run", "drain", "stopped"
 UNREGISTERED_KIND = "refund"
 PAUSE_PROBABILITY = 0.05
+REPLAY_PROBABILITY = 0.08
 
 
 class Workload:
@@ -150,6 +152,9 @@ class Enqueuer:
         self.count = 0
         self.outstanding = 0
         """Keys whose outcome is not settled yet (including scheduled re-sends)."""
+        self.settled: list[Enqueue] = []
+        """Sends answered OK or EXISTS: a caller may replay one long after (a new message once
+        its retention has ended, else the same one)."""
 
     def loop(self) -> None:
         if self.w.phase != RUN:
@@ -160,6 +165,10 @@ class Enqueuer:
     def send_new(self) -> None:
         cluster = self.w.cluster
         rng = cluster.rng
+        if self.settled and rng.random() < REPLAY_PROBABILITY:
+            self.outstanding += 1
+            self.attempt(rng.choice(self.settled))
+            return
         self.count += 1
         kind = UNREGISTERED_KIND if rng.random() < 0.02 else rng.choice(BUILTIN_KINDS)
         delay_ms, due_ms = 0, None
@@ -199,6 +208,8 @@ class Enqueuer:
             cluster.at(cluster.rng.uniform(100, 1500), functools.partial(self.attempt, command))
             return
         self.outstanding -= 1
+        if isinstance(result, EnqueueResult) and result.code in (Code.OK, Code.EXISTS):
+            self.settled.append(command)
         if isinstance(result, EnqueueResult) and result.code not in (Code.OK, Code.EXISTS, Code.UNKNOWN_KIND):
             cluster.qchecker.violation(f"enqueue {command.idempotency_key} refused: {result}")
 

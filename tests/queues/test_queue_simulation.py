@@ -116,3 +116,31 @@ def test_log_model_flags_forged_history(expected: str) -> None:
         if seq < len(history):
             assert found == [], f"flagged before the forged event: {found}"
     assert any(expected in text for text in found), found
+
+
+def test_log_model_holds_a_key_and_its_tombstone_for_the_retention() -> None:
+    """Within the retention a key names one message and its tombstone stays; after it, a second
+    message may take the key and the first may be purged. One millisecond early is flagged."""
+    retention = 1000
+    acked_at = ACKED[1]
+
+    def run(steps: list[tuple[EventType, int, int, Data]]) -> tuple[LogModel, list[str]]:
+        found: list[str] = []
+        model = LogModel(found.append, lambda key: key == "k", {}, retention_ms=retention)
+        for seq, (type_, message_id, ts, data) in enumerate(steps, start=1):
+            event = Event(seq=seq, log_index=seq, ts_ms=ts, type=type_, message_id=message_id, kind="transfer", data=data)
+            model.on_event(event, ts)
+        return model, found
+
+    done = [(ENQUEUED[0], 1, ENQUEUED[1], ENQUEUED[2]), (LEASED[0], 1, LEASED[1], LEASED[2]),
+            (ACKED[0], 1, acked_at, ACKED[2])]
+    purge_early = (EventType.PURGED, 1, acked_at + retention - 1, {})
+    assert any("before its retention ended" in text for text in run([*done, purge_early])[1])
+    taken_early = (EventType.ENQUEUED, 2, acked_at + retention - 1, {**ENQUEUED[2], "due_ms": acked_at + retention})
+    assert any("duplicated" in text for text in run([*done, taken_early])[1])
+    taken = (EventType.ENQUEUED, 2, acked_at + retention, {**ENQUEUED[2], "due_ms": acked_at + retention})
+    purged = (EventType.PURGED, 1, acked_at + retention, {})
+    model, found = run([*done, taken, purged])
+    assert found == []
+    assert model.by_key == {"k": 2} and model.reused_keys == 1 and set(model.purged) == {1}
+    assert model.expired(1, acked_at + retention) and not model.expired(2, acked_at + retention)
