@@ -215,14 +215,14 @@ class _Batch:
     known_stale: bool = False
     """A command other than an enqueue ran in this entry: `known` may be out of date."""
 
-    def move(self, kind: str, before: Phase | None, after: Phase | None) -> None:
-        """Count a message leaving phase `before` (None: it is new) for `after` (None: purged)."""
+    def move(self, kind: str, before: Phase | None, after: Phase | None, count: int = 1) -> None:
+        """Count `count` messages leaving phase `before` (None: new) for `after` (None: purged)."""
         if before is not None:
             key = (kind, int(before))
-            self.moved[key] = self.moved.get(key, 0) - 1
+            self.moved[key] = self.moved.get(key, 0) - count
         if after is not None:
             key = (kind, int(after))
-            self.moved[key] = self.moved.get(key, 0) + 1
+            self.moved[key] = self.moved.get(key, 0) + count
 
     def flush_writes(self, conn: sqlite3.Connection) -> None:
         """Write the buffered message rows and payloads: call before any statement that may read them."""
@@ -569,11 +569,6 @@ class _Apply:
                 return self.purge(command)
 
     # ---- shared helpers ---------------------------------------------------------------------
-    def next_token(self) -> int:
-        token = self.batch.next_token
-        self.batch.next_token += 1
-        return token
-
     def emit(self, type_: EventType, message_id: int, kind: str, data: dict[str, EventValue]) -> None:
         batch = self.batch
         batch.events.append(
@@ -581,7 +576,7 @@ class _Apply:
                 batch.next_event_seq,
                 batch.log_index,
                 self.now_ms,
-                type_.value,
+                type_._value_,  # the plain attribute: `.value` is a descriptor call per event
                 message_id,
                 kind,
                 codec.encode_event_data(data),
@@ -746,37 +741,42 @@ class _Apply:
         updates: list[tuple[int, int, str, int, int]] = []
         attempts: list[tuple[int, int, int, str, int]] = []
         result_bytes = 0
-        deadline_ms = self.now_ms + command.lease_ms
+        now_ms, worker_id, batch = self.now_ms, command.worker_id, self.batch
+        deadline_ms = now_ms + command.lease_ms
         respond = self.machine.responding
+        leased: dict[str, int] = {}  # kind -> grants, counted into the batch once
         for row in self.grant_rows(self.pick_fair(kinds, command.count_max), respond=respond):
             size = len(row[4]) if respond else int(row[4])
             if grants and result_bytes + size > LEASE_RESULT_BYTES_MAX:
                 break
-            message_id = int(row[0])
-            token = self.next_token()
+            message_id, kind, due_ms = int(row[0]), row[1], int(row[7])
+            token = batch.next_token
+            batch.next_token += 1
             attempt = int(row[6]) + 1
-            updates.append((attempt, token, command.worker_id, deadline_ms, message_id))
-            attempts.append((message_id, attempt, token, command.worker_id, self.now_ms))
+            updates.append((attempt, token, worker_id, deadline_ms, message_id))
+            attempts.append((message_id, attempt, token, worker_id, now_ms))
             if respond:
                 grant = _grant_of(row, token=token, attempt=attempt, deadline_ms=deadline_ms)
             else:  # what the state and the session record need, without the payload
-                grant = Grant(message_id=message_id, token=token, kind=row[1], idempotency_key="", ref_key="",
-                              payload=b"", headers={}, attempt=attempt, due_ms=int(row[7]), deadline_ms=deadline_ms)
-            self.batch.move(grant.kind, Phase.WAITING, Phase.LEASED)
+                grant = Grant(message_id=message_id, token=token, kind=kind, idempotency_key="", ref_key="",
+                              payload=b"", headers={}, attempt=attempt, due_ms=due_ms, deadline_ms=deadline_ms)
+            leased[kind] = leased.get(kind, 0) + 1
             self.emit(
                 EventType.LEASED,
                 message_id,
-                grant.kind,
+                kind,
                 {
                     "token": token,
                     "attempt": attempt,
-                    "worker_id": command.worker_id,
+                    "worker_id": worker_id,
                     "deadline_ms": deadline_ms,
-                    "lateness_ms": self.now_ms - grant.due_ms,
+                    "lateness_ms": now_ms - due_ms,
                 },
             )
             grants.append(grant)
             result_bytes += size
+        for kind, count in leased.items():
+            batch.move(kind, Phase.WAITING, Phase.LEASED, count)
         self.conn.executemany(
             f"UPDATE messages SET phase = {Phase.LEASED.value}, attempts = ?, token = ?, token_open = 1,"
             " lease_worker = ?, lease_deadline_ms = ? WHERE id = ?",
@@ -960,13 +960,16 @@ class _Apply:
 
     def ack_row(self, row: _Row | None, command: Ack, acks: _AckWrites) -> Outcome:
         """Judge one ack against its message's current row; the writes go to `acks`."""
-        if row is not None and row.phase is Phase.DONE and command.token == row.token:
-            return Outcome(code=Code.ALREADY_ACKED, message_id=row.id, state=State.DONE)
-        refusal = self.check_token(row, command.token, Action.ACK)
-        if refusal is not None:
-            return refusal
-        assert row is not None
-        late = row.phase is not Phase.LEASED
+        if row is not None and row.phase is Phase.LEASED and row.token_open and command.token == row.token:
+            late = False  # the common case, a live lease acked by its holder: what check_token allows
+        else:
+            if row is not None and row.phase is Phase.DONE and command.token == row.token:
+                return Outcome(code=Code.ALREADY_ACKED, message_id=row.id, state=State.DONE)
+            refusal = self.check_token(row, command.token, Action.ACK)
+            if refusal is not None:
+                return refusal
+            assert row is not None
+            late = row.phase is not Phase.LEASED
         self.batch.move(row.kind, row.phase, Phase.DONE)
         acks.messages.append((self.now_ms, self.now_ms + self.config.retention_ms, row.id))
         acks.attempts.append((self.now_ms, "succeeded_late" if late else "succeeded", row.id, row.attempts))

@@ -188,8 +188,9 @@ class QueueChecker:
                 self.violation(f"done without an effect: message {message_id} ({m.key})")
             if "ok" not in self.ops.get(m.key, []) and "unknown" not in self.ops.get(m.key, []):
                 self.violation(f"failed but appeared: {m.key} (outcomes {self.ops.get(m.key)})")
+        purged_keys = {m.key for m in model.purged.values()}
         for call in self.cluster.workload.downstream.calls:
-            if call.key not in model.by_key and call.key not in {m.key for m in model.purged.values()}:
+            if call.key not in model.by_key and call.key not in purged_keys:
                 self.violation(f"unexpected effect for key {call.key}, which is not in the log")
             granted = model.granted.get(call.token)
             if granted is None or granted[0] != call.message_id:
