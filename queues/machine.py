@@ -961,7 +961,9 @@ class _Apply:
     def ack_row(self, row: _Row | None, command: Ack, acks: _AckWrites) -> Outcome:
         """Judge one ack against its message's current row; the writes go to `acks`."""
         if row is not None and row.phase is Phase.LEASED and row.token_open and command.token == row.token:
-            late = False  # the common case, a live lease acked by its holder: what check_token allows
+            # The common case, a live lease acked by its holder (callers expire a lease past its
+            # deadline before they judge an ack): check_token could only allow it.
+            late = False
         else:
             if row is not None and row.phase is Phase.DONE and command.token == row.token:
                 return Outcome(code=Code.ALREADY_ACKED, message_id=row.id, state=State.DONE)
