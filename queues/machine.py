@@ -906,6 +906,10 @@ class _Apply:
         """Refusal precedence: not found, expired lease, illegal state, stale token."""
         if row is None:
             return Outcome(code=Code.NOT_FOUND)
+        if row.phase is Phase.LEASED and row.token_open and token == row.token:
+            # The common case, a live lease used by its holder (callers expire a lease past its
+            # deadline first); the lifecycle allows every worker action from LEASED.
+            return None
         state = row.state(self.now_ms)
         if (
             action is not Action.ACK
@@ -960,18 +964,13 @@ class _Apply:
 
     def ack_row(self, row: _Row | None, command: Ack, acks: _AckWrites) -> Outcome:
         """Judge one ack against its message's current row; the writes go to `acks`."""
-        if row is not None and row.phase is Phase.LEASED and row.token_open and command.token == row.token:
-            # The common case, a live lease acked by its holder (callers expire a lease past its
-            # deadline before they judge an ack): check_token could only allow it.
-            late = False
-        else:
-            if row is not None and row.phase is Phase.DONE and command.token == row.token:
-                return Outcome(code=Code.ALREADY_ACKED, message_id=row.id, state=State.DONE)
-            refusal = self.check_token(row, command.token, Action.ACK)
-            if refusal is not None:
-                return refusal
-            assert row is not None
-            late = row.phase is not Phase.LEASED
+        if row is not None and row.phase is Phase.DONE and command.token == row.token:
+            return Outcome(code=Code.ALREADY_ACKED, message_id=row.id, state=State.DONE)
+        refusal = self.check_token(row, command.token, Action.ACK)
+        if refusal is not None:
+            return refusal
+        assert row is not None
+        late = row.phase is not Phase.LEASED
         self.batch.move(row.kind, row.phase, Phase.DONE)
         acks.messages.append((self.now_ms, self.now_ms + self.config.retention_ms, row.id))
         acks.attempts.append((self.now_ms, "succeeded_late" if late else "succeeded", row.id, row.attempts))

@@ -4,9 +4,10 @@ Why these actors: they produce every history testing.md asks the checker to judg
 unique idempotency keys (some delayed, some of an unregistered kind that must fail) and, after
 giving up on an unknown outcome, re-send the same key on a new lane (a "recovered" enqueue when
 the first try had taken effect); now and then they replay a settled send, which must find its
-message, or create a new one once the retention (seconds here) has ended. Workers lease batches with short leases, call the downstream,
-then ack or fail (retryable, permanent, Retry-After); some pause past their lease, so expiry and
-redelivery happen and their late acks and effects carry superseded tokens. The operator sets
+message, or create a new one once the retention (seconds here) has ended. Workers lease batches
+with short leases, call the downstream, then ack or fail (retryable, permanent, Retry-After); some
+pause past their lease, so expiry and redelivery happen and their late acks and effects carry
+superseded tokens. The operator sets
 short retry policies (so retries and dead letters happen within simulated seconds), redrives and
 discards, pauses and resumes kinds, and changes attempt budgets while messages are in flight.
 """
