@@ -299,8 +299,21 @@ class QueueClient:
         return Read(dict(read.value.ages_ms), read.applied_index, read.now_ms)
 
     async def events_after(self, seq: int, *, limit: int = 1000, stale_ok: bool = False) -> Read[tuple[Event, ...]]:
+        """The events after `seq`, in order. Raises EventsPurged when some of them are gone."""
         read = await self._ask(qc.EventsAfter(seq=seq, limit=limit), qc.EventsAnswer, stale_ok)
+        if seq + 1 < read.value.first_seq:
+            raise EventsPurged(seq, read.value.first_seq)
         return Read(read.value.events, read.applied_index, read.now_ms)
+
+
+class EventsPurged(Exception):
+    """Events after the reader's position were deleted past their retention: the reader must
+    decide (rebuild its projection, or accept the gap from `first_seq` on), never skip silently."""
+
+    def __init__(self, after: int, first_seq: int) -> None:
+        super().__init__(f"events {after + 1}-{first_seq - 1} were purged past their retention; the oldest kept is {first_seq}")
+        self.after = after
+        self.first_seq = first_seq
 
 
 def _decode(raw: bytes) -> QueueResult:

@@ -41,6 +41,7 @@ from queues.lifecycle import TERMINAL, Action, transition
 from queues.model import (
     BUILTIN_KINDS,
     ERROR_CLASS_LEASE_EXPIRED,
+    EVENTS_PURGE_MAX,
     LEASE_RESULT_BYTES_MAX,
     Ack,
     AckMany,
@@ -90,6 +91,10 @@ class QueueConfig:
 
     retention_ms: int = 7 * DAY_MS
     """Done and discarded messages stay as idempotency tombstones this long, then are purged."""
+    event_retention_ms: int = 7 * DAY_MS
+    """Events stay this long for projections to read, then Purge deletes them, oldest first.
+    A reader that falls further behind is told so (`EventsAnswer.first_seq`), never silently
+    skipped ahead: the Kafka contract, without which the table grows by every state change."""
     expire_per_lease_max: int = 1024
     default_policy: RetryPolicy = DEFAULT_POLICY
     """The policy of the built-in kinds until a SetPolicy replaces it."""
@@ -97,6 +102,8 @@ class QueueConfig:
     def validate(self) -> None:
         if not 0 < self.retention_ms <= DELAY_MAX_MS:
             raise ValueError("retention_ms must be in (0, DELAY_MAX_MS]")
+        if not 0 < self.event_retention_ms <= DELAY_MAX_MS:
+            raise ValueError("event_retention_ms must be in (0, DELAY_MAX_MS]")
         if not 1 <= self.expire_per_lease_max <= due_index.SCAN_LIMIT_MAX:
             raise ValueError(f"expire_per_lease_max must be in [1, {due_index.SCAN_LIMIT_MAX}]")
         self.default_policy.validate()
@@ -1129,4 +1136,18 @@ class _Apply:
             self.conn.execute("DELETE FROM attempts WHERE message_id = ?", (message_id,))
             self.conn.execute("DELETE FROM idempotency WHERE key = ? AND message_id = ?", (key, message_id))
             self.emit(EventType.PURGED, message_id, kind, {})
-        return BatchResult(code=Code.OK, ids=tuple(int(row[0]) for row in rows))
+        return BatchResult(code=Code.OK, ids=tuple(int(row[0]) for row in rows), events_purged=self.purge_events())
+
+    def purge_events(self) -> int:
+        """Delete the oldest events past their retention, at most EVENTS_PURGE_MAX: a prefix of the
+        log, so a reader's gap is always at its start. O(EVENTS_PURGE_MAX): the stamped clock never
+        goes backwards, so the events past their retention are the first ones by seq."""
+        cutoff = self.now_ms - self.machine.config.event_retention_ms
+        last = None
+        for seq, ts_ms in self.conn.execute("SELECT seq, ts_ms FROM events ORDER BY seq LIMIT ?", (EVENTS_PURGE_MAX,)):
+            if ts_ms > cutoff:
+                break
+            last = seq
+        if last is None:
+            return 0
+        return self.conn.execute("DELETE FROM events WHERE seq <= ?", (last,)).rowcount

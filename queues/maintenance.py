@@ -9,7 +9,8 @@ through a RaftClient, which follows the leader: the commands are always appended
 
 Cadence: ExpireLeases(limit) every `expire_every_s` (150 ms by default); when a command expired a
 full `limit`, the next one is proposed at once (a backlog of expired leases drains at log speed).
-Purge(limit) every `purge_every_s`, also repeated while full.
+Purge(limit) every `purge_every_s`, also repeated while full (of tombstones, or of events past
+their retention).
 
 Expiry is not what makes an expired or delayed message leasable again: every Lease expires
 overdue leases first and reads the due index at the leader's now_ms, so a message is leasable as
@@ -29,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from queues.client import QueueClient, QueueError
+from queues.model import EVENTS_PURGE_MAX
 from raft_store.client import ClientError, RaftClient
 
 log = logging.getLogger("queues.maintenance")
@@ -56,6 +58,7 @@ class MaintenanceStats:
     expired: int = 0
     purge_commands: int = 0
     purged: int = 0
+    events_purged: int = 0
     errors: int = 0
 
 
@@ -116,8 +119,9 @@ class MaintenanceDriver:
             result = await self.queue.purge(self.config.purge_limit)
             self.stats.purge_commands += 1
             self.stats.purged += len(result.ids)
+            self.stats.events_purged += result.events_purged
             total += len(result.ids)
-            if len(result.ids) < self.config.purge_limit:
+            if len(result.ids) < self.config.purge_limit and result.events_purged < EVENTS_PURGE_MAX:
                 break
         return total
 

@@ -216,8 +216,14 @@ class SetPolicy(_Command, frozen=True, tag="set_policy"):
     policy: RetryPolicy
 
 
+EVENTS_PURGE_MAX: Final = 10_000
+"""Events one Purge deletes at most: with about three events per message they must go at several
+times the tombstone rate, and the maintenance driver repeats a Purge that hit either limit."""
+
+
 class Purge(_Command, frozen=True, tag="purge"):
-    """Delete tombstones (done, discarded) whose retention ended: bounded, driven by now_ms."""
+    """Delete tombstones (done, discarded) whose retention ended, then the oldest events past
+    theirs: both bounded, both driven by now_ms."""
 
     limit: BatchLimit = BATCH_IDS_MAX
 
@@ -281,6 +287,8 @@ class BatchResult(_Result, frozen=True, tag="batch"):
 
     ids: tuple[int, ...] = ()
     refused: tuple[tuple[int, Code], ...] = ()
+    events_purged: int = 0
+    """Purge only: events deleted past their retention."""
 
 
 class KindResult(_Result, frozen=True, tag="kind"):

@@ -249,6 +249,15 @@ def oldest_due_age_ms(conn: sqlite3.Connection, *, now_ms: int) -> dict[str, int
     return ages
 
 
+def first_event_seq(conn: sqlite3.Connection) -> int:
+    """The oldest event still kept, or the next to be written when none is: a reader whose last
+    seq is below this minus one has missed events that Purge deleted past their retention."""
+    row = conn.execute("SELECT min(seq) FROM events").fetchone()
+    if row[0] is not None:
+        return int(row[0])
+    return int(conn.execute("SELECT next_event_seq FROM queue_meta WHERE id = 0").fetchone()[0])
+
+
 def events_after(conn: sqlite3.Connection, seq: int, *, limit: int = 1000) -> list[Event]:
     """The events with a sequence number above `seq`, in order: what a projection tails."""
     assert 0 < limit <= PAGE_LIMIT_MAX * 10

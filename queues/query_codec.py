@@ -115,6 +115,8 @@ class OldestDueAnswer(_Answer, frozen=True, tag="oldest_due"):
 
 class EventsAnswer(_Answer, frozen=True, tag="events"):
     events: tuple[Event, ...] = ()
+    first_seq: int = 1
+    """The oldest event kept (see `queries.first_event_seq`): a gap after the asked seq shows here."""
 
 
 class QueryError(_Answer, frozen=True, tag="error"):

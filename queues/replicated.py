@@ -94,7 +94,8 @@ def answer_query(conn: sqlite3.Connection, query: qc.QueueQuery, now_ms: int) ->
             return qc.OldestDueAnswer(ages_ms=queries.oldest_due_age_ms(conn, now_ms=now_ms), now_ms=now_ms)
         case qc.EventsAfter():
             events = queries.events_after(conn, query.seq, limit=query.limit)
-            return qc.EventsAnswer(events=tuple(events), now_ms=now_ms)
+            first = queries.first_event_seq(conn)
+            return qc.EventsAnswer(events=tuple(events), first_seq=first, now_ms=now_ms)
 
 
 def machine_factory(data_dir: Path) -> ReplicatedQueueMachine:

@@ -11,7 +11,8 @@ Must be zero (each one fails the seed): lost and lost-on-node, unexpected, faile
 duplicated enqueues, effects twice for one key, done without an effect, acked twice, redelivered
 after an ack, overlapping leases, effects or acks accepted with a stale fencing token, retries
 before their due time, attempt counts that skip or go back, dead letters without an exhausted
-budget or a permanent error, messages not settled after the drain, replicas that differ.
+budget or a permanent error, messages not settled after the drain, replicas that differ, events
+purged before their retention or out of order (not as a prefix of the log).
 Reported: duplicate deliveries, recovered enqueues, how often the stamped clock went backwards.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,8 @@ class QueueChecker:
         self.applied_seen = 0
         self.log_time = 0
         self.clock_went_back = 0
+        self._event_ts: deque[tuple[int, int]] = deque()  # (seq, ts) of events read and not yet purged
+        self.events_purged = 0
         self._results: dict[int, bytes] = {}  # index -> digest of the result bytes
         self._digests: dict[int, bytes] = {}  # index -> digest of the whole state
         self._reference: tuple[int, bytes] | None = None  # (node, digest) of the first replica checked
@@ -88,8 +91,21 @@ class QueueChecker:
                 if event.log_index != index:
                     self.violation(f"event {event.seq} of entry {event.log_index} appeared at {index}")
                 self.model.on_event(event, self.log_time)
+            self._event_ts.extend((event.seq, event.ts_ms) for event in events)
             if len(events) < 1000:
                 break
+        self._check_event_purge(queries.first_event_seq(conn))
+
+    def _check_event_purge(self, first: int) -> None:
+        """Purge deletes a prefix of the event log, each event no sooner than its retention allows."""
+        cutoff = self.log_time - self.cluster.queue_config.event_retention_ms
+        while self._event_ts and self._event_ts[0][0] < first:
+            seq, ts_ms = self._event_ts.popleft()
+            self.events_purged += 1
+            if ts_ms > cutoff:
+                self.violation(f"event {seq} of {ts_ms} purged at {self.log_time}, before its retention")
+        if self._event_ts and self._event_ts[0][0] != first:
+            self.violation(f"the oldest event kept is {first}, but {self._event_ts[0][0]} was never purged")
 
     def on_digest_point(self, node: int, index: int) -> None:
         digest = state_digest(self.cluster.machines[node].connection)
@@ -239,6 +255,7 @@ class QueueChecker:
             "dead_letters": model.dead_letters,
             "late_acks": model.late_acks,
             "purged": len(model.purged),
+            "events_purged": self.events_purged,
             "reused_keys": model.reused_keys,
             "fenced_calls": self.fenced_calls,
             "clock_went_back": self.clock_went_back,

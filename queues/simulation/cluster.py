@@ -41,9 +41,12 @@ class QueueCluster(Cluster):
     ) -> None:
         # The base constructor starts every node, which loads state through the hooks below.
         self.machines: dict[int, QueueMachine] = {}
-        # Seconds, not 7 days: tombstones are purged and their keys taken again within a run. Drawn
-        # from its own generator so that every other draw of a seed stays what it was.
-        self.queue_config = QueueConfig(retention_ms=random.Random(seed ^ 0x7E7E).randint(1_500, 6_000))
+        # Seconds, not 7 days: tombstones and events are purged and keys taken again within a run.
+        # Drawn from their own generator so that every other draw of a seed stays what it was.
+        retention = random.Random(seed ^ 0x7E7E)
+        self.queue_config = QueueConfig(
+            retention_ms=retention.randint(1_500, 6_000), event_retention_ms=retention.randint(2_000, 8_000)
+        )
         self.images: dict[int, tuple[int, bytes]] = {}
         self._empty_image = _fresh_image()
         self._waiting: dict[int, dict[int, tuple[int, Reply]]] = {}  # node -> index -> (term, reply)

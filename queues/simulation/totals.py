@@ -7,7 +7,7 @@ from typing import Any
 
 _SUMMED = ("faults", "acked", "acked_enqueues", "lost", "unexpected", "duplicate_deliveries", "duplicate_effects",
            "recovered", "dead_letters", "late_acks", "fenced_calls", "clock_went_back", "machine_ts_behind_log_time",
-           "purged", "reused_keys", "sim_ms")
+           "purged", "events_purged", "reused_keys", "sim_ms")
 
 
 @dataclass(slots=True)
@@ -30,6 +30,7 @@ class Totals:
             f"{s['duplicate_effects']} duplicate effects, {self.seeds} simulation seeds ({hours:.2f} simulated hours); "
             f"{s['recovered']} recovered enqueues, {s['dead_letters']} dead letters, {s['late_acks']} late acks, "
             f"{s['fenced_calls']} fenced calls, stamped clock went back {s['clock_went_back']} times "
-            f"(machine log time {s['machine_ts_behind_log_time']} times); {s['purged']} tombstones purged, "
+            f"(machine log time {s['machine_ts_behind_log_time']} times); {s['purged']} tombstones and "
+            f"{s['events_purged']} events purged, "
             f"{s['reused_keys']} keys taken again after their retention"
         )

@@ -26,6 +26,7 @@ from queues.machine import QueueConfig, QueueMachine, content_hash
 from queues.model import (
     BUILTIN_KINDS,
     ERROR_CLASS_LEASE_EXPIRED,
+    EVENTS_PURGE_MAX,
     Ack,
     AckMany,
     BatchResult,
@@ -35,6 +36,7 @@ from queues.model import (
     Enqueue,
     EnqueueResult,
     ErrorResult,
+    Event,
     EventType,
     ExpireLeases,
     ExtendLease,
@@ -57,6 +59,8 @@ from queues.model import (
 from raft_store.state_machine import Command
 
 RETENTION_MS = 120_000
+EVENT_RETENTION_MS = 30_001
+"""1 ms more than one 30 s time step: a purge even 1 ms early deletes events that must stay."""
 START_MS = 1_700_000_000_000
 KINDS = (*BUILTIN_KINDS, "refund")  # "refund" is unknown until a SetPolicy registers it
 KEYS = ("k1", "k2", "k3", "k4", "k5", "k6")
@@ -366,7 +370,8 @@ class QueueComparison(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
-        self.config = QueueConfig(retention_ms=RETENTION_MS)
+        self.config = QueueConfig(retention_ms=RETENTION_MS, event_retention_ms=EVENT_RETENTION_MS)
+        self.events_seen: dict[int, Event] = {}  # every event ever kept, by seq: purges delete them
         self.machine = QueueMachine(":memory:", self.config)
         self.model = RefQueue()
         self.index = 0
@@ -645,9 +650,21 @@ class QueueComparison(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 4))
     def purge(self, limit: int) -> None:
+        conn = self.machine.connection
+        kept = queries.events_after(conn, 0, limit=10_000)
         result = self.apply(Purge(limit=limit))
         assert isinstance(result, BatchResult)
         assert list(result.ids) == self.model.purge(limit)
+        first = queries.first_event_seq(conn)
+        removed = [e for e in kept if e.seq < first]
+        assert result.events_purged == len(removed)
+        assert all(e.seq >= first for e in queries.events_after(conn, 0, limit=10_000))
+        cutoff = self.model.now_ms - EVENT_RETENTION_MS
+        assert all(e.ts_ms <= cutoff for e in removed), "an event was purged before its retention ended"
+        still_old = [e for e in kept if e.seq >= first and e.ts_ms <= cutoff]
+        assert not still_old or len(removed) == EVENTS_PURGE_MAX, "an event past its retention was kept"
+        if removed:
+            event("purged events")
 
     @rule(data=st.binary(max_size=40))
     def garbage_is_an_error_result(self, data: bytes) -> None:
@@ -701,7 +718,13 @@ class QueueComparison(RuleBasedStateMachine):
 
     @invariant()
     def events_are_dense_and_acked_once(self) -> None:
-        events = queries.events_after(self.machine.connection, 0, limit=10_000)
+        conn = self.machine.connection
+        kept = queries.events_after(conn, 0, limit=10_000)
+        first = queries.first_event_seq(conn)
+        assert [e.seq for e in kept] == list(range(first, first + len(kept))), "kept events are not a dense suffix"
+        for e in kept:
+            assert self.events_seen.setdefault(e.seq, e) == e, f"event {e.seq} changed"
+        events = [self.events_seen[seq] for seq in sorted(self.events_seen)]
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         assert all(a.log_index <= b.log_index for a, b in itertools.pairwise(events))
         succeeded = [e.message_id for e in events if e.type is EventType.SUCCEEDED]

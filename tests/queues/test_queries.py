@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+
+import pytest
 
 from delay.policy import DAY_MS, RetryPolicy
 from queues import codec, queries
-from queues.machine import QueueMachine
+from queues.client import EventsPurged, QueueClient
+from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
+    EVENTS_PURGE_MAX,
     Ack,
     BatchResult,
     Code,
@@ -27,14 +32,15 @@ from queues.model import (
     SetPolicy,
     State,
 )
+from queues.replicated import ReplicatedQueueMachine
 from raft_store.state_machine import Command
 
 T0 = 1_700_000_000_000
 
 
 class Node:
-    def __init__(self, path: str = ":memory:") -> None:
-        self.machine = QueueMachine(path)
+    def __init__(self, path: str = ":memory:", config: QueueConfig | None = None) -> None:
+        self.machine: QueueMachine = QueueMachine(path, config)
         self.index = 0
         self.now_ms = T0
 
@@ -241,6 +247,43 @@ def test_events_after_a_sequence_number() -> None:
     assert [e.seq for e in queries.events_after(node.machine.connection, 4)] == [5, 6]
 
 
+def test_events_past_their_retention_are_purged_oldest_first_and_the_gap_shows() -> None:
+    node = Node(config=QueueConfig(event_retention_ms=60_000))
+    conn = node.machine.connection
+    node.apply_many([Enqueue(kind="transfer", idempotency_key=f"a{i}", ref_key="r", payload=b"") for i in range(3)])
+    node.now_ms += 30_000
+    node.enqueue("b")
+    assert queries.first_event_seq(conn) == 1
+    node.now_ms += 29_999
+    assert node.apply(Purge()) == BatchResult(code=Code.OK)  # 1 ms short of their retention: kept
+    node.now_ms += 1  # the first three are exactly at their retention: purged
+    assert node.apply(Purge()) == BatchResult(code=Code.OK, events_purged=3)
+    assert queries.first_event_seq(conn) == 4
+    assert [e.seq for e in queries.events_after(conn, 0)] == [4]
+    assert node.apply(Purge()) == BatchResult(code=Code.OK)  # b is 30 s old: kept
+    node.now_ms += 30_000
+    assert node.apply(Purge()).events_purged == 1  # type: ignore[union-attr]
+    assert queries.events_after(conn, 0) == []
+    assert queries.first_event_seq(conn) == 5  # none kept: the next one to be written
+
+
+def test_event_purge_is_bounded_per_command_and_reads_no_more_than_it_deletes() -> None:
+    node = Node(config=QueueConfig(event_retention_ms=1_000))
+    count = EVENTS_PURGE_MAX + 5
+    for start in range(0, count, 1000):
+        node.apply_many([
+            Enqueue(kind="transfer", idempotency_key=f"k{i}", ref_key="r", payload=b"")
+            for i in range(start, min(count, start + 1000))
+        ])  # fmt: skip
+    node.now_ms += 1_000
+    assert node.apply(Purge()).events_purged == EVENTS_PURGE_MAX  # type: ignore[union-attr]
+    assert node.apply(Purge()).events_purged == 5  # type: ignore[union-attr]
+    plan = " ".join(
+        str(row) for row in node.machine.connection.execute("EXPLAIN QUERY PLAN SELECT seq, ts_ms FROM events ORDER BY seq LIMIT 5")
+    )
+    assert "TEMP B-TREE" not in plan and "SCAN events" in plan, plan  # rowid order: reads only the prefix
+
+
 def test_snapshot_of_a_file_store_restores_into_a_fresh_node(tmp_path: Path) -> None:
     node = Node(str(tmp_path / "a.db"))
     for i in range(20):
@@ -253,3 +296,34 @@ def test_snapshot_of_a_file_store_restores_into_a_fresh_node(tmp_path: Path) -> 
     other.index = index
     other.now_ms += 10_000
     assert [g.token for g in other.lease(2).grants] == [2, 3]  # the token counter survived (1 was granted)
+
+
+class _LocalReads:
+    """A replica's query server reached in process: the client's read path without a network."""
+
+    def __init__(self, machine: ReplicatedQueueMachine) -> None:
+        self.machine = machine
+
+    async def read(self, data: bytes, *, linearizable: bool) -> tuple[bytes, int]:
+        return self.machine.query(data), self.machine.applied_index()
+
+
+def test_a_reader_behind_the_event_retention_is_told_not_skipped() -> None:
+    clock = [T0]
+    machine = ReplicatedQueueMachine(":memory:", QueueConfig(event_retention_ms=60_000), clock_ms=lambda: clock[0])
+    node = Node()
+    node.machine.close()
+    node.machine = machine
+    node.apply_many([Enqueue(kind="transfer", idempotency_key=f"a{i}", ref_key="r", payload=b"") for i in range(3)])
+    node.now_ms += 60_000
+    node.enqueue("b")
+    assert node.apply(Purge()).events_purged == 3  # type: ignore[union-attr]
+    client = QueueClient(_LocalReads(machine))  # type: ignore[arg-type]
+
+    with pytest.raises(EventsPurged) as gap:
+        asyncio.run(client.events_after(0))
+    assert (gap.value.after, gap.value.first_seq) == (0, 4)
+    with pytest.raises(EventsPurged):
+        asyncio.run(client.events_after(2))
+    assert [e.seq for e in asyncio.run(client.events_after(3)).value] == [4]  # no gap after 3
+    assert asyncio.run(client.events_after(4)).value == ()
