@@ -60,7 +60,9 @@ from queues.model import (
     QueueResult,
     Redrive,
     ResumeKind,
+    RetentionResult,
     SetPolicy,
+    SetRetention,
 )
 from raft_store.client import RaftClient
 
@@ -240,6 +242,14 @@ class QueueClient:
 
     async def set_policy(self, kind: str, policy: RetryPolicy) -> KindResult:
         return _expect(await self.submit(SetPolicy(kind=kind, policy=policy)), KindResult)
+
+    async def set_retention(
+        self, *, actor: str, reason: str, retention_ms: int | None = None, event_retention_ms: int | None = None
+    ) -> RetentionResult:
+        command = SetRetention(
+            actor=actor, reason=reason, retention_ms=retention_ms, event_retention_ms=event_retention_ms
+        )
+        return _expect(await self.submit(command), RetentionResult)
 
     async def expire_leases(self, limit: int = 1000) -> BatchResult:
         return _expect(await self.submit(ExpireLeases(limit=limit)), BatchResult)

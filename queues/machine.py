@@ -69,7 +69,9 @@ from queues.model import (
     QueueResult,
     Redrive,
     ResumeKind,
+    RetentionResult,
     SetPolicy,
+    SetRetention,
     State,
     state_of,
 )
@@ -95,6 +97,9 @@ class QueueConfig:
     """Events stay this long for projections to read, then Purge deletes them, oldest first.
     A reader that falls further behind is told so (`EventsAnswer.first_seq`), never silently
     skipped ahead: the Kafka contract, without which the table grows by every state change."""
+    retention_floor_ms: int = DAY_MS
+    """The shortest retention SetRetention accepts (the config's own values may be shorter, as the
+    simulation's seconds are)."""
     expire_per_lease_max: int = 1024
     default_policy: RetryPolicy = DEFAULT_POLICY
     """The policy of the built-in kinds until a SetPolicy replaces it."""
@@ -104,6 +109,8 @@ class QueueConfig:
             raise ValueError("retention_ms must be in (0, DELAY_MAX_MS]")
         if not 0 < self.event_retention_ms <= DELAY_MAX_MS:
             raise ValueError("event_retention_ms must be in (0, DELAY_MAX_MS]")
+        if not 0 < self.retention_floor_ms <= DELAY_MAX_MS:
+            raise ValueError("retention_floor_ms must be in (0, DELAY_MAX_MS]")
         if not 1 <= self.expire_per_lease_max <= due_index.SCAN_LIMIT_MAX:
             raise ValueError(f"expire_per_lease_max must be in [1, {due_index.SCAN_LIMIT_MAX}]")
         self.default_policy.validate()
@@ -136,6 +143,8 @@ _SCHEMA: Final = (
         seq INTEGER PRIMARY KEY, log_index INTEGER NOT NULL, ts_ms INTEGER NOT NULL,
         type TEXT NOT NULL, message_id INTEGER NOT NULL, kind TEXT NOT NULL, data BLOB NOT NULL)""",
     "CREATE TABLE IF NOT EXISTS kinds (kind TEXT PRIMARY KEY, policy BLOB NOT NULL) WITHOUT ROWID",
+    # Values set at runtime by replicated commands (SetRetention), over the QueueConfig defaults.
+    "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
     # Messages per (kind, stored phase), kept in step by every transition (flushed once per entry):
     # counts() on a store of ten million messages is O(kinds), not a scan of ten million rows.
     """CREATE TABLE IF NOT EXISTS phase_counts (
@@ -300,6 +309,7 @@ class QueueMachine(SqliteStateMachine):
         self.config.validate()
         self._kinds: dict[str, RetryPolicy] | None = None
         self._paused: frozenset[str] | None = None
+        self._retention: tuple[int, int] | None = None
         self._batch: _Batch | None = None
         self._decoded: dict[int, tuple[bytes, QueueCommand | ErrorResult]] = {}
         self._last_lease: LeaseResult | None = None
@@ -444,9 +454,13 @@ class QueueMachine(SqliteStateMachine):
     def _forget_caches(self) -> None:
         self.forget_kinds()
         self.forget_pauses()
+        self.forget_retention()
 
     def forget_kinds(self) -> None:
         self._kinds = None
+
+    def forget_retention(self) -> None:
+        self._retention = None
 
     def forget_pauses(self) -> None:
         self._paused = None
@@ -475,6 +489,16 @@ class QueueMachine(SqliteStateMachine):
                 for kind, blob in conn.execute("SELECT kind, policy FROM kinds ORDER BY kind")
             }
         return self._kinds
+
+    def retention(self, conn: sqlite3.Connection) -> tuple[int, int]:
+        """(tombstone retention, event retention) in force: SetRetention's values, else the config's."""
+        if self._retention is None:
+            stored = dict(conn.execute("SELECT name, value FROM settings").fetchall())
+            self._retention = (
+                int(stored.get("retention_ms", self.config.retention_ms)),
+                int(stored.get("event_retention_ms", self.config.event_retention_ms)),
+            )
+        return self._retention
 
     def paused(self, conn: sqlite3.Connection) -> frozenset[str]:
         if self._paused is None:
@@ -574,6 +598,8 @@ class _Apply:
                 return self.set_policy(command)
             case Purge():
                 return self.purge(command)
+            case SetRetention():
+                return self.set_retention(command)
 
     # ---- shared helpers ---------------------------------------------------------------------
     def emit(self, type_: EventType, message_id: int, kind: str, data: dict[str, EventValue]) -> None:
@@ -979,7 +1005,7 @@ class _Apply:
         assert row is not None
         late = row.phase is not Phase.LEASED
         self.batch.move(row.kind, row.phase, Phase.DONE)
-        acks.messages.append((self.now_ms, self.now_ms + self.config.retention_ms, row.id))
+        acks.messages.append((self.now_ms, self.now_ms + self.machine.retention(self.conn)[0], row.id))
         acks.attempts.append((self.now_ms, "succeeded_late" if late else "succeeded", row.id, row.attempts))
         self.emit(
             EventType.SUCCEEDED,
@@ -1061,7 +1087,7 @@ class _Apply:
         self.conn.execute(
             "UPDATE messages SET phase = ?, token_open = 0, terminal_ms = ?, purge_ms = ?, dead_ms = NULL"
             " WHERE id = ?",
-            (Phase.DISCARDED, self.now_ms, self.now_ms + self.config.retention_ms, row.id),
+            (Phase.DISCARDED, self.now_ms, self.now_ms + self.machine.retention(self.conn)[0], row.id),
         )
         self.emit(
             EventType.DISCARDED,
@@ -1122,6 +1148,29 @@ class _Apply:
         )
         return KindResult(code=Code.OK, kind=command.kind, holders=self.holders(command.kind))
 
+    def set_retention(self, command: SetRetention) -> QueueResult:
+        floor = self.config.retention_floor_ms
+        wanted = {"retention_ms": command.retention_ms, "event_retention_ms": command.event_retention_ms}
+        given = {name: value for name, value in wanted.items() if value is not None}
+        if not given:
+            return ErrorResult(code=Code.INVALID, detail="set retention_ms, event_retention_ms or both")
+        short = [name for name, value in given.items() if value < floor]
+        if short:
+            return ErrorResult(code=Code.INVALID, detail=f"{', '.join(short)} under the floor of {floor} ms")
+        before = self.machine.retention(self.conn)
+        self.conn.executemany(
+            "INSERT INTO settings (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            sorted(given.items()),
+        )
+        self.machine.forget_retention()
+        after = self.machine.retention(self.conn)
+        self.emit(
+            EventType.RETENTION_SET, 0, "",
+            {"actor": command.actor, "reason": command.reason, "retention_ms": after[0],
+             "event_retention_ms": after[1], "retention_ms_before": before[0], "event_retention_ms_before": before[1]},
+        )  # fmt: skip
+        return RetentionResult(code=Code.OK, retention_ms=after[0], event_retention_ms=after[1])
+
     def purge(self, command: Purge) -> QueueResult:
         rows = self.conn.execute(
             "SELECT id, kind, idempotency_key, phase FROM messages INDEXED BY messages_purge"
@@ -1142,7 +1191,7 @@ class _Apply:
         """Delete the oldest events past their retention, at most EVENTS_PURGE_MAX: a prefix of the
         log, so a reader's gap is always at its start. O(EVENTS_PURGE_MAX): the stamped clock never
         goes backwards, so the events past their retention are the first ones by seq."""
-        cutoff = self.now_ms - self.machine.config.event_retention_ms
+        cutoff = self.now_ms - self.machine.retention(self.conn)[1]
         last = None
         for seq, ts_ms in self.conn.execute("SELECT seq, ts_ms FROM events ORDER BY seq LIMIT ?", (EVENTS_PURGE_MAX,)):
             if ts_ms > cutoff:

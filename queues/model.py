@@ -228,9 +228,25 @@ class Purge(_Command, frozen=True, tag="purge"):
     limit: BatchLimit = BATCH_IDS_MAX
 
 
+RetentionMs = Annotated[int, msgspec.Meta(ge=1, le=DELAY_MAX_MS)]
+
+
+class SetRetention(_Command, frozen=True, tag="set_retention"):
+    """Change how long tombstones (the dedup window) and events are kept, at runtime, on every
+    replica alike (a value in a config file could differ between replicas and split their states).
+    A new tombstone retention applies to messages that end after it; a new event retention to the
+    next Purge. Values under `QueueConfig.retention_floor_ms` are refused: a dedup window of
+    minutes is one of the complaints this queue exists to answer."""
+
+    actor: Name
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=TEXT_LENGTH_MAX)]
+    retention_ms: RetentionMs | None = None
+    event_retention_ms: RetentionMs | None = None
+
+
 QueueCommand = (
     Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | ExpireLeases | Redrive | Discard | PauseKind
-    | ResumeKind | SetPolicy | Purge
+    | ResumeKind | SetPolicy | Purge | SetRetention
 )  # fmt: skip
 
 
@@ -298,13 +314,22 @@ class KindResult(_Result, frozen=True, tag="kind"):
     holders: tuple[str, ...] = ()
 
 
+class RetentionResult(_Result, frozen=True, tag="retention"):
+    """Set retention: the values in force after the command."""
+
+    retention_ms: int = 0
+    event_retention_ms: int = 0
+
+
 class ErrorResult(_Result, frozen=True, tag="error"):
     """The command's bytes did not decode, or its values contradict each other."""
 
     detail: str = ""
 
 
-QueueResult = EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | ErrorResult
+QueueResult = (
+    EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | ErrorResult
+)
 
 
 # ---- events ---------------------------------------------------------------------------------
@@ -322,6 +347,7 @@ class EventType(enum.Enum):
     PAUSED = "paused"
     RESUMED = "resumed"
     POLICY_SET = "policy_set"
+    RETENTION_SET = "retention_set"
 
 
 EventValue = str | int | bool | None

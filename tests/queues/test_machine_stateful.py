@@ -53,13 +53,16 @@ from queues.model import (
     QueueResult,
     Redrive,
     ResumeKind,
+    RetentionResult,
     SetPolicy,
+    SetRetention,
     State,
 )
 from raft_store.state_machine import Command
 
 RETENTION_MS = 120_000
 EVENT_RETENTION_MS = 30_001
+RETENTION_FLOOR_MS = 30_000
 """1 ms more than one 30 s time step: a purge even 1 ms early deletes events that must stay."""
 START_MS = 1_700_000_000_000
 KINDS = (*BUILTIN_KINDS, "refund")  # "refund" is unknown until a SetPolicy registers it
@@ -142,6 +145,8 @@ class RefQueue:
     next_token: int = 1
     rr_offset: int = 0
     purged: set[int] = field(default_factory=set)
+    retention_ms: int = RETENTION_MS
+    event_retention_ms: int = EVENT_RETENTION_MS
 
     def enqueue(self, c: Enqueue) -> tuple[object, ...]:
         if c.kind not in self.policies:
@@ -275,7 +280,7 @@ class RefQueue:
         if refused is not None:
             return refused
         assert m is not None
-        m.phase, m.token_open, m.deadline_ms, m.purge_ms = "done", False, None, self.now_ms + RETENTION_MS
+        m.phase, m.token_open, m.deadline_ms, m.purge_ms = "done", False, None, self.now_ms + self.retention_ms
         return Code.OK
 
     def fail(self, c: Fail) -> Code:
@@ -333,7 +338,7 @@ class RefQueue:
         state = m.state(self.now_ms)
         if state not in (State.DELAYED, State.READY, State.DEAD):
             return Code.ILLEGAL_STATE, state
-        m.phase, m.token_open, m.purge_ms, m.dead_ms = "discarded", False, self.now_ms + RETENTION_MS, None
+        m.phase, m.token_open, m.purge_ms, m.dead_ms = "discarded", False, self.now_ms + self.retention_ms, None
         return Code.OK, State.DISCARDED
 
     def purge(self, limit: int) -> list[int]:
@@ -370,7 +375,9 @@ class QueueComparison(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
-        self.config = QueueConfig(retention_ms=RETENTION_MS, event_retention_ms=EVENT_RETENTION_MS)
+        self.config = QueueConfig(
+            retention_ms=RETENTION_MS, event_retention_ms=EVENT_RETENTION_MS, retention_floor_ms=RETENTION_FLOOR_MS
+        )
         self.events_seen: dict[int, Event] = {}  # every event ever kept, by seq: purges delete them
         self.machine = QueueMachine(":memory:", self.config)
         self.model = RefQueue()
@@ -648,6 +655,28 @@ class QueueComparison(RuleBasedStateMachine):
         assert isinstance(result, KindResult) and result.code is Code.OK
         self.model.policies[kind] = policy
 
+    @rule(
+        retention_ms=st.sampled_from((None, 29_999, 30_000, 60_000, RETENTION_MS)),
+        event_retention_ms=st.sampled_from((None, 29_999, 60_001, EVENT_RETENTION_MS)),
+    )
+    def set_retention(self, retention_ms: int | None, event_retention_ms: int | None) -> None:
+        settings = "SELECT name, value FROM settings ORDER BY name"
+        before = dump(self.machine, self.model.now_ms)[:5], self.machine.connection.execute(settings).fetchall()
+        result = self.apply(
+            SetRetention(actor="ops", reason="test", retention_ms=retention_ms, event_retention_ms=event_retention_ms)
+        )
+        given = [v for v in (retention_ms, event_retention_ms) if v is not None]
+        if not given or min(given) < RETENTION_FLOOR_MS:
+            assert isinstance(result, ErrorResult) and result.code is Code.INVALID
+            after = dump(self.machine, self.model.now_ms)[:5], self.machine.connection.execute(settings).fetchall()
+            assert after == before  # refused: nothing changed (but the applied index)
+            return
+        self.model.retention_ms = retention_ms or self.model.retention_ms
+        self.model.event_retention_ms = event_retention_ms or self.model.event_retention_ms
+        assert result == RetentionResult(
+            code=Code.OK, retention_ms=self.model.retention_ms, event_retention_ms=self.model.event_retention_ms
+        )
+
     @rule(limit=st.integers(1, 4))
     def purge(self, limit: int) -> None:
         conn = self.machine.connection
@@ -659,7 +688,7 @@ class QueueComparison(RuleBasedStateMachine):
         removed = [e for e in kept if e.seq < first]
         assert result.events_purged == len(removed)
         assert all(e.seq >= first for e in queries.events_after(conn, 0, limit=10_000))
-        cutoff = self.model.now_ms - EVENT_RETENTION_MS
+        cutoff = self.model.now_ms - self.model.event_retention_ms
         assert all(e.ts_ms <= cutoff for e in removed), "an event was purged before its retention ended"
         still_old = [e for e in kept if e.seq >= first and e.ts_ms <= cutoff]
         assert not still_old or len(removed) == EVENTS_PURGE_MAX, "an event past its retention was kept"

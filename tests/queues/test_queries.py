@@ -29,7 +29,9 @@ from queues.model import (
     QueueResult,
     Redrive,
     ResumeKind,
+    RetentionResult,
     SetPolicy,
+    SetRetention,
     State,
 )
 from queues.replicated import ReplicatedQueueMachine
@@ -282,6 +284,44 @@ def test_event_purge_is_bounded_per_command_and_reads_no_more_than_it_deletes() 
         str(row) for row in node.machine.connection.execute("EXPLAIN QUERY PLAN SELECT seq, ts_ms FROM events ORDER BY seq LIMIT 5")
     )
     assert "TEMP B-TREE" not in plan and "SCAN events" in plan, plan  # rowid order: reads only the prefix
+
+
+def test_retention_is_set_at_runtime_on_every_replica_alike_and_audited(tmp_path: Path) -> None:
+    node = Node(str(tmp_path / "a.db"))
+    conn = node.machine.connection
+    assert node.apply(SetRetention(actor="ops", reason="r")).code is Code.INVALID  # nothing to set
+    short = node.apply(SetRetention(actor="ops", reason="r", retention_ms=DAY_MS - 1))
+    assert short.code is Code.INVALID and "floor" in short.detail  # type: ignore[union-attr]
+    assert conn.execute("SELECT count(*) FROM settings").fetchone() == (0,)
+    early = node.enqueue("early")
+    (grant,) = node.lease().grants
+    node.apply(Ack(message_id=early, token=grant.token))  # a tombstone under the 7 days in force
+    changed = node.apply(SetRetention(actor="ops", reason="disk", retention_ms=2 * DAY_MS, event_retention_ms=DAY_MS))
+    assert changed == RetentionResult(code=Code.OK, retention_ms=2 * DAY_MS, event_retention_ms=DAY_MS)
+    (audit,) = [e for e in queries.events_after(conn, 0) if e.type is EventType.RETENTION_SET]
+    assert audit.data == {
+        "actor": "ops", "reason": "disk", "retention_ms": 2 * DAY_MS, "event_retention_ms": DAY_MS,
+        "retention_ms_before": 7 * DAY_MS, "event_retention_ms_before": 7 * DAY_MS,
+    }  # fmt: skip
+    late = node.enqueue("late")
+    (grant,) = node.lease().grants
+    node.apply(Ack(message_id=late, token=grant.token))  # a tombstone under the new 2 days
+
+    index = node.machine.write_snapshot(tmp_path / "snap.db")  # the setting travels with the state
+    node = Node(str(tmp_path / "b.db"))
+    node.machine.restore_snapshot(tmp_path / "snap.db", index)
+    node.index = index
+    conn = node.machine.connection
+    node.now_ms += DAY_MS  # events are a day old: past the new event retention
+    purged = node.apply(Purge())
+    assert isinstance(purged, BatchResult) and purged.ids == () and purged.events_purged > 0
+    node.now_ms += DAY_MS  # 2 days: the late tombstone goes, the early one keeps its 7 days
+    assert node.apply(Purge()).ids == (late,)  # type: ignore[union-attr]
+    assert node.apply(SetRetention(actor="ops", reason="more", event_retention_ms=3 * DAY_MS)) == RetentionResult(
+        code=Code.OK, retention_ms=2 * DAY_MS, event_retention_ms=3 * DAY_MS
+    )  # one value changed, the other kept
+    node.now_ms += 5 * DAY_MS
+    assert node.apply(Purge()).ids == (early,)  # type: ignore[union-attr]
 
 
 def test_snapshot_of_a_file_store_restores_into_a_fresh_node(tmp_path: Path) -> None:

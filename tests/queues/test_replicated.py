@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from delay.policy import RetryPolicy
+from delay.policy import DAY_MS, RetryPolicy
 from queues import query_codec as qc
 from queues.client import QueueClient, QueueError
 from queues.lateness import LatenessReport
@@ -126,6 +126,14 @@ async def test_lifecycle_queries_and_follower_reads(cluster: ProcessCluster) -> 
         events = (await queue.events_after(0)).value
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         assert sum(e.type is EventType.ENQUEUED for e in events) == 3
+
+        # retention set at runtime through the log (a refused value changes nothing)
+        with pytest.raises(QueueError):
+            await queue.set_retention(actor="ops", reason="typo", retention_ms=60_000)
+        kept = await queue.set_retention(actor="ops", reason="audit asks 30 days", retention_ms=30 * DAY_MS)
+        assert (kept.retention_ms, kept.event_retention_ms) == (30 * DAY_MS, 7 * DAY_MS)
+        (audit,) = [e for e in (await queue.events_after(0)).value if e.type is EventType.RETENTION_SET]
+        assert audit.data["actor"] == "ops" and audit.data["retention_ms_before"] == 7 * DAY_MS
 
         # follower reads: answer with the applied index they reflect, equal once converged
         applied = await _converged(cluster, raft)
