@@ -308,6 +308,10 @@ class QueueClient:
         read = await self._ask(qc.OldestDueAge(), qc.OldestDueAnswer, stale_ok)
         return Read(dict(read.value.ages_ms), read.applied_index, read.now_ms)
 
+    async def retention(self, *, stale_ok: bool = False) -> Read[qc.RetentionAnswer]:
+        """The tombstone and event retentions in force, and the floor SetRetention enforces."""
+        return await self._ask(qc.Retention(), qc.RetentionAnswer, stale_ok)
+
     async def events_after(self, seq: int, *, limit: int = 1000, stale_ok: bool = False) -> Read[tuple[Event, ...]]:
         """The events after `seq`, in order. Raises EventsPurged when some of them are gone."""
         read = await self._ask(qc.EventsAfter(seq=seq, limit=limit), qc.EventsAnswer, stale_ok)

@@ -75,7 +75,7 @@ from queues.model import (
     State,
     state_of,
 )
-from queues.queries import dead_letter_ids
+from queues.queries import dead_letter_ids, retention_in_force
 from raft_store.sqlite_machine import SqliteStateMachine
 from raft_store.state_machine import Command
 
@@ -493,10 +493,9 @@ class QueueMachine(SqliteStateMachine):
     def retention(self, conn: sqlite3.Connection) -> tuple[int, int]:
         """(tombstone retention, event retention) in force: SetRetention's values, else the config's."""
         if self._retention is None:
-            stored = dict(conn.execute("SELECT name, value FROM settings").fetchall())
-            self._retention = (
-                int(stored.get("retention_ms", self.config.retention_ms)),
-                int(stored.get("event_retention_ms", self.config.event_retention_ms)),
+            config = self.config
+            self._retention = retention_in_force(
+                conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms
             )
         return self._retention
 

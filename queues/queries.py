@@ -249,6 +249,15 @@ def oldest_due_age_ms(conn: sqlite3.Connection, *, now_ms: int) -> dict[str, int
     return ages
 
 
+def retention_in_force(conn: sqlite3.Connection, *, retention_ms: int, event_retention_ms: int) -> tuple[int, int]:
+    """(tombstone retention, event retention) in force: SetRetention's values, else the defaults given."""
+    stored = dict(conn.execute("SELECT name, value FROM settings").fetchall())
+    return (
+        int(stored.get("retention_ms", retention_ms)),
+        int(stored.get("event_retention_ms", event_retention_ms)),
+    )
+
+
 def first_event_seq(conn: sqlite3.Connection) -> int:
     """The oldest event still kept, or the next to be written when none is: a reader whose last
     seq is below this minus one has missed events that Purge deleted past their retention."""

@@ -73,7 +73,13 @@ class EventsAfter(_Query, frozen=True, tag="events"):
     limit: Annotated[int, msgspec.Meta(ge=1, le=EVENTS_LIMIT_MAX)] = 1000
 
 
-QueueQuery = GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter
+class Retention(_Query, frozen=True, tag="retention"):
+    """The tombstone and event retentions in force (SetRetention's, else the config's)."""
+
+
+QueueQuery = (
+    GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | Retention
+)
 
 
 # ---- answers --------------------------------------------------------------------------------
@@ -113,6 +119,13 @@ class OldestDueAnswer(_Answer, frozen=True, tag="oldest_due"):
     ages_ms: dict[str, int] = {}
 
 
+class RetentionAnswer(_Answer, frozen=True, tag="retention"):
+    retention_ms: int = 0
+    event_retention_ms: int = 0
+    floor_ms: int = 0
+    """The shortest value SetRetention accepts."""
+
+
 class EventsAnswer(_Answer, frozen=True, tag="events"):
     events: tuple[Event, ...] = ()
     first_seq: int = 1
@@ -124,7 +137,9 @@ class QueryError(_Answer, frozen=True, tag="error"):
     detail: str = ""
 
 
-QueryAnswer = MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | QueryError
+QueryAnswer = (
+    MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | RetentionAnswer | QueryError
+)
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _query_decoder: Final = msgspec.msgpack.Decoder(QueueQuery)

@@ -49,7 +49,7 @@ class ReplicatedQueueMachine(QueueMachine):
             return qc.encode_answer(decoded)
         now_ms = decoded.now_ms if decoded.now_ms is not None else self._clock_ms()
         try:
-            answer = answer_query(self.connection, decoded, now_ms)
+            answer = answer_query(self.connection, decoded, now_ms, self.config)
         except Exception as error:  # the node's event loop must never see a raise from a query
             answer = qc.QueryError(code=qc.QueryErrorCode.FAILED, detail=str(error)[:200], now_ms=now_ms)
         return qc.encode_answer(answer)
@@ -67,8 +67,11 @@ def _by_keys(conn: sqlite3.Connection, query: qc.ByIdempotencyKeys, now_ms: int)
     return views
 
 
-def answer_query(conn: sqlite3.Connection, query: qc.QueueQuery, now_ms: int) -> qc.QueryAnswer:
-    """Pure over (tables, query, now_ms): the same answer on every replica at one applied index."""
+def answer_query(
+    conn: sqlite3.Connection, query: qc.QueueQuery, now_ms: int, config: QueueConfig | None = None
+) -> qc.QueryAnswer:
+    """Pure over (tables, query, now_ms, config): the same answer on every replica at one applied index."""
+    config = config or QueueConfig()
     match query:
         case qc.GetMessages():
             found = (
@@ -96,6 +99,13 @@ def answer_query(conn: sqlite3.Connection, query: qc.QueueQuery, now_ms: int) ->
             events = queries.events_after(conn, query.seq, limit=query.limit)
             first = queries.first_event_seq(conn)
             return qc.EventsAnswer(events=tuple(events), first_seq=first, now_ms=now_ms)
+        case qc.Retention():
+            kept, events_kept = queries.retention_in_force(
+                conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms
+            )
+            return qc.RetentionAnswer(
+                retention_ms=kept, event_retention_ms=events_kept, floor_ms=config.retention_floor_ms, now_ms=now_ms
+            )
 
 
 def machine_factory(data_dir: Path) -> ReplicatedQueueMachine:

@@ -367,3 +367,7 @@ def test_a_reader_behind_the_event_retention_is_told_not_skipped() -> None:
         asyncio.run(client.events_after(2))
     assert [e.seq for e in asyncio.run(client.events_after(3)).value] == [4]  # no gap after 3
     assert asyncio.run(client.events_after(4)).value == ()
+    in_force = asyncio.run(client.retention()).value
+    assert (in_force.retention_ms, in_force.event_retention_ms, in_force.floor_ms) == (7 * DAY_MS, 60_000, DAY_MS)
+    node.apply(SetRetention(actor="ops", reason="r", event_retention_ms=2 * DAY_MS))
+    assert asyncio.run(client.retention()).value.event_retention_ms == 2 * DAY_MS

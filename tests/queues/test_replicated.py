@@ -134,6 +134,8 @@ async def test_lifecycle_queries_and_follower_reads(cluster: ProcessCluster) -> 
         assert (kept.retention_ms, kept.event_retention_ms) == (30 * DAY_MS, 7 * DAY_MS)
         (audit,) = [e for e in (await queue.events_after(0)).value if e.type is EventType.RETENTION_SET]
         assert audit.data["actor"] == "ops" and audit.data["retention_ms_before"] == 7 * DAY_MS
+        in_force = (await queue.retention()).value
+        assert (in_force.retention_ms, in_force.event_retention_ms, in_force.floor_ms) == (30 * DAY_MS, 7 * DAY_MS, DAY_MS)
 
         # follower reads: answer with the applied index they reflect, equal once converged
         applied = await _converged(cluster, raft)
