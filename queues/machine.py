@@ -1162,7 +1162,7 @@ class _Apply:
             sorted(given.items()),
         )
         self.machine.forget_retention()
-        after = self.machine.retention(self.conn)
+        after = (given.get("retention_ms", before[0]), given.get("event_retention_ms", before[1]))
         self.emit(
             EventType.RETENTION_SET, 0, "",
             {"actor": command.actor, "reason": command.reason, "retention_ms": after[0],
