@@ -34,14 +34,18 @@ async def serve(cluster: ProcessCluster, stop: asyncio.Event) -> None:
     print(json.dumps({"event": "ready", "raft_nodes": addresses, "leader": leader,
                       "machine": cluster.machine, "data": str(cluster.root)}), flush=True)
     print(f"status:  .venv/bin/raft-store status --addresses {addresses}", flush=True)
-    driver = None
+    driver = auditor = None
     if cluster.machine.startswith("queues."):
         # Lease expiry and tombstone purge are commands someone must propose: run the driver.
+        # The replica audit compares the replicas' event logs and logs a divergence at ERROR.
+        from queues.audit import ReplicaAuditor, replica_clients
         from queues.client import QueueClient
         from queues.maintenance import MaintenanceDriver
 
         driver = MaintenanceDriver(QueueClient(client))
         driver.start()
+        auditor = ReplicaAuditor(replica_clients(cluster.addresses()))
+        auditor.start()
     while not stop.is_set():
         for node, proc in cluster.procs.items():
             if proc.poll() is not None:
@@ -51,6 +55,11 @@ async def serve(cluster: ProcessCluster, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), 1.0)
     if driver is not None:
         await driver.stop()
+    if auditor is not None:
+        from queues.audit import close_clients
+
+        await auditor.stop()
+        await close_clients(auditor.replicas)
     await client.close()
 
 

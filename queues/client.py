@@ -319,6 +319,13 @@ class QueueClient:
             raise EventsPurged(seq, read.value.first_seq)
         return Read(read.value.events, read.applied_index, read.now_ms)
 
+    async def events_digest(
+        self, after: int, limit: int = qc.EVENTS_LIMIT_MAX, *, stale_ok: bool = False
+    ) -> Read[qc.DigestAnswer]:
+        """The digest of the events in (after, after + limit] as the reading replica stores them,
+        with its first and last event seq (queues/audit.py compares these across replicas)."""
+        return await self._ask(qc.EventsDigest(after=after, limit=limit), qc.DigestAnswer, stale_ok)
+
 
 class EventsPurged(Exception):
     """Events after the reader's position were deleted past their retention: the reader must

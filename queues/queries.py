@@ -12,6 +12,7 @@ caller's `now_ms` (for "delayed" versus "ready"), never a clock read here.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from typing import Any, Final
 
@@ -265,6 +266,26 @@ def first_event_seq(conn: sqlite3.Connection) -> int:
     if row[0] is not None:
         return int(row[0])
     return int(conn.execute("SELECT next_event_seq FROM queue_meta WHERE id = 0").fetchone()[0])
+
+
+_digest_encoder: Final = msgspec.msgpack.Encoder()
+
+
+def events_digest(conn: sqlite3.Connection, after: int, through: int) -> tuple[int, bytes]:
+    """(count, 16-byte BLAKE2b) of the events with seq in (after, through], exactly as stored.
+
+    Every column is covered, the event data as its stored bytes, so two replicas agree on a
+    range only if they wrote the same events there."""
+    rows = conn.execute(
+        "SELECT seq, log_index, ts_ms, type, message_id, kind, data FROM events WHERE seq > ? AND seq <= ? ORDER BY seq",
+        (after, through),
+    ).fetchall()
+    return len(rows), hashlib.blake2b(_digest_encoder.encode(rows), digest_size=16).digest()
+
+
+def last_event_seq(conn: sqlite3.Connection) -> int:
+    """The newest event written (0 when none ever was), purged or not."""
+    return int(conn.execute("SELECT next_event_seq FROM queue_meta WHERE id = 0").fetchone()[0]) - 1
 
 
 def events_after(conn: sqlite3.Connection, seq: int, *, limit: int = 1000) -> list[Event]:

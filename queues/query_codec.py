@@ -73,12 +73,25 @@ class EventsAfter(_Query, frozen=True, tag="events"):
     limit: Annotated[int, msgspec.Meta(ge=1, le=EVENTS_LIMIT_MAX)] = 1000
 
 
+class EventsDigest(_Query, frozen=True, tag="events_digest"):
+    """A digest of the events with seq in (after, after + limit], as this replica stores them.
+
+    Events are the replicated record of every effect, identical on every replica once applied,
+    and never rewritten: comparing their digests across replicas (queues/audit.py) detects a
+    replica whose state diverged (a nondeterministic apply, mixed software versions, a corrupted
+    store) without stopping anything. `limit` 0 asks only for the bounds."""
+
+    after: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=0, le=EVENTS_LIMIT_MAX)] = EVENTS_LIMIT_MAX
+
+
 class Retention(_Query, frozen=True, tag="retention"):
     """The tombstone and event retentions in force (SetRetention's, else the config's)."""
 
 
 QueueQuery = (
-    GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | Retention
+    GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | EventsDigest
+    | Retention
 )
 
 
@@ -132,13 +145,26 @@ class EventsAnswer(_Answer, frozen=True, tag="events"):
     """The oldest event kept (see `queries.first_event_seq`): a gap after the asked seq shows here."""
 
 
+class DigestAnswer(_Answer, frozen=True, tag="events_digest"):
+    first_seq: int = 1
+    """The oldest event kept (older ones were purged past their retention)."""
+    last_seq: int = 0
+    """The newest event this replica has applied (0: none yet)."""
+    through: int = 0
+    """The last seq the digest covers: min(after + limit, last_seq), or `after` when that is less."""
+    count: int = 0
+    """Events the digest covers (through - after when none in the range was purged)."""
+    digest: bytes = b""
+
+
 class QueryError(_Answer, frozen=True, tag="error"):
     code: QueryErrorCode
     detail: str = ""
 
 
 QueryAnswer = (
-    MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | RetentionAnswer | QueryError
+    MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | DigestAnswer
+    | RetentionAnswer | QueryError
 )
 
 _encoder: Final = msgspec.msgpack.Encoder()

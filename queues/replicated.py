@@ -99,6 +99,14 @@ def answer_query(
             events = queries.events_after(conn, query.seq, limit=query.limit)
             first = queries.first_event_seq(conn)
             return qc.EventsAnswer(events=tuple(events), first_seq=first, now_ms=now_ms)
+        case qc.EventsDigest():
+            last = queries.last_event_seq(conn)
+            through = max(query.after, min(query.after + query.limit, last))
+            count, digest = queries.events_digest(conn, query.after, through)
+            return qc.DigestAnswer(
+                first_seq=queries.first_event_seq(conn), last_seq=last, through=through, count=count, digest=digest,
+                now_ms=now_ms,
+            )
         case qc.Retention():
             kept, events_kept = queries.retention_in_force(
                 conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms

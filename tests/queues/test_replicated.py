@@ -8,7 +8,11 @@ in process memory until fsync (`--volatile`), so a kill -9 loses exactly what wa
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import sqlite3
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -18,10 +22,12 @@ import pytest
 
 from delay.policy import DAY_MS, RetryPolicy
 from queues import query_codec as qc
+from queues.audit import ReplicaAuditor, close_clients, replica_clients
 from queues.client import QueueClient, QueueError
 from queues.lateness import LatenessReport
 from queues.maintenance import MaintenanceConfig, MaintenanceDriver
-from queues.model import Code, DeadLetterFilter, EventType, State
+from queues.model import Code, DeadLetterFilter, Enqueue, EventType, State
+from queues.replicated import DB_NAME
 from raft_store.client import ClientError, RaftClient
 from raft_store.testing.processes import ProcessCluster
 
@@ -305,4 +311,52 @@ async def test_stale_token_refused_across_leader_change(cluster: ProcessCluster)
         assert view is not None and view.state is State.DONE
         assert [a.outcome for a in view.history] == ["expired", "succeeded"]
     finally:
+        await raft.close()
+
+
+async def test_replica_audit_names_a_replica_whose_store_was_corrupted_while_it_was_down(cluster: ProcessCluster) -> None:
+    raft, queue = await _connect(cluster)
+    clients = replica_clients(cluster.addresses())
+    names = {node: f"{host}:{port}" for node, (host, port) in zip(cluster.ids, cluster.addresses(), strict=True)}
+    try:
+        for start in range(0, 300, 100):
+            await queue.enqueue_many([
+                Enqueue(kind="test", idempotency_key=f"a{i}", ref_key=f"r{i}", payload=b"x" * 100)
+                for i in range(start, start + 100)
+            ])  # fmt: skip
+        grants = (await queue.lease("w1", kinds=("test",), count_max=200, lease_ms=60_000)).grants
+        await queue.ack_many([(g.message_id, g.token) for g in grants])
+        await _converged(cluster, raft)
+        auditor = ReplicaAuditor(clients)
+        assert await auditor.audit_once() is None
+        assert auditor.stats.audited_through == auditor.stats.events_compared >= 300 + 200 + 200
+
+        # A flipped bit in a follower's store, written while it was down, is what nothing else sees:
+        # the node restarts, replays its log tail, answers reads and acks appends as before.
+        leader = await cluster.wait_leader(raft)
+        victim = next(node for node in cluster.ids if node != leader)
+        cluster.kill(victim, signal.SIGTERM)
+        store = sqlite3.connect(cluster.root / f"node{victim}" / DB_NAME)
+        with store:
+            changed = store.execute("UPDATE events SET message_id = message_id + 1 WHERE seq = 250").rowcount
+        store.close()
+        assert changed == 1
+        cluster.start(victim)
+        await queue.enqueue("test", idempotency_key="after", ref_key="r", payload=b"x")
+        await _converged(cluster, raft)
+
+        found = await ReplicaAuditor(clients).audit_once()
+        assert found is not None and found.seq == 250
+        assert found.differ == (names[victim],) and set(found.agree) == set(names.values()) - {names[victim]}
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "queues.audit", "--once", "--addresses", ",".join(names.values())],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 1, done.stderr
+        assert json.loads(done.stdout)["diverged"] is True
+        line = done.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"queues.audit: replica {names[victim]} diverged from ") and "at event seq 250" in line
+    finally:
+        await close_clients(clients)
         await raft.close()

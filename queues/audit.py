@@ -1,0 +1,280 @@
+"""The replica audit: finds a replica whose state has diverged from the others', while the set runs.
+
+    python -m queues.audit --addresses h1:p1,h2:p2,h3:p3 --once    # exit 0: agree, 1: diverged
+    python -m queues.audit --addresses h1:p1,h2:p2,h3:p3           # every 10 s, logs at ERROR
+
+Why: Raft makes every replica's *log* the same; their *states* are the same only if each applies
+the log deterministically, with the same code, on a store nothing corrupted. A replica that breaks
+that (a nondeterminism bug, mixed software versions during an upgrade, a flipped bit in its SQLite
+file) keeps answering reads, and once it leads, it leases and deduplicates from a state no other
+replica has, and nothing says so. CockroachDB's consistency checker and TigerBeetle's state
+checksums exist for the same reason.
+
+How: the event log is the replicated record of every effect (enqueued, leased, attempt failed,
+succeeded, dead-lettered, redriven, discarded, ...), append-only and identical on every replica
+once applied. The auditor asks each replica, by a stale read that replica serves itself, for the
+digest of the same seq range (`EventsDigest`), and where the digests differ it bisects to the
+first differing event and names the replicas that disagree with the majority. Its cursor follows
+the log as the replicas apply it, up to the newest event every reachable replica has, so the
+replicas never need to be at the same index. Events purged past their retention before the
+auditor reached them are skipped and counted, never compared short.
+
+What it does not see: state that never shows in an event. A payload is covered only through its
+content hash's effects (a conflict answer), not byte for byte.
+
+Must never: write, or stop a replica. It reports (ERROR log, `AuditStats`, exit 1 with --once) and
+a person decides; the usual repair is to wipe the diverged replica's data and let it rejoin, which
+installs the leader's snapshot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from queues import query_codec as qc
+from queues.client import EventsPurged, QueueClient, QueueError
+from queues.model import Event
+from raft_store.client import ClientError, RaftClient
+
+log = logging.getLogger("queues.audit")
+
+CHUNK_EVENTS = 4096
+"""Events per compared range: one stale read of about 4096 rows per replica."""
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """The first event where the replicas' logs differ, and who sides with whom."""
+
+    seq: int
+    agree: tuple[str, ...]
+    """The majority (more than half of the replicas compared); empty when there is none."""
+    differ: tuple[str, ...]
+    events: Mapping[str, Event | None]
+    """The event at `seq` as each replica stores it (None: it has none there)."""
+
+    def describe(self) -> str:
+        who = ",".join(self.differ)
+        if self.agree:
+            head = f"replica {who} diverged from {','.join(self.agree)} at event seq {self.seq}"
+        else:
+            head = f"replicas {who} disagree at event seq {self.seq} with no majority"
+        shown = "; ".join(f"{name}: {_short(event)}" for name, event in sorted(self.events.items()))
+        return f"{head} ({shown})"
+
+
+def _short(event: Event | None) -> str:
+    if event is None:
+        return "none"
+    return f"{event.type.value} message {event.message_id} index {event.log_index} data {dict(event.data)}"
+
+
+@dataclass(slots=True)
+class AuditStats:
+    rounds: int = 0
+    audited_through: int = 0
+    """Every event up to this seq was compared on at least two replicas (or skipped as purged)."""
+    events_compared: int = 0
+    skipped_purged: int = 0
+    """Events purged past their retention before the auditor reached them: never compared."""
+    unreachable: int = 0
+    """Rounds cut short because fewer than two replicas answered."""
+    divergences: int = 0
+    """Distinct divergences found (the same one found again in later rounds counts once)."""
+
+
+@dataclass(slots=True)
+class ReplicaAuditor:
+    replicas: Mapping[str, QueueClient]
+    """Name -> a client whose reader talks to that one replica (see `replica_clients`)."""
+    chunk: int = CHUNK_EVENTS
+    stats: AuditStats = field(default_factory=AuditStats)
+    last: Divergence | None = None
+    """The divergence the latest round found, None when it found none."""
+    _cursor: int = 0
+    _task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.replicas) < 2:
+            raise ValueError("an audit needs at least two replicas")
+        if not 1 <= self.chunk <= qc.EVENTS_LIMIT_MAX:
+            raise ValueError(f"chunk must be in [1, {qc.EVENTS_LIMIT_MAX}]")
+
+    async def audit_once(self) -> Divergence | None:
+        """Compare every event from the cursor up to the newest one all reachable replicas have.
+
+        Returns the first divergence (the cursor then stays before it, so the next round finds it
+        again until it is repaired), or None when everything compared agreed."""
+        self.stats.rounds += 1
+        found = await self._audit()
+        if found is not None and (self.last is None or (found.seq, found.differ) != (self.last.seq, self.last.differ)):
+            self.stats.divergences += 1
+            log.error("replica divergence: %s", found.describe())
+        self.last = found
+        return found
+
+    async def _audit(self) -> Divergence | None:
+        bounds = await self._digests(self._cursor, 0, tuple(sorted(self.replicas)))
+        if len(bounds) < 2:
+            self.stats.unreachable += 1
+            return None
+        names = tuple(sorted(bounds))
+        common = min(answer.last_seq for answer in bounds.values())
+        while True:
+            self._skip_purged(bounds)
+            if self._cursor >= common:
+                return None
+            after = self._cursor
+            answers = await self._digests(after, min(self.chunk, common - after), names)
+            if len(answers) < len(names):
+                self.stats.unreachable += 1
+                return None
+            if any(answer.first_seq > after + 1 for answer in answers.values()):
+                bounds = answers  # a purge ran meanwhile: move past it and compare again
+                continue
+            if len({(a.through, a.count, a.digest) for a in answers.values()}) == 1:
+                through = next(iter(answers.values())).through
+                self.stats.events_compared += through - after
+                self._cursor = self.stats.audited_through = through
+                continue
+            return await self._bisect(after, max(a.through for a in answers.values()), names)
+
+    def _skip_purged(self, answers: Mapping[str, qc.DigestAnswer]) -> None:
+        first = max(answer.first_seq for answer in answers.values())
+        if self._cursor < first - 1:
+            self.stats.skipped_purged += first - 1 - self._cursor
+            self._cursor = self.stats.audited_through = first - 1
+
+    async def _bisect(self, low: int, high: int, names: tuple[str, ...]) -> Divergence | None:
+        """The first seq in (low, high] where the replicas differ; (low, high] is known to differ."""
+        while high - low > 1:
+            middle = (low + high) // 2
+            answers = await self._digests(low, middle - low, names)
+            if len(answers) < len(names) or any(a.first_seq > low + 1 for a in answers.values()):
+                return None  # a replica went away or a purge ran: the next round starts over
+            if len({(a.count, a.digest) for a in answers.values()}) == 1:
+                low = middle
+            else:
+                high = middle
+        answers = await self._digests(low, 1, names)
+        if len(answers) < len(names):
+            return None
+        groups: dict[tuple[int, bytes], list[str]] = {}
+        for name, answer in answers.items():
+            groups.setdefault((answer.count, answer.digest), []).append(name)
+        largest = max(groups.values(), key=len)
+        agree = tuple(sorted(largest)) if 2 * len(largest) > len(names) else ()
+        differ = tuple(name for name in names if name not in agree)
+        return Divergence(seq=high, agree=agree, differ=differ, events=await self._events_at(high, names))
+
+    async def _digests(self, after: int, limit: int, names: tuple[str, ...]) -> dict[str, qc.DigestAnswer]:
+        async def one(name: str) -> qc.DigestAnswer | None:
+            try:
+                read = await self.replicas[name].events_digest(after, limit, stale_ok=True)
+            except (ClientError, QueueError, OSError) as error:
+                log.warning("audit: replica %s did not answer: %r", name, error)
+                return None
+            return read.value
+
+        found = await asyncio.gather(*(one(name) for name in names))
+        return {name: answer for name, answer in zip(names, found, strict=True) if answer is not None}
+
+    async def _events_at(self, seq: int, names: tuple[str, ...]) -> dict[str, Event | None]:
+        events: dict[str, Event | None] = {}
+        for name in names:
+            try:
+                read = await self.replicas[name].events_after(seq - 1, limit=1, stale_ok=True)
+            except (ClientError, QueueError, EventsPurged, OSError):
+                events[name] = None
+                continue
+            events[name] = read.value[0] if read.value and read.value[0].seq == seq else None
+        return events
+
+    # ---- as a background task --------------------------------------------------------------
+    def start(self, every_s: float = 10.0) -> asyncio.Task[None]:
+        assert self._task is None, "already started"
+        self._task = asyncio.get_running_loop().create_task(self.run(every_s), name="replica-audit")
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self, every_s: float = 10.0) -> None:
+        while True:
+            await self.audit_once()
+            await asyncio.sleep(every_s)
+
+
+def replica_clients(addresses: list[tuple[str, int]]) -> dict[str, QueueClient]:
+    """One read-only QueueClient per replica, named host:port, each reading from that replica only."""
+    clients: dict[str, QueueClient] = {}
+    for host, port in addresses:
+        raft = RaftClient([(host, port)], attempt_timeout_s=2.0, deadline_s=4.0)
+        clients[f"{host}:{port}"] = QueueClient(raft, coalesce=False)
+    return clients
+
+
+async def close_clients(clients: Mapping[str, QueueClient]) -> None:
+    for client in clients.values():
+        await client.raft.close()
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"not host:port: {text!r}")
+    return host, int(port)
+
+
+async def _main(addresses: list[tuple[str, int]], *, once: bool, every_s: float) -> int:
+    clients = replica_clients(addresses)
+    try:
+        auditor = ReplicaAuditor(clients)
+        if not once:
+            await auditor.run(every_s)
+        found = await auditor.audit_once()
+        print(json.dumps({**asdict(auditor.stats), "diverged": found is not None}), flush=True)
+        if found is not None:
+            print(f"queues.audit: {found.describe()}", file=sys.stderr)
+            return 1
+        if auditor.stats.unreachable:
+            print("queues.audit: fewer than two replicas answered; nothing was compared", file=sys.stderr)
+            return 2
+        return 0
+    finally:
+        await close_clients(clients)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m queues.audit", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--addresses", required=True, help="every replica of the set: host:port,host:port,...")
+    parser.add_argument("--once", action="store_true", help="audit up to the newest common event, then exit")
+    parser.add_argument("--every-s", type=float, default=10.0, help="seconds between rounds (without --once)")
+    args = parser.parse_args(argv)
+    try:
+        addresses = [_address(a) for a in args.addresses.split(",") if a]
+    except ValueError as error:
+        parser.error(str(error))
+    if len(addresses) < 2:
+        parser.error("--addresses needs at least two replicas")
+    if args.every_s <= 0:
+        parser.error("--every-s must be positive")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_main(addresses, once=args.once, every_s=args.every_s))
+    return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
