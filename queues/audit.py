@@ -1,6 +1,6 @@
 """The replica audit: finds a replica whose state has diverged from the others', while the set runs.
 
-    python -m queues.audit --addresses h1:p1,h2:p2,h3:p3 --once    # exit 0: agree, 1: diverged
+    python -m queues.audit --addresses h1:p1,h2:p2,h3:p3 --once    # exit 0: agree, 1: diverged or corrupt
     python -m queues.audit --addresses h1:p1,h2:p2,h3:p3           # every 10 s, logs at ERROR
 
 Why: Raft makes every replica's *log* the same; their *states* are the same only if each applies
@@ -19,8 +19,13 @@ the log as the replicas apply it, up to the newest event every reachable replica
 replicas never need to be at the same index. Events purged past their retention before the
 auditor reached them are skipped and counted, never compared short.
 
-What it does not see: state that never shows in an event. A payload is covered only through its
-content hash's effects (a conflict answer), not byte for byte.
+Events carry no payload bytes, so each round also scrubs a range of messages on every replica
+(`ScrubPayloads`): the replica recomputes each message's content hash from the kind, ref key and
+payload it stores and names those that no longer match the hash stored at enqueue. The scrub
+walks the ids and starts over at the end, as a RAID or ZFS scrub does.
+
+What it does not see: state that is in neither an event nor a content hash (an operator's edited
+payload, kept beside the original, is covered by neither).
 
 Must never: write, or stop a replica. It reports (ERROR log, `AuditStats`, exit 1 with --once) and
 a person decides; the usual repair is to wipe the diverged replica's data and let it rejoin, which
@@ -47,6 +52,11 @@ log = logging.getLogger("queues.audit")
 
 CHUNK_EVENTS = 4096
 """Events per compared range: one stale read of about 4096 rows per replica."""
+SCRUB_CHUNK = 2000
+"""Messages scrubbed per replica per round. A scrub read runs on the node's event loop: 2000
+payloads of 1 KiB took 12 ms there (in process, warm cache; a digest of 4096 events 9 ms), so a
+round never holds a node up for long. At one round per 10 s a replica of 10 M messages is
+scrubbed end to end in about 14 hours."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +98,11 @@ class AuditStats:
     """Rounds cut short because fewer than two replicas answered."""
     divergences: int = 0
     """Distinct divergences found (the same one found again in later rounds counts once)."""
+    payloads_scrubbed: int = 0
+    scrub_passes: int = 0
+    """Passes completed over every message id, summed over the replicas."""
+    corrupt_payloads: int = 0
+    """(replica, message) pairs found corrupt, each counted once."""
 
 
 @dataclass(slots=True)
@@ -95,30 +110,76 @@ class ReplicaAuditor:
     replicas: Mapping[str, QueueClient]
     """Name -> a client whose reader talks to that one replica (see `replica_clients`)."""
     chunk: int = CHUNK_EVENTS
+    scrub_chunk: int = SCRUB_CHUNK
     stats: AuditStats = field(default_factory=AuditStats)
     last: Divergence | None = None
     """The divergence the latest round found, None when it found none."""
+    corrupt: dict[str, set[int]] = field(default_factory=dict)
+    """Per replica, the messages whose payload failed the latest scrub of their id."""
     _cursor: int = 0
+    _scrubbed: dict[str, int] = field(default_factory=dict)
+    _reported: set[tuple[str, int]] = field(default_factory=set)
     _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         if len(self.replicas) < 2:
             raise ValueError("an audit needs at least two replicas")
-        if not 1 <= self.chunk <= qc.EVENTS_LIMIT_MAX:
-            raise ValueError(f"chunk must be in [1, {qc.EVENTS_LIMIT_MAX}]")
+        if not 1 <= self.chunk <= qc.EVENTS_LIMIT_MAX or not 1 <= self.scrub_chunk <= qc.EVENTS_LIMIT_MAX:
+            raise ValueError(f"chunks must be in [1, {qc.EVENTS_LIMIT_MAX}]")
 
-    async def audit_once(self) -> Divergence | None:
-        """Compare every event from the cursor up to the newest one all reachable replicas have.
+    async def audit_once(self, *, scrub: bool = True) -> Divergence | None:
+        """Compare every event from the cursor up to the newest one all reachable replicas have,
+        then (with `scrub`) scrub the next `scrub_chunk` messages on every replica.
 
         Returns the first divergence (the cursor then stays before it, so the next round finds it
-        again until it is repaired), or None when everything compared agreed."""
+        again until it is repaired), or None when everything compared agreed. Corrupt payloads
+        are in `corrupt`."""
         self.stats.rounds += 1
         found = await self._audit()
         if found is not None and (self.last is None or (found.seq, found.differ) != (self.last.seq, self.last.differ)):
             self.stats.divergences += 1
             log.error("replica divergence: %s", found.describe())
         self.last = found
+        if scrub:
+            await asyncio.gather(*(self._scrub(name, self.scrub_chunk) for name in sorted(self.replicas)))
         return found
+
+    async def scrub_all(self) -> None:
+        """One whole pass over every replica's messages, from wherever each scrub stands."""
+
+        async def one(name: str) -> None:
+            while not await self._scrub(name, qc.EVENTS_LIMIT_MAX):
+                pass
+
+        await asyncio.gather(*(one(name) for name in sorted(self.replicas)))
+
+    async def _scrub(self, name: str, limit: int) -> bool:
+        """Scrub the next `limit` ids of one replica. True when that finished a pass (or failed)."""
+        after = self._scrubbed.get(name, 0)
+        try:
+            answer = (await self.replicas[name].scrub_payloads(after, limit, stale_ok=True)).value
+        except (ClientError, QueueError, OSError) as error:
+            log.warning("audit: replica %s did not answer the scrub: %r", name, error)
+            self._scrubbed.pop(name, None)
+            return True
+        self.stats.payloads_scrubbed += answer.checked
+        known = self.corrupt.setdefault(name, set())
+        known.difference_update(range(after + 1, answer.through + 1))  # rechecked: only what failed now stays
+        for message_id in answer.corrupt:
+            known.add(message_id)
+            if (name, message_id) not in self._reported:
+                self._reported.add((name, message_id))
+                self.stats.corrupt_payloads += 1
+                log.error("replica %s stores message %d with a payload that does not match its content hash",
+                          name, message_id)
+        if not known:
+            del self.corrupt[name]
+        if answer.through >= answer.last_id:
+            self._scrubbed[name] = 0
+            self.stats.scrub_passes += 1
+            return True
+        self._scrubbed[name] = answer.through
+        return False
 
     async def _audit(self) -> Divergence | None:
         bounds = await self._digests(self._cursor, 0, tuple(sorted(self.replicas)))
@@ -243,10 +304,16 @@ async def _main(addresses: list[tuple[str, int]], *, once: bool, every_s: float)
         auditor = ReplicaAuditor(clients)
         if not once:
             await auditor.run(every_s)
-        found = await auditor.audit_once()
-        print(json.dumps({**asdict(auditor.stats), "diverged": found is not None}), flush=True)
+        found = await auditor.audit_once(scrub=False)
+        await auditor.scrub_all()
+        corrupt = {name: sorted(ids) for name, ids in sorted(auditor.corrupt.items())}
+        print(json.dumps({**asdict(auditor.stats), "diverged": found is not None, "corrupt": corrupt}), flush=True)
         if found is not None:
             print(f"queues.audit: {found.describe()}", file=sys.stderr)
+            return 1
+        if corrupt:
+            listed = "; ".join(f"{name}: {', '.join(map(str, ids[:10]))}" for name, ids in corrupt.items())
+            print(f"queues.audit: payloads that do not match their content hash: {listed}", file=sys.stderr)
             return 1
         if auditor.stats.unreachable:
             print("queues.audit: fewer than two replicas answered; nothing was compared", file=sys.stderr)

@@ -326,6 +326,11 @@ class QueueClient:
         with its first and last event seq (queues/audit.py compares these across replicas)."""
         return await self._ask(qc.EventsDigest(after=after, limit=limit), qc.DigestAnswer, stale_ok)
 
+    async def scrub_payloads(self, after: int, limit: int = 1000, *, stale_ok: bool = False) -> Read[qc.ScrubAnswer]:
+        """Which messages in (after, after + limit] the reading replica stores with a payload that
+        no longer matches its content hash (queues/audit.py runs this on every replica)."""
+        return await self._ask(qc.ScrubPayloads(after=after, limit=limit), qc.ScrubAnswer, stale_ok)
+
 
 class EventsPurged(Exception):
     """Events after the reader's position were deleted past their retention: the reader must

@@ -25,7 +25,6 @@ into Python. Every scan goes through an index and has a named limit.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -73,6 +72,7 @@ from queues.model import (
     SetPolicy,
     SetRetention,
     State,
+    content_hash,
     state_of,
 )
 from queues.queries import dead_letter_ids, retention_in_force
@@ -288,13 +288,6 @@ class _AckWrites:
             conn.executemany(
                 "UPDATE attempts SET ended_ms = ?, outcome = ? WHERE message_id = ? AND attempt = ?", self.attempts
             )
-
-
-def content_hash(kind: str, ref_key: str, payload: bytes) -> bytes:
-    """What makes two enqueues with one idempotency key 'the same' (headers are trace context)."""
-    kind_b, ref_b = kind.encode(), ref_key.encode()
-    framed = b"".join((len(kind_b).to_bytes(4, "big"), kind_b, len(ref_b).to_bytes(4, "big"), ref_b, payload))
-    return hashlib.blake2b(framed, digest_size=16).digest()
 
 
 class StoreLayoutError(RuntimeError):

@@ -10,6 +10,7 @@ Must never: import the machine, SQLite, a clock or a network module.
 from __future__ import annotations
 
 import enum
+import hashlib
 from typing import Annotated, Final
 
 import msgspec
@@ -399,3 +400,12 @@ class MessageView(msgspec.Struct, frozen=True, kw_only=True):
     dead_reason: str | None
     terminal_ms: int | None
     history: tuple[AttemptView, ...] = ()
+
+
+def content_hash(kind: str, ref_key: str, payload: bytes) -> bytes:
+    """What makes two enqueues with one idempotency key 'the same' (headers are trace context).
+
+    Stored with each message at enqueue; the payload scrub (queries.scrub_payloads) recomputes it."""
+    kind_b, ref_b = kind.encode(), ref_key.encode()
+    framed = b"".join((len(kind_b).to_bytes(4, "big"), kind_b, len(ref_b).to_bytes(4, "big"), ref_b, payload))
+    return hashlib.blake2b(framed, digest_size=16).digest()

@@ -29,6 +29,7 @@ from queues.model import (
     MessageView,
     Phase,
     State,
+    content_hash,
     state_of,
 )
 
@@ -286,6 +287,24 @@ def events_digest(conn: sqlite3.Connection, after: int, through: int) -> tuple[i
 def last_event_seq(conn: sqlite3.Connection) -> int:
     """The newest event written (0 when none ever was), purged or not."""
     return int(conn.execute("SELECT next_event_seq FROM queue_meta WHERE id = 0").fetchone()[0]) - 1
+
+
+def scrub_payloads(conn: sqlite3.Connection, after: int, through: int) -> tuple[int, list[int]]:
+    """(messages checked, ids whose payload no longer matches their content hash) for ids in
+    (after, through]. A message whose payload row is missing counts as corrupt too."""
+    rows = conn.execute(
+        "SELECT m.id, m.kind, m.ref_key, m.content_hash, b.payload FROM messages m LEFT JOIN bodies b ON b.id = m.id"
+        " WHERE m.id > ? AND m.id <= ? ORDER BY m.id",
+        (after, through),
+    ).fetchall()
+    corrupt = [
+        int(r[0]) for r in rows if r[4] is None or content_hash(str(r[1]), str(r[2]), bytes(r[4])) != bytes(r[3])
+    ]
+    return len(rows), corrupt
+
+
+def last_message_id(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT next_message_id FROM queue_meta WHERE id = 0").fetchone()[0]) - 1
 
 
 def events_after(conn: sqlite3.Connection, seq: int, *, limit: int = 1000) -> list[Event]:

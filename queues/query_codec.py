@@ -85,13 +85,23 @@ class EventsDigest(_Query, frozen=True, tag="events_digest"):
     limit: Annotated[int, msgspec.Meta(ge=0, le=EVENTS_LIMIT_MAX)] = EVENTS_LIMIT_MAX
 
 
+class ScrubPayloads(_Query, frozen=True, tag="scrub"):
+    """Recompute the content hash of each message with id in (after, after + limit] from the kind,
+    ref key and payload this replica stores, and name those that do not match the hash stored at
+    enqueue. Events carry no payload bytes, so the replica audit's digests cannot see a corrupted
+    payload; this can, before a worker is handed it."""
+
+    after: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=EVENTS_LIMIT_MAX)] = 1000
+
+
 class Retention(_Query, frozen=True, tag="retention"):
     """The tombstone and event retentions in force (SetRetention's, else the config's)."""
 
 
 QueueQuery = (
     GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | EventsDigest
-    | Retention
+    | ScrubPayloads | Retention
 )
 
 
@@ -157,6 +167,16 @@ class DigestAnswer(_Answer, frozen=True, tag="events_digest"):
     digest: bytes = b""
 
 
+class ScrubAnswer(_Answer, frozen=True, tag="scrub"):
+    through: int = 0
+    """The last id of the range checked: min(after + limit, last_id), or `after` when that is less."""
+    last_id: int = 0
+    """The newest message id this replica has assigned (purged messages leave holes below it)."""
+    checked: int = 0
+    corrupt: tuple[int, ...] = ()
+    """Ids whose stored payload (or its row) does not match the content hash stored with them."""
+
+
 class QueryError(_Answer, frozen=True, tag="error"):
     code: QueryErrorCode
     detail: str = ""
@@ -164,7 +184,7 @@ class QueryError(_Answer, frozen=True, tag="error"):
 
 QueryAnswer = (
     MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | DigestAnswer
-    | RetentionAnswer | QueryError
+    | ScrubAnswer | RetentionAnswer | QueryError
 )
 
 _encoder: Final = msgspec.msgpack.Encoder()

@@ -107,6 +107,11 @@ def answer_query(
                 first_seq=queries.first_event_seq(conn), last_seq=last, through=through, count=count, digest=digest,
                 now_ms=now_ms,
             )
+        case qc.ScrubPayloads():
+            last_id = queries.last_message_id(conn)
+            through = max(query.after, min(query.after + query.limit, last_id))
+            checked, corrupt = queries.scrub_payloads(conn, query.after, through)
+            return qc.ScrubAnswer(through=through, last_id=last_id, checked=checked, corrupt=tuple(corrupt), now_ms=now_ms)
         case qc.Retention():
             kept, events_kept = queries.retention_in_force(
                 conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms

@@ -154,3 +154,22 @@ def test_cli_with_no_replica_answering_says_so_and_exits_2() -> None:
     assert done.returncode == 2, done.stderr
     assert json.loads(done.stdout)["unreachable"] == 1
     assert done.stderr.strip().splitlines()[-1] == "queues.audit: fewer than two replicas answered; nothing was compared"
+
+
+def test_a_corrupted_payload_is_found_by_the_scrub_on_the_replica_that_stores_it() -> None:
+    replicas = Replicas()
+    replicas.traffic(30)
+    replicas.machines["n3"].connection.execute("UPDATE bodies SET payload = x'71' WHERE id = 7")  # p -> q
+    replicas.machines["n1"].connection.execute("DELETE FROM bodies WHERE id = 21")
+    auditor = ReplicaAuditor(replicas.clients(), scrub_chunk=10)
+    assert asyncio.run(auditor.audit_once()) is None  # events agree: only the scrub can see this
+    assert auditor.corrupt == {"n3": {7}} and auditor.stats.payloads_scrubbed == 30
+    asyncio.run(auditor.audit_once())
+    asyncio.run(auditor.audit_once())
+    assert auditor.corrupt == {"n3": {7}, "n1": {21}}
+    assert (auditor.stats.corrupt_payloads, auditor.stats.scrub_passes) == (2, 3)
+    replicas.machines["n3"].connection.execute("UPDATE bodies SET payload = x'70' WHERE id = 7")  # repaired
+    asyncio.run(auditor.scrub_all())
+    assert auditor.corrupt == {"n1": {21}} and auditor.stats.corrupt_payloads == 2  # each reported once
+    read = asyncio.run(replicas.clients()["n1"].scrub_payloads(20, 5)).value
+    assert (read.through, read.last_id, read.checked, read.corrupt) == (25, 30, 5, (21,))

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from delay.policy import DEFAULT_POLICY, DeadLetter, ErrorClassRule, RetryPolicy, decide
 from queues import codec, queries
-from queues.machine import QueueConfig, QueueMachine, content_hash
+from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
     BUILTIN_KINDS,
     ERROR_CLASS_LEASE_EXPIRED,
@@ -57,6 +57,7 @@ from queues.model import (
     SetPolicy,
     SetRetention,
     State,
+    content_hash,
 )
 from raft_store.state_machine import Command
 

@@ -339,8 +339,9 @@ async def test_replica_audit_names_a_replica_whose_store_was_corrupted_while_it_
         store = sqlite3.connect(cluster.root / f"node{victim}" / DB_NAME)
         with store:
             changed = store.execute("UPDATE events SET message_id = message_id + 1 WHERE seq = 250").rowcount
+            changed += store.execute("UPDATE bodies SET payload = ? WHERE id = 5", (b"y" * 100,)).rowcount
         store.close()
-        assert changed == 1
+        assert changed == 2
         cluster.start(victim)
         await queue.enqueue("test", idempotency_key="after", ref_key="r", payload=b"x")
         await _converged(cluster, raft)
@@ -354,7 +355,9 @@ async def test_replica_audit_names_a_replica_whose_store_was_corrupted_while_it_
             capture_output=True, text=True, timeout=60,
         )
         assert done.returncode == 1, done.stderr
-        assert json.loads(done.stdout)["diverged"] is True
+        report = json.loads(done.stdout)
+        assert report["diverged"] is True and report["corrupt"] == {names[victim]: [5]}
+        assert report["payloads_scrubbed"] == 3 * 301
         line = done.stderr.strip().splitlines()[-1]
         assert line.startswith(f"queues.audit: replica {names[victim]} diverged from ") and "at event seq 250" in line
     finally:
