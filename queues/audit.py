@@ -83,7 +83,8 @@ class Divergence:
 def _short(event: Event | None) -> str:
     if event is None:
         return "none"
-    return f"{event.type.value} message {event.message_id} index {event.log_index} data {dict(event.data)}"
+    # Not the event's data: it may hold a downstream's error text, and this line goes to logs.
+    return f"{event.type.value} of message {event.message_id} at index {event.log_index} ts {event.ts_ms}"
 
 
 @dataclass(slots=True)

@@ -50,12 +50,15 @@ class QueueChecker:
         self.recovered = 0
         self.fail_not_before: dict[int, int | None] = {}
         self.model = LogModel(self.violation, self.sent.__contains__, self.fail_not_before,
-                              retention_ms=cluster.queue_config.retention_ms)
+                              retention_ms=cluster.queue_config.retention_ms,
+                              event_retention_ms=cluster.queue_config.event_retention_ms)
         self.applied_seen = 0
         self.log_time = 0
         self.clock_went_back = 0
         self._event_ts: deque[tuple[int, int]] = deque()  # (seq, ts) of events read and not yet purged
         self.events_purged = 0
+        self.retention_refusals = 0
+        """SetRetention under the floor, answered INVALID as it must be."""
         self._results: dict[int, bytes] = {}  # index -> digest of the result bytes
         self._digests: dict[int, bytes] = {}  # index -> digest of the whole state
         self._reference: tuple[int, bytes] | None = None  # (node, digest) of the first replica checked
@@ -97,8 +100,13 @@ class QueueChecker:
         self._check_event_purge(conn)
 
     def _check_event_purge(self, conn: sqlite3.Connection) -> None:
-        """Purge deletes a prefix of the event log, each event no sooner than its retention allows."""
-        cutoff = self.log_time - self.cluster.queue_config.event_retention_ms
+        """Purge deletes a prefix of the event log, each event no sooner than its retention allows.
+
+        The retention is the shortest in force during the entry: the model has read the entry's
+        events already, and a SetRetention that lengthened it may follow the entry's Purge."""
+        retentions = [self.model.event_retention_ms, *self.model.event_retentions_seen]
+        self.model.event_retentions_seen = [self.model.event_retention_ms]
+        cutoff = self.log_time - min(retentions)
         first = queries.first_event_seq(conn)
         while self._event_ts and self._event_ts[0][0] < first:
             seq, ts_ms = self._event_ts.popleft()
@@ -259,6 +267,8 @@ class QueueChecker:
             "purged": len(model.purged),
             "events_purged": self.events_purged,
             "reused_keys": model.reused_keys,
+            "retention_changes": model.retention_changes,
+            "retention_refusals": self.retention_refusals,
             "fenced_calls": self.fenced_calls,
             "clock_went_back": self.clock_went_back,
             "machine_ts_behind_log_time": model.ts_behind_log_time,

@@ -34,6 +34,10 @@ STATE_LAG = 0.5
 """Probability that an fsync leaves the machine's durable image where it was (lazily durable)."""
 
 
+RETENTION_FLOOR_MS = 1_000
+"""SetRetention's floor in the simulation: seconds, like its retentions (1 day in a deployment)."""
+
+
 class QueueCluster(Cluster):
     def __init__(
         self, seed: int, nodes: int = 3, *, bugs: Bugs | None = None, app_bugs: AppBugs | None = None,
@@ -45,8 +49,11 @@ class QueueCluster(Cluster):
         # Drawn from their own generator so that every other draw of a seed stays what it was.
         retention = random.Random(seed ^ 0x7E7E)
         self.queue_config = QueueConfig(
-            retention_ms=retention.randint(1_500, 6_000), event_retention_ms=retention.randint(2_000, 8_000)
+            retention_ms=retention.randint(1_500, 6_000), event_retention_ms=retention.randint(2_000, 8_000),
+            retention_floor_ms=RETENTION_FLOOR_MS,
         )
+        self.retention_rng = retention
+        """The operator's SetRetention values come from here too, for the same reason."""
         self.images: dict[int, tuple[int, bytes]] = {}
         self._empty_image = _fresh_image()
         self._waiting: dict[int, dict[int, tuple[int, Reply]]] = {}  # node -> index -> (term, reply)

@@ -49,6 +49,11 @@ class LogModel:
     fail_not_before: dict[int, int | None]
     """token -> the Retry-After a worker's Fail carried (absent for expiries)."""
     retention_ms: int = 7 * DAY_MS
+    event_retention_ms: int = 7 * DAY_MS
+    event_retentions_seen: list[int] = field(default_factory=list)
+    """Event retentions in force at any point since the checker last cleared this (see
+    QueueChecker._check_event_purge: a Purge and a SetRetention may share an entry)."""
+    retention_changes: int = 0
     messages: dict[int, Msg] = field(default_factory=dict)
     purged: dict[int, Msg] = field(default_factory=dict)
     """Messages deleted after their retention: absent from every replica, and rightly so."""
@@ -91,6 +96,15 @@ class LogModel:
         return m is not None and m.purge_ms is not None and m.purge_ms <= now_ms
 
     def _kind_event(self, ev: Event) -> None:
+        if ev.type is EventType.RETENTION_SET:
+            before = (ev.data["retention_ms_before"], ev.data["event_retention_ms_before"])
+            if before != (self.retention_ms, self.event_retention_ms):
+                self.violation(f"retention set at {ev.seq} from {before}, but the model had "
+                               f"{(self.retention_ms, self.event_retention_ms)} in force")
+            self.retention_ms, self.event_retention_ms = _int(ev, "retention_ms"), _int(ev, "event_retention_ms")
+            self.event_retentions_seen.append(self.event_retention_ms)
+            self.retention_changes += 1
+            return
         holders = self.pauses.setdefault(ev.kind, set())
         if ev.type is EventType.POLICY_SET:
             self.policies[ev.kind] = msgspec.json.decode(str(ev.data["policy"]), type=RetryPolicy)

@@ -7,7 +7,7 @@ from typing import Any
 
 _SUMMED = ("faults", "acked", "acked_enqueues", "lost", "unexpected", "duplicate_deliveries", "duplicate_effects",
            "recovered", "dead_letters", "late_acks", "fenced_calls", "clock_went_back", "machine_ts_behind_log_time",
-           "purged", "events_purged", "reused_keys", "sim_ms")
+           "purged", "events_purged", "reused_keys", "retention_changes", "retention_refusals", "sim_ms")
 
 
 @dataclass(slots=True)
@@ -32,5 +32,6 @@ class Totals:
             f"{s['fenced_calls']} fenced calls, stamped clock went back {s['clock_went_back']} times "
             f"(machine log time {s['machine_ts_behind_log_time']} times); {s['purged']} tombstones and "
             f"{s['events_purged']} events purged, "
-            f"{s['reused_keys']} keys taken again after their retention"
+            f"{s['reused_keys']} keys taken again after their retention, {s['retention_changes']} retention changes "
+            f"({s['retention_refusals']} more refused under the floor)"
         )

@@ -28,6 +28,7 @@ from queues.model import (
     Discard,
     Enqueue,
     EnqueueResult,
+    ErrorResult,
     ExpireLeases,
     ExtendLease,
     Fail,
@@ -42,6 +43,7 @@ from queues.model import (
     Redrive,
     ResumeKind,
     SetPolicy,
+    SetRetention,
     State,
 )
 from queues.simulation.downstream import Answer, AppBugs, Downstream, Effect
@@ -364,8 +366,10 @@ class Operator:
                                 actor="op", reason="sim"))
         elif draw < 0.75:
             self.toggle_pause(rng.choice(BUILTIN_KINDS), f"op{rng.randrange(2)}")
-        elif draw < 0.9:
+        elif draw < 0.86:
             self.set_policy(rng.choice(BUILTIN_KINDS), self.random_policy())
+        elif draw < 0.92:
+            self.set_retention()
         else:
             self.submit(Purge(limit=100))
         cluster.at(rng.uniform(100, 500), self.loop)
@@ -378,6 +382,26 @@ class Operator:
         conn = self.w.cluster.machines[leader].connection
         page = queries.dead_letters(conn, DeadLetterFilter(), now_ms=self.w.cluster.clock(leader), limit=20)
         return [view.message_id for view in page.items]
+
+    def set_retention(self) -> None:
+        """Change one retention or both, now and then below the floor (which must be refused)."""
+        draw = self.w.cluster.retention_rng
+        retention_ms = draw.choice((None, draw.randint(1_500, 6_000)))
+        event_retention_ms = draw.choice((None, draw.randint(2_000, 8_000))) if retention_ms else draw.randint(2_000, 8_000)
+        below = draw.random() < 0.2
+        if below:
+            retention_ms = draw.randint(1, self.w.cluster.queue_config.retention_floor_ms - 1)
+        command = SetRetention(actor="op", reason="sim", retention_ms=retention_ms, event_retention_ms=event_retention_ms)
+
+        def answered(result: QueueResult | None) -> None:
+            if result is None:
+                return  # unknown: it may or may not have taken effect; the event log says which
+            refused = isinstance(result, ErrorResult) and result.code is Code.INVALID
+            if below != refused:
+                self.w.cluster.qchecker.violation(f"SetRetention {command} answered {result}")
+            self.w.cluster.qchecker.retention_refusals += refused
+
+        self.client.submit(command, answered, tries_max=2)
 
     def submit(self, command: Redrive | Discard | Purge) -> None:
         self.client.submit(command, lambda _: None, tries_max=2)
