@@ -24,6 +24,7 @@ a RaftClient whose only address is the follower.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from queues import codec
 from queues import query_codec as qc
 from queues.model import (
     BATCH_IDS_MAX,
+    ERROR_CLASS_PAYLOAD_CORRUPT,
     Ack,
     AckMany,
     BatchResult,
@@ -63,8 +65,11 @@ from queues.model import (
     RetentionResult,
     SetPolicy,
     SetRetention,
+    content_hash,
 )
-from raft_store.client import RaftClient
+from raft_store.client import ClientError, RaftClient
+
+log = logging.getLogger("queues.client")
 
 T = TypeVar("T")
 R = TypeVar("R", bound=QueueResult)
@@ -197,7 +202,29 @@ class QueueClient:
         self, worker_id: str, *, kinds: Sequence[str] = (), count_max: int = 100, lease_ms: int = 30_000
     ) -> LeaseResult:
         command = Lease(worker_id=worker_id, count_max=count_max, lease_ms=lease_ms, kinds=tuple(kinds))
-        return _expect(await self.submit(command), LeaseResult)
+        return await self.checked(_expect(await self.submit(command), LeaseResult))
+
+    async def checked(self, result: LeaseResult) -> LeaseResult:
+        """The result without the grants whose payload does not match the content hash stored with
+        it (a payload corrupted at rest on the replica that granted it). Those attempts are failed
+        at once as `payload_corrupt`, retryable: the reason shows in the message's history and, if
+        no delivery is intact, in the dead-letter tier, and the payload never reaches a handler."""
+        corrupt = [
+            grant for grant in result.grants
+            if grant.payload_hash and content_hash(grant.kind, grant.ref_key, grant.payload) != grant.payload_hash
+        ]  # fmt: skip
+        if not corrupt:
+            return result
+        for grant in corrupt:
+            log.error("message %d attempt %d: the payload granted does not match its content hash; failing the"
+                      " attempt as %s", grant.message_id, grant.attempt, ERROR_CLASS_PAYLOAD_CORRUPT)
+            try:
+                await self.fail(grant.message_id, grant.token, ERROR_CLASS_PAYLOAD_CORRUPT,
+                                "the payload granted does not match the content hash stored with it")
+            except (ClientError, QueueError) as error:  # its lease will expire: an attempt all the same
+                log.warning("message %d: could not fail the corrupt attempt: %r", grant.message_id, error)
+        dropped = {grant.message_id for grant in corrupt}
+        return msgspec.structs.replace(result, grants=tuple(g for g in result.grants if g.message_id not in dropped))
 
     async def extend(self, message_id: int, token: int, lease_ms: int) -> Outcome:
         return _expect(await self.submit(ExtendLease(message_id=message_id, token=token, lease_ms=lease_ms)), Outcome)

@@ -125,7 +125,7 @@ _SCHEMA: Final = (
         budget_attempts INTEGER NOT NULL, budget_start_ms INTEGER NOT NULL,
         last_error_class TEXT, last_error_text TEXT, token INTEGER NOT NULL, token_open INTEGER NOT NULL,
         lease_worker TEXT, lease_deadline_ms INTEGER, dead_ms INTEGER, dead_reason TEXT,
-        dead_error_class TEXT, terminal_ms INTEGER, purge_ms INTEGER, request_id INTEGER)""",
+        dead_error_class TEXT, terminal_ms INTEGER, purge_ms INTEGER, request_id INTEGER, edited_hash BLOB)""",
     # Payloads live apart from the message rows: a lease, ack or fail rewrites its message row, and
     # with a 1 KiB payload inline that row filled a third of a page; apart, a page holds about 25
     # message rows, so a batch of 1000 state changes writes about 40 pages to the WAL, not 330.
@@ -335,8 +335,11 @@ class QueueMachine(SqliteStateMachine):
         columns = {row[1] for row in conn.execute("PRAGMA table_info(queue_meta)")}
         if "clock_ms" not in columns:  # a store written before the monotonic clock
             conn.execute("ALTER TABLE queue_meta ADD COLUMN clock_ms INTEGER NOT NULL DEFAULT 0")
-        if "request_id" not in {row[1] for row in conn.execute("PRAGMA table_info(messages)")}:
+        message_columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+        if "request_id" not in message_columns:
             conn.execute("ALTER TABLE messages ADD COLUMN request_id INTEGER")  # before sessionless enqueues
+        if "edited_hash" not in message_columns:  # before grants carried payload hashes
+            conn.execute("ALTER TABLE messages ADD COLUMN edited_hash BLOB")
         due_index.create_indexes(conn, TABLE)
         policy = _policy_encoder.encode(self.config.default_policy)
         for kind in BUILTIN_KINDS:
@@ -511,14 +514,16 @@ _lease_session_decoder: Final = msgspec.msgpack.Decoder(_LeaseSession)
 
 _GRANT_COLUMNS: Final = (
     "id, kind, idempotency_key, ref_key,"
-    " coalesce(edited_payload, (SELECT payload FROM bodies WHERE bodies.id = messages.id)), headers, attempts, due_ms"
+    " coalesce(edited_payload, (SELECT payload FROM bodies WHERE bodies.id = messages.id)), headers, attempts, due_ms,"
+    " iif(edited_payload IS NULL, content_hash, edited_hash)"
 )
-
+"""The hash is the one stored with the payload granted (at enqueue, or at an edited redrive), read
+from another row than the payload, so a client can tell a payload corrupted at rest (see Grant)."""
 
 _QUIET_GRANT_COLUMNS: Final = (
     "id, kind, NULL, NULL,"
     " coalesce(length(edited_payload), (SELECT length(payload) FROM bodies WHERE bodies.id = messages.id)),"
-    " NULL, attempts, due_ms"
+    " NULL, attempts, due_ms, NULL"
 )
 
 
@@ -527,9 +532,9 @@ def _regrant(conn: sqlite3.Connection, message_id: int, token: int, now_ms: int)
     row = conn.execute(
         f"SELECT {_GRANT_COLUMNS}, phase, token, lease_deadline_ms FROM messages WHERE id = ?", (message_id,)
     ).fetchone()
-    if row is None or row[8] != Phase.LEASED or row[9] != token or row[10] <= now_ms:
+    if row is None or row[9] != Phase.LEASED or row[10] != token or row[11] <= now_ms:
         return None
-    return _grant_of(row, token=token, attempt=int(row[6]), deadline_ms=int(row[10]))
+    return _grant_of(row, token=token, attempt=int(row[6]), deadline_ms=int(row[11]))
 
 
 def _grant_of(row: Any, *, token: int, attempt: int, deadline_ms: int) -> Grant:
@@ -545,6 +550,7 @@ def _grant_of(row: Any, *, token: int, attempt: int, deadline_ms: int) -> Grant:
         attempt=attempt,
         due_ms=int(row[7]),
         deadline_ms=deadline_ms,
+        payload_hash=row[8] or b"",
     )
 
 
@@ -1032,6 +1038,13 @@ class _Apply:
             return list(dict.fromkeys(command.ids))
         return dead_letter_ids(self.conn, command.filter, limit=command.limit)
 
+    def edited_hash(self, row: _Row, payload: bytes | None) -> bytes | None:
+        """The content hash of an edited payload, stored beside it as enqueue stores the original's."""
+        if payload is None:
+            return None
+        (ref_key,) = self.conn.execute("SELECT ref_key FROM messages WHERE id = ?", (row.id,)).fetchone()
+        return content_hash(row.kind, str(ref_key), payload)
+
     def redrive(self, command: Redrive) -> QueueResult:
         targets = self.redrive_targets(command)
         if isinstance(targets, ErrorResult):
@@ -1051,8 +1064,9 @@ class _Apply:
             self.conn.execute(
                 "UPDATE messages SET phase = ?, due_ms = ?, budget_attempts = attempts, budget_start_ms = ?,"
                 " token_open = 0, dead_ms = NULL, dead_reason = NULL, dead_error_class = NULL,"
-                " edited_payload = coalesce(?, edited_payload) WHERE id = ?",
-                (Phase.WAITING, self.now_ms, self.now_ms, command.payload, message_id),
+                " edited_payload = coalesce(?, edited_payload), edited_hash = coalesce(?, edited_hash) WHERE id = ?",
+                (Phase.WAITING, self.now_ms, self.now_ms, command.payload, self.edited_hash(row, command.payload),
+                 message_id),
             )
             self.emit(
                 EventType.REDRIVEN,

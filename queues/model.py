@@ -47,6 +47,10 @@ BatchLimit = Annotated[int, msgspec.Meta(ge=1, le=BATCH_IDS_MAX)]
 
 BUILTIN_KINDS: Final = ("callback", "list_update", "transfer")
 ERROR_CLASS_LEASE_EXPIRED: Final = "lease_expired"
+ERROR_CLASS_PAYLOAD_CORRUPT: Final = "payload_corrupt"
+"""The error class QueueClient.lease fails an attempt with when the payload granted does not match
+the content hash stored with it: retryable, so the next delivery (perhaps from another leader,
+whose copy is intact) can succeed, and dead-lettered with this class when none can."""
 
 
 class State(enum.Enum):
@@ -275,6 +279,11 @@ class Grant(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     due_ms: int
     """now_ms - due_ms is this delivery's lateness."""
     deadline_ms: int
+    payload_hash: bytes = b""
+    """`content_hash(kind, ref_key, payload)` as stored when the payload was written (at enqueue, or
+    at an edited redrive), read from another row than the payload: QueueClient.lease checks it, so
+    a payload corrupted at rest on the granting replica never reaches a handler. Empty for an
+    edited payload written before grants carried hashes."""
 
 
 class LeaseResult(_Result, frozen=True, tag="lease"):

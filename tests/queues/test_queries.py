@@ -33,6 +33,7 @@ from queues.model import (
     SetPolicy,
     SetRetention,
     State,
+    content_hash,
 )
 from queues.replicated import ReplicatedQueueMachine
 from raft_store.state_machine import Command
@@ -149,10 +150,12 @@ def test_edited_payload_is_kept_beside_the_original() -> None:
     node = Node()
     message_id = node.enqueue("x")
     (grant,) = node.lease().grants
+    assert grant.payload_hash == content_hash("transfer", "order-1", b"x")
     node.kill(message_id, grant.token)
     node.apply(Redrive(actor="ops", reason="fix account", ids=(message_id,), payload=b"corrected"))
     (again,) = node.lease().grants
     assert again.payload == b"corrected" and again.attempt == 2
+    assert again.payload_hash == content_hash("transfer", "order-1", b"corrected")  # the edit's own hash
     view = queries.get_message(node.machine.connection, message_id, now_ms=node.now_ms)
     assert view is not None and view.payload == b"x" and view.edited_payload == b"corrected"
     invalid = node.apply(Redrive(actor="o", reason="r", filter=DeadLetterFilter(), payload=b"no"))

@@ -363,3 +363,40 @@ async def test_replica_audit_names_a_replica_whose_store_was_corrupted_while_it_
     finally:
         await close_clients(clients)
         await raft.close()
+
+
+async def test_a_payload_corrupted_at_rest_never_reaches_a_handler_and_ends_as_a_dead_letter(
+    cluster: ProcessCluster,
+) -> None:
+    raft, queue = await _connect(cluster)  # kind "test": 2 attempts, 100 ms apart
+    try:
+        bad = await queue.enqueue("test", idempotency_key="bad", ref_key="r1", payload=b"pay 100")
+        good = await queue.enqueue("test", idempotency_key="good", ref_key="r2", payload=b"pay 200")
+        await _converged(cluster, raft)
+    finally:
+        await raft.close()
+    cluster.stop_all()
+    for node in cluster.ids:  # every copy, so whichever node leads grants the corrupt one
+        store = sqlite3.connect(cluster.root / f"node{node}" / DB_NAME)
+        with store:
+            assert store.execute("UPDATE bodies SET payload = ? WHERE id = ?", (b"pay 900", bad.message_id)).rowcount == 1
+        store.close()
+    cluster.start_all()
+    raft, queue = await _connect(cluster)
+    try:
+        handed: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + 20
+        view = None
+        while time.monotonic() < deadline:
+            for grant in (await queue.lease("w1", kinds=("test",), count_max=10, lease_ms=30_000)).grants:
+                handed.append((grant.message_id, grant.payload))
+                assert (await queue.ack(grant.message_id, grant.token)).code is Code.OK
+            view = (await queue.get(bad.message_id)).value
+            if view is not None and view.state is State.DEAD:
+                break
+            await asyncio.sleep(0.05)
+        assert handed == [(good.message_id, b"pay 200")]
+        assert view is not None and view.state is State.DEAD and view.last_error_class == "payload_corrupt"
+        assert [(a.outcome, a.error_class) for a in view.history] == [("failed", "payload_corrupt")] * 2
+    finally:
+        await raft.close()
