@@ -256,7 +256,10 @@ QueueCommand = (
 
 
 # ---- results --------------------------------------------------------------------------------
-class _Result(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="t"):
+# Commands refuse fields they do not know (a replica must not drop part of an intent in silence);
+# results and grants ignore them, so a node of a newer version can add a field to an answer
+# without breaking the clients of this one (they read what they know, as protobuf readers do).
+class _Result(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
     code: Code
 
 
@@ -265,7 +268,7 @@ class EnqueueResult(_Result, frozen=True, tag="enqueue"):
     state: State | None = None
 
 
-class Grant(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Grant(msgspec.Struct, frozen=True, kw_only=True):
     message_id: int
     token: int
     kind: str

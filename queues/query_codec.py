@@ -114,7 +114,9 @@ class QueryErrorCode(enum.IntEnum):
     """The query decoded but could not be answered (e.g. a bad cursor); see detail."""
 
 
-class _Answer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="r"):
+class _Answer(msgspec.Struct, frozen=True, kw_only=True, tag_field="r"):
+    """Unknown fields are ignored, as in queues.model's results: a newer node may add one."""
+
     now_ms: int = 0
     """The time the answer's states were computed at."""
 
@@ -128,7 +130,7 @@ class DeadLettersAnswer(_Answer, frozen=True, tag="dead"):
     next_cursor: str | None = None
 
 
-class KindStateCount(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class KindStateCount(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
     state: State
     count: int
