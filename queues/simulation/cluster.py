@@ -63,6 +63,7 @@ class QueueCluster(Cluster):
         self.offsets = {n: self.rng.randint(-CLOCK_OFFSET_MS_MAX, CLOCK_OFFSET_MS_MAX) for n in self.ids}
         self.qchecker = QueueChecker(self)
         self.net = ClientNet(self)
+        self.net.start(seed)
         self.workload = Workload(self, app_bugs or AppBugs())
 
     def clock(self, node_id: int) -> int:
@@ -172,7 +173,8 @@ class QueueCluster(Cluster):
         stats: dict[str, Any] = dict(self.stats)
         stats.update(self.workload.stats())
         stats.update(self.qchecker.stats())
-        stats["faults"] = self.stats["faults"] + stats["pauses"]
+        stats["faults"] = self.stats["faults"] + stats["pauses"] + self.net.stats.cuts
+        stats["client_cuts"] = self.net.stats.cuts
         return stats
 
 

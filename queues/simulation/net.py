@@ -6,12 +6,15 @@ the log already holds is answered from the session table instead of applying twi
 outcome is in doubt is dropped, never reused. The simulation keeps exactly that contract, and adds
 what a real network does to it: requests and answers dropped, duplicated and delayed, answers
 from a node that lost leadership, clients that pick a stale leader, and give-ups after timeouts
-(an "unknown" outcome for the caller).
+(an "unknown" outcome for the caller). Client links are also cut for a while, one client from one
+node, both ways or one way only (requests arrive and answers are lost: the command may apply
+while its client sees nothing), as a partition between an application host and one node is.
 """
 
 from __future__ import annotations
 
 import enum
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,6 +64,10 @@ class NetStats:
     unknown: int = 0
     requests: int = 0
     dropped: int = 0
+    cuts: int = 0
+    """Client-to-node links cut (a fault each)."""
+    cut_drops: int = 0
+    """Requests and answers lost to a cut link."""
 
 
 @dataclass(slots=True)
@@ -73,8 +80,45 @@ class ClientNet:
     duplicate: float = 0.02
     delay_ms_max: int = 15
     stale_leader_probability: float = 0.1
+    cut_every_ms: tuple[int, int] = (300, 1500)
+    cut_ms: tuple[int, int] = (150, 1500)
     stats: NetStats = field(default_factory=NetStats)
+    cut: dict[tuple[str, int], tuple[bool, bool]] = field(default_factory=dict)
+    """(client, node) -> (requests lost, answers lost) while the link is cut."""
+    clients: list[str] = field(default_factory=list)
     _next_lane: int = 0
+    _cut_rng: random.Random = field(default_factory=random.Random)
+
+    def start(self, seed: int) -> None:
+        """Begin cutting client links. Draws come from a generator of their own, so that the
+        seed's other draws (crashes, partitions, the workload's) keep their order."""
+        self._cut_rng = random.Random(seed ^ 0xC1C7)
+        self.cluster.at(self._cut_rng.uniform(*self.cut_every_ms), self._cut_loop)
+
+    def _cut_loop(self) -> None:
+        cluster = self.cluster
+        if cluster.healed:
+            self.cut.clear()
+            return
+        rng = self._cut_rng
+        if self.clients:
+            link = (rng.choice(self.clients), rng.choice(cluster.ids))
+            way = rng.random()
+            self.cut[link] = (way < 0.7, way >= 0.4)  # both ways 30 %, requests only 40 %, answers only 30 %
+            self.stats.cuts += 1
+            cluster.log(f"client link {link[0]}-n{link[1]} cut ({'both ways' if all(self.cut[link]) else 'one way'})")
+            cluster.at(rng.uniform(*self.cut_ms), lambda: self._mend(link))
+        cluster.at(rng.uniform(*self.cut_every_ms), self._cut_loop)
+
+    def _mend(self, link: tuple[str, int]) -> None:
+        self.cut.pop(link, None)
+
+    def link_open(self, client: str, node: int, *, answer: bool) -> bool:
+        cut = self.cut.get((client, node))
+        if cut is None or not cut[1 if answer else 0] or self.cluster.healed:
+            return True
+        self.stats.cut_drops += 1
+        return False
 
     def new_lane(self) -> Lane:
         self._next_lane += 1
@@ -107,6 +151,7 @@ class Client:
         self.net = net
         self.name = name
         self._free: list[Lane] = []
+        net.clients.append(name)
 
     def submit(self, command: QueueCommand, on_done: Done, *, tries_max: int = 4) -> None:
         if travels_sessionless(command):
@@ -134,10 +179,12 @@ class Client:
         net.stats.requests += 1
 
         def reply(status: Status, result: bytes) -> None:
-            net.send(lambda: self._answer(call, attempt, status, result))
+            if net.link_open(self.name, node_id, answer=True):
+                net.send(lambda: self._answer(call, attempt, status, result))
 
         request = (call.lane.client_id, call.lane.seq, call.data)
-        net.send(lambda: cluster.receive(node_id, request, reply))
+        if net.link_open(self.name, node_id, answer=False):
+            net.send(lambda: cluster.receive(node_id, request, reply))
         cluster.at(net.timeout_ms, lambda: self._retry(call, attempt))
 
     def _retry(self, call: Call, attempt: int) -> None:

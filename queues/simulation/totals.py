@@ -7,7 +7,7 @@ from typing import Any
 
 _SUMMED = ("faults", "acked", "acked_enqueues", "lost", "unexpected", "duplicate_deliveries", "duplicate_effects",
            "recovered", "dead_letters", "late_acks", "fenced_calls", "clock_went_back", "machine_ts_behind_log_time",
-           "purged", "events_purged", "reused_keys", "retention_changes", "retention_refusals", "sim_ms")
+           "purged", "events_purged", "reused_keys", "retention_changes", "retention_refusals", "client_cuts", "sim_ms")
 
 
 @dataclass(slots=True)
@@ -25,7 +25,7 @@ class Totals:
         s = self.sums
         hours = s["sim_ms"] / 3_600_000
         return (
-            f"{s['faults']} faults injected, {s['acked']} acked requests ({s['acked_enqueues']} enqueues), "
+            f"{s['faults']} faults injected ({s['client_cuts']} client links cut), {s['acked']} acked requests ({s['acked_enqueues']} enqueues), "
             f"{s['lost']} lost, {s['unexpected']} unexpected, {s['duplicate_deliveries']} duplicate deliveries, "
             f"{s['duplicate_effects']} duplicate effects, {self.seeds} simulation seeds ({hours:.2f} simulated hours); "
             f"{s['recovered']} recovered enqueues, {s['dead_letters']} dead letters, {s['late_acks']} late acks, "
