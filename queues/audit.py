@@ -21,11 +21,12 @@ auditor reached them are skipped and counted, never compared short.
 
 Events carry no payload bytes, so each round also scrubs a range of messages on every replica
 (`ScrubPayloads`): the replica recomputes each message's content hash from the kind, ref key and
-payload it stores and names those that no longer match the hash stored at enqueue. The scrub
-walks the ids and starts over at the end, as a RAID or ZFS scrub does.
+payload it stores and names those that no longer match the hash stored at enqueue (or, for an
+operator's edited payload, the hash stored with the edit). The scrub walks the ids and starts
+over at the end, as a RAID or ZFS scrub does.
 
-What it does not see: state that is in neither an event nor a content hash (an operator's edited
-payload, kept beside the original, is covered by neither).
+What it does not see: state that is in neither an event nor a content hash (an edited payload
+written before edits stored their hash has none to be checked against).
 
 Must never: write, or stop a replica. It reports (ERROR log, `AuditStats`, exit 1 with --once) and
 a person decides; the usual repair is to wipe the diverged replica's data and let it rejoin, which

@@ -417,7 +417,8 @@ class MessageView(msgspec.Struct, frozen=True, kw_only=True):
 def content_hash(kind: str, ref_key: str, payload: bytes) -> bytes:
     """What makes two enqueues with one idempotency key 'the same' (headers are trace context).
 
-    Stored with each message at enqueue; the payload scrub (queries.scrub_payloads) recomputes it."""
+    Stored with each message at enqueue, and with an edited payload at its redrive; the payload
+    scrub (queries.scrub_payloads) and QueueClient.lease recompute it to detect corruption."""
     kind_b, ref_b = kind.encode(), ref_key.encode()
     framed = b"".join((len(kind_b).to_bytes(4, "big"), kind_b, len(ref_b).to_bytes(4, "big"), ref_b, payload))
     return hashlib.blake2b(framed, digest_size=16).digest()

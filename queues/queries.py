@@ -291,16 +291,23 @@ def last_event_seq(conn: sqlite3.Connection) -> int:
 
 def scrub_payloads(conn: sqlite3.Connection, after: int, through: int) -> tuple[int, list[int]]:
     """(messages checked, ids whose payload no longer matches their content hash) for ids in
-    (after, through]. A message whose payload row is missing counts as corrupt too."""
+    (after, through]. A message whose payload row is missing counts as corrupt too, and so does an
+    edited payload that no longer matches the hash stored with the edit."""
     rows = conn.execute(
-        "SELECT m.id, m.kind, m.ref_key, m.content_hash, b.payload FROM messages m LEFT JOIN bodies b ON b.id = m.id"
-        " WHERE m.id > ? AND m.id <= ? ORDER BY m.id",
+        "SELECT m.id, m.kind, m.ref_key, m.content_hash, b.payload, m.edited_payload, m.edited_hash"
+        " FROM messages m LEFT JOIN bodies b ON b.id = m.id WHERE m.id > ? AND m.id <= ? ORDER BY m.id",
         (after, through),
     ).fetchall()
-    corrupt = [
-        int(r[0]) for r in rows if r[4] is None or content_hash(str(r[1]), str(r[2]), bytes(r[4])) != bytes(r[3])
-    ]
+    corrupt = [int(r[0]) for r in rows if not _payloads_intact(r)]
     return len(rows), corrupt
+
+
+def _payloads_intact(row: Any) -> bool:
+    kind, ref_key = str(row[1]), str(row[2])
+    if row[4] is None or content_hash(kind, ref_key, bytes(row[4])) != bytes(row[3]):
+        return False
+    # An edit written before edits stored their hash has none: nothing to check it against.
+    return row[5] is None or row[6] is None or content_hash(kind, ref_key, bytes(row[5])) == bytes(row[6])
 
 
 def last_message_id(conn: sqlite3.Connection) -> int:

@@ -88,8 +88,8 @@ class EventsDigest(_Query, frozen=True, tag="events_digest"):
 class ScrubPayloads(_Query, frozen=True, tag="scrub"):
     """Recompute the content hash of each message with id in (after, after + limit] from the kind,
     ref key and payload this replica stores, and name those that do not match the hash stored at
-    enqueue. Events carry no payload bytes, so the replica audit's digests cannot see a corrupted
-    payload; this can, before a worker is handed it."""
+    enqueue (or with an edited payload). Events carry no payload bytes, so the replica audit's
+    digests cannot see a corrupted payload at rest; this can (QueueClient.lease checks at use)."""
 
     after: Annotated[int, msgspec.Meta(ge=0)] = 0
     limit: Annotated[int, msgspec.Meta(ge=1, le=EVENTS_LIMIT_MAX)] = 1000

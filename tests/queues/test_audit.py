@@ -20,7 +20,7 @@ from queues import query_codec as qc
 from queues.audit import ReplicaAuditor
 from queues.client import QueueClient
 from queues.machine import QueueConfig
-from queues.model import Ack, Enqueue, Lease, LeaseResult, Purge, QueueCommand
+from queues.model import Ack, BatchResult, Enqueue, Lease, LeaseResult, Purge, QueueCommand, Redrive
 from queues.replicated import ReplicatedQueueMachine
 from raft_store.state_machine import Command
 
@@ -173,3 +173,19 @@ def test_a_corrupted_payload_is_found_by_the_scrub_on_the_replica_that_stores_it
     assert auditor.corrupt == {"n1": {21}} and auditor.stats.corrupt_payloads == 2  # each reported once
     read = asyncio.run(replicas.clients()["n1"].scrub_payloads(20, 5)).value
     assert (read.through, read.last_id, read.checked, read.corrupt) == (25, 30, 5, (21,))
+
+
+def test_an_edited_payload_is_scrubbed_against_the_hash_stored_with_the_edit() -> None:
+    replicas = Replicas()
+    replicas.traffic(6)  # messages 1-3 acked, 4-6 leased
+    replicas.now_ms += 60_000  # past the leases: 4-6 are due again
+    redriven = codec.decode_result(
+        replicas.apply([Redrive(actor="finance", reason="fix amount", ids=(5,), payload=b"corrected")])[0]
+    )
+    assert isinstance(redriven, BatchResult) and redriven.ids == (5,)
+    auditor = ReplicaAuditor(replicas.clients())
+    asyncio.run(auditor.scrub_all())
+    assert auditor.corrupt == {} and auditor.stats.payloads_scrubbed == 18
+    replicas.machines["n2"].connection.execute("UPDATE messages SET edited_payload = x'00' WHERE id = 5")
+    asyncio.run(auditor.scrub_all())
+    assert auditor.corrupt == {"n2": {5}}
