@@ -92,7 +92,8 @@ def _short(event: Event | None) -> str:
 class AuditStats:
     rounds: int = 0
     audited_through: int = 0
-    """Every event up to this seq was compared on at least two replicas (or skipped as purged)."""
+    """Every event up to this seq was compared on at least two replicas (or skipped as purged): the
+    auditor's cursor, from which its next round starts."""
     events_compared: int = 0
     skipped_purged: int = 0
     """Events purged past their retention before the auditor reached them: never compared."""
@@ -118,7 +119,6 @@ class ReplicaAuditor:
     """The divergence the latest round found, None when it found none."""
     corrupt: dict[str, set[int]] = field(default_factory=dict)
     """Per replica, the messages whose payload failed the latest scrub of their id."""
-    _cursor: int = 0
     _scrubbed: dict[str, int] = field(default_factory=dict)
     _reported: set[tuple[str, int]] = field(default_factory=set)
     _task: asyncio.Task[None] | None = None
@@ -184,7 +184,7 @@ class ReplicaAuditor:
         return False
 
     async def _audit(self) -> Divergence | None:
-        bounds = await self._digests(self._cursor, 0, tuple(sorted(self.replicas)))
+        bounds = await self._digests(self.stats.audited_through, 0, tuple(sorted(self.replicas)))
         if len(bounds) < 2:
             self.stats.unreachable += 1
             return None
@@ -192,9 +192,9 @@ class ReplicaAuditor:
         common = min(answer.last_seq for answer in bounds.values())
         while True:
             self._skip_purged(bounds)
-            if self._cursor >= common:
+            if self.stats.audited_through >= common:
                 return None
-            after = self._cursor
+            after = self.stats.audited_through
             answers = await self._digests(after, min(self.chunk, common - after), names)
             if len(answers) < len(names):
                 self.stats.unreachable += 1
@@ -205,15 +205,15 @@ class ReplicaAuditor:
             if len({(a.through, a.count, a.digest) for a in answers.values()}) == 1:
                 through = next(iter(answers.values())).through
                 self.stats.events_compared += through - after
-                self._cursor = self.stats.audited_through = through
+                self.stats.audited_through = through
                 continue
             return await self._bisect(after, max(a.through for a in answers.values()), names)
 
     def _skip_purged(self, answers: Mapping[str, qc.DigestAnswer]) -> None:
         first = max(answer.first_seq for answer in answers.values())
-        if self._cursor < first - 1:
-            self.stats.skipped_purged += first - 1 - self._cursor
-            self._cursor = self.stats.audited_through = first - 1
+        if self.stats.audited_through < first - 1:
+            self.stats.skipped_purged += first - 1 - self.stats.audited_through
+            self.stats.audited_through = first - 1
 
     async def _bisect(self, low: int, high: int, names: tuple[str, ...]) -> Divergence | None:
         """The first seq in (low, high] where the replicas differ; (low, high] is known to differ."""
