@@ -58,13 +58,18 @@ from queues.model import (
     Outcomes,
     PauseKind,
     Purge,
+    PutToken,
     QueueCommand,
     QueueResult,
     Redrive,
     ResumeKind,
     RetentionResult,
+    RevokeToken,
+    Role,
     SetPolicy,
+    SetQuota,
     SetRetention,
+    TokenResult,
     content_hash,
 )
 from raft_store.client import ClientError, RaftClient
@@ -261,14 +266,30 @@ class QueueClient:
     async def discard(self, message_id: int, actor: str, reason: str) -> Outcome:
         return _expect(await self.submit(Discard(message_id=message_id, actor=actor, reason=reason)), Outcome)
 
-    async def pause(self, kind: str, holder: str, reason: str = "") -> KindResult:
-        return _expect(await self.submit(PauseKind(kind=kind, holder=holder, reason=reason)), KindResult)
+    async def pause(self, kind: str, holder: str, reason: str = "", *, actor: str = "") -> KindResult:
+        return _expect(await self.submit(PauseKind(kind=kind, holder=holder, reason=reason, actor=actor)), KindResult)
 
-    async def resume(self, kind: str, holder: str) -> KindResult:
-        return _expect(await self.submit(ResumeKind(kind=kind, holder=holder)), KindResult)
+    async def resume(self, kind: str, holder: str, *, actor: str = "") -> KindResult:
+        return _expect(await self.submit(ResumeKind(kind=kind, holder=holder, actor=actor)), KindResult)
 
-    async def set_policy(self, kind: str, policy: RetryPolicy) -> KindResult:
-        return _expect(await self.submit(SetPolicy(kind=kind, policy=policy)), KindResult)
+    async def set_policy(self, kind: str, policy: RetryPolicy, *, actor: str = "", reason: str = "") -> KindResult:
+        """The kind registered or its policy replaced; `policy_before` in the result is what it was."""
+        command = SetPolicy(kind=kind, policy=policy, actor=actor, reason=reason)
+        return _expect(await self.submit(command), KindResult)
+
+    async def put_token(self, name: str, role: Role, secret_hash: bytes, *, actor: str, reason: str = "") -> TokenResult:
+        """Create or rotate `name`'s token (the secret's SHA-256 only; see queues/access.py)."""
+        command = PutToken(name=name, role=role, secret_hash=secret_hash, actor=actor, reason=reason)
+        return _expect(await self.submit(command), TokenResult)
+
+    async def revoke_token(self, name: str, *, actor: str, reason: str = "") -> TokenResult:
+        return _expect(await self.submit(RevokeToken(name=name, actor=actor, reason=reason)), TokenResult)
+
+    async def set_quota(
+        self, name: str, *, actor: str, rate_per_s: int | None = None, burst: int | None = None
+    ) -> TokenResult:
+        command = SetQuota(name=name, actor=actor, rate_per_s=rate_per_s, burst=burst)
+        return _expect(await self.submit(command), TokenResult)
 
     async def set_retention(
         self, *, actor: str, reason: str, retention_ms: int | None = None, event_retention_ms: int | None = None
@@ -334,6 +355,19 @@ class QueueClient:
     async def oldest_due_age_ms(self, *, stale_ok: bool = False) -> Read[dict[str, int]]:
         read = await self._ask(qc.OldestDueAge(), qc.OldestDueAnswer, stale_ok)
         return Read(dict(read.value.ages_ms), read.applied_index, read.now_ms)
+
+    async def kinds(self, *, stale_ok: bool = False) -> Read[tuple[qc.KindView, ...]]:
+        read = await self._ask(qc.Kinds(), qc.KindsAnswer, stale_ok)
+        return Read(read.value.kinds, read.applied_index, read.now_ms)
+
+    async def message_events(self, ids: Sequence[int], *, stale_ok: bool = False) -> Read[tuple[Event, ...]]:
+        """The operator events (dead-lettered, redriven, discarded) of these messages, in log order."""
+        read = await self._ask(qc.MessageEvents(ids=tuple(ids)), qc.MessageEventsAnswer, stale_ok)
+        return Read(read.value.events, read.applied_index, read.now_ms)
+
+    async def tokens(self, *, known_version: int = -1, stale_ok: bool = False) -> Read[qc.TokensAnswer]:
+        """Every token, or only the access version when it is still `known_version`."""
+        return await self._ask(qc.Tokens(known_version=known_version), qc.TokensAnswer, stale_ok)
 
     async def retention(self, *, stale_ok: bool = False) -> Read[qc.RetentionAnswer]:
         """The tombstone and event retentions in force, and the floor SetRetention enforces."""

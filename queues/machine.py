@@ -35,13 +35,14 @@ import msgspec
 
 from delay import index as due_index
 from delay.policy import DAY_MS, DEFAULT_POLICY, DELAY_MAX_MS, DeadLetter, RetryPolicy, decide
-from queues import codec
+from queues import access, codec
 from queues.lifecycle import TERMINAL, Action, transition
 from queues.model import (
     BUILTIN_KINDS,
     ERROR_CLASS_LEASE_EXPIRED,
     EVENTS_PURGE_MAX,
     LEASE_RESULT_BYTES_MAX,
+    OPERATOR_EVENT_TYPES,
     Ack,
     AckMany,
     BatchResult,
@@ -64,12 +65,15 @@ from queues.model import (
     PauseKind,
     Phase,
     Purge,
+    PutToken,
     QueueCommand,
     QueueResult,
     Redrive,
     ResumeKind,
     RetentionResult,
+    RevokeToken,
     SetPolicy,
+    SetQuota,
     SetRetention,
     State,
     content_hash,
@@ -192,6 +196,14 @@ _MESSAGE_INSERT: Final = (
     " attempts, budget_attempts, budget_start_ms, token, token_open, request_id)"
     " VALUES (?,?,?,?,?,?,?,?,?,0,0,?,0,0,?)"
 )
+
+_OPERATOR_EVENT_NAMES: Final = ", ".join(f"'{t.value}'" for t in OPERATOR_EVENT_TYPES)
+_OPERATOR_EVENTS_INDEX: Final = (
+    "CREATE INDEX IF NOT EXISTS events_operator ON events (message_id, seq)"
+    f" WHERE type IN ({_OPERATOR_EVENT_NAMES})"
+)
+"""Partial: these events are rare (dead-lettering, redrive, discard), so the index costs the hot
+path nothing, and a request's timeline finds who acted on it without scanning the event log."""
 
 _EVENT_INSERT: Final = "INSERT INTO events (seq, log_index, ts_ms, type, message_id, kind, data) VALUES (?,?,?,?,?,?,?)"
 
@@ -341,6 +353,8 @@ class QueueMachine(SqliteStateMachine):
         if "edited_hash" not in message_columns:  # before grants carried payload hashes
             conn.execute("ALTER TABLE messages ADD COLUMN edited_hash BLOB")
         due_index.create_indexes(conn, TABLE)
+        access.create_tables(conn)
+        conn.execute(_OPERATOR_EVENTS_INDEX)
         policy = _policy_encoder.encode(self.config.default_policy)
         for kind in BUILTIN_KINDS:
             conn.execute("INSERT OR IGNORE INTO kinds (kind, policy) VALUES (?, ?)", (kind, policy))
@@ -598,6 +612,12 @@ class _Apply:
                 return self.purge(command)
             case SetRetention():
                 return self.set_retention(command)
+            case PutToken():
+                return access.put_token(self.conn, self.now_ms, command, self.emit)
+            case RevokeToken():
+                return access.revoke_token(self.conn, self.now_ms, command, self.emit)
+            case SetQuota():
+                return access.set_quota(self.conn, command, self.emit)
 
     # ---- shared helpers ---------------------------------------------------------------------
     def emit(self, type_: EventType, message_id: int, kind: str, data: dict[str, EventValue]) -> None:
@@ -696,7 +716,7 @@ class _Apply:
             else:
                 code = Code.EXISTS
             state = state_of(Phase(existing[2]), existing[3], now_ms)
-            return EnqueueResult(code=code, message_id=int(existing[0]), state=state)
+            return EnqueueResult(code=code, message_id=int(existing[0]), state=state, due_ms=int(existing[3]))
         batch = self.batch
         message_id = batch.next_message_id
         batch.next_message_id += 1
@@ -727,7 +747,7 @@ class _Apply:
             {"idempotency_key": command.idempotency_key, "ref_key": command.ref_key, "due_ms": due_ms},
         )
         return EnqueueResult(
-            code=Code.OK, message_id=message_id, state=state_of(Phase.WAITING, due_ms, now_ms)
+            code=Code.OK, message_id=message_id, state=state_of(Phase.WAITING, due_ms, now_ms), due_ms=due_ms
         )
 
     # ---- lease ------------------------------------------------------------------------------
@@ -1116,7 +1136,9 @@ class _Apply:
             (command.kind, command.holder, command.reason, self.now_ms),
         )
         self.machine.forget_pauses()
-        self.emit(EventType.PAUSED, 0, command.kind, {"holder": command.holder, "reason": command.reason})
+        self.emit(
+            EventType.PAUSED, 0, command.kind, {"holder": command.holder, "reason": command.reason, "actor": command.actor}
+        )
         return KindResult(code=Code.OK, kind=command.kind, holders=self.holders(command.kind))
 
     def resume(self, command: ResumeKind) -> QueueResult:
@@ -1131,7 +1153,8 @@ class _Apply:
         self.machine.forget_pauses()
         holders = self.holders(command.kind)
         self.emit(
-            EventType.RESUMED, 0, command.kind, {"holder": command.holder, "still_paused": bool(holders)}
+            EventType.RESUMED, 0, command.kind,
+            {"holder": command.holder, "still_paused": bool(holders), "actor": command.actor},
         )
         return KindResult(code=Code.OK, kind=command.kind, holders=holders)
 
@@ -1139,7 +1162,8 @@ class _Apply:
         problems = command.policy.problems()
         if problems:
             return ErrorResult(code=Code.INVALID, detail="; ".join(problems)[:200])
-        if not self.kind_known(command.kind):
+        before = self.machine.kinds(self.conn).get(command.kind)
+        if before is None:
             (count,) = self.conn.execute("SELECT count(*) FROM kinds").fetchone()
             if count >= KINDS_MAX:
                 return ErrorResult(code=Code.INVALID, detail=f"more than {KINDS_MAX} kinds")
@@ -1150,9 +1174,13 @@ class _Apply:
         )
         self.machine.forget_kinds()
         self.emit(
-            EventType.POLICY_SET, 0, command.kind, {"policy": msgspec.json.encode(command.policy).decode()}
+            EventType.POLICY_SET, 0, command.kind,
+            {"policy": msgspec.json.encode(command.policy).decode(), "actor": command.actor, "reason": command.reason,
+             "policy_before": None if before is None else msgspec.json.encode(before).decode()},
+        )  # fmt: skip
+        return KindResult(
+            code=Code.OK, kind=command.kind, holders=self.holders(command.kind), policy_before=before
         )
-        return KindResult(code=Code.OK, kind=command.kind, holders=self.holders(command.kind))
 
     def set_retention(self, command: SetRetention) -> QueueResult:
         floor = self.config.retention_floor_ms

@@ -46,6 +46,12 @@ CountMax = Annotated[int, msgspec.Meta(ge=1, le=LEASE_COUNT_MAX)]
 BatchLimit = Annotated[int, msgspec.Meta(ge=1, le=BATCH_IDS_MAX)]
 
 BUILTIN_KINDS: Final = ("callback", "list_update", "transfer")
+TOKENS_MAX: Final = 10_000
+PrincipalName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,31}$")]
+"""Who holds a token: a calling service ("red-packet"), an operator or a process ("reconcile")."""
+SecretHash = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+RatePerS = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
+Burst = Annotated[int, msgspec.Meta(ge=1, le=10_000_000)]
 ERROR_CLASS_LEASE_EXPIRED: Final = "lease_expired"
 ERROR_CLASS_PAYLOAD_CORRUPT: Final = "payload_corrupt"
 """The error class QueueClient.lease fails an attempt with when the payload granted does not match
@@ -60,6 +66,17 @@ class State(enum.Enum):
     DONE = "done"
     DEAD = "dead"
     DISCARDED = "discarded"
+
+
+class Role(enum.Enum):
+    """What a token's holder may do (the API's role matrix says where each is allowed)."""
+
+    PRODUCER = "producer"
+    """Submits requests and reads the ones it submitted."""
+    OPERATOR = "operator"
+    REVIEWER = "reviewer"
+    APPROVER = "approver"
+    ADMIN = "admin"
 
 
 class Phase(enum.IntEnum):
@@ -207,11 +224,14 @@ class PauseKind(_Command, frozen=True, tag="pause"):
     kind: KindName
     holder: Name
     reason: Text = ""
+    actor: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    """Who asked (recorded in the event); a holder may be a breaker acting for nobody."""
 
 
 class ResumeKind(_Command, frozen=True, tag="resume"):
     kind: KindName
     holder: Name
+    actor: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 class SetPolicy(_Command, frozen=True, tag="set_policy"):
@@ -219,6 +239,8 @@ class SetPolicy(_Command, frozen=True, tag="set_policy"):
 
     kind: KindName
     policy: RetryPolicy
+    actor: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    reason: Text = ""
 
 
 EVENTS_PURGE_MAX: Final = 10_000
@@ -249,9 +271,35 @@ class SetRetention(_Command, frozen=True, tag="set_retention"):
     event_retention_ms: RetentionMs | None = None
 
 
+class PutToken(_Command, frozen=True, tag="put_token"):
+    """Create the named principal's token, or rotate it (a new secret, the old one stops working
+    at once; a revoked token is live again). Only the secret's SHA-256 is ever in the log."""
+
+    name: PrincipalName
+    role: Role
+    secret_hash: SecretHash
+    actor: Name
+    reason: Text = ""
+
+
+class RevokeToken(_Command, frozen=True, tag="revoke_token"):
+    name: PrincipalName
+    actor: Name
+    reason: Text = ""
+
+
+class SetQuota(_Command, frozen=True, tag="set_quota"):
+    """A principal's intake rate and burst (None: the API's configured default)."""
+
+    name: PrincipalName
+    actor: Name
+    rate_per_s: RatePerS | None = None
+    burst: Burst | None = None
+
+
 QueueCommand = (
     Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | ExpireLeases | Redrive | Discard | PauseKind
-    | ResumeKind | SetPolicy | Purge | SetRetention
+    | ResumeKind | SetPolicy | Purge | SetRetention | PutToken | RevokeToken | SetQuota
 )  # fmt: skip
 
 
@@ -266,6 +314,8 @@ class _Result(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
 class EnqueueResult(_Result, frozen=True, tag="enqueue"):
     message_id: int = 0
     state: State | None = None
+    due_ms: int | None = None
+    """When the message is (or was, for EXISTS) due."""
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True):
@@ -325,6 +375,8 @@ class KindResult(_Result, frozen=True, tag="kind"):
 
     kind: str = ""
     holders: tuple[str, ...] = ()
+    policy_before: RetryPolicy | None = None
+    """Set policy: the policy the command replaced (None for a kind it registered)."""
 
 
 class RetentionResult(_Result, frozen=True, tag="retention"):
@@ -334,6 +386,16 @@ class RetentionResult(_Result, frozen=True, tag="retention"):
     event_retention_ms: int = 0
 
 
+class TokenResult(_Result, frozen=True, tag="token"):
+    """Put, revoke, quota: the token's state after the command and the access version, which
+    API processes poll to see any change (a revocation) within their refresh interval."""
+
+    name: str = ""
+    role: Role | None = None
+    revoked: bool = False
+    version: int = 0
+
+
 class ErrorResult(_Result, frozen=True, tag="error"):
     """The command's bytes did not decode, or its values contradict each other."""
 
@@ -341,7 +403,8 @@ class ErrorResult(_Result, frozen=True, tag="error"):
 
 
 QueueResult = (
-    EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | ErrorResult
+    EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | TokenResult
+    | ErrorResult
 )
 
 
@@ -361,6 +424,14 @@ class EventType(enum.Enum):
     RESUMED = "resumed"
     POLICY_SET = "policy_set"
     RETENTION_SET = "retention_set"
+    TOKEN_PUT = "token_put"
+    TOKEN_REVOKED = "token_revoked"
+    QUOTA_SET = "quota_set"
+
+
+OPERATOR_EVENT_TYPES: Final = (EventType.DEAD_LETTERED, EventType.REDRIVEN, EventType.DISCARDED)
+"""The events of a message that its row and attempt history do not already tell (who redrove or
+discarded it, and why it went dead each time): indexed by message, for its timeline."""
 
 
 EventValue = str | int | bool | None
@@ -389,6 +460,17 @@ class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
     """None while leased; else succeeded, failed, expired."""
     error_class: str | None
     error_text: str | None
+
+
+class TokenView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    role: Role
+    secret_hash: bytes
+    created_ms: int
+    created_by: str
+    revoked_ms: int | None = None
+    rate_per_s: int | None = None
+    burst: int | None = None
 
 
 class MessageView(msgspec.Struct, frozen=True, kw_only=True):

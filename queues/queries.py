@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -22,6 +23,7 @@ from delay import index as due_index
 from delay.policy import RetryPolicy
 from queues import codec
 from queues.model import (
+    OPERATOR_EVENT_TYPES,
     AttemptView,
     DeadLetterFilter,
     Event,
@@ -32,6 +34,7 @@ from queues.model import (
     content_hash,
     state_of,
 )
+from queues.query_codec import KindView, PauseView
 
 PAGE_LIMIT_MAX: Final = 1000
 REF_KEY_MESSAGES_MAX: Final = 1000
@@ -45,6 +48,7 @@ _MESSAGE_COLUMNS: Final = (
 )
 
 _policy_decoder: Final = msgspec.msgpack.Decoder(RetryPolicy)
+_OPERATOR_EVENT_NAMES: Final = ", ".join(f"'{t.value}'" for t in OPERATOR_EVENT_TYPES)
 
 
 class DeadLetterPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,12 +61,6 @@ class KindStateCount(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
     state: State
     count: int
-
-
-class KindView(msgspec.Struct, frozen=True, kw_only=True):
-    kind: str
-    policy: RetryPolicy
-    pause_holders: tuple[str, ...]
 
 
 def _history(conn: sqlite3.Connection, message_id: int) -> tuple[AttemptView, ...]:
@@ -202,18 +200,39 @@ def dead_letters(
 
 
 def kinds(conn: sqlite3.Connection) -> list[KindView]:
-    rows = conn.execute("SELECT kind, policy FROM kinds ORDER BY kind").fetchall()
-    views = []
-    for kind, policy in rows:
-        holders = conn.execute(
-            "SELECT holder FROM kind_pauses WHERE kind = ? ORDER BY holder", (kind,)
+    """Every registered kind (at most KINDS_MAX), its policy and its pauses, by name."""
+    pauses: dict[str, list[PauseView]] = {}
+    for kind, holder, reason, since_ms in conn.execute(
+        "SELECT kind, holder, reason, since_ms FROM kind_pauses ORDER BY kind, holder"
+    ):
+        pauses.setdefault(kind, []).append(PauseView(holder=holder, reason=reason, since_ms=since_ms))
+    return [
+        KindView(kind=kind, policy=_policy_decoder.decode(policy), pauses=tuple(pauses.get(kind, ())))
+        for kind, policy in conn.execute("SELECT kind, policy FROM kinds ORDER BY kind")
+    ]
+
+
+def message_events(conn: sqlite3.Connection, message_ids: Sequence[int]) -> list[Event]:
+    """The operator events of these messages (OPERATOR_EVENT_TYPES), in log order, through the
+    partial index `events_operator` (the query repeats its predicate so the planner can use it)."""
+    ids = list(dict.fromkeys(message_ids))
+    found: list[Event] = []
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        rows = conn.execute(
+            "SELECT seq, log_index, ts_ms, type, message_id, kind, data FROM events"
+            f" WHERE message_id IN ({','.join('?' * len(chunk))}) AND type IN ({_OPERATOR_EVENT_NAMES})",
+            chunk,
         ).fetchall()
-        views.append(
-            KindView(
-                kind=kind, policy=_policy_decoder.decode(policy), pause_holders=tuple(h[0] for h in holders)
-            )
-        )
-    return views
+        found.extend(_event_of(row) for row in rows)
+    return sorted(found, key=lambda event: event.seq)
+
+
+def _event_of(r: Any) -> Event:
+    return Event(
+        seq=r[0], log_index=r[1], ts_ms=r[2], type=EventType(r[3]), message_id=r[4], kind=r[5],
+        data=codec.decode_event_data(r[6]),
+    )  # fmt: skip
 
 
 def counts(conn: sqlite3.Connection, *, now_ms: int) -> list[KindStateCount]:
@@ -322,15 +341,4 @@ def events_after(conn: sqlite3.Connection, seq: int, *, limit: int = 1000) -> li
         " WHERE seq > ? ORDER BY seq LIMIT ?",
         (seq, limit),
     ).fetchall()
-    return [
-        Event(
-            seq=r[0],
-            log_index=r[1],
-            ts_ms=r[2],
-            type=EventType(r[3]),
-            message_id=r[4],
-            kind=r[5],
-            data=codec.decode_event_data(r[6]),
-        )
-        for r in rows
-    ]
+    return [_event_of(r) for r in rows]

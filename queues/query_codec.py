@@ -16,7 +16,8 @@ from typing import Annotated, Final, cast
 
 import msgspec
 
-from queues.model import DeadLetterFilter, Event, Key, MessageId, MessageView, RefKey, State, TimeMs
+from delay.policy import RetryPolicy
+from queues.model import DeadLetterFilter, Event, Key, MessageId, MessageView, RefKey, State, TimeMs, TokenView
 
 QUERY_CODEC_VERSION: Final = 1
 _VERSION_BYTE: Final = bytes([QUERY_CODEC_VERSION])
@@ -99,9 +100,28 @@ class Retention(_Query, frozen=True, tag="retention"):
     """The tombstone and event retentions in force (SetRetention's, else the config's)."""
 
 
+class Kinds(_Query, frozen=True, tag="kinds"):
+    """Every registered kind with its retry policy and who holds it paused, and why."""
+
+
+class MessageEvents(_Query, frozen=True, tag="message_events"):
+    """The operator events (dead-lettered, redriven, discarded) of these messages, in log order:
+    what a request's timeline needs beyond its row and attempt history. Read through a partial
+    index; events purged past their retention are gone here too."""
+
+    ids: Annotated[tuple[MessageId, ...], msgspec.Meta(min_length=1, max_length=IDS_PER_QUERY_MAX)]
+
+
+class Tokens(_Query, frozen=True, tag="tokens"):
+    """Every API token (hashes, never secrets), unless the access version is still `known_version`:
+    then only the version, so a cache polls with one small read."""
+
+    known_version: Annotated[int, msgspec.Meta(ge=-1)] = -1
+
+
 QueueQuery = (
     GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | EventsDigest
-    | ScrubPayloads | Retention
+    | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens
 )
 
 
@@ -179,6 +199,33 @@ class ScrubAnswer(_Answer, frozen=True, tag="scrub"):
     """Ids whose stored payload (or its row) does not match the content hash stored with them."""
 
 
+class PauseView(msgspec.Struct, frozen=True, kw_only=True):
+    holder: str
+    reason: str
+    since_ms: int
+
+
+class KindView(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    policy: RetryPolicy
+    pauses: tuple[PauseView, ...] = ()
+
+
+class KindsAnswer(_Answer, frozen=True, tag="kinds"):
+    kinds: tuple[KindView, ...] = ()
+
+
+class MessageEventsAnswer(_Answer, frozen=True, tag="message_events"):
+    events: tuple[Event, ...] = ()
+
+
+class TokensAnswer(_Answer, frozen=True, tag="tokens"):
+    version: int = 0
+    changed: bool = True
+    """False: the version is the one the caller knew, and `tokens` is empty."""
+    tokens: tuple[TokenView, ...] = ()
+
+
 class QueryError(_Answer, frozen=True, tag="error"):
     code: QueryErrorCode
     detail: str = ""
@@ -186,7 +233,7 @@ class QueryError(_Answer, frozen=True, tag="error"):
 
 QueryAnswer = (
     MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | DigestAnswer
-    | ScrubAnswer | RetentionAnswer | QueryError
+    | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | QueryError
 )
 
 _encoder: Final = msgspec.msgpack.Encoder()

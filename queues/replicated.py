@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from queues import queries
+from queues import access, queries
 from queues import query_codec as qc
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import MessageView
@@ -112,6 +112,15 @@ def answer_query(
             through = max(query.after, min(query.after + query.limit, last_id))
             checked, corrupt = queries.scrub_payloads(conn, query.after, through)
             return qc.ScrubAnswer(through=through, last_id=last_id, checked=checked, corrupt=tuple(corrupt), now_ms=now_ms)
+        case qc.Kinds():
+            return qc.KindsAnswer(kinds=tuple(queries.kinds(conn)), now_ms=now_ms)
+        case qc.MessageEvents():
+            return qc.MessageEventsAnswer(events=tuple(queries.message_events(conn, query.ids)), now_ms=now_ms)
+        case qc.Tokens():
+            version = access.version(conn)
+            if version == query.known_version:
+                return qc.TokensAnswer(version=version, changed=False, now_ms=now_ms)
+            return qc.TokensAnswer(version=version, tokens=tuple(access.tokens(conn)), now_ms=now_ms)
         case qc.Retention():
             kept, events_kept = queries.retention_in_force(
                 conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms

@@ -435,4 +435,4 @@ class Operator:
         if leader is None or leader not in self.w.cluster.machines:
             return []
         conn = self.w.cluster.machines[leader].connection
-        return [(view.kind, holder) for view in queries.kinds(conn) for holder in view.pause_holders]
+        return [(view.kind, pause.holder) for view in queries.kinds(conn) for pause in view.pauses]

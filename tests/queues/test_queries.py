@@ -6,11 +6,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from queue_node import T0, Node
 
 from delay.policy import DAY_MS, RetryPolicy
-from queues import codec, queries
+from queues import queries
 from queues.client import EventsPurged, QueueClient
-from queues.machine import QueueConfig, QueueMachine
+from queues.machine import QueueConfig
 from queues.model import (
     EVENTS_PURGE_MAX,
     Ack,
@@ -21,12 +22,8 @@ from queues.model import (
     EnqueueResult,
     EventType,
     Fail,
-    Lease,
-    LeaseResult,
     PauseKind,
     Purge,
-    QueueCommand,
-    QueueResult,
     Redrive,
     ResumeKind,
     RetentionResult,
@@ -36,40 +33,6 @@ from queues.model import (
     content_hash,
 )
 from queues.replicated import ReplicatedQueueMachine
-from raft_store.state_machine import Command
-
-T0 = 1_700_000_000_000
-
-
-class Node:
-    def __init__(self, path: str = ":memory:", config: QueueConfig | None = None) -> None:
-        self.machine: QueueMachine = QueueMachine(path, config)
-        self.index = 0
-        self.now_ms = T0
-
-    def apply_many(self, commands: list[QueueCommand]) -> list[QueueResult]:
-        self.index += 1
-        data = [Command(0, 0, codec.encode_command(c)) for c in commands]
-        return [codec.decode_result(r) for r in self.machine.apply_batch(self.index, self.now_ms, data)]
-
-    def apply(self, command: QueueCommand) -> QueueResult:
-        return self.apply_many([command])[0]
-
-    def enqueue(self, key: str, kind: str = "transfer", ref: str = "order-1", delay_ms: int = 0) -> int:
-        result = self.apply(
-            Enqueue(kind=kind, idempotency_key=key, ref_key=ref, payload=key.encode(), delay_ms=delay_ms)
-        )
-        assert isinstance(result, EnqueueResult) and result.code is Code.OK, result
-        return result.message_id
-
-    def lease(self, count_max: int = 10, kinds: tuple[str, ...] = ()) -> LeaseResult:
-        result = self.apply(Lease(worker_id="w", count_max=count_max, lease_ms=30_000, kinds=kinds))
-        assert isinstance(result, LeaseResult)
-        return result
-
-    def kill(self, message_id: int, token: int, error_class: str = "insufficient_funds") -> None:
-        fail = Fail(message_id=message_id, token=token, error_class=error_class, permanent=True)
-        assert self.apply(fail).code is Code.OK
 
 
 def test_by_id_and_by_ref_key_with_history() -> None:
@@ -96,7 +59,7 @@ def test_dedup_window_is_days_not_minutes() -> None:
     assert node.apply(Ack(message_id=message_id, token=grant.token)).code is Code.OK
     node.now_ms += 6 * DAY_MS
     again = node.apply(Enqueue(kind="transfer", idempotency_key="pay-1", ref_key="order-1", payload=b"pay-1"))
-    assert again == EnqueueResult(code=Code.EXISTS, message_id=message_id, state=State.DONE)
+    assert again == EnqueueResult(code=Code.EXISTS, message_id=message_id, state=State.DONE, due_ms=T0)
     other = node.apply(Enqueue(kind="transfer", idempotency_key="pay-1", ref_key="order-1", payload=b"other"))
     assert other.code is Code.CONFLICT
     node.now_ms += DAY_MS + 1
