@@ -28,7 +28,7 @@ import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
@@ -306,6 +306,18 @@ class QueueClient:
         return _expect(await self.submit(Purge(limit=limit)), BatchResult)
 
     # ---- queries ------------------------------------------------------------------------------
+    async def node_statuses(self) -> list[dict[str, Any]]:
+        """Each configured node's Raft status (role, term, commit, applied, ...), or its error:
+        what readiness probes and `compensator status` show. Never raises."""
+        found: list[dict[str, Any]] = []
+        for host, port in list(self.raft.addresses):
+            try:
+                status = await self.raft.status((host, port))
+            except Exception as error:  # one unreachable node is an answer here, not a failure
+                status = {"error": f"{type(error).__name__}: {error}"}
+            found.append({"address": f"{host}:{port}", **status})
+        return found
+
     async def query(self, query: qc.QueueQuery, *, stale_ok: bool = False) -> Read[qc.QueryAnswer]:
         client = self.reader if stale_ok else self.raft
         raw, applied = await client.read(qc.encode_query(query), linearizable=not stale_ok)

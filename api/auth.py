@@ -1,0 +1,168 @@
+"""Who is calling: bearer tokens checked against a cache of the store's token table, and roles.
+
+Each API process holds every token's hash in memory (a dict lookup per request, no store round
+trip) and asks the store every `refresh_interval_s` whether the access version changed; if it did,
+it reloads the table. So a revocation stops a token in every process within one interval, and the
+store's loss of one node changes nothing. A token the cache does not know may have been created a
+moment ago: the cache then refreshes at once, but at most every `MISS_REFRESH_MIN_S`, so a caller
+spraying random tokens costs the store at most that many small reads. A token that is not even
+shaped like one is refused without any of that.
+
+If the store cannot be reached the cache keeps what it has (fail static): every request that
+would use a token needs the store anyway, so a revoked token gains nothing from the outage.
+
+Must never: log a token or its hash; keep a revoked token; hold the event loop during a refresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Annotated, Final
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.problems import Problem
+from api.tokens import token_hash, well_formed
+from queues import ClientError, QueueClient, QueueError, Role
+
+log = logging.getLogger("api.auth")
+MISS_REFRESH_MIN_S: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    name: str
+    role: Role
+    rate_per_s: int | None = None
+    burst: int | None = None
+
+    def owns(self, store_key: str) -> bool:
+        """Whether this principal submitted the request stored under `store_key`."""
+        return store_key.startswith(self.name + ":")
+
+
+class TokenCache:
+    def __init__(
+        self, queue: QueueClient, *, refresh_interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._queue = queue
+        self._interval_s = refresh_interval_s
+        self._clock = clock
+        self._by_hash: dict[bytes, Principal] = {}
+        self._version = -1
+        self._refreshing: asyncio.Task[None] | None = None
+        self._last_miss_s = float("-inf")
+        self._task: asyncio.Task[None] | None = None
+        self.last_success_s: float | None = None
+        """Monotonic time of the last answer from the store (None: never): readiness reads it."""
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    async def refresh(self) -> None:
+        """One poll of the store, shared by every caller who asks while it runs."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh_once())
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh_once(self) -> None:
+        answer = (await self._queue.tokens(known_version=self._version, stale_ok=True)).value
+        self.last_success_s = self._clock()
+        if not answer.changed or answer.version <= self._version:  # a lagging replica is never newer
+            return
+        self._by_hash = {
+            view.secret_hash: Principal(view.name, view.role, view.rate_per_s, view.burst)
+            for view in answer.tokens
+            if view.revoked_ms is None
+        }
+        self._version = answer.version
+        log.info("tokens reloaded: access version %d, %d live", answer.version, len(self._by_hash))
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except (ClientError, QueueError) as error:
+                log.warning("token refresh failed (keeping %d cached): %s", len(self._by_hash), error)
+            await asyncio.sleep(self._interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def principal(self, token: str) -> Principal | None:
+        if not well_formed(token):
+            return None
+        digest = token_hash(token)
+        found = self._by_hash.get(digest)
+        if found is not None:
+            return found
+        now = self._clock()
+        if now - self._last_miss_s >= MISS_REFRESH_MIN_S:
+            self._last_miss_s = now
+            with contextlib.suppress(ClientError, QueueError):
+                await self.refresh()
+        return self._by_hash.get(digest)
+
+
+_bearer: Final = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer cmp_...`.")
+_CHALLENGE: Final = 'Bearer realm="compensator"'
+
+
+def requires(*roles: Role) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that answers 401 without a valid token and 403 for a role not in `roles`
+    (admin may do everything)."""
+    allowed = frozenset(roles) | {Role.ADMIN}
+    names = ", ".join(sorted(role.value for role in allowed))
+
+    async def authenticated(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> Principal:
+        if credentials is None:
+            raise Problem("unauthenticated", "send Authorization: Bearer <token>", headers={"WWW-Authenticate": _CHALLENGE})
+        tokens: TokenCache = request.app.state.services.tokens
+        principal = await tokens.principal(credentials.credentials)
+        if principal is None:
+            raise Problem(
+                "unauthenticated", "the token is unknown, malformed or revoked",
+                headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'},
+            )  # fmt: skip
+        if principal.role not in allowed:
+            raise Problem("forbidden", f"role {principal.role.value} may not do this; allowed: {names}")
+        request.state.principal = principal
+        return principal
+
+    return authenticated
+
+
+def role_names(roles: Iterable[Role]) -> list[str]:
+    return sorted({role.value for role in roles} | {Role.ADMIN.value})
+
+
+SUBMIT: Final = (Role.PRODUCER,)
+READ: Final = (Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER)
+"""A producer reads only what it submitted; the others read everything."""
+OBSERVE: Final = (Role.OPERATOR, Role.REVIEWER, Role.APPROVER)
+OPERATE: Final = (Role.OPERATOR,)
+
+Submitter = Annotated[Principal, Depends(requires(*SUBMIT))]
+Reader = Annotated[Principal, Depends(requires(*READ))]
+Observer = Annotated[Principal, Depends(requires(*OBSERVE))]
+Operator = Annotated[Principal, Depends(requires(*OPERATE))]

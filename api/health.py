@@ -1,0 +1,55 @@
+"""Liveness and readiness, as a load balancer and an orchestrator mean them.
+
+Alive: the process answers. Ready: a store leader is known and its applied index is within
+`lag_max` of its commit index, and the token cache has heard from the store (without tokens no
+request can be let in). The store is asked at most once per `cache_s`, however often probes come.
+
+Must never: change anything, or fail on an exception (a probe that raises reads as down).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.auth import TokenCache
+from queues import QueueClient
+
+
+@dataclass(slots=True)
+class Readiness:
+    queue: QueueClient
+    tokens: TokenCache
+    lag_max: int
+    cache_s: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    _last: tuple[float, bool, dict[str, Any]] | None = field(default=None, init=False)
+
+    async def check(self) -> tuple[bool, dict[str, Any]]:
+        now = self.clock()
+        if self._last is not None and now - self._last[0] < self.cache_s:
+            return self._last[1], self._last[2]
+        ready, detail = await self._probe()
+        self._last = (now, ready, detail)
+        return ready, detail
+
+    async def _probe(self) -> tuple[bool, dict[str, Any]]:
+        statuses = await self.queue.node_statuses()
+        leaders = [s for s in statuses if s.get("role") == "leader"]
+        detail: dict[str, Any] = {
+            "nodes": [{k: s.get(k) for k in ("node", "address", "role", "term", "commit", "applied", "error")
+                       if k in s} for s in statuses],
+            "tokens_loaded": self.tokens.last_success_s is not None,
+        }  # fmt: skip
+        if not leaders:
+            return False, {**detail, "reason": "no store leader is reachable"}
+        leader = max(leaders, key=lambda s: int(s.get("term", 0)))
+        lag = int(leader.get("commit", 0)) - int(leader.get("applied", 0))
+        detail["leader"], detail["apply_lag"] = leader.get("node"), lag
+        if lag > self.lag_max:
+            return False, {**detail, "reason": f"the leader is {lag} entries behind its commit index"}
+        if self.tokens.last_success_s is None:
+            return False, {**detail, "reason": "tokens not loaded from the store yet"}
+        return True, detail

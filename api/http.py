@@ -1,0 +1,66 @@
+"""Reading a request the way the intake needs it: the Idempotency-Key header, the media type, a
+body read only up to its limit, and JSON answers without a second validation pass.
+
+Must never: buffer more than the limit of a body, or trust Content-Length alone (a chunked body
+has none, and a lying one is cut at the limit all the same).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import msgspec
+from fastapi import Request
+from starlette.responses import Response
+
+from api.problems import Problem
+from api.schemas import IDEMPOTENCY_KEY_LENGTH_MAX
+
+_KEY: Final = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
+_QUOTED: Final = re.compile(r'^"((?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$')
+JSON: Final = "application/json"
+
+
+def idempotency_key(request: Request) -> str:
+    """The key as the producer meant it: a bare token (as most clients send it) or an RFC 8941
+    sf-string (``"..."``, as the IETF draft writes it). 400 when missing or malformed."""
+    raw = request.headers.get("idempotency-key")
+    if raw is None:
+        raise Problem("idempotency-key-missing", "send an Idempotency-Key header; a UUID is a good key")
+    quoted = _QUOTED.match(raw)
+    key = re.sub(r'\\(["\\])', r"\1", quoted[1]) if quoted else raw
+    return check_key(key)
+
+
+def check_key(key: str) -> str:
+    if not 1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX or _KEY.match(key) is None:
+        raise Problem(
+            "idempotency-key-invalid",
+            f"the key must be 1-{IDEMPOTENCY_KEY_LENGTH_MAX} printable ASCII characters without leading or trailing spaces",
+        )
+    return key
+
+
+def require_json(request: Request) -> None:
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != JSON and not (media_type.startswith("application/") and media_type.endswith("+json")):
+        raise Problem("unsupported-media-type", f"expected {JSON}, got {media_type or 'no Content-Type'}")
+
+
+async def read_body(request: Request, limit_bytes: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes:
+        raise Problem("body-too-large", f"the body is {declared} bytes; at most {limit_bytes} are taken here")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise Problem("body-too-large", f"the body is over {limit_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(content=msgspec.json.encode(document), status_code=status, media_type=JSON, headers=headers)

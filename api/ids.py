@@ -1,0 +1,32 @@
+"""Public request ids: ``{set}-{message id}``, e.g. ``1-42``.
+
+The store numbers its messages densely from 1 within one Raft set. The public id carries the set,
+so that a second set (requests routed by a hash of their idempotency key) is a configuration
+change: a GET finds the set from the id, and two sets' message 42 never share an id.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+_SHAPE: Final = re.compile(r"^([1-9][0-9]{0,4})-([1-9][0-9]{0,18})$")
+MESSAGE_ID_MAX: Final = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RequestId:
+    set_id: int
+    message_id: int
+
+    def __str__(self) -> str:
+        return f"{self.set_id}-{self.message_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> RequestId | None:
+        """None for anything that is not an id we could have issued (the caller answers 404)."""
+        match = _SHAPE.match(text)
+        if match is None or int(match[2]) > MESSAGE_ID_MAX:
+            return None
+        return cls(int(match[1]), int(match[2]))

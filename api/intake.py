@@ -1,0 +1,243 @@
+"""From validated submissions to stored requests, and from the store's answers to HTTP answers.
+
+Exactly once per key comes from the store: a request is stored under ``{producer}:{key}`` (keys are
+per producer, as the IETF idempotency-key draft has them per client), and the store answers OK
+for the first, EXISTS for the same kind, ref key and payload again, CONFLICT for another. The
+store compares only what is stored as the message; the draft asks that *the same body* be
+recognised, so a fingerprint of the whole validated body travels in the message's headers and an
+EXISTS is answered 200 (a replay, with the original's current state) only when it matches, and
+422 otherwise. Nothing is created in either case.
+
+The store call's own failures are told apart, because the caller's next step differs:
+`Unavailable` (the request certainly was not stored: retry) and `OutcomeUnknown` (it may have
+been: retry *with the same key*). Both are 503 with Retry-After; neither is ever a 500.
+
+Must never: answer 201 before the store acknowledged (a majority fsynced the entry), or read a
+clock other than the injected one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from opentelemetry import propagate, trace
+
+from api.auth import Principal
+from api.ids import RequestId
+from api.problems import Problem
+from api.schemas import DELAY_MAX_S, AnySubmission, utc
+from delay.policy import DELAY_MAX_MS
+from ledger.kinds import encode_payload
+from ledger.states import LEDGER_STATE_OF
+from queues import (
+    ClientError,
+    Code,
+    Enqueue,
+    EnqueueResult,
+    MessageView,
+    OutcomeUnknown,
+    QueueClient,
+    QueueError,
+    State,
+    Unavailable,
+)
+
+HEADER_FINGERPRINT: Final = "fingerprint"
+HEADER_PRODUCER: Final = "producer"
+HEADER_FAILURE_CLASS: Final = "failure-class"
+HEADER_FAILURE_TEXT: Final = "failure-text"
+HEADER_FAILURE_STATUS: Final = "failure-status"
+KEY_SEPARATOR: Final = ":"
+RETRY_AFTER_S: Final = "1"
+
+
+def store_key(producer: str, key: str) -> str:
+    return f"{producer}{KEY_SEPARATOR}{key}"
+
+
+def client_key(stored: str) -> tuple[str, str]:
+    """(producer, the producer's own key) of a stored idempotency key."""
+    producer, _, key = stored.partition(KEY_SEPARATOR)
+    return producer, key
+
+
+def fingerprint(submission: AnySubmission) -> str:
+    document = submission.model_dump(mode="json", exclude_none=True)
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    key: str
+    """The producer's Idempotency-Key, as sent."""
+    submission: AnySubmission
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    document: dict[str, Any] | None = None
+    problem: Problem | None = None
+    location: str | None = None
+
+
+def store_failure(error: ClientError | QueueError) -> Problem:
+    retry = {"Retry-After": RETRY_AFTER_S}
+    if isinstance(error, QueueError):
+        return Problem("invalid-request", f"the store refused the request: {error}")
+    if isinstance(error, Unavailable):
+        return Problem("store-unavailable", "no store leader took the request; nothing was stored", headers=retry)
+    reason = "no answer" if isinstance(error, OutcomeUnknown) else "the store call failed"
+    return Problem(
+        "outcome-unknown", f"{reason}: the request may or may not be stored; retry with the same Idempotency-Key",
+        headers=retry,
+    )  # fmt: skip
+
+
+class Intake:
+    def __init__(
+        self, queue: QueueClient, *, set_id: int, clock_ms: Callable[[], int], tracer: trace.Tracer,
+        observe_store_s: Callable[[str, float], None] = lambda operation, seconds: None,
+        perf_clock_s: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._queue = queue
+        self._set_id = set_id
+        self._clock_ms = clock_ms
+        self._tracer = tracer
+        self._observe = observe_store_s
+        self._perf = perf_clock_s
+
+    def public_id(self, message_id: int) -> str:
+        return str(RequestId(self._set_id, message_id))
+
+    def command(self, principal: Principal, item: Item, trace_headers: dict[str, str]) -> Enqueue | Problem:
+        submission = item.submission
+        headers = dict(trace_headers)
+        headers[HEADER_FINGERPRINT] = fingerprint(submission)
+        headers[HEADER_PRODUCER] = principal.name
+        if submission.failure is not None:
+            headers[HEADER_FAILURE_CLASS] = submission.failure.error_class
+            if submission.failure.text is not None:
+                headers[HEADER_FAILURE_TEXT] = submission.failure.text
+            if submission.failure.http_status is not None:
+                headers[HEADER_FAILURE_STATUS] = str(submission.failure.http_status)
+        delay_ms, due_ms = 0, None
+        if submission.delay_s is not None:
+            delay_ms = round(submission.delay_s * 1000)
+        elif submission.not_before is not None:
+            due_ms = int(submission.not_before.timestamp() * 1000)
+            if due_ms > self._clock_ms() + DELAY_MAX_MS:
+                return Problem(
+                    "invalid-request", "not_before is more than 2 years ahead",
+                    extra={"errors": [{"field": "not_before", "message": f"at most {DELAY_MAX_S} s ahead"}]},
+                )  # fmt: skip
+            due_ms = max(due_ms, 0)
+        return Enqueue(
+            kind=submission.kind, idempotency_key=store_key(principal.name, item.key), ref_key=submission.ref_key,
+            payload=encode_payload(submission.payload), headers=headers, delay_ms=delay_ms, due_ms=due_ms,
+        )  # fmt: skip
+
+    def _accepted(self, message_id: int, kind: str, ref_key: str, state: State, due_ms: int, replayed: bool) -> Answer:
+        public = self.public_id(message_id)
+        document = {
+            "id": public, "kind": kind, "ref_key": ref_key, "state": state.value,
+            "ledger_state": LEDGER_STATE_OF[state].value, "due_at": utc(due_ms), "replayed": replayed,
+        }  # fmt: skip
+        return Answer(200 if replayed else 201, document, location=f"/v1/requests/{public}")
+
+    async def submit(self, principal: Principal, items: Sequence[Item | Problem]) -> list[Answer]:
+        """Each item's answer, in order. Valid items go to the store in one frame (a single
+        submission joins the frames of concurrent ones through the client's coalescing)."""
+        answers: list[Answer | None] = [None] * len(items)
+        commands: list[tuple[int, Enqueue]] = []
+        with self._tracer.start_as_current_span(
+            "store.enqueue", kind=trace.SpanKind.CLIENT,
+            attributes={"compensator.items": len(items), "compensator.producer": principal.name},
+        ) as span:  # fmt: skip
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            for index, item in enumerate(items):
+                built = item if isinstance(item, Problem) else self.command(principal, item, carrier)
+                if isinstance(built, Problem):
+                    answers[index] = Answer(built.type.status, problem=built)
+                else:
+                    commands.append((index, built))
+            if len(commands) == 1:
+                span.set_attribute("compensator.ref_key", commands[0][1].ref_key)
+            results = await self._enqueue([command for _, command in commands])
+        if isinstance(results, Problem):
+            for index, _ in commands:
+                answers[index] = Answer(results.type.status, problem=results)
+        else:
+            await self._answer(items, commands, results, answers)
+        return [answer for answer in answers if answer is not None]
+
+    async def _enqueue(self, commands: list[Enqueue]) -> list[EnqueueResult] | Problem:
+        if not commands:
+            return []
+        started = self._perf()
+        try:
+            if len(commands) == 1:
+                result = await self._queue.submit(commands[0])
+                if not isinstance(result, EnqueueResult):
+                    raise QueueError(f"expected an enqueue result, got {result!r}")
+                return [result]
+            return await self._queue.enqueue_many(commands)
+        except (ClientError, QueueError) as error:
+            return store_failure(error)
+        finally:
+            self._observe("enqueue", self._perf() - started)
+
+    async def _answer(
+        self, items: Sequence[Item | Problem], commands: list[tuple[int, Enqueue]], results: list[EnqueueResult],
+        answers: list[Answer | None],
+    ) -> None:
+        existing: list[tuple[int, Enqueue, EnqueueResult]] = []
+        for (index, command), result in zip(commands, results, strict=True):
+            if result.code is Code.OK and result.state is not None and result.due_ms is not None:
+                answers[index] = self._accepted(
+                    result.message_id, command.kind, command.ref_key, result.state, result.due_ms, False
+                )
+            elif result.code is Code.EXISTS:
+                existing.append((index, command, result))
+            elif result.code is Code.CONFLICT:
+                answers[index] = Answer(422, problem=_reused())
+            else:
+                problem = Problem("invalid-request", f"the store refused the request: {result.code.name}")
+                answers[index] = Answer(problem.type.status, problem=problem)
+        if existing:
+            await self._replays(existing, answers)
+
+    async def _replays(self, existing: list[tuple[int, Enqueue, EnqueueResult]], answers: list[Answer | None]) -> None:
+        """EXISTS: a replay when the stored body's fingerprint is this body's, else key reuse."""
+        started = self._perf()
+        try:
+            views = {v.message_id: v for v in (await self._queue.get_many(
+                [result.message_id for _, _, result in existing], with_history=False)).value}  # fmt: skip
+        except (ClientError, QueueError) as error:
+            problem = store_failure(error)
+            for index, _, _ in existing:
+                answers[index] = Answer(problem.type.status, problem=problem)
+            return
+        finally:
+            self._observe("replay_read", self._perf() - started)
+        for index, command, result in existing:
+            view: MessageView | None = views.get(result.message_id)
+            if view is None:  # purged between the enqueue and this read: the key is free again
+                problem = Problem("store-unavailable", "the original request ended as this was answered; retry",
+                                  headers={"Retry-After": RETRY_AFTER_S})  # fmt: skip
+                answers[index] = Answer(problem.type.status, problem=problem)
+            elif view.headers.get(HEADER_FINGERPRINT) != command.headers[HEADER_FINGERPRINT]:
+                answers[index] = Answer(422, problem=_reused())
+            else:
+                answers[index] = self._accepted(view.message_id, view.kind, view.ref_key, view.state, view.due_ms, True)
+
+
+def _reused() -> Problem:
+    return Problem("idempotency-key-reused", "this Idempotency-Key was used with a different body; nothing was created")

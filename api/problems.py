@@ -1,0 +1,177 @@
+"""RFC 9457 problem details: every error the API answers, with a stable type per kind of error.
+
+Each type is a relative URI, ``/problems/<name>``, that this API serves as a short description, so
+a client can branch on ``type`` and a person can follow it. A `Problem` is raised anywhere below a
+route and answered here; framework errors (unknown route, wrong method, a request FastAPI itself
+refuses) and anything unexpected are answered as problems too, so no traceback and no HTML error
+page ever reaches a caller.
+
+Must never: put a token, a payload or an exception's text from inside the process in a problem
+(an unexpected error is logged with its traceback and answered with its type only).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+log = logging.getLogger("api.problems")
+MEDIA_TYPE: Final = "application/problem+json"
+
+
+@dataclass(frozen=True, slots=True)
+class ProblemType:
+    name: str
+    status: int
+    title: str
+    description: str
+
+    @property
+    def uri(self) -> str:
+        return f"/problems/{self.name}"
+
+
+def _types(*types: ProblemType) -> dict[str, ProblemType]:
+    return {t.name: t for t in types}
+
+
+TYPES: Final = _types(
+    ProblemType("unauthenticated", 401, "Authentication required",
+                "No bearer token, or one that is unknown, malformed or revoked. Send `Authorization: Bearer cmp_...`."),
+    ProblemType("forbidden", 403, "Not allowed for this role",
+                "The token is valid, but its role may not do this. The problem names the roles that may."),
+    ProblemType("not-found", 404, "Not found",
+                "No such resource, or none that this token may see (a producer sees only what it submitted)."),
+    ProblemType("method-not-allowed", 405, "Method not allowed", "The resource exists; this method does not."),
+    ProblemType("idempotency-key-missing", 400, "Idempotency-Key header required",
+                "Every submission needs an `Idempotency-Key` header (IETF httpapi idempotency-key draft): the same"
+                " key and body may be sent again safely, and is answered with the original request."),
+    ProblemType("idempotency-key-invalid", 400, "Idempotency-Key header malformed",
+                "The key must be 1-95 printable ASCII characters, bare or as a quoted structured-field string."),
+    ProblemType("idempotency-key-reused", 422, "Idempotency-Key already used with another body",
+                "This key was used before with a different request body. Nothing was created. Use a new key for"
+                " a new request, or send the original body again to read the original request."),
+    ProblemType("malformed-body", 400, "Body is not valid JSON", "The body could not be parsed as JSON."),
+    ProblemType("invalid-request", 422, "The request is invalid",
+                "One or more fields are missing or invalid; `errors` names every one, as a dotted path."),
+    ProblemType("body-too-large", 413, "Body too large",
+                "A single request body may be at most 256 KiB of payload plus its envelope; a batch has a larger"
+                " limit. Payloads are instructions, not documents."),
+    ProblemType("unsupported-media-type", 415, "Unsupported media type", "Send `Content-Type: application/json`."),
+    ProblemType("rate-limited", 429, "Over the intake quota",
+                "This producer is over its rate: the request waited its turn as long as allowed and was not"
+                " taken. Nothing was stored. Retry after `Retry-After` seconds with the same Idempotency-Key."),
+    ProblemType("conflict", 409, "Conflicts with the current state", "The resource is not in a state that allows this."),
+    ProblemType("store-unavailable", 503, "Store unavailable, nothing stored",
+                "No leader of the replicated store accepted the request, so it was certainly not stored. Retry after"
+                " `Retry-After` seconds."),
+    ProblemType("outcome-unknown", 503, "Outcome unknown: retry with the same key",
+                "The request reached the store but its answer was lost (a leader change, a timeout). It may or may"
+                " not be stored. Retry with the same Idempotency-Key and the same body: the key makes the retry"
+                " safe, and the answer then says which it was."),
+    ProblemType("not-ready", 503, "Not ready", "The store is unreachable, has no leader, or is catching up."),
+    ProblemType("internal", 500, "Internal error",
+                "An unexpected error; it is logged with its trace id. Nothing is known about side effects:"
+                " retry submissions with the same Idempotency-Key."),
+)  # fmt: skip
+
+
+class Problem(Exception):
+    """Raise to answer with a problem; `extra` adds members (e.g. `errors`) to the body."""
+
+    def __init__(
+        self, name: str, detail: str, *, headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.type = TYPES[name]
+        self.detail = detail
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+        super().__init__(f"{name}: {detail}")
+
+
+def document(problem: Problem, instance: str) -> dict[str, Any]:
+    return {
+        "type": problem.type.uri, "title": problem.type.title, "status": problem.type.status,
+        "detail": problem.detail, "instance": instance, **problem.extra,
+    }  # fmt: skip
+
+
+def response(problem: Problem, instance: str) -> Response:
+    return Response(
+        content=msgspec.json.encode(document(problem, instance)), status_code=problem.type.status,
+        media_type=MEDIA_TYPE, headers=problem.headers,
+    )  # fmt: skip
+
+
+def field_path(location: Sequence[int | str], drop: Sequence[str] = ()) -> str:
+    """pydantic's ``("transfer", "payload", "amount_minor")`` -> ``payload.amount_minor``: the union
+    tag and FastAPI's ``body`` are where the error was found, not a field of the request."""
+    parts = [str(p) for p in location]
+    while parts and parts[0] in drop:
+        parts = parts[1:]
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if part.isdigit() else (f".{part}" if path else part)
+    return path or "(body)"
+
+
+def field_errors(errors: Sequence[Mapping[str, Any]], drop: Sequence[str] = ()) -> list[dict[str, str]]:
+    """One entry per bad field, with pydantic's message; never the rejected value (it may be a
+    secret or a payload)."""
+    seen: dict[tuple[str, str], None] = {}
+    for error in errors:
+        seen[(field_path(error.get("loc", ()), drop), str(error.get("msg", "invalid")))] = None
+    return [{"field": field, "message": message} for field, message in seen]
+
+
+def invalid(errors: list[dict[str, str]]) -> Problem:
+    fields = ", ".join(dict.fromkeys(e["field"] for e in errors))
+    return Problem("invalid-request", f"invalid fields: {fields}", extra={"errors": errors})
+
+
+def install(app: FastAPI) -> None:
+    """Every error becomes a problem, and each type is described at its URI."""
+
+    async def on_problem(request: Request, error: Exception) -> Response:
+        assert isinstance(error, Problem)
+        return response(error, request.url.path)
+
+    async def on_http(request: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        name = {401: "unauthenticated", 403: "forbidden", 404: "not-found", 405: "method-not-allowed",
+                413: "body-too-large", 415: "unsupported-media-type"}.get(error.status_code)  # fmt: skip
+        if name is None:
+            log.warning("HTTP %d without a problem type: %s", error.status_code, error.detail)
+            name = "internal" if error.status_code >= 500 else "invalid-request"
+        headers = dict(error.headers or {})
+        return response(Problem(name, str(error.detail), headers=headers), request.url.path)
+
+    async def on_validation(request: Request, error: Exception) -> Response:
+        assert isinstance(error, RequestValidationError)
+        return response(invalid(field_errors(error.errors(), drop=("body", "query", "path", "header"))), request.url.path)
+
+    async def on_unexpected(request: Request, error: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return response(Problem("internal", "an unexpected error occurred; it has been logged"), request.url.path)
+
+    app.add_exception_handler(Problem, on_problem)
+    app.add_exception_handler(HTTPException, on_http)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(Exception, on_unexpected)
+
+    @app.get("/problems/{name}", include_in_schema=False)
+    async def describe(name: str) -> Response:
+        found = TYPES.get(name)
+        if found is None:
+            raise Problem("not-found", f"no problem type {name!r}")
+        body = {"type": found.uri, "title": found.title, "status": found.status, "description": found.description}
+        return Response(content=msgspec.json.encode(body), media_type="application/json")

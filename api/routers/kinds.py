@@ -1,0 +1,144 @@
+"""``/v1/kinds``: what operators see and do per kind: depth per state, oldest due age, pauses
+(each held by a named holder with a reason, released only by that holder), and the retry policy
+(validated, answered before and after). Every change is a replicated command recorded as an
+event with the caller as its actor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from api import openapi
+from api.auth import Observer, Operator
+from api.http import json_response, read_body, require_json
+from api.problems import Problem, invalid
+from api.schemas import KindDetail, KindSummary, PauseCommand, PolicyChange, ResumeCommand, utc
+from api.services import ApiServices
+from delay.policy import RetryPolicy
+from queues import ClientError, Code, KindView, QueueError
+
+router = APIRouter(tags=["kinds"])
+_policy_json = msgspec.json.Encoder()
+
+
+def _policy(policy: RetryPolicy) -> dict[str, Any]:
+    document: dict[str, Any] = msgspec.json.decode(_policy_json.encode(policy))
+    return document
+
+
+async def _views(services: ApiServices) -> tuple[tuple[KindView, ...], dict[tuple[str, str], int], dict[str, int]]:
+    try:
+        kinds = (await services.queue.kinds()).value
+        counts = (await services.queue.counts()).value
+        oldest = (await services.queue.oldest_due_age_ms()).value
+    except (ClientError, QueueError) as error:
+        raise services.read_failure(error) from None
+    return kinds, counts, oldest
+
+
+def _summary(view: KindView, counts: dict[tuple[str, str], int], oldest: dict[str, int]) -> dict[str, Any]:
+    return {
+        "kind": view.kind, "paused": bool(view.pauses),
+        "pauses": [{"holder": p.holder, "reason": p.reason, "since": utc(p.since_ms)} for p in view.pauses],
+        "counts": {state: n for (kind, state), n in sorted(counts.items()) if kind == view.kind},
+        "oldest_due_age_ms": oldest.get(view.kind),
+    }  # fmt: skip
+
+
+async def _kind(services: ApiServices, kind: str) -> tuple[KindView, dict[str, Any]]:
+    kinds, counts, oldest = await _views(services)
+    for view in kinds:
+        if view.kind == kind:
+            return view, _summary(view, counts, oldest)
+    raise Problem("not-found", f"no kind {kind!r}")
+
+
+@router.get("/v1/kinds", response_model=list[KindSummary], summary="Every kind: depth, oldest due age, pauses",
+            responses=openapi.problems(401, 403, 503))  # fmt: skip
+async def list_kinds(request: Request, principal: Observer) -> Response:
+    kinds, counts, oldest = await _views(request.app.state.services)
+    return json_response([_summary(view, counts, oldest) for view in kinds])
+
+
+@router.get("/v1/kinds/{kind}", response_model=KindDetail, summary="One kind, with its retry policy",
+            responses=openapi.problems(401, 403, 404, 503))  # fmt: skip
+async def get_kind(request: Request, kind: str, principal: Observer) -> Response:
+    view, summary = await _kind(request.app.state.services, kind)
+    return json_response({**summary, "policy": _policy(view.policy)})
+
+
+async def _command(services: ApiServices, call: Any) -> Any:
+    try:
+        return await call
+    except ClientError as error:
+        raise services.read_failure(error) from None
+    except QueueError as error:
+        raise Problem("invalid-request", f"the store refused it: {error}") from None
+
+
+@router.post("/v1/kinds/{kind}/pause", response_model=KindSummary, summary="Pause a kind (a named holder)",
+             responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
+async def pause(request: Request, kind: str, command: PauseCommand, principal: Operator) -> Response:
+    """Workers stop leasing the kind while any holder holds it. Holding twice is 409."""
+    services: ApiServices = request.app.state.services
+    holder = command.holder or principal.name
+    result = await _command(services, services.queue.pause(kind, holder, command.reason, actor=principal.name))
+    if result.code is Code.UNKNOWN_KIND:
+        raise Problem("not-found", f"no kind {kind!r}")
+    if result.code is Code.ALREADY_PAUSED:
+        raise Problem("conflict", f"{holder} already holds {kind} paused")
+    if result.code is not Code.OK:
+        raise Problem("conflict", f"{kind} cannot be paused by {holder}: {result.code.name}")
+    return json_response((await _kind(services, kind))[1])
+
+
+@router.post("/v1/kinds/{kind}/resume", response_model=KindSummary, summary="Release a holder's pause",
+             responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
+async def resume(request: Request, kind: str, command: ResumeCommand, principal: Operator) -> Response:
+    """The kind runs again once no holder holds it (a breaker's pause outlives an operator's)."""
+    services: ApiServices = request.app.state.services
+    holder = command.holder or principal.name
+    result = await _command(services, services.queue.resume(kind, holder, actor=principal.name))
+    if result.code is Code.UNKNOWN_KIND:
+        raise Problem("not-found", f"no kind {kind!r}")
+    if result.code is Code.NOT_PAUSED:
+        raise Problem("conflict", f"{holder} does not hold {kind} paused")
+    return json_response((await _kind(services, kind))[1])
+
+
+@router.get("/v1/kinds/{kind}/policy", summary="A kind's retry policy", responses=openapi.problems(401, 403, 404, 503),
+            response_model=dict[str, Any])  # fmt: skip
+async def get_policy(request: Request, kind: str, principal: Observer) -> Response:
+    view, _ = await _kind(request.app.state.services, kind)
+    return json_response(_policy(view.policy))
+
+
+@router.put(
+    "/v1/kinds/{kind}/policy", response_model=PolicyChange, summary="Replace a kind's retry policy",
+    responses=openapi.problems(400, 401, 403, 404, 415, 422, 503),
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/RetryPolicy"}}}}},
+)  # fmt: skip
+async def set_policy(request: Request, kind: str, principal: Operator) -> Response:
+    """The whole policy, validated (fields and the relations between them); answered with the
+    policy before and after. The change applies to each request's next failure."""
+    services: ApiServices = request.app.state.services
+    require_json(request)
+    body = await read_body(request, 64 * 1024)
+    try:
+        policy = msgspec.json.decode(body, type=RetryPolicy)
+    except msgspec.ValidationError as error:
+        raise invalid([{"field": "(body)", "message": str(error)}]) from None
+    except msgspec.DecodeError:
+        raise Problem("malformed-body", "the body is not valid JSON") from None
+    problems = policy.problems()
+    if problems:
+        raise invalid([{"field": "policy", "message": problem} for problem in problems])
+    await _kind(services, kind)  # 404 for a kind that does not exist: this endpoint never registers one
+    result = await _command(services, services.queue.set_policy(kind, policy, actor=principal.name))
+    before = None if result.policy_before is None else _policy(result.policy_before)
+    return json_response({"kind": kind, "before": before, "after": _policy(policy)})

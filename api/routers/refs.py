@@ -1,0 +1,42 @@
+"""``/v1/refs/{ref_key}/timeline``: everything that happened to one business id."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from api import openapi
+from api.auth import Reader
+from api.http import json_response
+from api.problems import Problem
+from api.schemas import Timeline
+from api.services import ApiServices
+from api.views import timeline_entries
+from queues import ClientError, QueueError, Role
+
+router = APIRouter(tags=["refs"])
+
+
+@router.get(
+    "/v1/refs/{ref_key}/timeline", response_model=Timeline, summary="The timeline of one business id",
+    responses=openapi.problems(401, 403, 404, 503),
+)  # fmt: skip
+async def timeline(request: Request, ref_key: str, principal: Reader) -> Response:
+    """Every request of this ref key (a producer sees only its own), and in time order: intake,
+    each attempt with the downstream's answer, dead-lettering, and each operator action with who
+    and why."""
+    services: ApiServices = request.app.state.services
+    try:
+        views = (await services.queue.by_ref_key(ref_key)).value
+        if principal.role is Role.PRODUCER:
+            views = tuple(v for v in views if principal.owns(v.idempotency_key))
+        if not views:
+            raise Problem("not-found", f"no requests with ref key {ref_key!r}")
+        events = (await services.queue.message_events([v.message_id for v in views])).value
+    except (ClientError, QueueError) as error:
+        raise services.read_failure(error) from None
+    public = services.intake.public_id
+    return json_response({
+        "ref_key": ref_key, "requests": [public(v.message_id) for v in views],
+        "entries": timeline_entries(views, events, public),
+    })  # fmt: skip

@@ -1,0 +1,219 @@
+"""What the API reads and writes: request bodies built from the shared vocabulary, and the
+documents it answers with.
+
+A submission is a discriminated union on ``kind``: the payload is validated against its kind's
+model from ledger/kinds.py (the same models the workers and the reconciliation use), in strict
+mode, and every bad field is reported at once. Answers are plain JSON documents; their models
+here exist for the OpenAPI description, and a test checks real answers against them.
+
+Must never: read a clock (the intake checks times against its injected one), or define a payload
+field (ledger/kinds.py does).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+
+from delay.policy import DELAY_MAX_MS
+from ledger.kinds import CallbackPayload, ListUpdatePayload, TransferPayload
+
+DELAY_MAX_S: Final = DELAY_MAX_MS // 1000
+"""Two years (and a day per year): the furthest a request may be scheduled."""
+IDEMPOTENCY_KEY_LENGTH_MAX: Final = 95
+"""The store's key limit (128) less the producer's name (at most 32) and its separator."""
+REF_KEY_PATTERN: Final = r"^[^\x00-\x1f\x7f]{1,128}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class OriginalFailure(_Strict):
+    """How the call failed when the producer made it (kept with the request, shown in its timeline)."""
+
+    error_class: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+    text: Annotated[str, StringConstraints(max_length=1000)] | None = None
+    http_status: Annotated[int, Field(ge=100, le=599)] | None = None
+
+
+class _Submission(_Strict):
+    ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERN)] = Field(
+        description="The business id (red-packet id, order id): every request of one business id is in its timeline."
+    )
+    delay_s: Annotated[float, Field(ge=0, le=DELAY_MAX_S)] | None = Field(
+        None, description="Retry no sooner than this many seconds from now."
+    )
+    not_before: AwareDatetime | None = Field(
+        None, description="Retry no sooner than this time (RFC 3339 with an offset; at most 2 years ahead)."
+    )
+    failure: OriginalFailure | None = None
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> _Submission:
+        if self.delay_s is not None and self.not_before is not None:
+            raise ValueError("give delay_s or not_before, not both")
+        return self
+
+
+class TransferSubmission(_Submission):
+    kind: Literal["transfer"]
+    payload: TransferPayload
+
+
+class ListUpdateSubmission(_Submission):
+    kind: Literal["list_update"]
+    payload: ListUpdatePayload
+
+
+class CallbackSubmission(_Submission):
+    kind: Literal["callback"]
+    payload: CallbackPayload
+
+
+AnySubmission = TransferSubmission | ListUpdateSubmission | CallbackSubmission
+Submission = Annotated[AnySubmission, Field(discriminator="kind")]
+SUBMISSION: Final[TypeAdapter[AnySubmission]] = TypeAdapter(Submission)
+KIND_TAGS: Final = tuple(model.model_fields["kind"].annotation.__args__[0] for model in (  # type: ignore[union-attr]
+    TransferSubmission, ListUpdateSubmission, CallbackSubmission))  # fmt: skip
+
+
+class BatchItem(BaseModel):
+    """For the description only: a batch is validated item by item, so one bad item is answered
+    422 in its place and the others go through."""
+
+    idempotency_key: str = Field(min_length=1, max_length=IDEMPOTENCY_KEY_LENGTH_MAX)
+    request: Submission
+
+
+class BatchSubmission(BaseModel):
+    items: list[BatchItem] = Field(min_length=1, max_length=1000)
+
+
+# ---- answers --------------------------------------------------------------------------------
+QueueStateName = Literal["delayed", "ready", "leased", "done", "dead", "discarded"]
+LedgerStateName = Literal["PENDING", "IN_FLIGHT", "SUCCEEDED", "DEAD_LETTERED", "CANCELLED"]
+
+
+class Accepted(BaseModel):
+    """A request as its submission is answered (201 created, or 200 for a replay of the key)."""
+
+    id: str = Field(examples=["1-42"])
+    kind: str
+    ref_key: str
+    state: QueueStateName
+    ledger_state: LedgerStateName
+    due_at: dt.datetime
+    replayed: bool = Field(description="True: the key was seen before with this body; nothing new was created.")
+
+
+class Attempt(BaseModel):
+    attempt: int
+    worker: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    outcome: str | None = Field(description="null while running; else succeeded, failed or expired.")
+    error_class: str | None
+    error_text: str | None
+
+
+class OperatorAction(BaseModel):
+    type: Literal["dead_lettered", "redriven", "discarded"]
+    at: dt.datetime
+    actor: str | None
+    reason: str | None
+    detail: dict[str, Any]
+
+
+class RequestView(BaseModel):
+    id: str
+    kind: str
+    ref_key: str
+    idempotency_key: str
+    producer: str
+    state: QueueStateName
+    ledger_state: LedgerStateName
+    created_at: dt.datetime
+    due_at: dt.datetime
+    finished_at: dt.datetime | None
+    attempts: int
+    last_error: dict[str, str | None] | None
+    lease: dict[str, Any] | None
+    dead: dict[str, Any] | None
+    payload: dict[str, Any]
+    edited_payload: dict[str, Any] | None
+    original_failure: OriginalFailure | None
+    trace: dict[str, str]
+    history: list[Attempt]
+    operator_actions: list[OperatorAction]
+
+
+class TimelineEntry(BaseModel):
+    at: dt.datetime
+    request_id: str
+    kind: str
+    type: Literal[
+        "intake", "attempt_started", "attempt_succeeded", "attempt_failed", "attempt_expired", "dead_lettered",
+        "redriven", "discarded",
+    ]  # fmt: skip
+    attempt: int | None = None
+    detail: dict[str, Any] = {}
+
+
+class Timeline(BaseModel):
+    ref_key: str
+    requests: list[str]
+    entries: list[TimelineEntry]
+
+
+class BatchAnswer(BaseModel):
+    status: int = Field(description="The status this item would have had on its own: 201, 200, 422, 503, ...")
+    request: Accepted | None = None
+    problem: dict[str, Any] | None = Field(None, description="An RFC 9457 problem, for a status of 400 or more.")
+
+
+class BatchResult(BaseModel):
+    items: list[BatchAnswer]
+
+
+class Pause(BaseModel):
+    holder: str
+    reason: str
+    since: dt.datetime
+
+
+class KindSummary(BaseModel):
+    kind: str
+    paused: bool
+    pauses: list[Pause]
+    counts: dict[str, int] = Field(description="Requests per queue state (states with none are left out).")
+    oldest_due_age_ms: int | None = Field(description="How long the oldest ready request has waited past its due time.")
+
+
+class KindDetail(KindSummary):
+    policy: dict[str, Any]
+
+
+class PauseCommand(_Strict):
+    holder: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
+        None, description="Who holds the pause (default: the caller's token name); each holder releases its own."
+    )
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+
+
+class ResumeCommand(_Strict):
+    holder: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+
+
+class PolicyChange(BaseModel):
+    kind: str
+    before: dict[str, Any] | None
+    after: dict[str, Any]
+
+
+def utc(ms: int) -> str:
+    """Milliseconds since the epoch as RFC 3339 in UTC, to the millisecond."""
+    moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,49 @@
+"""What the routers use, built by the composition root and handed to `create_app`.
+
+Must never: build its parts from configuration (compensator/wiring.py does), or hold a
+module-level instance: every app gets its own, so tests run several side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.auth import TokenCache
+from api.health import Readiness
+from api.intake import RETRY_AFTER_S, Intake
+from api.metrics import ApiMetrics
+from api.problems import Problem
+from api.quotas import Quotas
+from queues import ClientError, QueueClient, QueueError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiSettings:
+    set_id: int = 1
+    body_bytes_max: int = 256 * 1024 + 16 * 1024
+    batch_bytes_max: int = 16 * 1024 * 1024
+    batch_items_max: int = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiServices:
+    queue: QueueClient
+    tokens: TokenCache
+    quotas: Quotas
+    intake: Intake
+    readiness: Readiness
+    metrics: ApiMetrics
+    settings: ApiSettings
+
+    async def start(self) -> None:
+        self.tokens.start()
+
+    async def close(self) -> None:
+        await self.tokens.close()
+        await self.queue.raft.close()
+
+    @staticmethod
+    def read_failure(error: ClientError | QueueError) -> Problem:
+        if isinstance(error, QueueError):
+            return Problem("invalid-request", f"the store refused the query: {error}")
+        return Problem("not-ready", f"the store did not answer: {error}", headers={"Retry-After": RETRY_AFTER_S})

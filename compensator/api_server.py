@@ -1,0 +1,63 @@
+"""``compensator api``: serve the HTTP API with uvicorn (uvloop, httptools), N worker processes.
+
+The configuration is validated here, once, before anything listens; the worker processes then
+build their app from the same file and environment (COMPENSATOR_CONFIG, and the command line's
+overrides passed on as environment variables), so every process runs the same validated model.
+
+Must never: start serving on a configuration that did not validate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from compensator import config as configuration
+from compensator.wiring import MULTIPROCESS_ENV
+
+FACTORY = "compensator.wiring:api_app_from_environment"
+"""uvicorn starts worker processes from an import string; this one is fixed, not a choice."""
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", type=Path, help=f"TOML configuration file (default ${configuration.CONFIG_PATH_ENV}, else defaults)"
+    )
+
+
+def load(args: argparse.Namespace) -> configuration.Config:
+    path = args.config or (Path(os.environ[configuration.CONFIG_PATH_ENV])
+                           if os.environ.get(configuration.CONFIG_PATH_ENV) else None)  # fmt: skip
+    return configuration.load(path)
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    api = subparsers.add_parser("api", help="serve the HTTP API (uvicorn)")
+    add_config_argument(api)
+    api.add_argument("--host", help="overrides api.host")
+    api.add_argument("--port", type=int, help="overrides api.port")
+    api.add_argument("--workers", type=int, help="overrides api.workers")
+    api.set_defaults(handler=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    for flag, field in (("host", "HOST"), ("port", "PORT"), ("workers", "WORKERS")):
+        value = getattr(args, flag)
+        if value is not None:
+            os.environ[f"{configuration.ENV_PREFIX}API__{field}"] = str(value)
+    if args.config is not None:
+        os.environ[configuration.CONFIG_PATH_ENV] = str(args.config.resolve())
+    config = load(args)
+    if config.api.workers > 1 and not os.environ.get(MULTIPROCESS_ENV):
+        os.environ[MULTIPROCESS_ENV] = tempfile.mkdtemp(prefix="compensator-metrics-")
+    import uvicorn
+
+    uvicorn.run(
+        FACTORY, factory=True, host=config.api.host, port=config.api.port, workers=config.api.workers,
+        loop="uvloop", http="httptools", log_level=config.api.log_level, access_log=False, server_header=False,
+        timeout_graceful_shutdown=10, backlog=4096,
+    )  # fmt: skip
+    return 0

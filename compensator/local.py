@@ -1,0 +1,256 @@
+"""``compensator run`` (``make run``): the whole service on one machine, on embedded defaults.
+
+Starts the 3-node store (``compensator node`` processes on loopback, data under `local.data_dir`,
+kept between runs), the queue's maintenance driver and replica auditor, and the API; rotates two
+tokens for local use (a producer's and an operator's); prints the API's URL, the tokens and a
+``curl`` that submits a failed transfer. Ctrl-C stops everything, in order, and waits for it.
+
+A child that exits is started again, and the reason (the last line of its log: for a Python
+process, the exception) is printed. A child that exits three times within 30 s is not retried:
+the launcher stops everything and exits 1 with that reason, instead of printing "ready" over a
+node that can never start (a taken port, a corrupt data directory).
+
+Must never: leave a child running when it exits, or start when a port it needs is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from api.tokens import new_token, token_hash
+from compensator.config import Config, parse_address
+from compensator.wiring import queue_client
+from queues import ClientError, QueueClient, QueueError, Role
+from queues.audit import ReplicaAuditor, close_clients, replica_clients
+from queues.maintenance import MaintenanceDriver
+
+EXITS_MAX: Final = 3
+EXIT_WINDOW_S: Final = 30.0
+START_TIMEOUT_S: Final = 60.0
+LOCAL_TOKENS: Final = (("local-producer", Role.PRODUCER), ("local-operator", Role.OPERATOR))
+
+
+class LaunchError(Exception):
+    """Why the local service cannot run; one line for the person at the terminal."""
+
+
+def last_words(log: Path, lines_max: int = 200) -> str:
+    """The last meaningful line a child wrote: a traceback ends with its exception."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 16384))
+            tail = handle.read().decode(errors="replace").splitlines()[-lines_max:]
+    except OSError:
+        return "(no log)"
+    for line in reversed(tail):
+        if line.strip():
+            return line.strip()[:300]
+    return "(empty log)"
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    exits: collections.deque[float] = field(default_factory=collections.deque)
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            out.write(f"--- {dt.datetime.now(dt.UTC).isoformat()} starting: {' '.join(self.command)}\n".encode())
+            out.flush()
+            self.process = subprocess.Popen(
+                self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+            )  # fmt: skip
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def port_taken(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+class LocalService:
+    def __init__(self, config: Config, *, config_path: Path | None) -> None:
+        self.config = config
+        self.data_dir = Path(config.local.data_dir)
+        self.addresses = [parse_address(a) for a in config.store.addresses]
+        python = [sys.executable, "-m", "compensator"]
+        peers = [arg for i, (h, p) in enumerate(self.addresses, 1) for arg in ("--peer", f"{i}={h}:{p}")]
+        config_args = ["--config", str(config_path.resolve())] if config_path else []
+        self.nodes = [
+            Child(f"node {i}", [*python, "node", "--id", str(i), *peers, "--data", str(self.data_dir / f"node{i}")],
+                  self.data_dir / f"node{i}.log")
+            for i in range(1, len(self.addresses) + 1)
+        ]  # fmt: skip
+        self.api = Child("api", [*python, "api", *config_args], self.data_dir / "api.log")
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.nodes, self.api]
+
+    def check_ports(self) -> None:
+        wanted = [*self.addresses, (self.config.api.host, self.config.api.port)]
+        taken = [f"{h}:{p}" for h, p in wanted if port_taken(h, p)]
+        if taken:
+            raise LaunchError(
+                f"port {', '.join(taken)} already in use (another `make run`?); stop it, or set other ports"
+                " with COMPENSATOR_STORE__ADDRESSES / COMPENSATOR_API__PORT"
+            )
+
+    def supervise(self) -> None:
+        """Start again any child that exited; raise LaunchError for one in a crash loop."""
+        now = time.monotonic()
+        for child in self.children:
+            code = child.exited()
+            if code is None:
+                continue
+            reason = last_words(child.log)
+            child.exits.append(now)
+            while child.exits and now - child.exits[0] > EXIT_WINDOW_S:
+                child.exits.popleft()
+            if len(child.exits) >= EXITS_MAX:
+                raise LaunchError(f"{child.name} exited {len(child.exits)} times in {EXIT_WINDOW_S:.0f} s"
+                                  f" (last code {code}): {reason} (log: {child.log})")  # fmt: skip
+            print(f"{child.name} exited with {code}: {reason}; starting it again", flush=True)
+            child.start()
+
+    async def wait_leader(self, queue: QueueClient) -> int:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.supervise()
+            for status in await queue.node_statuses():
+                if status.get("role") == "leader":
+                    return int(status["node"])
+            await asyncio.sleep(0.2)
+        raise LaunchError("no store leader within 60 s: " + "; ".join(f"{n.name}: {last_words(n.log)}" for n in self.nodes))
+
+    async def wait_ready(self) -> None:
+        url = f"http://{self.config.api.host}:{self.config.api.port}/readyz"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.supervise()
+            if await asyncio.to_thread(_ready, url):
+                return
+            await asyncio.sleep(0.2)
+        raise LaunchError(f"the API was not ready within 60 s: {last_words(self.api.log)} (log: {self.api.log})")
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+async def rotate_local_tokens(queue: QueueClient) -> dict[str, str]:
+    """Fresh tokens for local use at every start: printed, never written down."""
+    tokens: dict[str, str] = {}
+    for name, role in LOCAL_TOKENS:
+        token = new_token()
+        await queue.put_token(name, role, token_hash(token), actor="make-run", reason="local development token")
+        tokens[name] = token
+    return tokens
+
+
+def banner(config: Config, leader: int, tokens: dict[str, str]) -> str:
+    url = config.api_url
+    key = "demo-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    body = json.dumps({
+        "kind": "transfer", "ref_key": "rp-1001",
+        "payload": {"transfer_id": f"tr-{key}", "payer": "red-packet-escrow", "payee": "user-42",
+                    "amount_minor": 888, "currency": "CNY"},
+        "failure": {"error_class": "timeout", "text": "payment system did not answer in 2 s"},
+    })  # fmt: skip
+    producer, operator = tokens["local-producer"], tokens["local-operator"]
+    return "\n".join([
+        f"compensator is running; data in {config.local.data_dir}, logs beside it. Ctrl-C stops everything.",
+        f"  API             {url}   (OpenAPI: {url}/docs)",
+        f"  store           {','.join(config.store.addresses)}   (leader: node {leader})",
+        f"  producer token  {producer}   (local-producer: submits, reads its own)",
+        f"  operator token  {operator}   (local-operator: kinds, pauses, policies, metrics)",
+        "  (both are new at every start; the store keeps only their hashes)",
+        "Submit a failed transfer (the same command again answers 200 with the same id):",
+        f"  curl -sS -i -X POST {url}/v1/requests -H 'Authorization: Bearer {producer}' \\",
+        f"    -H 'Idempotency-Key: {key}' -H 'Content-Type: application/json' \\",
+        f"    -d '{body}'",
+        f"Read it back: curl -sS {url}/v1/requests/<id> -H 'Authorization: Bearer {producer}'",
+    ])  # fmt: skip
+
+
+async def serve(config: Config, *, config_path: Path | None) -> int:
+    service = LocalService(config, config_path=config_path)
+    service.check_ports()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    queue = queue_client(config)
+    driver = auditor = None
+    try:
+        for node in service.nodes:
+            node.start()
+        leader = await service.wait_leader(queue)
+        tokens = await rotate_local_tokens(queue)
+        driver = MaintenanceDriver(queue)  # lease expiry and purge are commands someone must propose
+        driver.start()
+        auditor = ReplicaAuditor(replica_clients(service.addresses))  # names a replica that diverged
+        auditor.start()
+        service.api.start()
+        await service.wait_ready()
+        print(banner(config, leader, tokens), flush=True)
+        while not stop.is_set():
+            service.supervise()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+        print("stopping: API, then the store", flush=True)
+        return 0
+    except (ClientError, QueueError) as error:
+        raise LaunchError(f"the local store did not answer: {error}") from None
+    finally:
+        service.api.stop()
+        if driver is not None:
+            await driver.stop()
+        if auditor is not None:
+            await auditor.stop()
+            await close_clients(auditor.replicas)
+        await queue.raft.close()
+        for node in service.nodes:
+            node.stop()
