@@ -88,7 +88,7 @@ def _pg_data(arguments: argparse.Namespace) -> Path:
 
 
 def run_reconcile(arguments: argparse.Namespace) -> int:
-    from compensator import pg
+    from ledger import pg
     from spark_reconcile.params import ReconcileParams
 
     params = ReconcileParams(
@@ -183,7 +183,7 @@ def _require_upstream_tables(dsn: str) -> None:
         finally:
             await connection.close()
 
-    from compensator import migrate
+    from ledger import migrate
 
     migrate.apply(dsn)
     absent = asyncio.run(missing())
@@ -194,7 +194,7 @@ def _require_upstream_tables(dsn: str) -> None:
 
 
 def run_seed(arguments: argparse.Namespace) -> int:
-    from compensator import migrate, pg
+    from ledger import migrate, pg
     from spark_reconcile import synthetic
     from spark_reconcile.params import ReconcileParams
 

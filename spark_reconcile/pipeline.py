@@ -21,7 +21,7 @@ from typing import TextIO
 
 from pyspark.sql import SparkSession
 
-from compensator import migrate
+from ledger import migrate
 from spark_reconcile import fixes as fixes_module
 from spark_reconcile import job, report, summary
 from spark_reconcile.output import RunOutput

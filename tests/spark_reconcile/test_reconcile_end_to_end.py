@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import SparkSession
 from reconcile_http import recording_api
 
-from compensator import pg
+from ledger import pg
 from spark_reconcile import fixes, pipeline, summary
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import DiscrepancyClass

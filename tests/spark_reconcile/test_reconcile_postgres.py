@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from compensator import migrate, pg
+from ledger import migrate, pg
 
 
 def test_migrations_apply_once_and_record_their_versions(pg_dsn: str) -> None:

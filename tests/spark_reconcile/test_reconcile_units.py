@@ -8,7 +8,7 @@ import itertools
 import pytest
 from reconcile_http import recording_api
 
-from compensator.pg import free_tcp_port
+from ledger.pg import free_tcp_port
 from spark_reconcile import fixes, report
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import Ledger
