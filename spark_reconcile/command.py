@@ -1,10 +1,15 @@
 """``compensator reconcile`` and ``compensator seed-ledgers``: the composition root of the job.
 
-Owns: reading the environment (``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``,
-``COMPENSATOR_PG_DATA``), choosing the database (configured DSN, else an embedded PostgreSQL in a
-dedicated data folder), building the session and the source, and printing where the results are.
+Owns: the two subcommands' arguments (:func:`register`, which the ``compensator`` CLI calls), the
+spark-submit entry (:func:`main`, the reconcile command alone), reading the environment
+(``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``, ``COMPENSATOR_PG_DATA``), choosing the database
+(configured DSN, else an embedded PostgreSQL in a dedicated data folder), building the session and
+the source, and printing where the results are. An expected failure is a :class:`ReconcileError` (or
+a ``ValueError`` from a parameter check): one line for the operator, exit status 1.
 
-Must never: import Spark at module import time (``compensator --help`` must stay instant).
+Must never: import compensator (it is the composition root that imports this module, and spark-submit
+runs the job without it), or import Spark at module import time (``compensator --help`` must stay
+instant).
 """
 
 from __future__ import annotations
@@ -14,15 +19,24 @@ import datetime as dt
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
-
-from compensator.errors import CommandError
+from typing import Any, Final, NoReturn
 
 DEFAULT_OUTPUT: Final = Path("var/reconcile")
 DEFAULT_PG_DATA: Final = Path("var/pg/data")
 API_URL_ENV: Final = "COMPENSATOR_API_URL"
 PG_DATA_ENV: Final = "COMPENSATOR_PG_DATA"
+SUBMIT_PROG: Final = "compensator reconcile"
+"""The spark-submit entry speaks as ``compensator reconcile`` does: an operator sees one command."""
+
+
+class ReconcileError(Exception):
+    """An expected failure with a one-line message for the operator (exit status 1)."""
+
+
+_EXPECTED_ERRORS: Final[tuple[type[Exception], ...]] = (ReconcileError, ValueError)
+"""What the handlers raise for an expected failure; ValueError is a parameter check refusing a value."""
 
 
 def _date(text: str) -> dt.date:
@@ -54,6 +68,44 @@ def _positive(text: str) -> int:
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     reconcile = subparsers.add_parser("reconcile", help="reconcile the payment, red-packet and compensation ledgers")
+    _add_reconcile_arguments(reconcile)
+    reconcile.set_defaults(handler=run_reconcile)
+
+    seed = subparsers.add_parser("seed-ledgers", help="load synthetic ledgers with known breaks (dev, demo)")
+    seed.add_argument("--date", type=_date, required=True)
+    seed.add_argument("--rows", type=_positive, default=10_000)
+    seed.add_argument("--per-class", type=int, help="injected breaks per class (default rows/1000, at least 1)")
+    seed.add_argument("--seed", type=int, default=7)
+    seed.add_argument("--parquet-dir", type=Path, help="write Parquet exports here instead of PostgreSQL")
+    seed.add_argument("--pg-data", type=Path)
+    seed.set_defaults(handler=run_seed)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """A bad argument is one line and exit status 2, as in the ``compensator`` CLI."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message.splitlines()[0]}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The reconcile command alone, for ``spark_reconcile/submit.py``: the same arguments, one-line
+    errors and exit statuses as ``compensator reconcile``, without the compensator package."""
+    parser = _OneLineParser(prog=SUBMIT_PROG, description="Reconcile the payment, red-packet and compensation ledgers.")
+    _add_reconcile_arguments(parser)
+    arguments = parser.parse_args(argv)
+    try:
+        return run_reconcile(arguments)
+    except _EXPECTED_ERRORS as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"{SUBMIT_PROG}: error: {first_line}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{SUBMIT_PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _add_reconcile_arguments(reconcile: argparse.ArgumentParser) -> None:
     reconcile.add_argument("--date", type=_date, required=True, help="business date, YYYY-MM-DD (UTC day)")
     reconcile.add_argument("--source", choices=("jdbc", "parquet"), default="jdbc")
     reconcile.add_argument("--parquet-dir", type=Path, help="root of the Parquet exports (with --source parquet)")
@@ -70,16 +122,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     reconcile.add_argument("--api-url", help=f"compensation API base URL (default ${API_URL_ENV})")
     reconcile.add_argument("--pg-data", type=Path, help=f"embedded PostgreSQL data folder (${PG_DATA_ENV})")
     reconcile.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
-    reconcile.set_defaults(handler=run_reconcile)
-
-    seed = subparsers.add_parser("seed-ledgers", help="load synthetic ledgers with known breaks (dev, demo)")
-    seed.add_argument("--date", type=_date, required=True)
-    seed.add_argument("--rows", type=_positive, default=10_000)
-    seed.add_argument("--per-class", type=int, help="injected breaks per class (default rows/1000, at least 1)")
-    seed.add_argument("--seed", type=int, default=7)
-    seed.add_argument("--parquet-dir", type=Path, help="write Parquet exports here instead of PostgreSQL")
-    seed.add_argument("--pg-data", type=Path)
-    seed.set_defaults(handler=run_seed)
 
 
 def _pg_data(arguments: argparse.Namespace) -> Path:
@@ -97,12 +139,12 @@ def run_reconcile(arguments: argparse.Namespace) -> int:
         pending_sla=arguments.pending_sla_hours,
     )
     if arguments.source == "parquet" and arguments.parquet_dir is None:
-        raise CommandError("--source parquet needs --parquet-dir")
+        raise ReconcileError("--source parquet needs --parquet-dir")
     if arguments.source == "jdbc" and arguments.no_db:
-        raise CommandError("--no-db only makes sense with --source parquet")
+        raise ReconcileError("--no-db only makes sense with --source parquet")
     api_url = arguments.api_url or os.environ.get(API_URL_ENV)
     if arguments.enqueue and not api_url:
-        raise CommandError(f"--enqueue needs --api-url or ${API_URL_ENV}")
+        raise ReconcileError(f"--enqueue needs --api-url or ${API_URL_ENV}")
     if arguments.no_db:
         return _reconcile_with(arguments, params, dsn=None, api_url=api_url)
     with pg.database(_pg_data(arguments)) as dsn:
@@ -188,7 +230,7 @@ def _require_upstream_tables(dsn: str) -> None:
     migrate.apply(dsn)
     absent = asyncio.run(missing())
     if absent:
-        raise CommandError(
+        raise ReconcileError(
             f"ledger tables missing: {', '.join(absent)} (load them, or try `compensator seed-ledgers --date ...`)"
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from compensator import cli
-from spark_reconcile import duckdb_oracle
+from spark_reconcile import command, duckdb_oracle
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import DiscrepancyClass
 from spark_reconcile.synthetic import generate, write_parquet
@@ -106,3 +107,33 @@ def test_invalid_combinations_give_one_line_and_exit_1(
     assert cli.main(argv) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["reconcile"],
+        ["reconcile", "--date", "2026-02-30"],
+        ["reconcile", "--date", "2026-11-20", "--source", "kafka"],
+        ["reconcile", "--date", "2026-11-20", "--source", "parquet"],
+        ["reconcile", "--date", "2026-11-20", "--late-window-hours", "200"],
+        ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", ""],
+    ],
+)
+def test_the_spark_submit_entry_answers_like_compensator_reconcile(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spark_reconcile/submit.py runs command.main without the compensator package: same lines, same codes."""
+    monkeypatch.delenv("COMPENSATOR_API_URL", raising=False)
+
+    def answer(entry: Callable[[list[str]], int], arguments: list[str]) -> tuple[int | str | None, str]:
+        try:
+            code: int | str | None = entry(arguments)
+        except SystemExit as exit_info:
+            code = exit_info.code
+        return code, capsys.readouterr().err
+
+    through_compensator = answer(cli.main, argv)
+    through_submit = answer(command.main, argv[1:])
+    assert through_submit == through_compensator
+    assert through_submit[0] in {1, 2} and through_submit[1].count("\n") == 1
