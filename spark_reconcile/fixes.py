@@ -26,8 +26,9 @@ from typing import Any, Final
 
 import asyncpg
 
-from spark_reconcile.schemas import PAYOUT_KIND, DiscrepancyClass
+from spark_reconcile.schemas import DiscrepancyClass
 
+PAYOUT_KIND: Final = "payout"
 KEY_PREFIX: Final = "recon-"
 HTTP_TIMEOUT_S: Final = 10.0
 DELIVERIES_MAX: Final = 100_000
