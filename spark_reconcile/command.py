@@ -2,7 +2,8 @@
 
 Owns: the two subcommands' arguments (:func:`register`, which the ``compensator`` CLI calls), the
 spark-submit entry (:func:`main`, the reconcile command alone), reading the environment
-(``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``, ``COMPENSATOR_PG_DATA``), choosing the database
+(``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``, ``COMPENSATOR_API_TOKEN``, ``COMPENSATOR_PG_DATA``;
+the token only from the environment, where ``ps`` cannot show it, and never printed), choosing the database
 (configured DSN, else an embedded PostgreSQL in a dedicated data folder), building the session and
 the source, and printing where the results are. An expected failure is a :class:`ReconcileError` (or
 a ``ValueError`` from a parameter check): one line for the operator, exit status 1.
@@ -26,6 +27,9 @@ from typing import Any, Final, NoReturn
 DEFAULT_OUTPUT: Final = Path("var/reconcile")
 DEFAULT_PG_DATA: Final = Path("var/pg/data")
 API_URL_ENV: Final = "COMPENSATOR_API_URL"
+API_TOKEN_ENV: Final = "COMPENSATOR_API_TOKEN"
+DEFAULT_PAYER_ACCOUNT: Final = "red-packet-escrow"
+"""The account fixes pay unpaid red packets from, unless ``--payer-account`` names another."""
 PG_DATA_ENV: Final = "COMPENSATOR_PG_DATA"
 SUBMIT_PROG: Final = "compensator reconcile"
 """The spark-submit entry speaks as ``compensator reconcile`` does: an operator sees one command."""
@@ -64,6 +68,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _account(text: str) -> str:
+    from spark_reconcile.fixes import check_account
+
+    try:
+        return check_account(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -120,6 +133,12 @@ def _add_reconcile_arguments(reconcile: argparse.ArgumentParser) -> None:
     reconcile.add_argument("--no-db", action="store_true", help="no run summary in PostgreSQL (Parquet source)")
     reconcile.add_argument("--enqueue", action="store_true", help="send fixes to the API (default: dry run)")
     reconcile.add_argument("--api-url", help=f"compensation API base URL (default ${API_URL_ENV})")
+    reconcile.add_argument(
+        "--payer-account",
+        type=_account,
+        default=DEFAULT_PAYER_ACCOUNT,
+        help=f"the account fixes pay from (default {DEFAULT_PAYER_ACCOUNT}; the API token is ${API_TOKEN_ENV})",
+    )
     reconcile.add_argument("--pg-data", type=Path, help=f"embedded PostgreSQL data folder (${PG_DATA_ENV})")
     reconcile.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
 
@@ -142,16 +161,26 @@ def run_reconcile(arguments: argparse.Namespace) -> int:
         raise ReconcileError("--source parquet needs --parquet-dir")
     if arguments.source == "jdbc" and arguments.no_db:
         raise ReconcileError("--no-db only makes sense with --source parquet")
-    api_url = arguments.api_url or os.environ.get(API_URL_ENV)
-    if arguments.enqueue and not api_url:
-        raise ReconcileError(f"--enqueue needs --api-url or ${API_URL_ENV}")
+    api = _api_target(arguments) if arguments.enqueue else None
     if arguments.no_db:
-        return _reconcile_with(arguments, params, dsn=None, api_url=api_url)
+        return _reconcile_with(arguments, params, dsn=None, api=api)
     with pg.database(_pg_data(arguments)) as dsn:
-        return _reconcile_with(arguments, params, dsn=dsn, api_url=api_url)
+        return _reconcile_with(arguments, params, dsn=dsn, api=api)
 
 
-def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | None, api_url: str | None) -> int:
+def _api_target(arguments: argparse.Namespace) -> Any:
+    from spark_reconcile.delivery import ApiTarget
+
+    url = arguments.api_url or os.environ.get(API_URL_ENV)
+    if not url:
+        raise ReconcileError(f"--enqueue needs --api-url or ${API_URL_ENV}")
+    token = os.environ.get(API_TOKEN_ENV, "").strip()
+    if not token:
+        raise ReconcileError(f"--enqueue needs ${API_TOKEN_ENV}, the compensation API's bearer token")
+    return ApiTarget(url=url, token=token)
+
+
+def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | None, api: Any) -> int:
     from spark_reconcile import pipeline, session
     from spark_reconcile.sources import JdbcConnection, JdbcSource, LedgerSource, ParquetSource
 
@@ -177,7 +206,12 @@ def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | No
         )
     )
     config = pipeline.PipelineConfig(
-        params=params, output_root=arguments.output_dir, dsn=dsn, enqueue=arguments.enqueue, api_url=api_url
+        params=params,
+        output_root=arguments.output_dir,
+        dsn=dsn,
+        enqueue=arguments.enqueue,
+        api=api,
+        payer_account=arguments.payer_account,
     )
     try:
         result = pipeline.run(spark, source, config)
@@ -206,7 +240,8 @@ def _print_result(result: Any, *, as_json: bool, stored: bool) -> None:
     print(f"report:        {result.report}")
     print(f"summary json:  {result.summary_json}")
     mode = f"enqueued {sum(d.accepted for d in result.deliveries)}" if result.deliveries else "dry run"
-    print(f"fixes:         {result.fixes_jsonl} ({summary.fixes_proposed} proposed, {mode})")
+    refused = f"{summary.fixes_refused} refused (no valid transfer), " if summary.fixes_refused else ""
+    print(f"fixes:         {result.fixes_jsonl} ({summary.fixes_proposed} proposed, {refused}{mode})")
 
 
 def _require_upstream_tables(dsn: str) -> None:
