@@ -121,7 +121,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
 def _jdbc_run(
     spark: Any, ledgers: synthetic.SyntheticLedgers, params: ReconcileParams, root: Path, report: dict[str, Any]
 ) -> dict[str, int]:
-    from compensator import migrate, pg
+    from ledger import migrate, pg
 
     with pg.temporary_server(prefix="bench-reconcile-pg-") as server:
         pg.wait_until_accepting(server.address)

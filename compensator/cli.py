@@ -4,8 +4,10 @@ Owns: argument parsing and the exit-code contract. A bad argument prints one lin
 (``compensator: error: ...``) and exits 2; a failed command prints one line and exits 1.
 
 To add a subcommand, write ``register(subparsers)`` next to the capability (see
-:mod:`spark_reconcile.command`) and add it to ``_REGISTRARS``. Registrars must keep heavy imports
-(Spark, database drivers) inside their handlers so ``compensator --help`` stays instant.
+:mod:`spark_reconcile.command`), add it to ``_REGISTRARS`` and its expected-failure error types to
+``_EXPECTED_ERRORS``. A capability owns its error type: this module is the composition root and
+imports the capabilities, never the reverse. Registrars must keep heavy imports (Spark, database
+drivers) inside their handlers so ``compensator --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from compensator.errors import CommandError
 from spark_reconcile import command as reconcile_command
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (reconcile_command.register,)
+_EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, reconcile_command.ReconcileError)
+"""ValueError is a parameter check refusing a value, in any capability."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = arguments.handler
     try:
         return handler(arguments)
-    except (CommandError, ValueError) as error:
+    except _EXPECTED_ERRORS as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"compensator {arguments.command}: error: {first_line}", file=sys.stderr)
         return 1

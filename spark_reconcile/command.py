@@ -1,10 +1,16 @@
 """``compensator reconcile`` and ``compensator seed-ledgers``: the composition root of the job.
 
-Owns: reading the environment (``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``,
-``COMPENSATOR_PG_DATA``), choosing the database (configured DSN, else an embedded PostgreSQL in a
-dedicated data folder), building the session and the source, and printing where the results are.
+Owns: the two subcommands' arguments (:func:`register`, which the ``compensator`` CLI calls), the
+spark-submit entry (:func:`main`, the reconcile command alone), reading the environment
+(``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``, ``COMPENSATOR_API_TOKEN``, ``COMPENSATOR_PG_DATA``;
+the token only from the environment, where ``ps`` cannot show it, and never printed), choosing the database
+(configured DSN, else an embedded PostgreSQL in a dedicated data folder), building the session and
+the source, and printing where the results are. An expected failure is a :class:`ReconcileError` (or
+a ``ValueError`` from a parameter check): one line for the operator, exit status 1.
 
-Must never: import Spark at module import time (``compensator --help`` must stay instant).
+Must never: import compensator (it is the composition root that imports this module, and spark-submit
+runs the job without it), or import Spark at module import time (``compensator --help`` must stay
+instant).
 """
 
 from __future__ import annotations
@@ -14,15 +20,27 @@ import datetime as dt
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
-
-from compensator.errors import CommandError
+from typing import Any, Final, NoReturn
 
 DEFAULT_OUTPUT: Final = Path("var/reconcile")
 DEFAULT_PG_DATA: Final = Path("var/pg/data")
 API_URL_ENV: Final = "COMPENSATOR_API_URL"
+API_TOKEN_ENV: Final = "COMPENSATOR_API_TOKEN"
+DEFAULT_PAYER_ACCOUNT: Final = "red-packet-escrow"
+"""The account fixes pay unpaid red packets from, unless ``--payer-account`` names another."""
 PG_DATA_ENV: Final = "COMPENSATOR_PG_DATA"
+SUBMIT_PROG: Final = "compensator reconcile"
+"""The spark-submit entry speaks as ``compensator reconcile`` does: an operator sees one command."""
+
+
+class ReconcileError(Exception):
+    """An expected failure with a one-line message for the operator (exit status 1)."""
+
+
+_EXPECTED_ERRORS: Final[tuple[type[Exception], ...]] = (ReconcileError, ValueError)
+"""What the handlers raise for an expected failure; ValueError is a parameter check refusing a value."""
 
 
 def _date(text: str) -> dt.date:
@@ -52,8 +70,55 @@ def _positive(text: str) -> int:
     return value
 
 
+def _account(text: str) -> str:
+    from spark_reconcile.fixes import check_account
+
+    try:
+        return check_account(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     reconcile = subparsers.add_parser("reconcile", help="reconcile the payment, red-packet and compensation ledgers")
+    _add_reconcile_arguments(reconcile)
+    reconcile.set_defaults(handler=run_reconcile)
+
+    seed = subparsers.add_parser("seed-ledgers", help="load synthetic ledgers with known breaks (dev, demo)")
+    seed.add_argument("--date", type=_date, required=True)
+    seed.add_argument("--rows", type=_positive, default=10_000)
+    seed.add_argument("--per-class", type=int, help="injected breaks per class (default rows/1000, at least 1)")
+    seed.add_argument("--seed", type=int, default=7)
+    seed.add_argument("--parquet-dir", type=Path, help="write Parquet exports here instead of PostgreSQL")
+    seed.add_argument("--pg-data", type=Path)
+    seed.set_defaults(handler=run_seed)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """A bad argument is one line and exit status 2, as in the ``compensator`` CLI."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message.splitlines()[0]}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The reconcile command alone, for ``spark_reconcile/submit.py``: the same arguments, one-line
+    errors and exit statuses as ``compensator reconcile``, without the compensator package."""
+    parser = _OneLineParser(prog=SUBMIT_PROG, description="Reconcile the payment, red-packet and compensation ledgers.")
+    _add_reconcile_arguments(parser)
+    arguments = parser.parse_args(argv)
+    try:
+        return run_reconcile(arguments)
+    except _EXPECTED_ERRORS as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"{SUBMIT_PROG}: error: {first_line}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{SUBMIT_PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _add_reconcile_arguments(reconcile: argparse.ArgumentParser) -> None:
     reconcile.add_argument("--date", type=_date, required=True, help="business date, YYYY-MM-DD (UTC day)")
     reconcile.add_argument("--source", choices=("jdbc", "parquet"), default="jdbc")
     reconcile.add_argument("--parquet-dir", type=Path, help="root of the Parquet exports (with --source parquet)")
@@ -68,18 +133,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     reconcile.add_argument("--no-db", action="store_true", help="no run summary in PostgreSQL (Parquet source)")
     reconcile.add_argument("--enqueue", action="store_true", help="send fixes to the API (default: dry run)")
     reconcile.add_argument("--api-url", help=f"compensation API base URL (default ${API_URL_ENV})")
+    reconcile.add_argument(
+        "--payer-account",
+        type=_account,
+        default=DEFAULT_PAYER_ACCOUNT,
+        help=f"the account fixes pay from (default {DEFAULT_PAYER_ACCOUNT}; the API token is ${API_TOKEN_ENV})",
+    )
     reconcile.add_argument("--pg-data", type=Path, help=f"embedded PostgreSQL data folder (${PG_DATA_ENV})")
     reconcile.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
-    reconcile.set_defaults(handler=run_reconcile)
-
-    seed = subparsers.add_parser("seed-ledgers", help="load synthetic ledgers with known breaks (dev, demo)")
-    seed.add_argument("--date", type=_date, required=True)
-    seed.add_argument("--rows", type=_positive, default=10_000)
-    seed.add_argument("--per-class", type=int, help="injected breaks per class (default rows/1000, at least 1)")
-    seed.add_argument("--seed", type=int, default=7)
-    seed.add_argument("--parquet-dir", type=Path, help="write Parquet exports here instead of PostgreSQL")
-    seed.add_argument("--pg-data", type=Path)
-    seed.set_defaults(handler=run_seed)
 
 
 def _pg_data(arguments: argparse.Namespace) -> Path:
@@ -88,7 +149,7 @@ def _pg_data(arguments: argparse.Namespace) -> Path:
 
 
 def run_reconcile(arguments: argparse.Namespace) -> int:
-    from compensator import pg
+    from ledger import pg
     from spark_reconcile.params import ReconcileParams
 
     params = ReconcileParams(
@@ -97,19 +158,29 @@ def run_reconcile(arguments: argparse.Namespace) -> int:
         pending_sla=arguments.pending_sla_hours,
     )
     if arguments.source == "parquet" and arguments.parquet_dir is None:
-        raise CommandError("--source parquet needs --parquet-dir")
+        raise ReconcileError("--source parquet needs --parquet-dir")
     if arguments.source == "jdbc" and arguments.no_db:
-        raise CommandError("--no-db only makes sense with --source parquet")
-    api_url = arguments.api_url or os.environ.get(API_URL_ENV)
-    if arguments.enqueue and not api_url:
-        raise CommandError(f"--enqueue needs --api-url or ${API_URL_ENV}")
+        raise ReconcileError("--no-db only makes sense with --source parquet")
+    api = _api_target(arguments) if arguments.enqueue else None
     if arguments.no_db:
-        return _reconcile_with(arguments, params, dsn=None, api_url=api_url)
+        return _reconcile_with(arguments, params, dsn=None, api=api)
     with pg.database(_pg_data(arguments)) as dsn:
-        return _reconcile_with(arguments, params, dsn=dsn, api_url=api_url)
+        return _reconcile_with(arguments, params, dsn=dsn, api=api)
 
 
-def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | None, api_url: str | None) -> int:
+def _api_target(arguments: argparse.Namespace) -> Any:
+    from spark_reconcile.delivery import ApiTarget
+
+    url = arguments.api_url or os.environ.get(API_URL_ENV)
+    if not url:
+        raise ReconcileError(f"--enqueue needs --api-url or ${API_URL_ENV}")
+    token = os.environ.get(API_TOKEN_ENV, "").strip()
+    if not token:
+        raise ReconcileError(f"--enqueue needs ${API_TOKEN_ENV}, the compensation API's bearer token")
+    return ApiTarget(url=url, token=token)
+
+
+def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | None, api: Any) -> int:
     from spark_reconcile import pipeline, session
     from spark_reconcile.sources import JdbcConnection, JdbcSource, LedgerSource, ParquetSource
 
@@ -135,7 +206,12 @@ def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | No
         )
     )
     config = pipeline.PipelineConfig(
-        params=params, output_root=arguments.output_dir, dsn=dsn, enqueue=arguments.enqueue, api_url=api_url
+        params=params,
+        output_root=arguments.output_dir,
+        dsn=dsn,
+        enqueue=arguments.enqueue,
+        api=api,
+        payer_account=arguments.payer_account,
     )
     try:
         result = pipeline.run(spark, source, config)
@@ -164,7 +240,8 @@ def _print_result(result: Any, *, as_json: bool, stored: bool) -> None:
     print(f"report:        {result.report}")
     print(f"summary json:  {result.summary_json}")
     mode = f"enqueued {sum(d.accepted for d in result.deliveries)}" if result.deliveries else "dry run"
-    print(f"fixes:         {result.fixes_jsonl} ({summary.fixes_proposed} proposed, {mode})")
+    refused = f"{summary.fixes_refused} refused (no valid transfer), " if summary.fixes_refused else ""
+    print(f"fixes:         {result.fixes_jsonl} ({summary.fixes_proposed} proposed, {refused}{mode})")
 
 
 def _require_upstream_tables(dsn: str) -> None:
@@ -183,18 +260,18 @@ def _require_upstream_tables(dsn: str) -> None:
         finally:
             await connection.close()
 
-    from compensator import migrate
+    from ledger import migrate
 
     migrate.apply(dsn)
     absent = asyncio.run(missing())
     if absent:
-        raise CommandError(
+        raise ReconcileError(
             f"ledger tables missing: {', '.join(absent)} (load them, or try `compensator seed-ledgers --date ...`)"
         )
 
 
 def run_seed(arguments: argparse.Namespace) -> int:
-    from compensator import migrate, pg
+    from ledger import migrate, pg
     from spark_reconcile import synthetic
     from spark_reconcile.params import ReconcileParams
 

@@ -11,14 +11,33 @@ Must never: import Spark.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Final
 
 import duckdb
 import pyarrow as pa
 
+from ledger.kinds import Kind
+from ledger.states import LedgerState
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import Ledger
+
+
+def _literal(value: str) -> str:
+    """A vocabulary value as a SQL string literal; only plain words, so no quoting can go wrong."""
+    assert re.fullmatch(r"[A-Za-z_]+", value), value
+    return f"'{value}'"
+
+
+# The compensation ledger's vocabulary comes from the enums the service writes it with, so the
+# oracle cannot drift from the rules on a renamed kind or state.
+_VOCABULARY: Final = {
+    "transfer_kind": _literal(Kind.TRANSFER.value),
+    "request_succeeded": _literal(LedgerState.SUCCEEDED.value),
+    "request_dead_lettered": _literal(LedgerState.DEAD_LETTERED.value),
+    "request_cancelled": _literal(LedgerState.CANCELLED.value),
+}
 
 _SQL: Final = """
 WITH
@@ -35,20 +54,21 @@ requests AS (
     SELECT request_id, kind, ref_key, amount_minor, currency, state, created_at, finished_at
     FROM read_parquet($compensation)
     WHERE created_at < $read_end AND (created_at >= $read_start OR finished_at IS NULL
-          OR finished_at >= $day_start OR state = 'DEAD_LETTERED')),
+          OR finished_at >= $day_start OR state = {request_dead_lettered})),
 payouts AS (
     SELECT business_id, count(*) AS n, sum(amount_minor)::BIGINT AS total,
            arg_min(struct_pack(id := transfer_id, amount := amount_minor, currency := currency,
                                payee := payee, at := created_at), (created_at, transfer_id)) AS first
     FROM paid GROUP BY business_id),
 grants_of_day AS (SELECT * FROM grants WHERE granted_at >= $day_start AND granted_at < $day_end),
-covered AS (SELECT DISTINCT ref_key FROM requests WHERE kind = 'payout' AND state <> 'CANCELLED'),
+covered AS (SELECT DISTINCT ref_key FROM requests WHERE kind = {transfer_kind} AND state <> {request_cancelled}),
 flagged AS (
     SELECT r.*, CASE
-        WHEN state = 'DEAD_LETTERED' AND finished_at < $day_end THEN 'dead_lettered_unresolved'
+        WHEN state = {request_dead_lettered} AND finished_at < $day_end THEN 'dead_lettered_unresolved'
         WHEN created_at < $sla_deadline AND (finished_at IS NULL OR finished_at >= $day_end)
             THEN 'pending_past_sla'
-        WHEN kind = 'payout' AND state = 'SUCCEEDED' AND finished_at >= $day_start AND finished_at < $day_end
+        WHEN kind = {transfer_kind} AND state = {request_succeeded}
+             AND finished_at >= $day_start AND finished_at < $day_end
             THEN 'compensated_not_in_payment'
         END AS class
     FROM requests r),
@@ -95,7 +115,7 @@ SELECT $business_date::DATE AS business_date, discrepancy_class, business_id,
        actual_amount_minor::BIGINT AS actual_amount_minor, expected_currency::VARCHAR AS expected_currency,
        actual_currency::VARCHAR AS actual_currency, occurred_at, fixable
 FROM found
-"""
+""".format(**_VOCABULARY)
 
 
 _TOTALS_SQL: Final = """
@@ -112,15 +132,15 @@ SELECT 'payment_transfers', currency, count(*),
 FROM read_parquet($payment) WHERE created_at >= $read_start AND created_at < $read_end GROUP BY currency
 UNION ALL
 SELECT 'compensation_requests', currency, count(*),
-       count(*) FILTER (WHERE kind = 'payout' AND state = 'SUCCEEDED' AND finished_at >= $day_start
-                        AND finished_at < $day_end),
-       coalesce(sum(amount_minor) FILTER (WHERE kind = 'payout' AND state = 'SUCCEEDED'
+       count(*) FILTER (WHERE kind = {transfer_kind} AND state = {request_succeeded}
+                        AND finished_at >= $day_start AND finished_at < $day_end),
+       coalesce(sum(amount_minor) FILTER (WHERE kind = {transfer_kind} AND state = {request_succeeded}
                                          AND finished_at >= $day_start AND finished_at < $day_end), 0)
 FROM read_parquet($compensation)
 WHERE created_at < $read_end AND (created_at >= $read_start OR finished_at IS NULL
-      OR finished_at >= $day_start OR state = 'DEAD_LETTERED')
+      OR finished_at >= $day_start OR state = {request_dead_lettered})
 GROUP BY currency
-"""
+""".format(**_VOCABULARY)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,9 +21,9 @@ from typing import TextIO
 
 from pyspark.sql import SparkSession
 
-from compensator import migrate
+from ledger import migrate
+from spark_reconcile import delivery, job, report, summary
 from spark_reconcile import fixes as fixes_module
-from spark_reconcile import job, report, summary
 from spark_reconcile.output import RunOutput
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.progress import Progress
@@ -35,14 +35,16 @@ class PipelineConfig:
     params: ReconcileParams
     output_root: Path
     dsn: str | None  # None: no summary in PostgreSQL (Parquet-only runs, benchmarks)
+    payer_account: str  # the account fixes pay from: which account pays is the caller's choice
     enqueue: bool = False
-    api_url: str | None = None
+    api: delivery.ApiTarget | None = None
     trend_runs: int = 30
     job: job.JobConfig = dataclasses.field(default_factory=job.JobConfig)
 
     def validate(self) -> None:
-        if self.enqueue and (self.dsn is None or not self.api_url):
-            raise ValueError("--enqueue needs a database (for the outbox) and an API URL")
+        if self.enqueue and (self.dsn is None or self.api is None):
+            raise ValueError("--enqueue needs a database (for the outbox) and the API's URL and token")
+        fixes_module.check_account(self.payer_account)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +56,8 @@ class PipelineResult:
     report: Path
     summary_json: Path
     fixes_jsonl: Path
-    deliveries: tuple[fixes_module.Delivery, ...]
+    fixes_refused: tuple[fixes_module.Refusal, ...]
+    deliveries: tuple[delivery.Delivery, ...]
 
 
 def run(
@@ -76,8 +79,10 @@ def run(
     try:
         result = job.run(spark, source, config.params, staging, progress=progress, config=config.job)
         with progress.stage("outputs"):
-            proposed = fixes_module.build_fixes(result.fixable)
-            fixes_module.write_jsonl(proposed, staging / "fixes.jsonl")
+            plan = fixes_module.build_fixes(result.fixable, payer_account=config.payer_account)
+            fixes_module.write_jsonl(plan.proposed, staging / "fixes.jsonl")
+            if plan.refused:
+                progress.emit(stage="outputs", fixes_refused=len(plan.refused))
             run_summary = summary.RunSummary(
                 run_id=run_id,
                 business_date=config.params.business_date,
@@ -88,7 +93,8 @@ def run(
                 class_totals=result.class_totals,
                 ledger_totals=result.ledger_totals,
                 output_uri=str(output.final),
-                fixes_proposed=len(proposed),
+                fixes_proposed=len(plan.proposed),
+                fixes_refused=len(plan.refused),
                 stage_timings_s=result.timings_s,
             )
             trend = _trend(config)
@@ -108,15 +114,15 @@ def run(
         output.discard()
         raise
     output.retire(previous)
-    deliveries: tuple[fixes_module.Delivery, ...] = ()
-    if config.enqueue and config.dsn is not None and config.api_url:
+    deliveries: tuple[delivery.Delivery, ...] = ()
+    if config.enqueue and config.dsn is not None and config.api is not None:
         with progress.stage("enqueue"):
             deliveries = tuple(
-                fixes_module.enqueue(
+                delivery.enqueue(
                     config.dsn,
-                    proposed,
+                    list(plan.proposed),
                     source=f"reconciliation:{config.params.business_date.isoformat()}",
-                    api_url=config.api_url,
+                    api=config.api,
                 )
             )
     progress.emit(stage="run", state="done", discrepancies=sum(run_summary.counts().values()))
@@ -128,6 +134,7 @@ def run(
         report=output.link / "report.html",
         summary_json=output.link / "summary.json",
         fixes_jsonl=output.link / "fixes.jsonl",
+        fixes_refused=plan.refused,
         deliveries=deliveries,
     )
 

@@ -183,6 +183,11 @@ def render(
         for currency in currencies
     )
     history = [*trend, _point(summary)]
+    refused = (
+        f" ({summary.fixes_refused:,} refused: no valid transfer, see the missing_in_payment rows)"
+        if summary.fixes_refused
+        else ""
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Ledger reconciliation {summary.business_date.isoformat()}</title>
@@ -200,7 +205,7 @@ table.list td {{ font-size: 11px; }}
  &middot; source {_e(summary.source)}</p>
 <p>Input rows: {_e(", ".join(f"{k} {v:,}" for k, v in summary.input_rows().items()))}.
  Late window {summary.parameters.get("late_window_s", 0) / 3600:g} h, pending SLA
- {summary.parameters.get("pending_sla_s", 0) / 3600:g} h. Fixes proposed: {summary.fixes_proposed:,}.</p>
+ {summary.parameters.get("pending_sla_s", 0) / 3600:g} h. Fixes proposed: {summary.fixes_proposed:,}{refused}.</p>
 <h2>By class</h2>
 {_class_table(summary)}
 {bar_chart("Discrepancies per class", {k: float(v) for k, v in counts.items()})}

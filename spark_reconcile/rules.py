@@ -8,7 +8,7 @@ same pass. Nothing is cached and no input is scanned twice for the discrepancies
 
 Classes are exclusive by construction (precedence is documented in docs/reconcile.md):
 * a granted red packet without a successful transfer is *missing in the payment ledger* only when no
-  payout request covers it; a covering request reports through its own state instead
+  transfer request covers it; a covering request reports through its own state instead
   (compensated-but-unpaid, pending past SLA, dead-lettered) or, if open within its SLA, not at all;
 * an unmatched transfer is *missing in the red-packet ledger*, never also a duplicate;
 * a mismatch is judged on business ids paid exactly once; more payouts are *duplicate payouts*.
@@ -24,17 +24,10 @@ from typing import Final
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from ledger.kinds import Kind
+from ledger.states import LedgerState
 from spark_reconcile.params import ReconcileParams
-from spark_reconcile.schemas import (
-    DISCREPANCIES,
-    LEDGER_TOTALS,
-    PAYOUT_KIND,
-    DiscrepancyClass,
-    GrantState,
-    Ledger,
-    RequestState,
-    TransferStatus,
-)
+from spark_reconcile.schemas import DISCREPANCIES, LEDGER_TOTALS, DiscrepancyClass, GrantState, Ledger, TransferStatus
 
 _GRANT: Final = 0
 _TRANSFER: Final = 1
@@ -133,7 +126,7 @@ def request_read_filter(params: ReconcileParams) -> Column:
         (created >= F.lit(params.read_start))
         | finished.isNull()
         | (finished >= F.lit(params.day_start))
-        | (F.col("state") == RequestState.DEAD_LETTERED.value)
+        | (F.col("state") == LedgerState.DEAD_LETTERED.value)
     )
 
 
@@ -149,18 +142,18 @@ def request_events(compensation: DataFrame, params: ReconcileParams) -> DataFram
     open_at_day_end = finished.isNull() | (finished >= F.lit(params.day_end))
     flag = (
         F.when(
-            (state == RequestState.DEAD_LETTERED.value) & (finished < F.lit(params.day_end)),
+            (state == LedgerState.DEAD_LETTERED.value) & (finished < F.lit(params.day_end)),
             _FLAG_DEAD_LETTERED,
         )
         .when((created < F.lit(params.sla_deadline)) & open_at_day_end, _FLAG_PENDING)
         .when(
-            (F.col("kind") == PAYOUT_KIND)
-            & (state == RequestState.SUCCEEDED.value)
+            (F.col("kind") == Kind.TRANSFER.value)
+            & (state == LedgerState.SUCCEEDED.value)
             & _between(finished, params.day_start, params.day_end),
             _FLAG_SUCCEEDED_IN_DAY,
         )
     )
-    covers = (F.col("kind") == PAYOUT_KIND) & (state != RequestState.CANCELLED.value)
+    covers = (F.col("kind") == Kind.TRANSFER.value) & (state != LedgerState.CANCELLED.value)
     at = F.when(flag == _FLAG_PENDING, created).otherwise(F.coalesce(finished, created))
     kept = compensation.where(request_read_filter(params))
     return _events(
@@ -303,7 +296,7 @@ def _business_id_rows(params: ReconcileParams) -> list[Column]:
 
 
 def _request_row(request: Column) -> Column:
-    """The class of one flagged request; a succeeded payout only breaks when nothing was paid."""
+    """The class of one flagged request; a succeeded transfer request only breaks when nothing was paid."""
     grant = F.col("grant")
 
     def row(discrepancy_class: DiscrepancyClass) -> Column:
@@ -368,7 +361,7 @@ def candidate_keys(events: DataFrame, params: ReconcileParams) -> DataFrame:
 
     Invariant: a superset of the ids :func:`classify` reports. Every condition below is a relaxed copy
     of one in ``_business_id_rows`` or ``_request_row``: a change to a rule must be mirrored here.
-    The rule tests run through this filter. A payout request
+    The rule tests run through this filter. A transfer request
     that succeeded today only matters when nothing was paid; that is every normal payout, so it must
     not make a candidate by itself.
     """
@@ -421,7 +414,7 @@ def ledger_totals(frames: LedgerFrames, params: ReconcileParams) -> DataFrame:
     """Per ledger and currency: rows read, and count and amount of the business day's money movements.
 
     Red packets count when granted that day, payments when they succeeded that day, compensation
-    when a payout request succeeded that day. Every ledger by its own clock: a late payment counts on
+    when a transfer request succeeded that day. Every ledger by its own clock: a late payment counts on
     the day it happened, so the net difference also shows timing, which finance expects.
     """
 
@@ -448,8 +441,8 @@ def ledger_totals(frames: LedgerFrames, params: ReconcileParams) -> DataFrame:
         totals(
             frames.compensation,
             Ledger.COMPENSATION,
-            (F.col("kind") == PAYOUT_KIND)
-            & (F.col("state") == RequestState.SUCCEEDED.value)
+            (F.col("kind") == Kind.TRANSFER.value)
+            & (F.col("state") == LedgerState.SUCCEEDED.value)
             & _between(F.col("finished_at"), *day),
         ),
     ]

@@ -1,8 +1,9 @@
 """Explicit schemas of the three ledgers and of the job's outputs.
 
-Owns: column names and types, the ledger table names, the state vocabularies and the discrepancy
-classes. Every read and every output goes through these, so a renamed or retyped column fails at the
-edge instead of silently producing nulls in a join.
+Owns: column names and types, the ledger table names, the upstream ledgers' state vocabularies and
+the discrepancy classes. Every read and every output goes through these, so a renamed or retyped
+column fails at the edge instead of silently producing nulls in a join. The compensation ledger's
+kinds and states are the service's own (:mod:`ledger.kinds`, :mod:`ledger.states`), not defined here.
 
 Must never: import a SparkSession or touch files; this module is pure data.
 """
@@ -54,18 +55,6 @@ class GrantState(enum.StrEnum):
     GRANTED = "GRANTED"
     CANCELLED = "CANCELLED"
 
-
-class RequestState(enum.StrEnum):
-    PENDING = "PENDING"
-    IN_FLIGHT = "IN_FLIGHT"
-    SUCCEEDED = "SUCCEEDED"
-    DEAD_LETTERED = "DEAD_LETTERED"
-    RESOLVED = "RESOLVED"
-    CANCELLED = "CANCELLED"
-
-
-OPEN_REQUEST_STATES: Final = (RequestState.PENDING, RequestState.IN_FLIGHT)
-PAYOUT_KIND: Final = "payout"
 
 PAYMENT_TRANSFERS: Final = StructType(
     [

@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ledger.states import LedgerState
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.rules import LedgerFrames, request_read_filter
 from spark_reconcile.schemas import LEDGER_SCHEMAS, NEEDED_COLUMNS, TIME_COLUMN, Ledger
@@ -113,7 +114,7 @@ def jdbc_predicates(ledger: Ledger, params: ReconcileParams, partitions: int) ->
         # Older requests that still matter: open at the start of the day, or dead-lettered.
         slices.append(
             f"created_at < {_sql_instant(params.read_start)} AND (finished_at IS NULL"
-            f" OR finished_at >= {_sql_instant(params.day_start)} OR state = 'DEAD_LETTERED')"
+            f" OR finished_at >= {_sql_instant(params.day_start)} OR state = '{LedgerState.DEAD_LETTERED.value}')"
         )
     return slices
 

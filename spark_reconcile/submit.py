@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from compensator.cli import main
+from spark_reconcile.command import main
 
 if __name__ == "__main__":
-    sys.exit(main(["reconcile", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:]))

@@ -37,6 +37,7 @@ class RunSummary:
     ledger_totals: tuple[LedgerTotal, ...]
     output_uri: str
     fixes_proposed: int
+    fixes_refused: int  # fixable breaks that make no valid transfer: listed, not sent
     stage_timings_s: dict[str, float]
 
     @property
@@ -100,6 +101,7 @@ class RunSummary:
             "ledger_totals": self.day_totals(),
             "net_difference_minor": self.net_difference(),
             "fixes_proposed": self.fixes_proposed,
+            "fixes_refused": self.fixes_refused,
             "output_uri": self.output_uri,
             "stage_timings_s": self.stage_timings_s,
         }

@@ -28,6 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from ledger.kinds import Kind
+from ledger.states import OPEN_STATES, LedgerState
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import DiscrepancyClass, Ledger
 
@@ -263,8 +265,9 @@ class _Generator:
         finished: np.ndarray | None,
         amount: np.ndarray,
         currency: np.ndarray,
-        state: str,
+        state: LedgerState,
     ) -> None:
+        assert (finished is None) == (state in OPEN_STATES), "an open request has no finish time, others have one"
         size = len(ref_keys)
         numbers = np.arange(self.next_request, self.next_request + size)
         self.next_request += size
@@ -272,16 +275,18 @@ class _Generator:
         finished_at = _times(finished) if finished is not None else pa.nulls(size, _TIMESTAMP)
         self.requests.add(
             request_id=request_ids,
-            kind=_const("payout", size, pa.string()),
-            idempotency_key=pc.binary_join_element_wise("payout:", ref_keys, ""),
+            kind=_const(Kind.TRANSFER.value, size, pa.string()),
+            idempotency_key=pc.binary_join_element_wise(f"{Kind.TRANSFER.value}:", ref_keys, ""),
             ref_key=ref_keys,
             amount_minor=pa.array(amount),
             currency=pa.array(currency),
-            state=_const(state, size, pa.string()),
+            state=_const(state.value, size, pa.string()),
             created_at=_times(created),
             finished_at=finished_at,
         )
-        outcome = {"SUCCEEDED": "SUCCEEDED", "DEAD_LETTERED": "FATAL_ERROR"}.get(state, "RETRYABLE_ERROR")
+        outcome = {LedgerState.SUCCEEDED: "SUCCEEDED", LedgerState.DEAD_LETTERED: "FATAL_ERROR"}.get(
+            state, "RETRYABLE_ERROR"
+        )
         ended = finished if finished is not None else created + _MINUTE
         failed = outcome != "SUCCEEDED"
         self.attempts.add(
@@ -316,7 +321,10 @@ def _totals(tables: dict[str, pa.Table], params: ReconcileParams) -> dict[str, d
         Ledger.COMPENSATION.value: (
             requests,
             pc.and_(
-                pc.and_(pc.equal(requests["kind"], "payout"), pc.equal(requests["state"], "SUCCEEDED")),
+                pc.and_(
+                    pc.equal(requests["kind"], Kind.TRANSFER.value),
+                    pc.equal(requests["state"], LedgerState.SUCCEEDED.value),
+                ),
                 pc.fill_null(in_day(requests["finished_at"]), False),
             ),
         ),
@@ -426,10 +434,10 @@ def _lay_out_group(
         return
     if name in {"comp_unpaid", "pending", "dead", "pending_ok"}:
         state, finished = {
-            "comp_unpaid": ("SUCCEEDED", requested_at + _MINUTE),
-            "pending": ("PENDING", None),
-            "dead": ("DEAD_LETTERED", requested_at + 30 * _MINUTE),
-            "pending_ok": ("IN_FLIGHT", None),
+            "comp_unpaid": (LedgerState.SUCCEEDED, requested_at + _MINUTE),
+            "pending": (LedgerState.PENDING, None),
+            "dead": (LedgerState.DEAD_LETTERED, requested_at + 30 * _MINUTE),
+            "pending_ok": (LedgerState.IN_FLIGHT, None),
         }[name]
         g.add_requests(ids, requested_at, finished, amount, currency, state)
         booked = {
@@ -447,7 +455,7 @@ def _lay_out_group(
         paid_amount, paid_currency, at_stake = _mismatch(g, amount, currency)
         g.book(DiscrepancyClass.AMOUNT_MISMATCH, ids, currency, at_stake)
     g.add_transfers(ids, paid_at, paid_amount, paid_currency)
-    g.add_requests(ids, requested_at, paid_at, amount, currency, "SUCCEEDED")
+    g.add_requests(ids, requested_at, paid_at, amount, currency, LedgerState.SUCCEEDED)
     if name == "duplicate":
         g.add_transfers(ids, paid_at + 10 * _MINUTE, amount, currency)
         g.book(DiscrepancyClass.DUPLICATE_PAYOUT, ids, currency, amount)

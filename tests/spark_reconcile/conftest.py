@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 from pyspark.sql import SparkSession
 
-from compensator import migrate, pg
+from ledger import migrate, pg
 from spark_reconcile import session
 from spark_reconcile.params import ReconcileParams
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from ledger.kinds import Kind
 from spark_reconcile.rules import LedgerFrames
 from spark_reconcile.schemas import COMPENSATION_REQUESTS, DISCREPANCIES, PAYMENT_TRANSFERS, RED_PACKET_GRANTS
 
@@ -52,7 +53,7 @@ def request(
     created: dt.datetime,
     finished: dt.datetime | None = None,
     *,
-    kind: str = "payout",
+    kind: str = Kind.TRANSFER.value,
 ) -> tuple[Any, ...]:
     return (
         request_id,

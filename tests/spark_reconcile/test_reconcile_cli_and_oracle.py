@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from compensator import cli
-from spark_reconcile import duckdb_oracle
+from spark_reconcile import command, duckdb_oracle, fixes
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import DiscrepancyClass
 from spark_reconcile.synthetic import generate, write_parquet
@@ -49,6 +50,8 @@ def test_cli_parquet_run_agrees_with_duckdb_and_the_injection(
         str(tmp_path / "out"),
         "--shuffle-partitions",
         "2",
+        "--payer-account",
+        "treasury-7",
         "--json",
     ]
     assert cli.main(argv) == 0
@@ -66,6 +69,9 @@ def test_cli_parquet_run_agrees_with_duckdb_and_the_injection(
     assert {r["business_id"] for r in spark_rows if r["fixable"]} == ledgers.injection.business_ids[
         DiscrepancyClass.MISSING_IN_PAYMENT.value
     ]
+    proposed = fixes.read_jsonl(tmp_path / "out" / "date=2026-11-20" / "fixes.jsonl")
+    assert {f.ref_key for f in proposed} == ledgers.injection.business_ids[DiscrepancyClass.MISSING_IN_PAYMENT.value]
+    assert {f.payload.payer for f in proposed} == {"treasury-7"}
 
 
 @pytest.mark.parametrize(
@@ -75,6 +81,7 @@ def test_cli_parquet_run_agrees_with_duckdb_and_the_injection(
         (["reconcile", "--date", "2026-02-30"], "expected a date as YYYY-MM-DD"),
         (["reconcile", "--date", "2026-11-20", "--late-window-hours", "-1"], "must not be negative"),
         (["reconcile", "--date", "2026-11-20", "--source", "kafka"], "invalid choice"),
+        (["reconcile", "--date", "2026-11-20", "--payer-account", "two words"], "an account id is"),
         (["frobnicate"], "invalid choice"),
     ],
 )
@@ -97,12 +104,50 @@ def test_bad_arguments_give_one_line_and_exit_2(
         ),
         (["reconcile", "--date", "2026-11-20", "--late-window-hours", "200"], "late window must be within"),
         (["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", ""], "--enqueue needs --api-url"),
+        (
+            ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", "http://api:8080"],
+            "--enqueue needs $COMPENSATOR_API_TOKEN",
+        ),
     ],
 )
 def test_invalid_combinations_give_one_line_and_exit_1(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("COMPENSATOR_API_URL", raising=False)
+    monkeypatch.delenv("COMPENSATOR_API_TOKEN", raising=False)
     assert cli.main(argv) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["reconcile"],
+        ["reconcile", "--date", "2026-02-30"],
+        ["reconcile", "--date", "2026-11-20", "--source", "kafka"],
+        ["reconcile", "--date", "2026-11-20", "--source", "parquet"],
+        ["reconcile", "--date", "2026-11-20", "--late-window-hours", "200"],
+        ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", ""],
+        ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", "http://api:8080"],
+        ["reconcile", "--date", "2026-11-20", "--payer-account", "two words"],
+    ],
+)
+def test_the_spark_submit_entry_answers_like_compensator_reconcile(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spark_reconcile/submit.py runs command.main without the compensator package: same lines, same codes."""
+    monkeypatch.delenv("COMPENSATOR_API_URL", raising=False)
+    monkeypatch.delenv("COMPENSATOR_API_TOKEN", raising=False)
+
+    def answer(entry: Callable[[list[str]], int], arguments: list[str]) -> tuple[int | str | None, str]:
+        try:
+            code: int | str | None = entry(arguments)
+        except SystemExit as exit_info:
+            code = exit_info.code
+        return code, capsys.readouterr().err
+
+    through_compensator = answer(cli.main, argv)
+    through_submit = answer(command.main, argv[1:])
+    assert through_submit == through_compensator
+    assert through_submit[0] in {1, 2} and through_submit[1].count("\n") == 1

@@ -19,8 +19,9 @@ import pytest
 from pyspark.sql import SparkSession
 from reconcile_http import recording_api
 
-from compensator import pg
-from spark_reconcile import fixes, pipeline, summary
+from ledger import pg
+from ledger.kinds import Kind, TransferPayload, decode_payload
+from spark_reconcile import delivery, fixes, pipeline, summary
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import DiscrepancyClass
 from spark_reconcile.sources import JdbcConnection, JdbcSource
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.spark
 
 # Distinct counts per class: a rule reporting one class under another's name cannot pass.
 INJECTED = {cls.value: count for count, cls in enumerate(DiscrepancyClass, start=2)}
+PAYER = "red-packet-escrow"
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +72,11 @@ def first_run(
 
 
 def _run(
-    spark: SparkSession, dsn: str, params: ReconcileParams, out: Path, *, api_url: str | None = None
+    spark: SparkSession, dsn: str, params: ReconcileParams, out: Path, *, api: delivery.ApiTarget | None = None
 ) -> pipeline.PipelineResult:
     source = JdbcSource(connection=JdbcConnection.from_dsn(dsn), partitions=2, fetch_size=1_000)
     config = pipeline.PipelineConfig(
-        params=params, output_root=out, dsn=dsn, enqueue=api_url is not None, api_url=api_url
+        params=params, output_root=out, dsn=dsn, enqueue=api is not None, api=api, payer_account=PAYER
     )
     return pipeline.run(spark, source, config)
 
@@ -131,6 +133,29 @@ def test_run_summary_is_in_postgres_and_json(
     assert on_disk == json.loads(json.dumps(first_run.summary.to_json()))
 
 
+def test_every_proposed_fix_is_a_valid_transfer_paying_an_unpaid_grant(first_run: pipeline.PipelineResult) -> None:
+    """Read as the API would read them: strict JSON validation of each line's payload."""
+    lines = [json.loads(line) for line in first_run.fixes_jsonl.read_text().splitlines()]
+    unpaid = [
+        row
+        for row in pq.read_table(first_run.discrepancies).to_pylist()
+        if row["discrepancy_class"] == DiscrepancyClass.MISSING_IN_PAYMENT.value
+    ]
+    assert len(lines) == len(unpaid) > 0 and first_run.fixes_refused == ()
+    proposed = set()
+    for line in lines:
+        assert set(line) == {"idempotency_key", "kind", "ref_key", "payload"} and line["kind"] == Kind.TRANSFER.value
+        payload = decode_payload(Kind.TRANSFER, json.dumps(line["payload"]).encode())
+        assert isinstance(payload, TransferPayload)
+        assert (payload.transfer_id, payload.payer, payload.memo) == (
+            line["idempotency_key"],
+            PAYER,
+            "reconciliation: missing_in_payment",
+        )
+        proposed.add((line["ref_key"], payload.payee, payload.amount_minor, payload.currency))
+    assert proposed == {(r["business_id"], r["recipient"], r["amount_minor"], r["currency"]) for r in unpaid}
+
+
 def test_report_is_self_contained_html_with_charts(first_run: pipeline.PipelineResult) -> None:
     page = first_run.report.read_text(encoding="utf-8")
     assert page.count("<svg") >= 2
@@ -151,11 +176,12 @@ def test_rerun_replaces_the_date_and_enqueues_each_fix_once(
     dry_run_keys = [f.idempotency_key for f in fixes.read_jsonl(first_run.fixes_jsonl)]
     assert len(dry_run_keys) == ledgers.injection.counts[DiscrepancyClass.MISSING_IN_PAYMENT.value]
     with recording_api() as api:
+        target = delivery.ApiTarget(url=api.url, token=api.token)
         api.fail_next = 1  # one delivery fails: it stays in the outbox and goes out on the next run
-        second = _run(spark, database, business_params, output_dir, api_url=api.url)
+        second = _run(spark, database, business_params, output_dir, api=target)
         ordered = sorted(dry_run_keys)  # fixes go out in key order; the first one hit the 503
         assert api.keys == ordered[1:]
-        third = _run(spark, database, business_params, output_dir, api_url=api.url)
+        third = _run(spark, database, business_params, output_dir, api=target)
         assert api.keys == [*ordered[1:], ordered[0]]  # each fix delivered exactly once overall
     assert [f.idempotency_key for f in fixes.read_jsonl(third.fixes_jsonl)] == dry_run_keys
     assert [d.accepted for d in second.deliveries].count(False) == 1

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import shutil
+import uuid
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from compensator import migrate, pg
+from ledger import migrate, pg
+from ledger.kinds import Kind
+from ledger.states import OPEN_STATES, LedgerState
 
 
 def test_migrations_apply_once_and_record_their_versions(pg_dsn: str) -> None:
@@ -37,9 +41,37 @@ def test_migration_files_must_not_have_gaps(tmp_path: Path) -> None:
 def test_ledger_invariants_are_enforced_by_the_schema(pg_dsn: str) -> None:
     open_with_finish = """INSERT INTO compensation_requests
         (request_id, kind, idempotency_key, ref_key, amount_minor, currency, state, created_at, finished_at)
-        VALUES (gen_random_uuid(), 'payout', 'k', 'g', 1, 'CNY', 'PENDING', now(), now())"""
+        VALUES (gen_random_uuid(), 'transfer', 'k', 'g', 1, 'CNY', 'PENDING', now(), now())"""
     with pytest.raises(asyncpg.CheckViolationError):
         asyncio.run(_fetch(pg_dsn, open_with_finish))
+
+
+def test_the_schema_admits_exactly_the_ledger_states_finished_exactly_when_not_open(pg_dsn: str) -> None:
+    for state in LedgerState:
+        is_open = state in OPEN_STATES
+        asyncio.run(_insert_request(pg_dsn, state.value, finished=not is_open))
+        with pytest.raises(asyncpg.CheckViolationError):
+            asyncio.run(_insert_request(pg_dsn, state.value, finished=is_open))
+    with pytest.raises(asyncpg.CheckViolationError):
+        asyncio.run(_insert_request(pg_dsn, "RESOLVED", finished=True))
+
+
+def test_the_ledger_states_migration_stops_while_a_resolved_row_exists(
+    postgres: pg.EmbeddedPostgres, tmp_path: Path
+) -> None:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_fetch(postgres.dsn, f"CREATE DATABASE {name}"))
+    dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
+    for path in sorted(migrate.MIGRATIONS_DIR.glob("*.sql"))[:2]:
+        shutil.copy(path, tmp_path / path.name)
+    assert migrate.apply(dsn, tmp_path) == [1, 2]
+    resolved = asyncio.run(_insert_request(dsn, "RESOLVED", finished=True))
+    with pytest.raises(asyncpg.exceptions.RaiseError, match="RESOLVED rows"):
+        migrate.apply(dsn)
+    asyncio.run(_fetch(dsn, f"UPDATE compensation_requests SET state = 'CANCELLED' WHERE request_id = '{resolved}'"))
+    assert migrate.apply(dsn) == [3]
+    with pytest.raises(asyncpg.CheckViolationError):
+        asyncio.run(_insert_request(dsn, "RESOLVED", finished=True))
 
 
 def test_a_second_handle_reuses_the_running_server_and_does_not_stop_it(
@@ -63,3 +95,25 @@ async def _fetch(dsn: str, query: str) -> list[object]:
         return [row[0] for row in await connection.fetch(query)]
     finally:
         await connection.close()
+
+
+async def _insert_request(dsn: str, state: str, *, finished: bool) -> str:
+    """One transfer request in ``state``; returns its id."""
+    request_id = str(uuid.uuid4())
+    created = dt.datetime(2026, 11, 20, 9, tzinfo=dt.UTC)
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(
+            """INSERT INTO compensation_requests (request_id, kind, idempotency_key, ref_key, amount_minor,
+                   currency, state, created_at, finished_at)
+               VALUES ($1::uuid, $2, $3, 'g-1', 500, 'CNY', $4, $5, $6)""",
+            request_id,
+            Kind.TRANSFER.value,
+            f"{Kind.TRANSFER.value}:{request_id}",
+            state,
+            created,
+            created + dt.timedelta(minutes=5) if finished else None,
+        )
+    finally:
+        await connection.close()
+    return request_id

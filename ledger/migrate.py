@@ -1,6 +1,6 @@
 """Versioned SQL migrations for the service's PostgreSQL schema.
 
-Owns: discovering ``compensator/migrations/NNNN_name.sql``, applying the ones not yet applied, each in
+Owns: discovering ``ledger/migrations/NNNN_name.sql``, applying the ones not yet applied, each in
 its own transaction, and recording version, name and checksum in ``schema_migrations``.
 
 Must never: edit an applied migration silently (a checksum change is an error: write a new version),
