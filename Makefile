@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m compensator.run
+	$(VENV)/bin/compensator run
 
 test: $(STAMP)
 	$(PY) -m pytest -q

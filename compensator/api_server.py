@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from compensator import config as configuration
-from compensator.wiring import MULTIPROCESS_ENV
 
 FACTORY = "compensator.wiring:api_app_from_environment"
 """uvicorn starts worker processes from an import string; this one is fixed, not a choice."""
@@ -51,8 +50,8 @@ def serve(args: argparse.Namespace) -> int:
     if args.config is not None:
         os.environ[configuration.CONFIG_PATH_ENV] = str(args.config.resolve())
     config = load(args)
-    if config.api.workers > 1 and not os.environ.get(MULTIPROCESS_ENV):
-        os.environ[MULTIPROCESS_ENV] = tempfile.mkdtemp(prefix="compensator-metrics-")
+    if config.api.workers > 1 and not os.environ.get(configuration.METRICS_DIR_ENV):
+        os.environ[configuration.METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="compensator-metrics-")
     import uvicorn
 
     uvicorn.run(

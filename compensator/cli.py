@@ -17,12 +17,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from compensator import api_server, local, node_server, token_admin
+from compensator.config import ConfigError
 from spark_reconcile import command as reconcile_command
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
-_REGISTRARS: tuple[Registrar, ...] = (reconcile_command.register,)
-_EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, reconcile_command.ReconcileError)
-"""ValueError is a parameter check refusing a value, in any capability."""
+_REGISTRARS: tuple[Registrar, ...] = (
+    local.register, api_server.register, node_server.register, token_admin.register, reconcile_command.register,
+)
+_EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)
+"""ValueError is a parameter check refusing a value, in any capability; each capability's own
+error (TokenCommandError, NodeCommandError, LocalRunError) is one."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,8 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(arguments)
     except _EXPECTED_ERRORS as error:
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        print(f"compensator {arguments.command}: error: {first_line}", file=sys.stderr)
+        lines = str(error).splitlines() or [type(error).__name__]
+        if isinstance(error, ConfigError):  # one line per problem, each a complete sentence
+            for line in lines:
+                print(f"compensator {arguments.command}: config: {line}", file=sys.stderr)
+            return 1
+        print(f"compensator {arguments.command}: error: {lines[0]}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"compensator {arguments.command}: interrupted", file=sys.stderr)

@@ -29,6 +29,8 @@ from typing import Any, Final, Literal
 import msgspec
 
 ENV_PREFIX: Final = "COMPENSATOR_"
+METRICS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client's multiprocess folder: set by `compensator api` for several workers."""
 CONFIG_PATH_ENV: Final = "COMPENSATOR_CONFIG"
 """The file to read when the command line names none (how uvicorn's worker processes find it)."""
 LOCAL_ADDRESSES: Final = ("127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103")

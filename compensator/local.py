@@ -15,6 +15,7 @@ Must never: leave a child running when it exits, or start when a port it needs i
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import contextlib
@@ -29,11 +30,12 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from api.tokens import new_token, token_hash
+from compensator.api_server import add_config_argument, load
 from compensator.config import Config, parse_address
-from compensator.wiring import queue_client
+from compensator.store import queue_client
 from queues import ClientError, QueueClient, QueueError, Role
 from queues.audit import ReplicaAuditor, close_clients, replica_clients
 from queues.maintenance import MaintenanceDriver
@@ -213,6 +215,24 @@ def banner(config: Config, leader: int, tokens: dict[str, str]) -> str:
         f"    -d '{body}'",
         f"Read it back: curl -sS {url}/v1/requests/<id> -H 'Authorization: Bearer {producer}'",
     ])  # fmt: skip
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    run = subparsers.add_parser("run", help="the whole service on this machine (make run)")
+    add_config_argument(run)
+    run.set_defaults(handler=run_local)
+
+
+def run_local(args: argparse.Namespace) -> int:
+    config = load(args)
+    try:
+        return asyncio.run(serve(config, config_path=args.config))
+    except LaunchError as error:
+        raise LocalRunError(str(error)) from None
+
+
+class LocalRunError(ValueError):
+    """The local service cannot run: one line, exit 1."""
 
 
 async def serve(config: Config, *, config_path: Path | None) -> int:

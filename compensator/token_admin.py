@@ -17,11 +17,10 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from api.schemas import utc
 from api.tokens import new_token, token_hash
 from compensator.api_server import add_config_argument, load
 from compensator.config import Config
-from compensator.wiring import queue_client
+from compensator.store import queue_client
 from queues import ClientError, Code, QueueClient, QueueError, Role, TokenResult
 
 
@@ -113,6 +112,8 @@ async def _quota(queue: QueueClient, args: argparse.Namespace) -> int:
 
 
 async def _list(queue: QueueClient) -> int:
+    from api.schemas import utc
+
     for view in (await queue.tokens()).value.tokens:
         print(json.dumps({
             "name": view.name, "role": view.role.value, "created_at": utc(view.created_ms),

@@ -24,33 +24,19 @@ from api.metrics import ApiMetrics
 from api.quotas import Quotas, QuotaSettings
 from api.services import ApiServices, ApiSettings
 from compensator import config as configuration
-from compensator.config import Config, parse_address
+from compensator.config import Config
+from compensator.store import queue_client
 from compensator.telemetry import tracer_provider
-from queues import QueueClient, RaftClient
-
-MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def raft_client(config: Config) -> RaftClient:
-    store = config.store
-    return RaftClient(
-        [parse_address(address) for address in store.addresses], attempt_timeout_s=store.attempt_timeout_s,
-        deadline_s=store.deadline_s,
-    )  # fmt: skip
-
-
-def queue_client(config: Config) -> QueueClient:
-    return QueueClient(raft_client(config))
-
-
 def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> FastAPI:
     queue = queue_client(config)
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="api")
-    metrics = ApiMetrics(multiprocess_dir=os.environ.get(MULTIPROCESS_ENV) or None)
+    metrics = ApiMetrics(multiprocess_dir=os.environ.get(configuration.METRICS_DIR_ENV) or None)
     tokens = TokenCache(queue, refresh_interval_s=config.auth.refresh_interval_s)
     quota = config.quota
     services = ApiServices(

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import msgspec
 
-from delay import index as due_index
+from queues import due_index
 from delay.policy import DAY_MS, DEFAULT_POLICY, DELAY_MAX_MS, DeadLetter, RetryPolicy, decide
 from queues import access, codec
 from queues.lifecycle import TERMINAL, Action, transition

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import msgspec
 
-from delay import index as due_index
+from queues import due_index
 from delay.policy import RetryPolicy
 from queues import codec
 from queues.model import (

@@ -1,0 +1,7 @@
+"""``python -m compensator``: the same as the ``compensator`` command."""
+
+import sys
+
+from compensator.cli import main
+
+sys.exit(main())
