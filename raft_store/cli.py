@@ -33,14 +33,21 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def parse_peers(items: list[str]) -> dict[int, tuple[str, int]]:
+def parse_peers(items: list[str], what: str = "peer") -> dict[int, tuple[str, int]]:
     peers: dict[int, tuple[str, int]] = {}
     for item in items:
         node, sep, address = item.partition("=")
         if not sep or not node.isdigit():
-            raise UsageError(f"peer {item!r} is not ID=host:port")
+            raise UsageError(f"{what} {item!r} is not ID=host:port")
         peers[int(node)] = parse_address(address)
     return peers
+
+
+def _address_map(items: object, what: str) -> dict[int, tuple[str, int]]:
+    """A config file's {"id": "host:port"} map."""
+    if not isinstance(items, dict):
+        raise UsageError(f"'{what}' in the config file is not an object of id: host:port")
+    return parse_peers([f"{node}={address}" for node, address in items.items()], what)
 
 
 def node_config(args: argparse.Namespace) -> NodeConfig:
@@ -53,7 +60,9 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     node_id = args.id if args.id is not None else settings.get("id")
     if node_id is None:
         raise UsageError("--id (or 'id' in the config file) is required")
-    peers = parse_peers(args.peer) if args.peer else {int(k): parse_address(v) for k, v in settings.get("peers", {}).items()}
+    peers = parse_peers(args.peer) if args.peer else _address_map(settings.get("peers", {}), "peers")
+    client_addresses = (parse_peers(args.client_address, "client address") if args.client_address
+                        else _address_map(settings.get("client_addresses", {}), "client_addresses"))
     listen = parse_address(args.listen) if args.listen else peers.get(int(node_id))
     if listen is None:
         raise UsageError("--listen is required when the node is not in --peer")
@@ -80,6 +89,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         snapshot_every_entries=int(settings.get("snapshot_every_entries", args.snapshot_every)),
         snapshot_every_bytes=int(settings.get("snapshot_every_mib", args.snapshot_every_mib)) << 20,
         volatile_until_fsync=bool(args.volatile or settings.get("volatile_until_fsync", False)),
+        client_addresses=client_addresses,
     )
     try:
         config.validate()
@@ -154,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--id", type=int)
     run.add_argument("--listen")
     run.add_argument("--peer", action="append", help="ID=host:port, once per node (including this one)")
+    run.add_argument("--client-address", action="append",
+                     help="ID=host:port clients use for node ID, once per node (when peers talk on another network)")
     run.add_argument("--data")
     run.add_argument("--machine", default="kv", help="kv, counter, or module:factory")
     run.add_argument("--join", action="store_true", help="start empty and wait to be added")

@@ -12,6 +12,10 @@ handling: `Unavailable` when no attempt can have been applied (nothing reached a
 node that got it answered that it did not log it), `OutcomeUnknown` when one may have been. Only
 a retry with the command's own idempotency key is safe after `OutcomeUnknown`: the session the
 command travelled on is dropped with the failure.
+
+Node ids, needed to follow a leader hint, are learned only from the addresses the client was
+given (a node's status says its id) and from the client addresses nodes advertise; never from
+the peer addresses nodes use among themselves, which clients may have no route to.
 """
 
 from __future__ import annotations
@@ -304,15 +308,21 @@ class RaftClient:
         return result.results[0] if result.results else b""
 
     async def status(self, address: Address) -> dict[str, Any]:
+        """The node's status answer (role, term, commit, lag, ...).
+
+        It also teaches the client node ids for leader hints: the id of `address` when it is an
+        address the client was given, and the node's advertised "client_addresses". Never its
+        "addresses": those are peer addresses, which may be on a network clients cannot reach."""
         conn = await self._connect(address)
         future: asyncio.Future[tuple[FrameType, bytes]] = asyncio.get_running_loop().create_future()
         conn.status_waiters.append(future)
         conn.write(codec.frame(FrameType.STATUS, b""))
         _, body = await asyncio.wait_for(future, self.attempt_timeout_s)
         status: dict[str, Any] = json.loads(body)
-        self._ids[int(status["node"])] = address
-        for node, known in status.get("addresses", {}).items():
-            self._ids.setdefault(int(node), _parse(str(known)))
+        if address in self.addresses:
+            self._ids[int(status["node"])] = address
+        for node, advertised in status.get("client_addresses", {}).items():
+            self._ids.setdefault(int(node), _parse(str(advertised)))
         return status
 
     async def close(self) -> None:
@@ -342,7 +352,10 @@ class RaftClient:
         if self._leader is not None:
             return self._leader
         self._rotate += 1
-        return self.addresses[self._rotate % len(self.addresses)]
+        # The given addresses first, then the client addresses nodes advertised: a client given
+        # one node still finds the others when that one is down.
+        rotation = self.addresses + [a for a in self._ids.values() if a not in self.addresses]
+        return rotation[self._rotate % len(rotation)]
 
     async def _call_with_retries(self, build: Build, noun: str) -> codec.Result:
         """Attempts until an answer or the deadline, then raises what the attempts established:

@@ -88,6 +88,9 @@ class NodeConfig:
     snapshot_every_bytes: int = 64 << 20
     volatile_until_fsync: bool = False
     segment_bytes: int = 64 << 20
+    client_addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Node id -> the address clients use for that node, advertised in the status answer. Peers
+    may talk on a network clients cannot reach, so clients never use `peers` addresses."""
 
     def validate(self) -> None:
         if self.node_id <= 0:
@@ -97,6 +100,9 @@ class NodeConfig:
         if self.initial_voters and self.node_id not in self.initial_voters and self.node_id not in self.peers:
             log.info("node %d starts outside the initial voters: it waits to be added", self.node_id)
         self.group_commit.validate()
+        for node, (host, port) in self.client_addresses.items():
+            if node <= 0 or not host or not 0 < port < 65536:
+                raise ValueError(f"client address {host}:{port} of node {node} is not a node id and host:port")
         for node in self.initial_voters:
             if node != self.node_id and node not in self.peers:
                 raise ValueError(f"initial voter {node} has no address in peers")
@@ -914,9 +920,10 @@ class Node:
             "voters": sorted(core.conf.voters),
             "learners": sorted(core.conf.learners),
             "followers": followers,
-            # Every address this node knows, so a client given a few nodes can find the leader.
+            # Where the nodes reach each other, for operators; clients use "client_addresses".
             "addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(
                 {**self.transport.peers, self.config.node_id: self.config.listen}.items())},
+            "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.config.client_addresses.items())},
             "failure": repr(self._failure) if self._failure else None,
             "metrics": self.metrics.as_dict(),
         }

@@ -229,3 +229,43 @@ async def test_reads_raise_the_same_classes(fake: Any, script: Script, expected:
     await client.close()
     assert str(raised.value).split(":")[0] in ("unavailable", "outcome unknown")
     assert " the read " in str(raised.value)
+
+
+# ---- which addresses client traffic goes to -------------------------------------------------
+async def test_peer_addresses_in_a_status_answer_are_not_used(fake: Any) -> None:
+    """A node's "addresses" are where peers reach it; a client may have no route there. The trap
+    stands at node 2's peer address and would answer OK: the client must never call it."""
+    trap = await fake(2, always(Status.OK))
+    follower = await fake(1, always(Status.NOT_LEADER), leader_hint=2)
+    follower.status_fields = {"addresses": {"1": "127.0.0.1:1", "2": f"127.0.0.1:{trap.address[1]}"}}
+    client = quick_client(follower.address)
+    with pytest.raises(Unavailable) as raised:
+        await client.propose(b"x")
+    await client.close()
+    assert trap.connections == 0
+    assert "the leader is node 2, and no address for clients is known for it" in raised.value.last_error
+
+
+async def test_a_leader_hint_goes_to_the_advertised_client_address(fake: Any) -> None:
+    trap = await fake(2, always(Status.OK))
+    leader = await fake(2, always(Status.OK))
+    follower = await fake(1, always(Status.NOT_LEADER), leader_hint=2)
+    follower.status_fields = {
+        "addresses": {"1": "127.0.0.1:1", "2": f"127.0.0.1:{trap.address[1]}"},
+        "client_addresses": {"2": f"localhost:{leader.address[1]}"},
+    }
+    client = quick_client(follower.address)
+    assert await client.propose(b"x") == b"applied"
+    await client.close()
+    assert (leader.requests, trap.connections, client.redirects) == (1, 0, 1)
+
+
+async def test_a_status_of_an_address_the_client_was_not_given_teaches_nothing(fake: Any) -> None:
+    other = await fake(2, always(Status.OK))
+    follower = await fake(1, always(Status.NOT_LEADER), leader_hint=2)
+    client = quick_client(follower.address)
+    await client.status(other.address)  # an operator looking: not an address to send commands to
+    with pytest.raises(Unavailable):
+        await client.propose(b"x")
+    await client.close()
+    assert other.requests == 0
