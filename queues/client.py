@@ -12,8 +12,10 @@ into the model's typed results, and coalescing: commands submitted by concurrent
 same event-loop iteration travel in one `propose_many` frame (one log entry, one fsync), each on
 its own exactly-once session lane. Expected outcomes (EXISTS, CONFLICT, STALE_TOKEN, ...) are
 values in the results; `QueueError` is raised only for a command the machine could not decode or
-found invalid, and `raft_store.client.ClientError` when the cluster gave no answer (the outcome
-is then unknown: retry with the same idempotency key).
+found invalid, and `raft_store.client.ClientError` when the cluster gave no answer: its subclass
+`OutcomeUnknown` when the command reached a node and may have been applied (retry only in a way
+that is safe if it was: an enqueue with the same idempotency key), and `Unavailable` when it
+certainly was not (no node took it). Commands coalesced into one frame share one outcome.
 
 Queries are linearizable by default (ReadIndex on the leader). `stale_ok=True` reads from the
 replica the read client talks to without a ReadIndex round; every read returns the applied index
@@ -194,7 +196,8 @@ class QueueClient:
         headers: dict[str, str] | None = None, delay_ms: int = 0, due_ms: int | None = None,
     ) -> EnqueueResult:
         """The new message's id and state (OK), or the original's for a known key (EXISTS), or
-        CONFLICT / UNKNOWN_KIND. Retrying with the same key after a ClientError is safe."""
+        CONFLICT / UNKNOWN_KIND. Retrying with the same key after a ClientError is safe: after
+        OutcomeUnknown the retry may answer EXISTS for the message the first attempt created."""
         command = Enqueue(kind=kind, idempotency_key=idempotency_key, ref_key=ref_key, payload=payload,
                           headers=headers or {}, delay_ms=delay_ms, due_ms=due_ms, request_id=_request_id())
         return _expect(await self.submit(command), EnqueueResult)

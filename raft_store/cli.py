@@ -1,6 +1,10 @@
 """`raft-store`: run one node, show cluster status, change membership, transfer leadership.
 
 Bad arguments end with one line on stderr and exit status 2; an unreachable cluster with 1.
+
+Another command line runs a node with a machine of its own, with no `--machine module:factory`
+string, through the same pieces `raft-store run` uses: `add_node_arguments(parser)`,
+`node_config(args)`, `prepare_node_process()`, then `asyncio.run(run_node(config, machine))`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from raft_store.wal import GroupCommitPolicy
 
 
 class UsageError(Exception):
-    pass
+    """Bad input from the command line or its config file; the message is one line for stderr."""
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -33,17 +37,26 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def parse_peers(items: list[str]) -> dict[int, tuple[str, int]]:
+def parse_peers(items: list[str], what: str = "peer") -> dict[int, tuple[str, int]]:
     peers: dict[int, tuple[str, int]] = {}
     for item in items:
         node, sep, address = item.partition("=")
         if not sep or not node.isdigit():
-            raise UsageError(f"peer {item!r} is not ID=host:port")
+            raise UsageError(f"{what} {item!r} is not ID=host:port")
         peers[int(node)] = parse_address(address)
     return peers
 
 
+def _address_map(items: object, what: str) -> dict[int, tuple[str, int]]:
+    """A config file's {"id": "host:port"} map."""
+    if not isinstance(items, dict):
+        raise UsageError(f"'{what}' in the config file is not an object of id: host:port")
+    return parse_peers([f"{node}={address}" for node, address in items.items()], what)
+
+
 def node_config(args: argparse.Namespace) -> NodeConfig:
+    """The node's configuration from the options of `add_node_arguments` and the JSON file named
+    by --config (options win); raises UsageError on bad input."""
     settings: dict[str, Any] = {}
     if args.config:
         try:
@@ -53,7 +66,9 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     node_id = args.id if args.id is not None else settings.get("id")
     if node_id is None:
         raise UsageError("--id (or 'id' in the config file) is required")
-    peers = parse_peers(args.peer) if args.peer else {int(k): parse_address(v) for k, v in settings.get("peers", {}).items()}
+    peers = parse_peers(args.peer) if args.peer else _address_map(settings.get("peers", {}), "peers")
+    client_addresses = (parse_peers(args.client_address, "client address") if args.client_address
+                        else _address_map(settings.get("client_addresses", {}), "client_addresses"))
     listen = parse_address(args.listen) if args.listen else peers.get(int(node_id))
     if listen is None:
         raise UsageError("--listen is required when the node is not in --peer")
@@ -80,6 +95,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         snapshot_every_entries=int(settings.get("snapshot_every_entries", args.snapshot_every)),
         snapshot_every_bytes=int(settings.get("snapshot_every_mib", args.snapshot_every_mib)) << 20,
         volatile_until_fsync=bool(args.volatile or settings.get("volatile_until_fsync", False)),
+        client_addresses=client_addresses,
     )
     try:
         config.validate()
@@ -107,20 +123,48 @@ def make_machine(name: str, data_dir: Path) -> StateMachine:
     return machine
 
 
-async def run_node(config: NodeConfig, machine_name: str) -> int:
-    machine = make_machine(machine_name, config.data_dir)
-    node = Node(config, machine)
-    await node.start()
+def prepare_node_process() -> None:
+    """Process-wide settings for a node, before its event loop starts."""
+    # The WAL and apply threads hand results back often; a shorter GIL switch interval keeps
+    # them from waiting 5 ms behind a busy event loop.
+    sys.setswitchinterval(0.0005)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+
+async def run_node(config: NodeConfig, machine: StateMachine) -> int:
+    """Runs the node until SIGTERM or SIGINT (0) or until it stops itself on a storage failure
+    (1). It owns `machine` from here on and closes it, which only it can do after the node's
+    last apply."""
+    try:
+        node = Node(config, machine)
+        await node.start()
+        return await _serve_until_stopped(node)
+    finally:
+        machine.close()
+
+
+async def _serve_until_stopped(node: Node) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
-    print(json.dumps({"event": "started", "node": config.node_id, "listen": f"{config.listen[0]}:{config.listen[1]}"}), flush=True)
-    stopped = loop.create_task(node.stopped.wait())
-    await asyncio.wait([loop.create_task(stop.wait()), stopped], return_when=asyncio.FIRST_COMPLETED)
-    failed = node.stopped.is_set()
-    await node.stop()
-    machine.close()
+    try:
+        listen = node.config.listen
+        print(json.dumps({"event": "started", "node": node.config.node_id, "listen": f"{listen[0]}:{listen[1]}"}),
+              flush=True)
+        stopped = loop.create_task(node.stopped.wait())
+        await asyncio.wait([loop.create_task(stop.wait()), stopped], return_when=asyncio.FIRST_COMPLETED)
+        failed = node.stopped.is_set()
+        await node.stop()
+    finally:
+        for sig in signals:  # the loop may outlive the node (an embedding command line)
+            loop.remove_signal_handler(sig)
     return 1 if failed else 0
 
 
@@ -146,24 +190,31 @@ async def admin(addresses: list[tuple[str, int]], op: str, node: int, address: s
     return 0
 
 
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every option of `raft-store run` except --machine, for `node_config`."""
+    parser.add_argument("--config", help="JSON file with id, peers, client_addresses, data_dir, tick_ms, ...")
+    parser.add_argument("--id", type=int)
+    parser.add_argument("--listen")
+    parser.add_argument("--peer", action="append", help="ID=host:port, once per node (including this one)")
+    parser.add_argument("--client-address", action="append",
+                        help="ID=host:port clients use for node ID, once per node (when peers talk on another network)")
+    parser.add_argument("--data")
+    parser.add_argument("--join", action="store_true", help="start empty and wait to be added")
+    parser.add_argument("--voters", help="initial voters of a new cluster, e.g. 1,2,3 (default: every --peer)")
+    parser.add_argument("--tick-ms", type=int, default=30)
+    parser.add_argument("--group-commit-entries", type=int, default=8192)
+    parser.add_argument("--group-commit-delay-ms", type=float, default=0.0)
+    parser.add_argument("--snapshot-every", type=int, default=20_000, help="log entries between snapshots")
+    parser.add_argument("--snapshot-every-mib", type=int, default=64, help="MiB of log between snapshots")
+    parser.add_argument("--volatile", action="store_true", help="hold writes in memory until fsync (crash tests)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raft-store", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one node")
-    run.add_argument("--config", help="JSON file with id, peers, data_dir, tick_ms, ...")
-    run.add_argument("--id", type=int)
-    run.add_argument("--listen")
-    run.add_argument("--peer", action="append", help="ID=host:port, once per node (including this one)")
-    run.add_argument("--data")
+    add_node_arguments(run)
     run.add_argument("--machine", default="kv", help="kv, counter, or module:factory")
-    run.add_argument("--join", action="store_true", help="start empty and wait to be added")
-    run.add_argument("--voters", help="initial voters of a new cluster, e.g. 1,2,3 (default: every --peer)")
-    run.add_argument("--tick-ms", type=int, default=30)
-    run.add_argument("--group-commit-entries", type=int, default=8192)
-    run.add_argument("--group-commit-delay-ms", type=float, default=0.0)
-    run.add_argument("--snapshot-every", type=int, default=20_000, help="log entries between snapshots")
-    run.add_argument("--snapshot-every-mib", type=int, default=64, help="MiB of log between snapshots")
-    run.add_argument("--volatile", action="store_true", help="hold writes in memory until fsync (crash tests)")
     status = sub.add_parser("status", help="role, term, commit, applied and follower lag of each node")
     status.add_argument("--addresses", required=True, help="host:port,host:port,...")
     for name in ("add-voter", "add-learner", "remove", "transfer"):
@@ -182,16 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             config = node_config(args)
-            # The WAL and apply threads hand results back often; a shorter GIL switch interval
-            # keeps them from waiting 5 ms behind a busy event loop.
-            sys.setswitchinterval(0.0005)
-            try:
-                import uvloop
-
-                uvloop.install()
-            except ImportError:
-                pass
-            return asyncio.run(run_node(config, args.machine))
+            machine = make_machine(args.machine, config.data_dir)
+            prepare_node_process()
+            return asyncio.run(run_node(config, machine))
         addresses = [parse_address(a) for a in args.addresses.split(",") if a]
         if args.command == "status":
             return asyncio.run(show_status(addresses))

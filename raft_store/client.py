@@ -6,6 +6,16 @@ time, so a client that wants many commands in flight holds many sessions ("lanes
 takes a free lane, keeps that lane's (id, seq) across every retry, and gives the lane back with
 seq+1 once answered. A lane whose command ended in doubt (timeout) is never reused, so a later
 command cannot be mistaken for the doubtful one.
+
+When the deadline passes the caller is told what is known, because the two cases need opposite
+handling: `Unavailable` when no attempt can have been applied (nothing reached a node, or every
+node that got it answered that it did not log it), `OutcomeUnknown` when one may have been. Only
+a retry with the command's own idempotency key is safe after `OutcomeUnknown`: the session the
+command travelled on is dropped with the failure.
+
+Node ids, needed to follow a leader hint, are learned only from the addresses the client was
+given (a node's status says its id) and from the client addresses nodes advertise; never from
+the peer addresses nodes use among themselves, which clients may have no route to.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,11 +37,99 @@ AUTO_BATCH_MAX = 1024  # commands per automatic batch frame
 
 
 class ClientError(Exception):
-    """The cluster refused the request, or gave no answer within the deadline."""
+    """The cluster refused the request, or gave no answer within the deadline. Callers that must
+    know whether a command may have been applied catch the subclasses."""
 
 
 class RequestRefused(ClientError):
     """The request is wrong (Status.ERROR): retrying will not help."""
+
+
+class Unavailable(ClientError):
+    """No answer within the deadline, and certainly not applied: no attempt's request reached a
+    node that could have logged it (connections failed, or every node that got it answered that
+    it did not log it). Retrying later is safe in every way.
+
+    `last_error` describes the last attempt; `last_address` is the node it went to (None when
+    the deadline allowed no attempt)."""
+
+    def __init__(self, message: str, *, last_error: str, last_address: Address | None) -> None:
+        super().__init__(message)
+        self.last_error = last_error
+        self.last_address = last_address
+
+
+class OutcomeUnknown(ClientError):
+    """No answer within the deadline, and the request may have been applied: an attempt reached
+    a node (`reached`) that then gave no definitive answer (timeout, connection lost, or it
+    stopped leading after logging it). A retry must carry the same idempotency key, because the
+    session the command travelled on is dropped and cannot deduplicate it any more.
+
+    `last_error` and `last_address` describe the last attempt, which may differ from `reached`."""
+
+    def __init__(self, message: str, *, reached: Address, last_error: str, last_address: Address | None) -> None:
+        super().__init__(message)
+        self.reached = reached
+        self.last_error = last_error
+        self.last_address = last_address
+
+
+class _NotSent(Exception):
+    """An attempt failed before its request was written: no node has seen it."""
+
+
+class _NoAnswer(Exception):
+    """An attempt's request was written and no definitive answer came: a node may act on it."""
+
+
+Build = Callable[[int], tuple[FrameType, bytes]]
+"""Makes a request's frame for a request id (each attempt has its own id)."""
+
+
+def _show(address: Address) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+def _parse(text: str) -> Address:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+_RETRY_ADVICE = {
+    "command": "a retry must carry the same idempotency key (the session it travelled on is dropped)",
+    "admin request": "check `raft-store status` before repeating it",
+    "read": "a read changes nothing, so retrying is safe",
+}
+"""What a caller may do after OutcomeUnknown, per kind of request."""
+
+
+@dataclass(slots=True)
+class _Trail:
+    """What the attempts of one request established, for the error raised at its deadline."""
+
+    noun: str  # a key of _RETRY_ADVICE: what the caller asked for
+    last_error: str = "no attempt"
+    last_address: Address | None = None
+    doubt: str = ""  # why an attempt may have been applied; empty while none may have
+    reached: Address | None = None
+
+    def in_doubt(self, address: Address, why: str) -> None:
+        self.doubt, self.reached = why, address
+        self.last_error = f"{_show(address)}: {why}"
+
+    def error(self, deadline_s: float) -> ClientError:
+        if self.reached is not None:
+            return OutcomeUnknown(
+                f"outcome unknown: the {self.noun} reached {_show(self.reached)} and {self.doubt}; it may or may"
+                f" not have been applied: {_RETRY_ADVICE[self.noun]}. Gave up after {deadline_s} s;"
+                f" last: {self.last_error}",
+                reached=self.reached, last_error=self.last_error, last_address=self.last_address,
+            )
+        return Unavailable(
+            f"unavailable: the {self.noun} was not applied: no node took it within {deadline_s} s, so retrying"
+            f" later is safe. Last: {self.last_error}",
+            last_error=self.last_error, last_address=self.last_address,
+        )
 
 
 @dataclass(slots=True)
@@ -130,7 +228,8 @@ class RaftClient:
     async def propose(self, data: bytes) -> bytes:
         """One command. Commands proposed by concurrent callers in the same event-loop turn
         travel in one frame (and one log entry): the per-request cost at the client and the
-        leader is paid once per batch, not once per command."""
+        leader is paid once per batch, not once per command, and share its fate: a batch that
+        ends in OutcomeUnknown raises it for each of its commands."""
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         if not self._batch:
             asyncio.get_running_loop().call_soon(self._flush_batch)
@@ -163,7 +262,11 @@ class RaftClient:
         Each command travels on a session lane, so a retry after a lost answer returns the stored
         result instead of applying twice; a command marked in `sessionless` travels without one
         (client id 0) because it is idempotent by its own content, and a retry of it may apply
-        again, which for such a command changes nothing."""
+        again, which for such a command changes nothing.
+
+        Without an answer by the deadline it raises OutcomeUnknown (the frame reached a node that
+        may have logged it: retry only with the commands' own idempotency keys) or Unavailable
+        (certainly not applied)."""
         lanes: list[_Lane] = []
         triples: list[tuple[int, int, bytes]] = []
         for i, data in enumerate(commands):
@@ -176,7 +279,7 @@ class RaftClient:
         frame = tuple(triples)
         # If this raises, the lanes' outcomes are in doubt: they are dropped, never reused.
         result = await self._call_with_retries(
-            lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, frame)))
+            lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, frame))), "command"
         )
         for lane in lanes:
             lane.seq += 1
@@ -184,9 +287,11 @@ class RaftClient:
         return list(result.results)
 
     async def read(self, query: bytes, *, linearizable: bool = True) -> tuple[bytes, int]:
-        """Returns (answer, applied index the answer reflects)."""
+        """Returns (answer, applied index the answer reflects). Raises Unavailable or
+        OutcomeUnknown as commands do; a read changes nothing either way, but the difference says
+        whether any node got it (a cluster without a leader) or one got it and went quiet."""
         result = await self._call_with_retries(
-            lambda request_id: (FrameType.READ, codec.encode_read(codec.Read(request_id, linearizable, query)))
+            lambda request_id: (FrameType.READ, codec.encode_read(codec.Read(request_id, linearizable, query))), "read"
         )
         answer, applied = result.results
         return answer, int.from_bytes(applied, "big")
@@ -199,20 +304,25 @@ class RaftClient:
         def build(request_id: int) -> tuple[FrameType, bytes]:
             return FrameType.ADMIN, json.dumps({**body, "request_id": request_id}).encode()
 
-        result = await self._call_with_retries(build)
+        result = await self._call_with_retries(build, "admin request")
         return result.results[0] if result.results else b""
 
     async def status(self, address: Address) -> dict[str, Any]:
+        """The node's status answer (role, term, commit, lag, ...).
+
+        It also teaches the client node ids for leader hints: the id of `address` when it is an
+        address the client was given, and the node's advertised "client_addresses". Never its
+        "addresses": those are peer addresses, which may be on a network clients cannot reach."""
         conn = await self._connect(address)
         future: asyncio.Future[tuple[FrameType, bytes]] = asyncio.get_running_loop().create_future()
         conn.status_waiters.append(future)
         conn.write(codec.frame(FrameType.STATUS, b""))
         _, body = await asyncio.wait_for(future, self.attempt_timeout_s)
         status: dict[str, Any] = json.loads(body)
-        self._ids[int(status["node"])] = address
-        for node, known in status.get("addresses", {}).items():
-            host, _, port = str(known).rpartition(":")
-            self._ids.setdefault(int(node), (host, int(port)))
+        if address in self.addresses:
+            self._ids[int(status["node"])] = address
+        for node, advertised in status.get("client_addresses", {}).items():
+            self._ids.setdefault(int(node), _parse(str(advertised)))
         return status
 
     async def close(self) -> None:
@@ -242,58 +352,91 @@ class RaftClient:
         if self._leader is not None:
             return self._leader
         self._rotate += 1
-        return self.addresses[self._rotate % len(self.addresses)]
+        # The given addresses first, then the client addresses nodes advertised: a client given
+        # one node still finds the others when that one is down.
+        rotation = self.addresses + [a for a in self._ids.values() if a not in self.addresses]
+        return rotation[self._rotate % len(rotation)]
 
-    async def _call_with_retries(self, build: Any) -> codec.Result:
+    async def _call_with_retries(self, build: Build, noun: str) -> codec.Result:
+        """Attempts until an answer or the deadline, then raises what the attempts established:
+        OutcomeUnknown if any attempt may have been applied, else Unavailable."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline_s
-        backoff = 0.01
-        last_error = "no attempt"
+        backoff_s = 0.01
+        trail = _Trail(noun)
         while loop.time() < deadline:
             address = self._target()
+            trail.last_address = address
             try:
-                conn = await self._connect(address)
-                self._request_id += 1
-                request_id = self._request_id
-                future: asyncio.Future[tuple[FrameType, bytes]] = loop.create_future()
-                conn.pending[request_id] = future
-                ftype, body = build(request_id)
-                conn.write(codec.frame(ftype, body))
-                # One timer per attempt, no wrapper task: asyncio.wait_for costs more than the
-                # rest of a request on the hot path.
-                timer = loop.call_later(self.attempt_timeout_s, _expire, future)
-                try:
-                    _, reply = await future
-                finally:
-                    timer.cancel()
-                    conn.pending.pop(request_id, None)
-                result = codec.decode_result(reply)
-            except (OSError, ConnectionError, TimeoutError) as exc:
-                last_error = f"{address}: {exc!r}"
-                self._leader = None
-                self.retries += 1
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 0.5)
-                continue
-            if result.status is Status.OK:
-                self._leader = address
-                return result
-            if result.status is Status.ERROR:
-                raise RequestRefused(b"; ".join(result.results).decode(errors="replace"))
-            last_error = f"{address}: {result.status.name}"
+                result = await self._attempt(address, build)
+            except _NotSent as exc:
+                trail.last_error = f"{_show(address)}: {exc}"
+            except _NoAnswer as exc:
+                trail.in_doubt(address, str(exc))
+            else:
+                if result.status is Status.OK:
+                    self._leader = address
+                    return result
+                if result.status is Status.ERROR:
+                    raise RequestRefused(b"; ".join(result.results).decode(errors="replace"))
+                if result.status is Status.IN_DOUBT:
+                    trail.in_doubt(address, "that node logged it, then stopped leading before it committed")
+                else:  # NOT_LEADER, DROPPED: that node did not log it
+                    trail.last_error = f"{_show(address)}: {result.status.name}"
+                if await self._redirect(address, result.leader_hint, trail):
+                    self.retries += 1
+                    continue
             self.retries += 1
-            hinted = self._ids.get(result.leader_hint) if result.leader_hint else None
-            if result.leader_hint and hinted is None:
-                await self._learn_ids()
-                hinted = self._ids.get(result.leader_hint)
-            if hinted is not None and hinted != address:
-                self.redirects += 1
-                self._leader = hinted
-                continue
             self._leader = None
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 0.5)
-        raise ClientError(f"no answer within {self.deadline_s}s; last: {last_error}")
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 0.5)
+        raise trail.error(self.deadline_s)
+
+    async def _attempt(self, address: Address, build: Build) -> codec.Result:
+        """One try at one node: its answer, or _NotSent / _NoAnswer saying whether the request
+        was written (once written, the node may act on it whatever happens next)."""
+        try:
+            conn = await self._connect(address)
+        except (OSError, TimeoutError) as exc:
+            raise _NotSent(f"cannot connect: {exc!r}") from None
+        loop = asyncio.get_running_loop()
+        self._request_id += 1
+        request_id = self._request_id
+        data = codec.frame(*build(request_id))
+        future: asyncio.Future[tuple[FrameType, bytes]] = loop.create_future()
+        conn.pending[request_id] = future
+        conn.write(data)
+        # One timer per attempt, no wrapper task: asyncio.wait_for costs more than the rest of a
+        # request on the hot path.
+        timer = loop.call_later(self.attempt_timeout_s, _expire, future)
+        try:
+            _, reply = await future
+            return codec.decode_result(reply)
+        except TimeoutError:
+            raise _NoAnswer(f"no answer came within {self.attempt_timeout_s} s") from None
+        except (OSError, codec.CodecError) as exc:
+            raise _NoAnswer(f"the connection failed after the request was sent ({exc!r})") from None
+        finally:
+            timer.cancel()
+            conn.pending.pop(request_id, None)
+
+    async def _redirect(self, address: Address, leader: int, trail: _Trail) -> bool:
+        """Sends the next attempt to the hinted leader; False when there is no hint to follow."""
+        if not leader:
+            return False
+        hinted = self._ids.get(leader)
+        if hinted is None:
+            await self._learn_ids()
+            hinted = self._ids.get(leader)
+        if hinted is None:
+            trail.last_error += (f" (the leader is node {leader}, and no address for clients is known for it: give"
+                                 " the client its address, or configure the nodes' client addresses)")
+            return False
+        if hinted == address:
+            return False
+        self.redirects += 1
+        self._leader = hinted
+        return True
 
     async def _learn_ids(self) -> None:
         for address in self.addresses:

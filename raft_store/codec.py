@@ -159,10 +159,17 @@ def decode_chunk(buf: bytes) -> SnapshotChunk:
 
 # ---- client protocol -------------------------------------------------------------------
 class Status(enum.IntEnum):
+    """How a node answered one request. NOT_LEADER, DROPPED and ERROR mean the node did not put
+    the request in its log, so it was certainly not applied through this node; IN_DOUBT means it
+    did and cannot tell the outcome. A client needs the difference to tell its caller whether a
+    command it gave up on may still apply."""
+
     OK = 0
-    NOT_LEADER = 1  # leader_hint says where to go (0: unknown, retry later)
+    NOT_LEADER = 1  # not proposed here; leader_hint says where to go (0: unknown, retry later)
     DROPPED = 2  # the leader could not take it now (transfer, overload): retry
     ERROR = 3  # the request itself is wrong: do not retry
+    IN_DOUBT = 4  # proposed, then this node stopped leading (or stopped) before it committed:
+    # the entry may still commit under the next leader (leader_hint); retry on the same session
 
 
 _STATUSES = tuple(Status)

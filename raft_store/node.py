@@ -88,6 +88,9 @@ class NodeConfig:
     snapshot_every_bytes: int = 64 << 20
     volatile_until_fsync: bool = False
     segment_bytes: int = 64 << 20
+    client_addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Node id -> the address clients use for that node, advertised in the status answer. Peers
+    may talk on a network clients cannot reach, so clients never use `peers` addresses."""
 
     def validate(self) -> None:
         if self.node_id <= 0:
@@ -97,6 +100,9 @@ class NodeConfig:
         if self.initial_voters and self.node_id not in self.initial_voters and self.node_id not in self.peers:
             log.info("node %d starts outside the initial voters: it waits to be added", self.node_id)
         self.group_commit.validate()
+        for node, (host, port) in self.client_addresses.items():
+            if node <= 0 or not host or not 0 < port < 65536:
+                raise ValueError(f"client address {host}:{port} of node {node} is not a node id and host:port")
         for node in self.initial_voters:
             if node != self.node_id and node not in self.peers:
                 raise ValueError(f"initial voter {node} has no address in peers")
@@ -229,7 +235,7 @@ class Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.transport.close()
-        self._fail_all_waiters(Status.NOT_LEADER)
+        self._fail_all_waiters()
         if self.wal is not None and self._failure is None:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(self._io, self.wal.close)
@@ -376,7 +382,7 @@ class Node:
             self._failure = exc
             log.critical("node %d stopping: %r", self.config.node_id, exc, exc_info=exc)
         self._stopping = True
-        self._fail_all_waiters(Status.NOT_LEADER)
+        self._fail_all_waiters()
         self.stopped.set()
         self._wake.set()
 
@@ -618,8 +624,12 @@ class Node:
             if waiting is not None:
                 term, waiters = waiting
                 if term != entry.term or result is None:
+                    # Another term at the index: another leader's entry replaced ours, which can
+                    # never apply. Our own entry without results committed, so "not applied"
+                    # would be a guess: in doubt.
+                    status = Status.NOT_LEADER if term != entry.term else Status.IN_DOUBT
                     for waiter in waiters:
-                        self._reply(waiter, Status.NOT_LEADER, 0, ())
+                        self._reply(waiter, status, 0, ())
                 else:
                     offset = 0
                     for waiter in waiters:
@@ -664,7 +674,7 @@ class Node:
         if self._was_leader and not is_leader:
             # Entries we proposed may still commit under the next leader; clients retry with
             # the same session sequence numbers and get the stored result.
-            self._fail_all_waiters(Status.NOT_LEADER)
+            self._fail_all_waiters()
         if not is_leader and (self._reads or self._read_batch) and core.leader == 0:
             waiting = [r for batch in self._reads.values() for r in batch] + self._read_batch
             for conn, read in waiting:
@@ -673,17 +683,20 @@ class Node:
             self._read_batch = []
         self._was_leader = is_leader
 
-    def _fail_all_waiters(self, status: Status) -> None:
+    def _fail_all_waiters(self) -> None:
+        """Answer everyone waiting when this node stops leading or stops. What is in the log may
+        still commit under the next leader (IN_DOUBT); what never reached it cannot (NOT_LEADER).
+        A client tells its caller "not applied" only on the second."""
         hint = self.core.leader if self.core is not None else 0
         for _, waiters in self._waiting.values():
             for waiter in waiters:
-                self._reply(waiter, status, hint, ())
+                self._reply(waiter, Status.IN_DOUBT, hint, ())
         self._waiting = {}
         for _, waiter in self._admin_waiting.values():
-            self._reply(waiter, status, hint, ())
+            self._reply(waiter, Status.IN_DOUBT, hint, ())
         self._admin_waiting = {}
         for waiter, _ in self._proposals:
-            self._reply(waiter, status, hint, ())
+            self._reply(waiter, Status.NOT_LEADER, hint, ())
         self._proposals = []
 
     # ---- snapshots --------------------------------------------------------------------
@@ -907,9 +920,10 @@ class Node:
             "voters": sorted(core.conf.voters),
             "learners": sorted(core.conf.learners),
             "followers": followers,
-            # Every address this node knows, so a client given a few nodes can find the leader.
+            # Where the nodes reach each other, for operators; clients use "client_addresses".
             "addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(
                 {**self.transport.peers, self.config.node_id: self.config.listen}.items())},
+            "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.config.client_addresses.items())},
             "failure": repr(self._failure) if self._failure else None,
             "metrics": self.metrics.as_dict(),
         }

@@ -54,6 +54,12 @@ class ProcessCluster:
     def addresses(self) -> list[tuple[str, int]]:
         return [self.address(n) for n in self.ids]
 
+    def client_address_args(self, host: str = "127.0.0.1") -> list[str]:
+        """`--client-address` for every node, as a deployment advertises them: a client given
+        some nodes then follows leader hints to the others. `host` names the same loopback
+        listeners by another route, so a test can tell which addresses a client used."""
+        return [arg for node in self.ids for arg in ("--client-address", f"{node}={host}:{self.address(node)[1]}")]
+
     def start(self, node: int, *extra: str) -> None:
         args = [sys.executable, "-m", "raft_store", "run", "--id", str(node),
                 "--data", str(self.root / f"node{node}"), "--machine", self.machine]

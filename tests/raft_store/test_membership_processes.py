@@ -35,6 +35,9 @@ async def wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[
 
 async def test_learner_promotion_transfer_and_removal(tmp_path: Path) -> None:
     cluster = ProcessCluster(tmp_path, size=4, machine="kv", extra_args=["--snapshot-every", "50"])
+    # The operator's commands list nodes 1-3 only; they reach node 4 when it leads because the
+    # nodes advertise client addresses (clients never use peer addresses).
+    cluster.extra_args += cluster.client_address_args()
     cluster.root.mkdir(parents=True, exist_ok=True)
     for node in (1, 2, 3):
         cluster.start(node, "--voters", "1,2,3")

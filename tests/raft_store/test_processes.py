@@ -166,3 +166,30 @@ async def test_concurrent_linearizable_reads_see_every_acknowledged_write(cluste
         assert json.loads(answer)["value"] == "4"
         await follower.close()
     await client.close()
+
+
+async def test_a_client_given_one_follower_reaches_the_leader_by_advertised_client_addresses(tmp_path: Path) -> None:
+    """Peers talk on 127.0.0.1 and clients are told "localhost": each address names the same
+    listener through a different route, so the client's connections show which map it used."""
+    cluster = ProcessCluster(tmp_path, machine="kv")
+    cluster.extra_args += cluster.client_address_args("localhost")
+    cluster.start_all()
+    operator = RaftClient(cluster.addresses(), deadline_s=20)
+    try:
+        leader = await cluster.wait_leader(operator)
+        status = await operator.status(cluster.address(leader))
+        assert status["client_addresses"] == {str(n): f"localhost:{cluster.address(n)[1]}" for n in cluster.ids}
+        assert status["addresses"] == {str(n): f"127.0.0.1:{cluster.address(n)[1]}" for n in cluster.ids}
+        follower = next(node for node in cluster.ids if node != leader)
+        client = RaftClient([("localhost", cluster.address(follower)[1])], deadline_s=20)
+        try:
+            await client.propose(json.dumps({"op": "put", "key": "k", "value": "v"}).encode())
+            answer, _ = await client.read(json.dumps({"key": "k"}).encode())
+            assert json.loads(answer)["value"] == "v"
+            assert client.redirects >= 1
+            assert {host for host, _ in client._conns} == {"localhost"}, client._conns.keys()
+        finally:
+            await client.close()
+    finally:
+        await operator.close()
+        cluster.stop_all()

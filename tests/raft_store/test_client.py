@@ -1,0 +1,271 @@
+"""What the client tells its caller, against fake nodes on loopback that answer as a script says.
+
+The fakes speak the real frame protocol (raft_store.codec, raft_store.transport), so the client
+under test is the production one, connections and timers included. Deadlines are short: each
+test takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from raft_store import codec
+from raft_store.client import ClientError, OutcomeUnknown, RaftClient, RequestRefused, Unavailable
+from raft_store.codec import FrameType, Status
+from raft_store.testing.processes import free_ports
+from raft_store.transport import read_frame, read_hello
+
+Address = tuple[str, int]
+
+
+class Act(enum.Enum):
+    SILENT = "silent"  # take the request, never answer
+    HANG_UP = "hang up"  # take the request, close the connection
+
+
+Script = Callable[[int], Status | Act]
+"""How a fake node treats its n-th request (counting from 1)."""
+
+
+@dataclass
+class FakeNode:
+    node_id: int
+    script: Script
+    leader_hint: int = 0
+    status_fields: dict[str, Any] = field(default_factory=dict)
+    requests: int = 0
+    connections: int = 0
+    address: Address = ("127.0.0.1", 0)
+    _server: asyncio.Server | None = None
+    _serving: dict[asyncio.Task[Any], asyncio.StreamWriter] = field(default_factory=dict)
+
+    async def start(self) -> Address:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.address = self._server.sockets[0].getsockname()[:2]
+        return self.address
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._serving.values():
+            writer.close()
+        await asyncio.gather(*self._serving, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._serving[task] = writer
+        try:
+            await read_hello(reader, 1)
+            while True:
+                ftype, body = await read_frame(reader)
+                if ftype is FrameType.STATUS:
+                    status = {"node": self.node_id, "role": "follower", **self.status_fields}
+                    writer.write(codec.frame(FrameType.STATUS_RESULT, json.dumps(status).encode()))
+                    continue
+                self.requests += 1
+                act = self.script(self.requests)
+                if act is Act.HANG_UP:
+                    return
+                if act is Act.SILENT:
+                    continue
+                request_id, results = _answer(ftype, body, act)
+                result = codec.Result(request_id, act, self.leader_hint, results)
+                writer.write(codec.frame(FrameType.RESULT, codec.encode_result(result)))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            del self._serving[task]
+
+
+def _answer(ftype: FrameType, body: bytes, status: Status) -> tuple[int, tuple[bytes, ...]]:
+    if ftype is FrameType.PROPOSE:
+        propose = codec.decode_propose(body)
+        ok = tuple(b"applied" for _ in propose.commands)
+        return propose.request_id, ok if status is Status.OK else ()
+    assert ftype is FrameType.READ
+    read = codec.decode_read(body)
+    return read.request_id, (b"answer", (7).to_bytes(8, "big")) if status is Status.OK else ()
+
+
+def always(act: Status | Act) -> Script:
+    return lambda _: act
+
+
+def first_then(first: Status | Act, then: Status | Act) -> Script:
+    return lambda n: first if n == 1 else then
+
+
+def quick_client(*addresses: Address) -> RaftClient:
+    return RaftClient(list(addresses), attempt_timeout_s=0.05, deadline_s=0.3)
+
+
+@pytest.fixture
+async def fake() -> Any:
+    nodes: list[FakeNode] = []
+
+    async def make(node_id: int, script: Script, **fields: Any) -> FakeNode:
+        node = FakeNode(node_id, script, **fields)
+        await node.start()
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        await node.stop()
+
+
+# ---- outcome unknown or certainly not applied ----------------------------------------------
+NOT_APPLIED = {
+    "not leader": always(Status.NOT_LEADER),
+    "dropped": always(Status.DROPPED),
+    "not leader, then dropped": first_then(Status.NOT_LEADER, Status.DROPPED),
+}
+MAYBE_APPLIED = {
+    "silent": always(Act.SILENT),
+    "silent once, then not leader": first_then(Act.SILENT, Status.NOT_LEADER),
+    "hangs up once, then not leader": first_then(Act.HANG_UP, Status.NOT_LEADER),
+    "in doubt once, then not leader": first_then(Status.IN_DOUBT, Status.NOT_LEADER),
+}
+
+
+@pytest.mark.parametrize("script", NOT_APPLIED.values(), ids=NOT_APPLIED.keys())
+async def test_a_command_no_node_logged_is_unavailable(fake: Any, script: Script) -> None:
+    node = await fake(1, script)
+    client = quick_client(node.address)
+    with pytest.raises(Unavailable) as raised:
+        await client.propose(b"x")
+    await client.close()
+    error = raised.value
+    assert not isinstance(error, OutcomeUnknown) and isinstance(error, ClientError)
+    assert node.requests >= 2, "the client retries until the deadline"
+    assert error.last_address == node.address
+    assert error.last_error.startswith(f"127.0.0.1:{node.address[1]}: ")
+    assert "was not applied" in str(error)
+
+
+@pytest.mark.parametrize("script", MAYBE_APPLIED.values(), ids=MAYBE_APPLIED.keys())
+async def test_a_command_a_node_may_have_logged_is_outcome_unknown(fake: Any, script: Script) -> None:
+    node = await fake(1, script)
+    client = quick_client(node.address)
+    with pytest.raises(OutcomeUnknown) as raised:
+        await client.propose(b"x")
+    await client.close()
+    error = raised.value
+    assert node.requests >= 2, "later attempts answered, and cannot undo the doubt of the first"
+    assert error.reached == node.address and error.last_address == node.address
+    assert "may or may not have been applied" in str(error)
+    assert "same idempotency key" in str(error)
+
+
+async def test_a_timeout_says_where_the_command_went_and_how_long_it_waited(fake: Any) -> None:
+    node = await fake(1, first_then(Act.SILENT, Status.NOT_LEADER))
+    client = quick_client(node.address)
+    with pytest.raises(OutcomeUnknown) as raised:
+        await client.propose(b"x")
+    await client.close()
+    message = str(raised.value)
+    assert message.startswith(f"outcome unknown: the command reached 127.0.0.1:{node.address[1]} and no answer came"
+                              " within 0.05 s")
+    assert raised.value.last_error == f"127.0.0.1:{node.address[1]}: NOT_LEADER"
+
+
+async def test_no_connection_is_unavailable() -> None:
+    (port,) = free_ports(1)
+    client = quick_client(("127.0.0.1", port))
+    with pytest.raises(Unavailable) as raised:
+        await client.propose(b"x")
+    await client.close()
+    assert raised.value.last_address == ("127.0.0.1", port)
+    assert "cannot connect" in raised.value.last_error
+
+
+async def test_one_node_in_doubt_among_refusals_is_outcome_unknown(fake: Any) -> None:
+    refusing = await fake(1, always(Status.NOT_LEADER))
+    silent = await fake(2, always(Act.SILENT))
+    client = quick_client(refusing.address, silent.address)
+    with pytest.raises(OutcomeUnknown) as raised:
+        await client.propose(b"x")
+    await client.close()
+    assert raised.value.reached == silent.address
+    assert refusing.requests >= 1
+
+
+async def test_an_answer_after_a_timeout_is_the_answer(fake: Any) -> None:
+    node = await fake(1, first_then(Act.SILENT, Status.OK))
+    client = quick_client(node.address)
+    assert await client.propose(b"x") == b"applied"
+    await client.close()
+
+
+async def test_a_refused_request_is_request_refused(fake: Any) -> None:
+    node = await fake(1, always(Status.ERROR))
+    client = quick_client(node.address)
+    with pytest.raises(RequestRefused):
+        await client.propose(b"x")
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [(always(Status.NOT_LEADER), Unavailable), (first_then(Act.SILENT, Status.NOT_LEADER), OutcomeUnknown)],
+    ids=["not leader", "silent once, then not leader"],
+)
+async def test_reads_raise_the_same_classes(fake: Any, script: Script, expected: type[ClientError]) -> None:
+    node = await fake(1, script)
+    client = quick_client(node.address)
+    with pytest.raises(expected) as raised:
+        await client.read(b"q")
+    await client.close()
+    assert str(raised.value).split(":")[0] in ("unavailable", "outcome unknown")
+    assert " the read " in str(raised.value)
+
+
+# ---- which addresses client traffic goes to -------------------------------------------------
+async def test_peer_addresses_in_a_status_answer_are_not_used(fake: Any) -> None:
+    """A node's "addresses" are where peers reach it; a client may have no route there. The trap
+    stands at node 2's peer address and would answer OK: the client must never call it."""
+    trap = await fake(2, always(Status.OK))
+    follower = await fake(1, always(Status.NOT_LEADER), leader_hint=2)
+    follower.status_fields = {"addresses": {"1": "127.0.0.1:1", "2": f"127.0.0.1:{trap.address[1]}"}}
+    client = quick_client(follower.address)
+    with pytest.raises(Unavailable) as raised:
+        await client.propose(b"x")
+    await client.close()
+    assert trap.connections == 0
+    assert "the leader is node 2, and no address for clients is known for it" in raised.value.last_error
+
+
+async def test_a_leader_hint_goes_to_the_advertised_client_address(fake: Any) -> None:
+    trap = await fake(2, always(Status.OK))
+    leader = await fake(2, always(Status.OK))
+    follower = await fake(1, always(Status.NOT_LEADER), leader_hint=2)
+    follower.status_fields = {
+        "addresses": {"1": "127.0.0.1:1", "2": f"127.0.0.1:{trap.address[1]}"},
+        "client_addresses": {"2": f"localhost:{leader.address[1]}"},
+    }
+    client = quick_client(follower.address)
+    assert await client.propose(b"x") == b"applied"
+    await client.close()
+    assert (leader.requests, trap.connections, client.redirects) == (1, 0, 1)
+
+
+async def test_a_status_of_an_address_the_client_was_not_given_teaches_nothing(fake: Any) -> None:
+    other = await fake(2, always(Status.OK))
+    follower = await fake(1, always(Status.NOT_LEADER), leader_hint=2)
+    client = quick_client(follower.address)
+    await client.status(other.address)  # an operator looking: not an address to send commands to
+    with pytest.raises(Unavailable):
+        await client.propose(b"x")
+    await client.close()
+    assert other.requests == 0
