@@ -29,7 +29,7 @@ from queues.model import (
     TokenView,
 )
 from queues.query_codec import KindView, PauseView
-from raft_store.client import ClientError, RaftClient
+from raft_store.client import ClientError, OutcomeUnknown, RaftClient, Unavailable
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -49,6 +49,7 @@ __all__ = [
     "LeaseResult",
     "MessageView",
     "Outcome",
+    "OutcomeUnknown",
     "PauseView",
     "QueueClient",
     "QueueConfig",
@@ -60,4 +61,5 @@ __all__ = [
     "State",
     "TokenResult",
     "TokenView",
+    "Unavailable",
 ]

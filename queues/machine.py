@@ -33,9 +33,8 @@ from typing import Any, Final
 
 import msgspec
 
-from queues import due_index
 from delay.policy import DAY_MS, DEFAULT_POLICY, DELAY_MAX_MS, DeadLetter, RetryPolicy, decide
-from queues import access, codec
+from queues import access, codec, due_index
 from queues.lifecycle import TERMINAL, Action, transition
 from queues.model import (
     BUILTIN_KINDS,

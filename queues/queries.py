@@ -19,9 +19,8 @@ from typing import Any, Final
 
 import msgspec
 
-from queues import due_index
 from delay.policy import RetryPolicy
-from queues import codec
+from queues import codec, due_index
 from queues.model import (
     OPERATOR_EVENT_TYPES,
     AttemptView,
