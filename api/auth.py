@@ -4,9 +4,11 @@ Each API process holds every token's hash in memory (a dict lookup per request, 
 trip) and asks the store every `refresh_interval_s` whether the access version changed; if it did,
 it reloads the table. So a revocation stops a token in every process within one interval, and the
 store's loss of one node changes nothing. A token the cache does not know may have been created a
-moment ago: the cache then refreshes at once, but at most every `MISS_REFRESH_MIN_S`, so a caller
-spraying random tokens costs the store at most that many small reads. A token that is not even
-shaped like one is refused without any of that.
+moment ago: the cache then reads the store again, with a read that starts after the request
+arrived (so a token created before it was sent is always accepted), and such reads start at most
+every `MISS_REFRESH_MIN_S`, shared by every miss that waits for them: a caller spraying random
+tokens costs the store at most that many small reads, and waits up to that long for its 401. A
+token that is not even shaped like one is refused without any of that.
 
 If the store cannot be reached the cache keeps what it has (fail static): every request that
 would use a token needs the store anyway, so a revoked token gains nothing from the outage.
@@ -57,7 +59,8 @@ class TokenCache:
         self._by_hash: dict[bytes, Principal] = {}
         self._version = -1
         self._refreshing: asyncio.Task[None] | None = None
-        self._last_miss_s = float("-inf")
+        self._miss_read: asyncio.Task[None] | None = None
+        self._miss_read_start_s = float("-inf")
         self._task: asyncio.Task[None] | None = None
         self.last_success_s: float | None = None
         """Monotonic time of the last answer from the store (None: never): readiness reads it."""
@@ -96,7 +99,11 @@ class TokenCache:
                 log.warning("token refresh failed (keeping %d cached): %s", len(self._by_hash), error)
             await asyncio.sleep(self._interval_s)
 
-    def start(self) -> None:
+    async def start(self, first_load_timeout_s: float = 5.0) -> None:
+        """Load the tokens before the first request if the store answers in time (otherwise the
+        first requests find an empty cache and wait for the refresh), then poll."""
+        with contextlib.suppress(ClientError, QueueError, TimeoutError):
+            await asyncio.wait_for(self.refresh(), first_load_timeout_s)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -114,12 +121,24 @@ class TokenCache:
         found = self._by_hash.get(digest)
         if found is not None:
             return found
-        now = self._clock()
-        if now - self._last_miss_s >= MISS_REFRESH_MIN_S:
-            self._last_miss_s = now
-            with contextlib.suppress(ClientError, QueueError):
-                await self.refresh()
+        await self._read_after(self._clock())
         return self._by_hash.get(digest)
+
+    async def _read_after(self, arrived_s: float) -> None:
+        """Wait for a store read that starts at or after `arrived_s`: the next one planned, or a
+        new one at least MISS_REFRESH_MIN_S after the last one started."""
+        planned = self._miss_read
+        if planned is None or self._miss_read_start_s < arrived_s:
+            start_s = max(arrived_s, self._miss_read_start_s + MISS_REFRESH_MIN_S)
+            self._miss_read_start_s = start_s
+            planned = self._miss_read = asyncio.get_running_loop().create_task(self._miss_refresh(start_s - arrived_s))
+        await asyncio.shield(planned)
+
+    async def _miss_refresh(self, delay_s: float) -> None:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        with contextlib.suppress(ClientError, QueueError):
+            await self._refresh_once()
 
 
 _bearer: Final = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer cmp_...`.")

@@ -17,8 +17,10 @@ from starlette.responses import Response
 from api.problems import Problem
 from api.schemas import IDEMPOTENCY_KEY_LENGTH_MAX
 
-_KEY: Final = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
-_QUOTED: Final = re.compile(r'^"((?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$')
+KEY_PATTERN: Final = r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$"
+QUOTED_KEY_PATTERN: Final = r'^"((?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$'
+_KEY: Final = re.compile(KEY_PATTERN)
+_QUOTED: Final = re.compile(QUOTED_KEY_PATTERN)
 JSON: Final = "application/json"
 
 
@@ -60,6 +62,18 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
             raise Problem("body-too-large", f"the body is over {limit_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def whole_numbers(value: Any) -> Any:
+    """JSON has one number type: ``500.0`` is the integer 500 (JSON Schema agrees), so integral
+    floats become ints before a strict decoder sees them; fractions and strings stay as they are."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    if isinstance(value, list):
+        return [whole_numbers(item) for item in value]
+    if isinstance(value, dict):
+        return {key: whole_numbers(item) for key, item in value.items()}
+    return value
 
 
 def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -14,6 +14,7 @@ import msgspec
 from fastapi import FastAPI
 from pydantic import BaseModel, Field, TypeAdapter
 
+from api.http import KEY_PATTERN, QUOTED_KEY_PATTERN
 from api.problems import MEDIA_TYPE, TYPES
 from api.schemas import IDEMPOTENCY_KEY_LENGTH_MAX, BatchSubmission, Submission
 from delay.policy import RetryPolicy
@@ -55,7 +56,10 @@ IDEMPOTENCY_KEY_HEADER: Final = {
     "name": "Idempotency-Key", "in": "header", "required": True,
     "description": "Unique per request of this producer (a UUID is a good key). The same key and body again is"
     " answered with the original request; the same key with another body is refused (422).",
-    "schema": {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_LENGTH_MAX},
+    "schema": {"type": "string", "anyOf": [
+        {"pattern": KEY_PATTERN, "minLength": 1, "maxLength": IDEMPOTENCY_KEY_LENGTH_MAX},
+        {"pattern": QUOTED_KEY_PATTERN.replace("*", "+"), "minLength": 3, "maxLength": IDEMPOTENCY_KEY_LENGTH_MAX + 2},
+    ]},
 }  # fmt: skip
 
 

@@ -133,6 +133,16 @@ def field_errors(errors: Sequence[Mapping[str, Any]], drop: Sequence[str] = ()) 
     return [{"field": field, "message": message} for field, message in seen]
 
 
+def msgspec_error(error: Exception, prefix: str = "") -> dict[str, str]:
+    """msgspec's ``Expected `int`, got `str` - at `$.tiers_ms[0]` `` as a field and a message."""
+    message, sep, where = str(error).rpartition(" - at `$")
+    if not sep:
+        return {"field": prefix or "(body)", "message": str(error)}
+    path = where.rstrip("`").lstrip(".")
+    field = f"{prefix}.{path}" if prefix and path and not path.startswith("[") else f"{prefix}{path}"
+    return {"field": field or "(body)", "message": message}
+
+
 def invalid(errors: list[dict[str, str]]) -> Problem:
     fields = ", ".join(dict.fromkeys(e["field"] for e in errors))
     return Problem("invalid-request", f"invalid fields: {fields}", extra={"errors": errors})

@@ -8,7 +8,9 @@ reservations were made; only a request whose slot is further away than that (or 
 `held_max` requests already waiting) is answered 429 with the seconds until its slot. A refused
 request gives its slot back. Nothing is dropped without an answer.
 
-The configured rate is per producer across the deployment: each process enforces rate/processes.
+The configured rate and burst are per producer across the deployment: each process enforces its
+share (rate/processes, burst/processes), so a producer spread over N processes gets the whole
+rate, and one that reaches a single process gets that process's share.
 
 Must never: sleep while holding anything shared, or read a clock except the injected one.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 BUCKETS_MAX: Final = 100_000
+_EPSILON_S: Final = 1e-6
 
 
 class Throttled(Exception):
@@ -44,7 +47,8 @@ class Bucket:
     def reserve(self, count: int, now_s: float) -> float:
         """Reserve `count` slots; the seconds to wait before they are conforming (0: now)."""
         self.tat_s = max(self.tat_s, now_s) + count * self.interval_s
-        return max(0.0, self.tat_s - now_s - self.tolerance_s)
+        wait_s = self.tat_s - now_s - self.tolerance_s
+        return wait_s if wait_s > _EPSILON_S else 0.0  # sums of intervals leave float dust
 
     def release(self, count: int) -> None:
         self.tat_s -= count * self.interval_s
@@ -82,7 +86,8 @@ class Quotas:
             now = self._clock()
             self._buckets = {k: v for k, v in self._buckets.items() if v[1].tat_s > now}
         interval_s = settings.processes / shape[0]
-        bucket = Bucket(interval_s=interval_s, tolerance_s=shape[1] * interval_s, tat_s=self._clock())
+        share = max(1.0, shape[1] / settings.processes)  # the rate and the burst are both split
+        bucket = Bucket(interval_s=interval_s, tolerance_s=share * interval_s, tat_s=self._clock())
         self._buckets[name] = (shape, bucket)
         return bucket
 

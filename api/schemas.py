@@ -18,7 +18,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
 
 from delay.policy import DELAY_MAX_MS
-from ledger.kinds import CallbackPayload, ListUpdatePayload, TransferPayload
+from ledger.kinds import CallbackPayload, ListUpdatePayload, TransferPayload, Whole
 
 DELAY_MAX_S: Final = DELAY_MAX_MS // 1000
 """Two years (and a day per year): the furthest a request may be scheduled."""
@@ -36,10 +36,12 @@ class OriginalFailure(_Strict):
 
     error_class: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
     text: Annotated[str, StringConstraints(max_length=1000)] | None = None
-    http_status: Annotated[int, Field(ge=100, le=599)] | None = None
+    http_status: Annotated[int, Field(ge=100, le=599), Whole] | None = None
 
 
 class _Submission(_Strict):
+    model_config = ConfigDict(json_schema_extra={"not": {"required": ["delay_s", "not_before"]}})
+
     ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERN)] = Field(
         description="The business id (red-packet id, order id): every request of one business id is in its timeline."
     )
@@ -84,11 +86,15 @@ class BatchItem(BaseModel):
     """For the description only: a batch is validated item by item, so one bad item is answered
     422 in its place and the others go through."""
 
+    model_config = ConfigDict(extra="forbid")
+
     idempotency_key: str = Field(min_length=1, max_length=IDEMPOTENCY_KEY_LENGTH_MAX)
     request: Submission
 
 
 class BatchSubmission(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     items: list[BatchItem] = Field(min_length=1, max_length=1000)
 
 

@@ -36,7 +36,7 @@ class ApiServices:
     settings: ApiSettings
 
     async def start(self) -> None:
-        self.tokens.start()
+        await self.tokens.start()
 
     async def close(self) -> None:
         await self.tokens.close()

@@ -42,6 +42,10 @@ ROCKETMQ_TIERS_MS: Final[tuple[int, ...]] = (
 """RocketMQ's default messageDelayLevel: 18 graded delays, the last one 2 hours."""
 
 ErrorClass = Annotated[str, msgspec.Meta(min_length=1, max_length=ERROR_CLASS_LENGTH_MAX)]
+# Ranges are part of the types, so decoding a policy (from the log, or from an operator's JSON) is
+# its validation and its JSON Schema states them; `problems()` adds the relations between fields.
+DelayMs = Annotated[int, msgspec.Meta(gt=0, le=DELAY_MAX_MS)]
+Attempts = Annotated[int, msgspec.Meta(ge=1, le=ATTEMPTS_MAX_LIMIT)]
 
 
 class PolicyError(ValueError):
@@ -54,7 +58,7 @@ class ErrorClassRule(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     error_class: ErrorClass
     permanent: bool
     """Overrides the worker's retryable/permanent flag for this class."""
-    attempts_max: int | None = None
+    attempts_max: Attempts | None = None
     """A tighter (or looser) attempt budget for this class; None keeps the policy's."""
 
 
@@ -66,17 +70,19 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     with full jitter: uniform in [backoff_min_ms, min(backoff_max_ms, backoff_min_ms * 2**n)].
     """
 
-    tiers_ms: tuple[int, ...] = ROCKETMQ_TIERS_MS
-    tier_jitter_ratio: float = 0.1
-    backoff_min_ms: int = SECOND_MS
-    backoff_max_ms: int = HOUR_MS
-    attempts_max: int = len(ROCKETMQ_TIERS_MS) + 1
+    tiers_ms: Annotated[tuple[DelayMs, ...], msgspec.Meta(max_length=TIERS_MAX)] = ROCKETMQ_TIERS_MS
+    tier_jitter_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.1
+    backoff_min_ms: DelayMs = SECOND_MS
+    backoff_max_ms: DelayMs = HOUR_MS
+    """At least backoff_min_ms."""
+    attempts_max: Attempts = len(ROCKETMQ_TIERS_MS) + 1
     """Deliveries before the message is dead-lettered: the first try plus the retries."""
-    age_max_ms: int | None = None
+    age_max_ms: DelayMs | None = None
     """No retry is scheduled later than budget start + age_max_ms; None: no age limit."""
-    retry_after_max_ms: int = DAY_MS
+    retry_after_max_ms: Annotated[int, msgspec.Meta(ge=0, le=DELAY_MAX_MS)] = DAY_MS
     """A downstream's Retry-After is honoured up to this far in the future."""
-    overrides: tuple[ErrorClassRule, ...] = ()
+    overrides: Annotated[tuple[ErrorClassRule, ...], msgspec.Meta(max_length=OVERRIDES_MAX)] = ()
+    """Each error class at most once."""
 
     def validate(self) -> None:
         """Raise PolicyError if the settings are out of range or contradict each other."""

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
-from ledger.currencies import is_currency
+from ledger.currencies import MINOR_UNIT_DIGITS, is_currency
 
 AMOUNT_MINOR_MAX: Final = 10**15
 """Ten trillion major units of any two-digit currency, and under 2**53, so a JavaScript client
@@ -43,6 +43,17 @@ class Kind(enum.StrEnum):
     CALLBACK = "callback"
 
 
+def _whole(value: object) -> object:
+    """JSON has one number type: ``246.0`` *is* the integer 246 (JSON Schema says so too), so an
+    integral float is taken as that integer. A fraction, a string or a bool is still refused."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+Whole = BeforeValidator(_whole)
+
+
 def _currency(code: str) -> str:
     if not is_currency(code):
         raise ValueError(f"{code!r} is not an active ISO 4217 currency code")
@@ -51,10 +62,13 @@ def _currency(code: str) -> str:
 
 Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
 """An id in another system (account, transfer, red packet, user): 1-128 characters, no spaces."""
-AmountMinor = Annotated[int, Field(gt=0, le=AMOUNT_MINOR_MAX, description="Amount in minor units (cents, fen).")]
+AmountMinor = Annotated[
+    int, Field(gt=0, le=AMOUNT_MINOR_MAX, description="Amount in minor units (cents, fen)."), Whole
+]
 Currency = Annotated[
     str, StringConstraints(pattern=r"^[A-Z]{3}$"), AfterValidator(_currency),
-    Field(description="ISO 4217 alphabetic code, e.g. CNY.", examples=["CNY"]),
+    Field(description="An active ISO 4217 alphabetic code, e.g. CNY.", examples=["CNY"],
+          json_schema_extra={"enum": sorted(MINOR_UNIT_DIGITS)}),
 ]  # fmt: skip
 
 
@@ -63,7 +77,8 @@ class _Payload(BaseModel):
 
 
 class TransferPayload(_Payload):
-    """Pay ``amount_minor`` of ``currency`` from ``payer`` to ``payee``, once, as ``transfer_id``."""
+    """Pay ``amount_minor`` of ``currency`` from ``payer`` to ``payee``, once, as ``transfer_id``.
+    The payer and the payee must differ (a rule JSON Schema cannot state)."""
 
     transfer_id: Identifier = Field(description="The payment system's idempotency key for this transfer.")
     payer: Identifier
@@ -84,7 +99,7 @@ class ListUpdatePayload(_Payload):
 
     red_packet_id: Identifier
     receiver: Identifier
-    version: int = Field(ge=1, le=VERSION_MAX, description="Only a newer version is applied.")
+    version: Annotated[int, Field(ge=1, le=VERSION_MAX, description="Only a newer version is applied."), Whole]
     amount_minor: AmountMinor
     currency: Currency
 

@@ -90,7 +90,7 @@ class QueueError(Exception):
 
     def __init__(self, result: ErrorResult | qc.QueryError | str) -> None:
         self.result = result
-        super().__init__(str(result))
+        super().__init__(result if isinstance(result, str) else f"{result.code.name}: {result.detail}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,22 +6,23 @@ event with the caller as its actor.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from api import openapi
 from api.auth import Observer, Operator
-from api.http import json_response, read_body, require_json
-from api.problems import Problem, invalid
+from api.http import json_response, read_body, require_json, whole_numbers
+from api.problems import Problem, invalid, msgspec_error
 from api.schemas import KindDetail, KindSummary, PauseCommand, PolicyChange, ResumeCommand, utc
 from api.services import ApiServices
 from delay.policy import RetryPolicy
 from queues import ClientError, Code, KindView, QueueError
 
 router = APIRouter(tags=["kinds"])
+KindPath = Annotated[str, Path(pattern=r"^[a-z][a-z0-9_.-]{0,63}$", description="A kind's name, e.g. transfer.")]
 _policy_json = msgspec.json.Encoder()
 
 
@@ -66,7 +67,7 @@ async def list_kinds(request: Request, principal: Observer) -> Response:
 
 @router.get("/v1/kinds/{kind}", response_model=KindDetail, summary="One kind, with its retry policy",
             responses=openapi.problems(401, 403, 404, 503))  # fmt: skip
-async def get_kind(request: Request, kind: str, principal: Observer) -> Response:
+async def get_kind(request: Request, kind: KindPath, principal: Observer) -> Response:
     view, summary = await _kind(request.app.state.services, kind)
     return json_response({**summary, "policy": _policy(view.policy)})
 
@@ -82,7 +83,7 @@ async def _command(services: ApiServices, call: Any) -> Any:
 
 @router.post("/v1/kinds/{kind}/pause", response_model=KindSummary, summary="Pause a kind (a named holder)",
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
-async def pause(request: Request, kind: str, command: PauseCommand, principal: Operator) -> Response:
+async def pause(request: Request, kind: KindPath, command: PauseCommand, principal: Operator) -> Response:
     """Workers stop leasing the kind while any holder holds it. Holding twice is 409."""
     services: ApiServices = request.app.state.services
     holder = command.holder or principal.name
@@ -98,7 +99,7 @@ async def pause(request: Request, kind: str, command: PauseCommand, principal: O
 
 @router.post("/v1/kinds/{kind}/resume", response_model=KindSummary, summary="Release a holder's pause",
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
-async def resume(request: Request, kind: str, command: ResumeCommand, principal: Operator) -> Response:
+async def resume(request: Request, kind: KindPath, command: ResumeCommand, principal: Operator) -> Response:
     """The kind runs again once no holder holds it (a breaker's pause outlives an operator's)."""
     services: ApiServices = request.app.state.services
     holder = command.holder or principal.name
@@ -112,7 +113,7 @@ async def resume(request: Request, kind: str, command: ResumeCommand, principal:
 
 @router.get("/v1/kinds/{kind}/policy", summary="A kind's retry policy", responses=openapi.problems(401, 403, 404, 503),
             response_model=dict[str, Any])  # fmt: skip
-async def get_policy(request: Request, kind: str, principal: Observer) -> Response:
+async def get_policy(request: Request, kind: KindPath, principal: Observer) -> Response:
     view, _ = await _kind(request.app.state.services, kind)
     return json_response(_policy(view.policy))
 
@@ -123,16 +124,16 @@ async def get_policy(request: Request, kind: str, principal: Observer) -> Respon
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/RetryPolicy"}}}}},
 )  # fmt: skip
-async def set_policy(request: Request, kind: str, principal: Operator) -> Response:
+async def set_policy(request: Request, kind: KindPath, principal: Operator) -> Response:
     """The whole policy, validated (fields and the relations between them); answered with the
     policy before and after. The change applies to each request's next failure."""
     services: ApiServices = request.app.state.services
     require_json(request)
     body = await read_body(request, 64 * 1024)
     try:
-        policy = msgspec.json.decode(body, type=RetryPolicy)
+        policy = msgspec.convert(whole_numbers(msgspec.json.decode(body)), RetryPolicy)
     except msgspec.ValidationError as error:
-        raise invalid([{"field": "(body)", "message": str(error)}]) from None
+        raise invalid([msgspec_error(error)]) from None
     except msgspec.DecodeError:
         raise Problem("malformed-body", "the body is not valid JSON") from None
     problems = policy.problems()

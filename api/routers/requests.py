@@ -22,7 +22,7 @@ from api.auth import Principal, Reader, Submitter
 from api.http import check_key, idempotency_key, json_response, read_body, require_json
 from api.ids import RequestId
 from api.intake import Answer, Item
-from api.problems import Problem, document, field_errors, invalid
+from api.problems import Problem, document, field_errors, invalid, msgspec_error
 from api.quotas import Throttled
 from api.schemas import KIND_TAGS, SUBMISSION, Accepted, BatchResult, RequestView
 from api.services import ApiServices
@@ -103,7 +103,7 @@ def _items(body: bytes, items_max: int) -> list[Item | Problem]:
     try:
         envelope = msgspec.json.decode(body, type=_Envelope)
     except msgspec.ValidationError as error:
-        raise invalid([{"field": "items", "message": str(error)}]) from None
+        raise invalid([msgspec_error(error)]) from None
     except msgspec.DecodeError:
         raise Problem("malformed-body", "the body is not valid JSON") from None
     if not 1 <= len(envelope.items) <= items_max:
@@ -112,9 +112,9 @@ def _items(body: bytes, items_max: int) -> list[Item | Problem]:
     for index, raw in enumerate(envelope.items):
         try:
             item = msgspec.json.decode(raw, type=_ItemEnvelope)
-            parsed.append(Item(check_key(item.idempotency_key), parse(item.request)))
+            parsed.append(Item(check_key(item.idempotency_key), parse(bytes(item.request))))
         except msgspec.ValidationError as error:
-            parsed.append(invalid([{"field": f"items[{index}]", "message": str(error)}]))
+            parsed.append(invalid([msgspec_error(error, f"items[{index}]")]))
         except Problem as problem:
             parsed.append(problem)
     return parsed
