@@ -699,9 +699,12 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.api: wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
         return 1
     profile_note = None
-    if settings.profile_dir is not None and py_spy() is None:
-        profile_note = "skipped: py-spy is not installed (pip install py-spy)"
-        print(f"bench.api: --profile {profile_note}", file=sys.stderr)
+    if settings.profile_dir is not None and "single" not in settings.phases:
+        profile_note = "the profile is taken in the single phase, which is not run"
+    elif settings.profile_dir is not None and py_spy() is None:
+        profile_note = "py-spy is not installed (pip install py-spy)"
+    if profile_note is not None:
+        print(f"bench.api: --profile skipped: {profile_note}", file=sys.stderr)
     os.chdir(REPO_ROOT)  # `python -m` puts the current directory first: the nodes must run this checkout
     os.environ["PYTHONPATH"] = child_environment()["PYTHONPATH"]
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "time_utc": time.strftime("%H:%M", time.gmtime())}
