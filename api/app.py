@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Final
 
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.trace import TracerProvider
 
@@ -18,6 +23,8 @@ from api.metrics import MetricsMiddleware
 from api.routers import health, kinds, refs, requests
 from api.services import ApiServices
 
+STATIC_DIR: Final = Path(__file__).parent / "static"
+SWAGGER: Final = "/static/swagger-ui"
 DESCRIPTION = """\
 Payment services POST the calls that failed (a transfer, a red-packet list update, a callback); the
 compensator stores each in a Raft-replicated queue (201 means a majority fsynced it), retries it
@@ -38,9 +45,20 @@ def create_app(services: ApiServices, *, tracer_provider: TracerProvider | None 
             await services.close()
 
     app = FastAPI(
-        title="compensator", version="1", description=DESCRIPTION, lifespan=lifespan, redoc_url=None,
+        title="compensator", version="1", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None,
     )  # fmt: skip
     app.state.services = services
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        """Swagger UI from files served here (vendored from npm), never from a CDN: the page works
+        on a machine with no internet."""
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title="compensator API", swagger_js_url=f"{SWAGGER}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER}/swagger-ui.css", swagger_favicon_url=f"{SWAGGER}/favicon-32x32.png",
+        )  # fmt: skip
+
     problems.install(app)
     for router in (requests.router, refs.router, kinds.router, health.router):
         app.include_router(router)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,18 @@ def serve(args: argparse.Namespace) -> int:
     if args.config is not None:
         os.environ[configuration.CONFIG_PATH_ENV] = str(args.config.resolve())
     config = load(args)
+    made = None
     if config.api.workers > 1 and not os.environ.get(configuration.METRICS_DIR_ENV):
-        os.environ[configuration.METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="compensator-metrics-")
+        made = os.environ[configuration.METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="compensator-metrics-")
+    try:
+        _run(config)
+    finally:
+        if made is not None:  # the workers' metric files die with them
+            shutil.rmtree(made, ignore_errors=True)
+    return 0
+
+
+def _run(config: configuration.Config) -> None:
     import uvicorn
 
     uvicorn.run(
@@ -59,4 +70,3 @@ def serve(args: argparse.Namespace) -> int:
         loop="uvloop", http="httptools", log_level=config.api.log_level, access_log=False, server_header=False,
         timeout_graceful_shutdown=10, backlog=4096,
     )  # fmt: skip
-    return 0

@@ -1,0 +1,84 @@
+"""The configuration: defaults that run locally, a file, environment overrides, and one line per
+problem, from the model and from the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compensator.config import Config, ConfigError, load
+
+
+def test_defaults_are_a_valid_local_configuration() -> None:
+    config = load(None, {})
+    assert config == Config()
+    assert config.store.addresses == ("127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103")
+    assert config.api_url == "http://127.0.0.1:8080"
+
+
+def test_a_file_overlaid_by_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "compensator.toml"
+    path.write_text('[store]\naddresses = ["10.0.0.1:7100", "10.0.0.2:7100"]\n[api]\nport = 9000\nworkers = 2\n')
+    config = load(path, {"COMPENSATOR_API__PORT": "9001", "COMPENSATOR_QUOTA__RATE_PER_S": "50",
+                         "COMPENSATOR_TELEMETRY__EXPORTER": "otlp", "UNRELATED": "x"})  # fmt: skip
+    assert config.store.addresses == ("10.0.0.1:7100", "10.0.0.2:7100")
+    assert (config.api.port, config.api.workers, config.quota.rate_per_s) == (9001, 2, 50)
+    assert config.telemetry.exporter == "otlp"
+    listed = load(None, {"COMPENSATOR_STORE__ADDRESSES": '["a:1", "b:2"]'})
+    assert listed.store.addresses == ("a:1", "b:2")
+
+
+def test_every_problem_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    environ = {"COMPENSATOR_API__PORT": "0", "COMPENSATOR_STORE__ADDRESSES": "nohost,a:1,a:1",
+               "COMPENSATOR_QUOTA__HOLD_MAX_MS": "-1", "COMPENSATOR_TELEMETRY__SAMPLE_RATIO": "2"}  # fmt: skip
+    with pytest.raises(ConfigError) as raised:
+        load(None, environ)
+    problems = raised.value.problems
+    assert problems == [
+        "store.addresses: 'nohost' is not host:port",
+        "store.addresses: an address is listed twice",
+        "api.port: must be in 1..65535",
+        "quota.hold_max_ms: must be in 0..10000",
+        "telemetry.sample_ratio: must be in 0..1",
+    ]
+    with pytest.raises(ConfigError, match=r"COMPENSATOR_API__PROT: no such setting \(api.prot\)"):
+        load(None, {"COMPENSATOR_API__PROT": "1"})
+    with pytest.raises(ConfigError, match=r"api.workers: Expected `int`, got `str`"):
+        load(None, {"COMPENSATOR_API__WORKERS": "two"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[api\nport = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(bad, {})
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[api]\nlisten = 1\n")
+    with pytest.raises(ConfigError, match="unknown field `listen`"):
+        load(unknown, {})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.toml", {})
+
+
+def _compensator(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "compensator", *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", **(env or {})})  # fmt: skip
+
+
+def test_the_command_line_answers_bad_input_in_one_line_per_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[api]\nport = 0\nworkers = 0\n")
+    answer = _compensator("api", "--config", str(bad))
+    assert answer.returncode == 1 and answer.stdout == ""
+    assert answer.stderr.splitlines() == [
+        "compensator api: config: api.port: must be in 1..65535",
+        "compensator api: config: api.workers: must be in 1..64",
+    ]
+    unreachable = _compensator("token", "list", env={"COMPENSATOR_STORE__ADDRESSES": "127.0.0.1:9",
+                                                      "COMPENSATOR_STORE__DEADLINE_S": "1"})  # fmt: skip
+    assert unreachable.returncode == 1 and len(unreachable.stderr.splitlines()) == 1
+    assert unreachable.stderr.startswith("compensator token: error: the store at 127.0.0.1:9 did not answer")
+    usage = _compensator("token", "create", "--name", "x")
+    assert usage.returncode == 2
+    assert usage.stderr.splitlines() == ["compensator token create: error: the following arguments are required: --role"]
+    assert "Traceback" not in usage.stderr + unreachable.stderr + answer.stderr
