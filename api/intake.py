@@ -18,8 +18,8 @@ clock other than the injected one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ from api.ids import RequestId
 from api.problems import Problem
 from api.schemas import DELAY_MAX_S, AnySubmission, utc
 from delay.policy import DELAY_MAX_MS
-from ledger.kinds import encode_payload
+from ledger.kinds import canonical_json, encode_payload
 from ledger.states import LEDGER_STATE_OF
 from queues import (
     ClientError,
@@ -66,10 +66,12 @@ def client_key(stored: str) -> tuple[str, str]:
     return producer, key
 
 
-def fingerprint(submission: AnySubmission) -> str:
-    document = submission.model_dump(mode="json", exclude_none=True)
-    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+def fingerprint(submission: AnySubmission, payload: bytes) -> str:
+    """The whole body, canonical: the payload's stored bytes and the envelope's other members."""
+    envelope = submission.model_dump(exclude={"payload"}, exclude_none=True)
+    digest = hashlib.sha256(canonical_json(envelope))
+    digest.update(payload)
+    return digest.hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +120,9 @@ class Intake:
 
     def command(self, principal: Principal, item: Item, trace_headers: dict[str, str]) -> Enqueue | Problem:
         submission = item.submission
+        payload = encode_payload(submission.payload)
         headers = dict(trace_headers)
-        headers[HEADER_FINGERPRINT] = fingerprint(submission)
+        headers[HEADER_FINGERPRINT] = fingerprint(submission, payload)
         headers[HEADER_PRODUCER] = principal.name
         if submission.failure is not None:
             headers[HEADER_FAILURE_CLASS] = submission.failure.error_class
@@ -140,7 +143,7 @@ class Intake:
             due_ms = max(due_ms, 0)
         return Enqueue(
             kind=submission.kind, idempotency_key=store_key(principal.name, item.key), ref_key=submission.ref_key,
-            payload=encode_payload(submission.payload), headers=headers, delay_ms=delay_ms, due_ms=due_ms,
+            payload=payload, headers=headers, delay_ms=delay_ms, due_ms=due_ms,
         )  # fmt: skip
 
     def _accepted(self, message_id: int, kind: str, ref_key: str, state: State, due_ms: int, replayed: bool) -> Answer:
@@ -156,10 +159,14 @@ class Intake:
         submission joins the frames of concurrent ones through the client's coalescing)."""
         answers: list[Answer | None] = [None] * len(items)
         commands: list[tuple[int, Enqueue]] = []
-        with self._tracer.start_as_current_span(
+        # A child span only under a recorded one: an unrecorded trace still travels into the
+        # message (its ids), and this is the intake's hot path.
+        recording = trace.get_current_span().is_recording()
+        spanned = self._tracer.start_as_current_span(
             "store.enqueue", kind=trace.SpanKind.CLIENT,
             attributes={"compensator.items": len(items), "compensator.producer": principal.name},
-        ) as span:  # fmt: skip
+        ) if recording else contextlib.nullcontext(trace.INVALID_SPAN)  # fmt: skip
+        with spanned as span:
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
             for index, item in enumerate(items):

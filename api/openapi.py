@@ -70,6 +70,7 @@ def body(schema_name: str) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": _REF.format(model=schema_name)}}},
         },
         "parameters": [IDEMPOTENCY_KEY_HEADER] if schema_name == "Submission" else [],
+        "security": [{"HTTPBearer": []}],  # these routes authenticate by themselves (api.auth.authenticate)
     }
 
 

@@ -153,7 +153,7 @@ def install(app: FastAPI) -> None:
 
     async def on_problem(request: Request, error: Exception) -> Response:
         assert isinstance(error, Problem)
-        return response(error, request.url.path)
+        return response(error, request.scope["path"])
 
     async def on_http(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
@@ -163,15 +163,15 @@ def install(app: FastAPI) -> None:
             log.warning("HTTP %d without a problem type: %s", error.status_code, error.detail)
             name = "internal" if error.status_code >= 500 else "invalid-request"
         headers = dict(error.headers or {})
-        return response(Problem(name, str(error.detail), headers=headers), request.url.path)
+        return response(Problem(name, str(error.detail), headers=headers), request.scope["path"])
 
     async def on_validation(request: Request, error: Exception) -> Response:
         assert isinstance(error, RequestValidationError)
-        return response(invalid(field_errors(error.errors(), drop=("body", "query", "path", "header"))), request.url.path)
+        return response(invalid(field_errors(error.errors(), drop=("body", "query", "path", "header"))), request.scope["path"])
 
     async def on_unexpected(request: Request, error: Exception) -> Response:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return response(Problem("internal", "an unexpected error occurred; it has been logged"), request.url.path)
+        log.exception("unexpected error on %s %s", request.method, request.scope["path"])
+        return response(Problem("internal", "an unexpected error occurred; it has been logged"), request.scope["path"])
 
     app.add_exception_handler(Problem, on_problem)
     app.add_exception_handler(HTTPException, on_http)

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 APP: Final = "bench.hello_app:create_app"
 UVICORN_SETTINGS: Final[dict[str, Any]] = {
     "loop": "uvloop", "http": "httptools", "access_log": False, "server_header": False,
-    "timeout_graceful_shutdown": 10, "backlog": 4096,
+    "timeout_graceful_shutdown": 10, "backlog": 4096, "proxy_headers": False,
 }  # fmt: skip
 """The keyword arguments `compensator api` gives uvicorn.run, other than host, port, workers and
 log level (bench/api.py fails if they differ)."""

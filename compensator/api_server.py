@@ -68,5 +68,6 @@ def _run(config: configuration.Config) -> None:
     uvicorn.run(
         FACTORY, factory=True, host=config.api.host, port=config.api.port, workers=config.api.workers,
         loop="uvloop", http="httptools", log_level=config.api.log_level, access_log=False, server_header=False,
+        proxy_headers=False,
         timeout_graceful_shutdown=10, backlog=4096,
     )  # fmt: skip

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
 from compensator.config import TelemetryConfig
 
@@ -29,9 +29,11 @@ def tracer_provider(config: TelemetryConfig, *, exporter: SpanExporter | None = 
     attributes = {"service.name": config.service_name}
     if process:
         attributes["service.instance.role"] = process
-    provider = TracerProvider(
-        resource=Resource.create(attributes), sampler=ParentBased(TraceIdRatioBased(config.sample_ratio))
-    )
+    # With nothing to export, a trace begun here is not recorded (its context still travels into
+    # the message, so the worker continues the same trace id); a caller's sampled trace is always
+    # followed, whatever the exporter.
+    root = TraceIdRatioBased(config.sample_ratio) if exporter is not None or config.exporter != "none" else ALWAYS_OFF
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=ParentBased(root))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif config.exporter == "otlp":

@@ -57,7 +57,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             batch_bytes_max=config.api.batch_bytes_max, batch_items_max=config.api.batch_items_max,
         ),
     )
-    return create_app(services, tracer_provider=provider)
+    return create_app(services, tracer=provider)
 
 
 def api_app_from_environment() -> FastAPI:

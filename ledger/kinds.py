@@ -19,11 +19,11 @@ Must never: do I/O, read a clock, or know how a kind is delivered (that is handl
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
+import msgspec
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 from ledger.currencies import MINOR_UNIT_DIGITS, is_currency
@@ -136,10 +136,17 @@ def money_of(payload: Payload) -> Money | None:
 
 
 def encode_payload(payload: Payload) -> bytes:
-    """Canonical JSON (sorted keys, no spaces): the bytes the store keeps and deduplicates on, so
-    the same payload sent twice with its keys in another order is the same request."""
-    document = payload.model_dump(mode="json", exclude_none=True)
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Canonical JSON (keys sorted at every level, no spaces, UTF-8): the bytes the store keeps and
+    deduplicates on, so the same payload sent twice with its keys in another order is the same
+    request."""
+    return canonical_json(payload.model_dump(exclude_none=True))
+
+
+def canonical_json(document: Any) -> bytes:
+    return _canonical.encode(document)
+
+
+_canonical: Final = msgspec.json.Encoder(order="sorted")
 
 
 def decode_payload(kind: Kind, data: bytes) -> Payload:

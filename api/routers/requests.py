@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from api import openapi
-from api.auth import Principal, Reader, Submitter
+from api.auth import SUBMIT, Principal, Reader, authenticate
 from api.http import check_key, idempotency_key, json_response, read_body, require_json
 from api.ids import RequestId
 from api.intake import Answer, Item
@@ -79,15 +79,16 @@ def _answer(answer: Answer, instance: str) -> Response:
                **openapi.problems(400, 401, 403, 413, 415, 422, 429, 503)},
     openapi_extra=openapi.body("Submission"),
 )  # fmt: skip
-async def submit(request: Request, principal: Submitter) -> Response:
+async def submit(request: Request) -> Response:
     """Store a failed call for retry. Answered 201 only once a majority of the store fsynced it."""
+    principal = await authenticate(request, SUBMIT)
     services: ApiServices = request.app.state.services
     key = idempotency_key(request)
     require_json(request)
     submission = parse(await read_body(request, services.settings.body_bytes_max))
     await admit(services, principal, 1)
     (answer,) = await services.intake.submit(principal, [Item(key, submission)])
-    return _answer(answer, request.url.path)
+    return _answer(answer, request.scope["path"])
 
 
 class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
@@ -124,9 +125,10 @@ def _items(body: bytes, items_max: int) -> list[Item | Problem]:
     "/v1/requests:batch", response_model=BatchResult, summary="Submit up to 1,000 failed requests",
     responses=openapi.problems(400, 401, 403, 413, 415, 422, 429), openapi_extra=openapi.body("BatchSubmission"),
 )  # fmt: skip
-async def submit_batch(request: Request, principal: Submitter) -> Response:
+async def submit_batch(request: Request) -> Response:
     """Each item has its own key and is answered in its place, with the status it would have had
     alone (201, 200, 422, 503, ...). Valid items go to the store in one round trip."""
+    principal = await authenticate(request, SUBMIT)
     services: ApiServices = request.app.state.services
     require_json(request)
     items = _items(await read_body(request, services.settings.batch_bytes_max), services.settings.batch_items_max)
@@ -134,7 +136,7 @@ async def submit_batch(request: Request, principal: Submitter) -> Response:
     if valid:
         await admit(services, principal, valid)
     answers = await services.intake.submit(principal, items)
-    path = request.url.path
+    path = request.scope["path"]
     return json_response({"items": [_batch_item(answer, path) for answer in answers]})
 
 
