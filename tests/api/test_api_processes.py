@@ -57,10 +57,15 @@ START_TIMEOUT_S: Final = 60.0
 # ---- processes ---------------------------------------------------------------------------------
 
 
+def python_path() -> str:
+    """This checkout first, then whatever PYTHONPATH already named."""
+    return os.pathsep.join([str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+
+
 def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment without any COMPENSATOR_ setting, on this checkout's code."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("COMPENSATOR_")}
-    return {**env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(overrides or {})}
+    return {**env, "PYTHONPATH": python_path(), "PYTHONUNBUFFERED": "1", **(overrides or {})}
 
 
 def compensator(*args: str, env: Mapping[str, str], timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -180,7 +185,7 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("api-stack")
     with pytest.MonkeyPatch.context() as patch:  # the store nodes ProcessCluster starts run this checkout
-        patch.setenv("PYTHONPATH", str(ROOT))
+        patch.setenv("PYTHONPATH", python_path())
         patch.chdir(ROOT)
         cluster = ProcessCluster(root / "store", machine=MACHINE, extra_args=["--volatile"])
         cluster.start_all()
@@ -283,6 +288,8 @@ class Outcomes:
     statuses: Counter[int] = field(default_factory=Counter)
     unavailable: Counter[str] = field(default_factory=Counter)
     """503s by problem type."""
+    unavailable_s: list[float] = field(default_factory=list)
+    """When each 503 was answered."""
     problems: dict[str, list[str]] = field(default_factory=dict)
     """key -> the problem types of its 503s, for each key answered 503 at least once."""
     final: dict[str, int] = field(default_factory=dict)
@@ -318,6 +325,7 @@ async def submit_until_stored(http: httpx.AsyncClient, stack: Stack, key: str, o
             outcomes.unexpected.append(f"{key}: {answer.status_code} {problem}")
             return
         outcomes.unavailable[problem["type"]] += 1
+        outcomes.unavailable_s.append(time.monotonic())
         outcomes.problems.setdefault(key, []).append(problem["type"])
         await asyncio.sleep(float(answer.headers["Retry-After"]))
     outcomes.unexpected.append(f"{key}: still not stored after 60 s of retries")
@@ -417,8 +425,10 @@ async def test_killed_store_nodes_lose_and_duplicate_nothing_and_every_503_settl
         assert {key: RequestId(SET_ID, message_id) for key, message_id in found.items()} == answered, node
         assert enqueued == dict.fromkeys(keys, 1), node  # nothing lost, duplicated or unexpected
         assert sum(enqueued.values()) == len(keys)
+    leader_only = sum(faults.leader_killed_s < when < faults.second_killed_s for when in outcomes.unavailable_s)
     print(
-        f"\nkilled node {faults.leader} (leader), then node {faults.second} (its successor);"
+        f"\nkilled node {faults.leader} (leader; {leader_only} 503s before the next kill), then node {faults.second}"
+        " (its successor);"
         f" {len(keys)} keys stored in {stream_s:.1f} s; answers {dict(outcomes.statuses)};"
         f" 503s {dict(outcomes.unavailable)} on {len(outcomes.problems)} keys, settled by"
         f" {dict(outcomes.resolved_by())} within {outcomes.retry_s_max:.1f} s"
