@@ -28,9 +28,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from api.tokens import new_token, token_hash
 from compensator.api_server import add_config_argument, load
@@ -163,15 +164,37 @@ class LocalService:
             await asyncio.sleep(0.2)
         raise LaunchError("no store leader within 60 s: " + "; ".join(f"{n.name}: {last_words(n.log)}" for n in self.nodes))
 
-    async def wait_ready(self) -> None:
+    async def wait_ready(self) -> bool:
         url = f"http://{self.config.api.host}:{self.config.api.port}/readyz"
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             self.supervise()
             if await asyncio.to_thread(_ready, url):
-                return
+                return True
             await asyncio.sleep(0.2)
         raise LaunchError(f"the API was not ready within 60 s: {last_words(self.api.log)} (log: {self.api.log})")
+
+
+T = TypeVar("T")
+
+
+async def _unless(stop: asyncio.Event, step: Coroutine[Any, Any, T]) -> T | None:
+    """The step's result, or None once Ctrl-C came first: starting up must not outlast it."""
+    running = asyncio.ensure_future(step)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if running.done():
+        return running.result()
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    return None
+
+
+def _interrupted() -> int:
+    print("stopped before the service was ready", flush=True)
+    return 130
 
 
 def _ready(url: str) -> bool:
@@ -247,14 +270,17 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
     try:
         for node in service.nodes:
             node.start()
-        leader = await service.wait_leader(queue)
+        leader = await _unless(stop, service.wait_leader(queue))
+        if leader is None:
+            return _interrupted()
         tokens = await rotate_local_tokens(queue)
         driver = MaintenanceDriver(queue)  # lease expiry and purge are commands someone must propose
         driver.start()
         auditor = ReplicaAuditor(replica_clients(service.addresses))  # names a replica that diverged
         auditor.start()
         service.api.start()
-        await service.wait_ready()
+        if not await _unless(stop, service.wait_ready()):
+            return _interrupted()
         print(banner(config, leader, tokens), flush=True)
         while not stop.is_set():
             service.supervise()

@@ -641,6 +641,26 @@ def test_the_launcher_names_a_child_in_a_crash_loop_and_leaves_nothing_running(t
     print(f"\ncrash loop named after {took_s:.1f} s (banner printed first: {banner}): {launcher.stderr[0]}")
 
 
+def test_ctrl_c_while_the_launcher_starts_stops_it_at_once(tmp_path: Path) -> None:
+    env, _ = launcher_env(tmp_path)
+    launcher = Launcher(env)
+    try:
+        deadline = time.monotonic() + 20
+        while len(launcher.seen) < 3 and time.monotonic() < deadline:  # the nodes are starting
+            launcher.track()
+            time.sleep(0.01)
+        started = time.monotonic()
+        launcher.process.send_signal(signal.SIGINT)
+        code = launcher.wait(15)
+        took_s = time.monotonic() - started
+    finally:
+        launcher.cleanup()
+    assert code == 130, (launcher.stdout, launcher.stderr)
+    assert not any(line.startswith("compensator is running") for line in launcher.stdout), launcher.stdout
+    assert launcher.seen and launcher.left_running() == []
+    assert took_s < 10, took_s
+
+
 # ---- 6. tokens revoked and created by the command line, honoured by a running API --------------
 
 
