@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Api, StoreThread, put_tokens, running_api, transfer
+from api_support import Api, StoreThread, put_tokens, running_api, transfer
 
 from api.auth import MISS_REFRESH_MIN_S
 from api.tokens import new_token, token_hash

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import Api
+from api_support import Api
 
 
 async def test_the_docs_page_needs_no_internet(api: Api) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Api, StoreThread, running_api, transfer
+from api_support import Api, StoreThread, running_api, transfer
 
 from queues import Role
 
@@ -139,7 +139,7 @@ async def test_media_type_size_and_syntax(api: Api) -> None:
 
 async def test_keys_belong_to_their_producer(store: StoreThread) -> None:
     async with running_api(store) as api:
-        from conftest import put_tokens
+        from api_support import put_tokens
 
         other = (await put_tokens(store, (Role.PRODUCER,), prefix="other-"))[Role.PRODUCER]
         mine = await _post(api, transfer("5"), key="shared-key")

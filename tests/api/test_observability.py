@@ -4,7 +4,7 @@ route template."""
 
 from __future__ import annotations
 
-from conftest import Api, transfer
+from api_support import Api, transfer
 from opentelemetry.trace import SpanKind
 
 from queues import Role

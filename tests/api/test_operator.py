@@ -3,7 +3,7 @@ policy answered before and after; each change an event with the caller as actor.
 
 from __future__ import annotations
 
-from conftest import Api, transfer
+from api_support import Api, transfer
 
 from queues import EventType, Role
 

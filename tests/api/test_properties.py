@@ -20,7 +20,7 @@ import httpx
 import pytest
 import schemathesis
 import uvicorn
-from conftest import StoreThread, put_tokens, settings
+from api_support import StoreThread, put_tokens, settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import StoreThread, running_api, transfer
+from api_support import StoreThread, running_api, transfer
 
 from api.quotas import Quotas, QuotaSettings, Throttled
 from queues import QueueClient, RaftClient, Role
