@@ -79,9 +79,12 @@ class Permanent:
 
 Decision = Succeeded | Retryable | Permanent
 
-UNKNOWN_OUTCOME_CLASSES: Final = frozenset({"timeout", "connection_lost", "server_error", "lease_expired"})
+UNKNOWN_OUTCOME_CLASSES: Final = frozenset(
+    {"timeout", "connection_lost", "server_error", "lease_expired", "interrupted"}
+)
 """Error classes after which an earlier delivery may have taken effect: a transfer asks the payment
-system before it sends again. `lease_expired`: the worker died or stalled mid-attempt."""
+system before it sends again. `lease_expired`: the worker died or stalled mid-attempt;
+`interrupted`: a draining worker cut it off (queues.model.ERROR_CLASS_INTERRUPTED)."""
 
 
 class Handler(Protocol):

@@ -64,6 +64,7 @@ from queues.model import (
     QueueCommand,
     QueueResult,
     Redrive,
+    Release,
     ResumeKind,
     RetentionResult,
     RevokeToken,
@@ -234,6 +235,11 @@ class QueueClient:
         dropped = {grant.message_id for grant in corrupt}
         return msgspec.structs.replace(result, grants=tuple(g for g in result.grants if g.message_id not in dropped))
 
+    async def release(self, message_id: int, token: int, *, interrupted: bool = False) -> Outcome:
+        """Hand a lease back: ready at once, the delivery not counted against the budget
+        (`interrupted`: it had started, so the next delivery checks downstream first)."""
+        return _expect(await self.submit(Release(message_id=message_id, token=token, interrupted=interrupted)), Outcome)
+
     async def extend(self, message_id: int, token: int, lease_ms: int) -> Outcome:
         return _expect(await self.submit(ExtendLease(message_id=message_id, token=token, lease_ms=lease_ms)), Outcome)
 
@@ -370,6 +376,14 @@ class QueueClient:
     async def oldest_due_age_ms(self, *, stale_ok: bool = False) -> Read[dict[str, int]]:
         read = await self._ask(qc.OldestDueAge(), qc.OldestDueAnswer, stale_ok)
         return Read(dict(read.value.ages_ms), read.applied_index, read.now_ms)
+
+    async def work_due(self, kinds: Sequence[str] = (), *, stale_ok: bool = True) -> Read[qc.WorkDueAnswer]:
+        """Which kinds have work ready, and when the next is due: a read (stale by default: the
+        leader's applied state, no ReadIndex round), so an idle worker writes nothing."""
+        return await self._ask(qc.WorkDue(kinds=tuple(kinds)), qc.WorkDueAnswer, stale_ok)
+
+    async def maintenance_due(self, *, stale_ok: bool = True) -> Read[qc.MaintenanceDueAnswer]:
+        return await self._ask(qc.MaintenanceDue(), qc.MaintenanceDueAnswer, stale_ok)
 
     async def kinds(self, *, stale_ok: bool = False) -> Read[tuple[qc.KindView, ...]]:
         read = await self._ask(qc.Kinds(), qc.KindsAnswer, stale_ok)

@@ -23,6 +23,8 @@ class Action(enum.Enum):
     EXTEND = "extend"
     ACK = "ack"
     FAIL = "fail"
+    RELEASE = "release"
+    """Handed back unstarted (a draining worker): ready again, the delivery not counted."""
     EXPIRE = "expire"
     """The lease deadline passed: counted as a failed attempt (explicit ExpireLeases or lazily)."""
     REDRIVE = "redrive"
@@ -48,6 +50,7 @@ TABLE: Final[dict[tuple[State, Action], frozenset[State]]] = {
     (State.LEASED, Action.EXTEND): frozenset({State.LEASED}),
     (State.LEASED, Action.ACK): frozenset({State.DONE}),
     (State.LEASED, Action.FAIL): _RETRY_OR_DEAD,
+    (State.LEASED, Action.RELEASE): frozenset({State.READY}),
     (State.LEASED, Action.EXPIRE): _RETRY_OR_DEAD,
     (State.DEAD, Action.REDRIVE): frozenset({State.READY}),
     (State.DEAD, Action.DISCARD): frozenset({State.DISCARDED}),

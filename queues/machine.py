@@ -38,6 +38,7 @@ from queues import access, codec, due_index
 from queues.lifecycle import TERMINAL, Action, transition
 from queues.model import (
     BUILTIN_KINDS,
+    ERROR_CLASS_INTERRUPTED,
     ERROR_CLASS_LEASE_EXPIRED,
     EVENTS_PURGE_MAX,
     LEASE_RESULT_BYTES_MAX,
@@ -68,6 +69,7 @@ from queues.model import (
     QueueCommand,
     QueueResult,
     Redrive,
+    Release,
     ResumeKind,
     RetentionResult,
     RevokeToken,
@@ -528,7 +530,7 @@ _lease_session_decoder: Final = msgspec.msgpack.Decoder(_LeaseSession)
 _GRANT_COLUMNS: Final = (
     "id, kind, idempotency_key, ref_key,"
     " coalesce(edited_payload, (SELECT payload FROM bodies WHERE bodies.id = messages.id)), headers, attempts, due_ms,"
-    " iif(edited_payload IS NULL, content_hash, edited_hash)"
+    " iif(edited_payload IS NULL, content_hash, edited_hash), last_error_class"
 )
 """The hash is the one stored with the payload granted (at enqueue, or at an edited redrive), read
 from another row than the payload, so a client can tell a payload corrupted at rest (see Grant)."""
@@ -536,7 +538,7 @@ from another row than the payload, so a client can tell a payload corrupted at r
 _QUIET_GRANT_COLUMNS: Final = (
     "id, kind, NULL, NULL,"
     " coalesce(length(edited_payload), (SELECT length(payload) FROM bodies WHERE bodies.id = messages.id)),"
-    " NULL, attempts, due_ms, NULL"
+    " NULL, attempts, due_ms, NULL, NULL"
 )
 
 
@@ -545,9 +547,9 @@ def _regrant(conn: sqlite3.Connection, message_id: int, token: int, now_ms: int)
     row = conn.execute(
         f"SELECT {_GRANT_COLUMNS}, phase, token, lease_deadline_ms FROM messages WHERE id = ?", (message_id,)
     ).fetchone()
-    if row is None or row[9] != Phase.LEASED or row[10] != token or row[11] <= now_ms:
+    if row is None or row[10] != Phase.LEASED or row[11] != token or row[12] <= now_ms:
         return None
-    return _grant_of(row, token=token, attempt=int(row[6]), deadline_ms=int(row[11]))
+    return _grant_of(row, token=token, attempt=int(row[6]), deadline_ms=int(row[12]))
 
 
 def _grant_of(row: Any, *, token: int, attempt: int, deadline_ms: int) -> Grant:
@@ -564,6 +566,7 @@ def _grant_of(row: Any, *, token: int, attempt: int, deadline_ms: int) -> Grant:
         due_ms=int(row[7]),
         deadline_ms=deadline_ms,
         payload_hash=row[8] or b"",
+        previous_error_class=row[9],
     )
 
 
@@ -595,6 +598,8 @@ class _Apply:
                 return self.ack_many(command)
             case Fail():
                 return self.fail(command)
+            case Release():
+                return self.release(command)
             case ExpireLeases():
                 return BatchResult(code=Code.OK, ids=tuple(self.expire_due(command.limit)))
             case Redrive():
@@ -953,7 +958,8 @@ class _Apply:
 
     # ---- per-message commands from workers --------------------------------------------------
     def check_token(self, row: _Row | None, token: int, action: Action) -> Outcome | None:
-        """Refusal precedence: not found, expired lease, illegal state, stale token."""
+        """Refusal precedence: not found, done under another lease, expired lease, illegal state,
+        stale token."""
         if row is None:
             return Outcome(code=Code.NOT_FOUND)
         if row.phase is Phase.LEASED and row.token_open and token == row.token:
@@ -961,6 +967,8 @@ class _Apply:
             # deadline first); the lifecycle allows every worker action from LEASED.
             return None
         state = row.state(self.now_ms)
+        if row.phase is Phase.DONE and token < row.token:
+            return Outcome(code=Code.DONE_ELSEWHERE, message_id=row.id, state=state)
         if (
             action is not Action.ACK
             and row.phase is not Phase.LEASED
@@ -1048,6 +1056,31 @@ class _Apply:
         )
 
     # ---- operator commands ------------------------------------------------------------------
+    def release(self, command: Release) -> QueueResult:
+        row = self.load_current(command.message_id)
+        refusal = self.check_token(row, command.token, Action.RELEASE)
+        if refusal is not None:
+            return refusal
+        assert row is not None
+        self.batch.move(row.kind, row.phase, Phase.WAITING)
+        # budget_attempts + 1: the next delivery is judged by the policy as if this one never was.
+        self.conn.execute(
+            "UPDATE messages SET phase = ?, due_ms = ?, token_open = 0, lease_worker = NULL, lease_deadline_ms = NULL,"
+            " budget_attempts = budget_attempts + 1,"
+            " last_error_class = iif(?, ?, last_error_class) WHERE id = ?",
+            (Phase.WAITING, self.now_ms, command.interrupted, ERROR_CLASS_INTERRUPTED, row.id),
+        )
+        outcome = "interrupted" if command.interrupted else "released"
+        self.conn.execute(
+            "UPDATE attempts SET ended_ms = ?, outcome = ? WHERE message_id = ? AND attempt = ?",
+            (self.now_ms, outcome, row.id, row.attempts),
+        )
+        self.emit(
+            EventType.RELEASED, row.id, row.kind,
+            {"token": row.token, "attempt": row.attempts, "interrupted": command.interrupted},
+        )  # fmt: skip
+        return Outcome(code=Code.OK, message_id=row.id, state=State.READY, due_ms=self.now_ms)
+
     def redrive_targets(self, command: Redrive) -> list[int] | ErrorResult:
         if command.payload is not None and (len(command.ids) != 1 or command.filter is not None):
             return ErrorResult(code=Code.INVALID, detail="an edited payload needs exactly one id")

@@ -7,10 +7,13 @@ leader's now_ms in the log entry, so a driver never reads the queue's state and 
 drivers is safe (a second ExpireLeases at the same time finds nothing to expire). Proposals go
 through a RaftClient, which follows the leader: the commands are always appended by the leader.
 
-Cadence: ExpireLeases(limit) every `expire_every_s` (150 ms by default); when a command expired a
-full `limit`, the next one is proposed at once (a backlog of expired leases drains at log speed).
-Purge(limit) every `purge_every_s`, also repeated while full (of tombstones, or of events past
-their retention).
+Cadence: every `expire_every_s` (150 ms by default) it *reads* when the next lease expires (a
+stale read of the leader's state, not a log entry) and proposes ExpireLeases(limit) only once one
+has; when a command expired a full `limit`, the next one is proposed at once (a backlog of expired
+leases drains at log speed). Every `purge_every_s` it reads when the next tombstone's retention
+ends and how old the oldest event is, and proposes Purge(limit) only if either is due, repeated
+while full. An idle set therefore writes nothing: before this, the driver alone wrote about seven
+entries a second to every replica's log, forever.
 
 Expiry is not what makes an expired or delayed message leasable again: every Lease expires
 overdue leases first and reads the due index at the leader's now_ms, so a message is leasable as
@@ -60,6 +63,8 @@ class MaintenanceStats:
     purged: int = 0
     events_purged: int = 0
     errors: int = 0
+    reads: int = 0
+    """Reads of what is due (no log entry): most periods end here on an idle set."""
 
 
 class MaintenanceDriver:
@@ -88,11 +93,27 @@ class MaintenanceDriver:
         next_purge = loop.time() + cfg.purge_every_s
         while True:
             started = loop.time()
-            await self._guarded(self.expire_once)
+            await self._guarded(self.expire_if_due)
             if loop.time() >= next_purge:
                 next_purge = loop.time() + cfg.purge_every_s
-                await self._guarded(self.purge_once)
+                await self._guarded(self.purge_if_due)
             await asyncio.sleep(max(0.0, cfg.expire_every_s - (loop.time() - started)))
+
+    async def expire_if_due(self) -> int:
+        due = (await self.queue.maintenance_due()).value
+        self.stats.reads += 1
+        if due.lease_deadline_ms is None or due.lease_deadline_ms > due.now_ms:
+            return 0
+        return await self.expire_once()
+
+    async def purge_if_due(self) -> int:
+        due = (await self.queue.maintenance_due()).value
+        self.stats.reads += 1
+        tombstones = due.purge_ms is not None and due.purge_ms <= due.now_ms
+        events = due.oldest_event_ms is not None and due.oldest_event_ms <= due.now_ms - due.event_retention_ms
+        if not (tombstones or events):
+            return 0
+        return await self.purge_once()
 
     async def _guarded(self, step: Callable[[], Awaitable[int]]) -> None:
         try:

@@ -53,6 +53,7 @@ SecretHash = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
 RatePerS = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
 Burst = Annotated[int, msgspec.Meta(ge=1, le=10_000_000)]
 ERROR_CLASS_LEASE_EXPIRED: Final = "lease_expired"
+ERROR_CLASS_INTERRUPTED: Final = "interrupted"
 ERROR_CLASS_PAYLOAD_CORRUPT: Final = "payload_corrupt"
 """The error class QueueClient.lease fails an attempt with when the payload granted does not match
 the content hash stored with it: retryable, so the next delivery (perhaps from another leader,
@@ -127,6 +128,10 @@ class Code(enum.IntEnum):
     """Ack repeated with the token that acked the message: the first ack's answer, not an error."""
     ALREADY_PAUSED = 12
     NOT_PAUSED = 13
+    DONE_ELSEWHERE = 14
+    """Ack, fail, extend or release with the token of an earlier lease of a message another lease
+    finished: that worker's delivery was a duplicate (at-least-once), its work needs nothing more.
+    Not a lifecycle error: a worker that paused past its lease meets it in every fault run."""
 
 
 class DeadLetterFilter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -197,6 +202,17 @@ class Fail(_Command, frozen=True, tag="fail"):
     permanent: bool = False
     not_before_ms: TimeMs | None = None
     """The downstream's Retry-After as an absolute time: the retry is not due before it."""
+
+
+class Release(_Command, frozen=True, tag="release"):
+    """Hand a lease back (a worker draining on SIGTERM): the message is ready at once, and the
+    delivery does not count against its attempt budget (it is in the history as released)."""
+
+    message_id: MessageId
+    token: Token
+    interrupted: bool = False
+    """The attempt had started and was cut off (the drain's grace ran out): its outcome downstream
+    is unknown, so the next delivery is told so (`ERROR_CLASS_INTERRUPTED`) and checks first."""
 
 
 class ExpireLeases(_Command, frozen=True, tag="expire"):
@@ -298,8 +314,8 @@ class SetQuota(_Command, frozen=True, tag="set_quota"):
 
 
 QueueCommand = (
-    Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | ExpireLeases | Redrive | Discard | PauseKind
-    | ResumeKind | SetPolicy | Purge | SetRetention | PutToken | RevokeToken | SetQuota
+    Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | Release | ExpireLeases | Redrive | Discard
+    | PauseKind | ResumeKind | SetPolicy | Purge | SetRetention | PutToken | RevokeToken | SetQuota
 )  # fmt: skip
 
 
@@ -337,6 +353,9 @@ class Grant(msgspec.Struct, frozen=True, kw_only=True):
     at an edited redrive), read from another row than the payload: QueueClient.lease checks it, so
     a payload corrupted at rest on the granting replica never reaches a handler. Empty for an
     edited payload written before grants carried hashes."""
+    previous_error_class: str | None = None
+    """How the delivery before this one ended (a fail's class, or lease_expired), None before the
+    first: a handler checks downstream before repeating an effect whose outcome is unknown."""
 
 
 class LeaseResult(_Result, frozen=True, tag="lease"):
@@ -424,6 +443,7 @@ class EventType(enum.Enum):
     RESUMED = "resumed"
     POLICY_SET = "policy_set"
     RETENTION_SET = "retention_set"
+    RELEASED = "released"
     TOKEN_PUT = "token_put"
     TOKEN_REVOKED = "token_revoked"
     QUOTA_SET = "quota_set"

@@ -269,6 +269,36 @@ def oldest_due_age_ms(conn: sqlite3.Connection, *, now_ms: int) -> dict[str, int
     return ages
 
 
+def work_due(conn: sqlite3.Connection, kinds: Sequence[str], *, now_ms: int) -> tuple[dict[str, int], int | None, list[str]]:
+    """(kind -> oldest ready due time, the next due time after now, the paused kinds): two index
+    probes per unpaused kind asked, O(kinds)."""
+    paused = {row[0] for row in conn.execute("SELECT DISTINCT kind FROM kind_pauses")}
+    registered = [row[0] for row in conn.execute("SELECT kind FROM kinds ORDER BY kind")]
+    wanted = [kind for kind in registered if not kinds or kind in kinds]
+    ready: dict[str, int] = {}
+    next_due: int | None = None
+    for kind in wanted:
+        if kind in paused:
+            continue
+        oldest = due_index.oldest_due_ms(conn, TABLE, kind=kind, now_ms=now_ms)
+        if oldest is not None:
+            ready[kind] = oldest
+        later = due_index.next_due_ms(conn, TABLE, kind=kind, now_ms=now_ms)
+        if later is not None and (next_due is None or later < next_due):
+            next_due = later
+    return ready, next_due, sorted(paused & set(wanted))
+
+
+def maintenance_due(conn: sqlite3.Connection) -> tuple[int | None, int | None, int | None]:
+    """(earliest lease deadline, earliest tombstone purge time, oldest event's time): one probe each."""
+    deadline = conn.execute(
+        f"SELECT min(lease_deadline_ms) FROM {TABLE} INDEXED BY {TABLE}_lease_deadline WHERE phase = {int(Phase.LEASED)}"
+    ).fetchone()[0]
+    purge = conn.execute(f"SELECT min(purge_ms) FROM {TABLE} INDEXED BY {TABLE}_purge").fetchone()[0]
+    oldest = conn.execute("SELECT ts_ms FROM events ORDER BY seq LIMIT 1").fetchone()
+    return deadline, purge, None if oldest is None else int(oldest[0])
+
+
 def retention_in_force(conn: sqlite3.Connection, *, retention_ms: int, event_retention_ms: int) -> tuple[int, int]:
     """(tombstone retention, event retention) in force: SetRetention's values, else the defaults given."""
     stored = dict(conn.execute("SELECT name, value FROM settings").fetchall())

@@ -17,7 +17,19 @@ from typing import Annotated, Final, cast
 import msgspec
 
 from delay.policy import RetryPolicy
-from queues.model import DeadLetterFilter, Event, Key, MessageId, MessageView, RefKey, State, TimeMs, TokenView
+from queues.model import (
+    KINDS_PER_LEASE_MAX,
+    DeadLetterFilter,
+    Event,
+    Key,
+    KindName,
+    MessageId,
+    MessageView,
+    RefKey,
+    State,
+    TimeMs,
+    TokenView,
+)
 
 QUERY_CODEC_VERSION: Final = 1
 _VERSION_BYTE: Final = bytes([QUERY_CODEC_VERSION])
@@ -119,9 +131,22 @@ class Tokens(_Query, frozen=True, tag="tokens"):
     known_version: Annotated[int, msgspec.Meta(ge=-1)] = -1
 
 
+class WorkDue(_Query, frozen=True, tag="work_due"):
+    """Which of these kinds (empty: every kind) have a message ready, and when the next delayed one
+    is due: what an idle worker asks before it leases, so that waiting for work is a read, never
+    a log entry. Paused kinds are left out of both."""
+
+    kinds: Annotated[tuple[KindName, ...], msgspec.Meta(max_length=KINDS_PER_LEASE_MAX)] = ()
+
+
+class MaintenanceDue(_Query, frozen=True, tag="maintenance_due"):
+    """When the next lease expires, the next tombstone's retention ends and the oldest event was
+    written: the maintenance driver proposes ExpireLeases and Purge only once one is due."""
+
+
 QueueQuery = (
     GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | EventsDigest
-    | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens
+    | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue
 )
 
 
@@ -226,6 +251,21 @@ class TokensAnswer(_Answer, frozen=True, tag="tokens"):
     tokens: tuple[TokenView, ...] = ()
 
 
+class WorkDueAnswer(_Answer, frozen=True, tag="work_due"):
+    ready: dict[str, int] = {}
+    """Kind -> the due time of its oldest ready message, for the kinds with one."""
+    next_due_ms: int | None = None
+    """The earliest due time after now among the kinds asked (None: nothing delayed)."""
+    paused: tuple[str, ...] = ()
+
+
+class MaintenanceDueAnswer(_Answer, frozen=True, tag="maintenance_due"):
+    lease_deadline_ms: int | None = None
+    purge_ms: int | None = None
+    oldest_event_ms: int | None = None
+    event_retention_ms: int = 0
+
+
 class QueryError(_Answer, frozen=True, tag="error"):
     code: QueryErrorCode
     detail: str = ""
@@ -233,7 +273,8 @@ class QueryError(_Answer, frozen=True, tag="error"):
 
 QueryAnswer = (
     MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | DigestAnswer
-    | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | QueryError
+    | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | WorkDueAnswer
+    | MaintenanceDueAnswer | QueryError
 )
 
 _encoder: Final = msgspec.msgpack.Encoder()

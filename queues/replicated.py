@@ -121,6 +121,18 @@ def answer_query(
             if version == query.known_version:
                 return qc.TokensAnswer(version=version, changed=False, now_ms=now_ms)
             return qc.TokensAnswer(version=version, tokens=tuple(access.tokens(conn)), now_ms=now_ms)
+        case qc.WorkDue():
+            ready, next_due, paused = queries.work_due(conn, query.kinds, now_ms=now_ms)
+            return qc.WorkDueAnswer(ready=ready, next_due_ms=next_due, paused=tuple(paused), now_ms=now_ms)
+        case qc.MaintenanceDue():
+            deadline, purge, oldest = queries.maintenance_due(conn)
+            _, events_kept = queries.retention_in_force(
+                conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms
+            )
+            return qc.MaintenanceDueAnswer(
+                lease_deadline_ms=deadline, purge_ms=purge, oldest_event_ms=oldest, event_retention_ms=events_kept,
+                now_ms=now_ms,
+            )
         case qc.Retention():
             kept, events_kept = queries.retention_in_force(
                 conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms

@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from api_support import Api, StoreThread, running_api
+from api_support import Api, queue_store, running_api
+
+from raft_store.testing.inprocess import StoreThread
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[StoreThread]:
-    thread = StoreThread(tmp_path / "store")
+    thread = queue_store(tmp_path / "store")
     thread.start()
     try:
         yield thread

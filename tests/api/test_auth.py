@@ -9,11 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import Api, StoreThread, put_tokens, running_api, transfer
+from api_support import Api, put_tokens, running_api, transfer
 
 from api.auth import MISS_REFRESH_MIN_S
 from api.tokens import new_token, token_hash
 from queues import QueueClient, RaftClient, Role
+from raft_store.testing.inprocess import StoreThread
 
 P, OP, R, A, ADMIN = Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.ADMIN
 POLICY = {"tiers_ms": [1000, 5000], "tier_jitter_ratio": 0.1, "attempts_max": 5}

@@ -10,9 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import Api, StoreThread, running_api, transfer
+from api_support import Api, running_api, transfer
 
 from queues import Role
+from raft_store.testing.inprocess import StoreThread
 
 
 async def _post(api: Api, body: Any, key: str | None = "k-1", *, role: Role = Role.PRODUCER,

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import schemathesis
 import uvicorn
-from api_support import StoreThread, put_tokens, settings
+from api_support import put_tokens, queue_store, settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -45,7 +45,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    store = StoreThread(Path(tmp_path_factory.mktemp("store")))
+    store = queue_store(Path(tmp_path_factory.mktemp("store")))
     store.start()
     tokens = store.run(put_tokens(store))
     (port,) = free_ports(1)

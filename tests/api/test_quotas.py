@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from api_support import StoreThread, running_api, transfer
+from api_support import running_api, transfer
 
 from api.quotas import Quotas, QuotaSettings, Throttled
 from queues import QueueClient, RaftClient, Role
+from raft_store.testing.inprocess import StoreThread
 
 
 class FakeTime:

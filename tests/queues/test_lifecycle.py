@@ -24,6 +24,7 @@ from queues.model import (
     QueueCommand,
     QueueResult,
     Redrive,
+    Release,
     State,
 )
 from raft_store.state_machine import Command
@@ -110,6 +111,7 @@ def command_for(action: Action, message_id: int, token: int) -> QueueCommand:
         Action.EXTEND: ExtendLease(message_id=message_id, token=token, lease_ms=1000),
         Action.ACK: Ack(message_id=message_id, token=token),
         Action.FAIL: Fail(message_id=message_id, token=token, error_class="timeout"),
+        Action.RELEASE: Release(message_id=message_id, token=token),
         Action.REDRIVE: Redrive(actor="ops", reason="r", ids=(message_id,)),
         Action.DISCARD: Discard(message_id=message_id, actor="ops", reason="r"),
     }
@@ -118,7 +120,7 @@ def command_for(action: Action, message_id: int, token: int) -> QueueCommand:
 
 # Lease, expire and purge pick messages through an index by state, so they cannot address an
 # illegal message at all; the other actions name a message and must refuse it.
-ADDRESSED = (Action.EXTEND, Action.ACK, Action.FAIL, Action.REDRIVE, Action.DISCARD)
+ADDRESSED = (Action.EXTEND, Action.ACK, Action.FAIL, Action.RELEASE, Action.REDRIVE, Action.DISCARD)
 
 
 @pytest.mark.parametrize(

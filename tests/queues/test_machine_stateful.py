@@ -52,6 +52,7 @@ from queues.model import (
     QueueCommand,
     QueueResult,
     Redrive,
+    Release,
     ResumeKind,
     RetentionResult,
     SetPolicy,
@@ -222,7 +223,7 @@ class RefQueue:
             self.fail_attempt(m, ERROR_CLASS_LEASE_EXPIRED, False, None, True)
         return m
 
-    def lease(self, c: Lease) -> tuple[list[tuple[int, int, int, int, bytes]], int]:
+    def lease(self, c: Lease) -> tuple[list[tuple[int, int, int, int, bytes, str | None]], int]:
         expired = self.expire(1024)
         kinds = sorted(k for k in self.policies if not self.holders.get(k) and (not c.kinds or k in c.kinds))
         if not kinds:
@@ -249,16 +250,19 @@ class RefQueue:
         grants = []
         for m in picks:
             assert m.phase == "waiting"
+            previous = m.last_error_class
             m.phase, m.attempts, m.token, m.token_open = "leased", m.attempts + 1, self.next_token, True
             m.deadline_ms = self.now_ms + c.lease_ms
             self.next_token += 1
             payload = m.edited_payload if m.edited_payload is not None else m.payload
-            grants.append((m.id, m.token, m.attempts, m.due_ms, payload))
+            grants.append((m.id, m.token, m.attempts, m.due_ms, payload, previous))
         return grants, len(expired)
 
     def refusal(self, m: RefMessage | None, token: int, action: str) -> Code | None:
         if m is None:
             return Code.NOT_FOUND
+        if m.phase == "done" and token < m.token:
+            return Code.DONE_ELSEWHERE
         state = m.state(self.now_ms)
         if action != "ack" and m.phase != "leased" and token == m.token and m.token_open:
             return Code.LEASE_EXPIRED
@@ -266,6 +270,7 @@ class RefQueue:
             "ack": {State.LEASED, State.DELAYED, State.READY, State.DEAD},
             "fail": {State.LEASED},
             "extend": {State.LEASED},
+            "release": {State.LEASED},
         }[action]
         if state not in legal:
             return Code.ILLEGAL_STATE
@@ -291,6 +296,16 @@ class RefQueue:
             return refused
         assert m is not None
         self.fail_attempt(m, c.error_class, c.permanent, c.not_before_ms, False)
+        return Code.OK
+
+    def release(self, c: Release) -> Code:
+        m = self.current(c.message_id)
+        refused = self.refusal(m, c.token, "release")
+        if refused is not None:
+            return refused
+        assert m is not None
+        m.phase, m.due_ms, m.token_open, m.deadline_ms = "waiting", self.now_ms, False, None
+        m.budget_attempts += 1
         return Code.OK
 
     def extend(self, c: ExtendLease) -> Code:
@@ -461,7 +476,7 @@ class QueueComparison(RuleBasedStateMachine):
         result = self.apply(command)
         expected, expired = self.model.lease(command)
         assert isinstance(result, LeaseResult) and result.code is Code.OK
-        got = [(g.message_id, g.token, g.attempt, g.due_ms, g.payload) for g in result.grants]
+        got = [(g.message_id, g.token, g.attempt, g.due_ms, g.payload, g.previous_error_class) for g in result.grants]
         assert got == expected
         assert result.expired == expired
         ids = [g.message_id for g in result.grants]
@@ -593,6 +608,15 @@ class QueueComparison(RuleBasedStateMachine):
         result = self.apply(command)
         assert isinstance(result, Outcome)
         assert result.code is self.model.extend(command)
+
+    @rule(message_id=MESSAGE_CHOICE, mode=st.sampled_from((0, 0, 0, 1, 2, 3)))
+    def release(self, message_id: int, mode: int) -> None:
+        """A draining worker hands a lease back: ready now, the delivery not counted."""
+        message_id = self.pick(message_id)
+        command = Release(message_id=message_id, token=self.token_for(message_id, mode))
+        result = self.apply(command)
+        assert isinstance(result, Outcome)
+        assert result.code is self.model.release(command)
 
     @rule(limit=st.integers(1, 3))
     def expire_leases(self, limit: int) -> None:

@@ -1,0 +1,46 @@
+"""Prometheus metrics of a worker: attempts by kind and outcome, handler latency, lateness (lease
+time minus due time), leases lost and found expired, completions fenced, in flight per downstream.
+
+Must never: label with a value a producer chose (a ref key, a key, a payload's field).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENESS_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.attempts = Counter(
+            "compensator_worker_attempts_total", "Attempts by kind and outcome (succeeded, retryable, permanent).",
+            ["kind", "outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.handler_seconds = Histogram(
+            "compensator_worker_handler_seconds", "Time a handler took, downstream calls included.",
+            ["kind"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.lateness_seconds = Histogram(
+            "compensator_worker_lateness_seconds", "Lease time minus due time, by the store's clock.",
+            ["kind"], buckets=LATENESS_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.leases_expired = Counter(
+            "compensator_worker_leases_expired_total", "Leases the store found expired while leasing.",
+            registry=self.registry,
+        )  # fmt: skip
+        self.settled = Counter(
+            "compensator_worker_completions_total",
+            "Acks, fails and releases by the store's answer (ok, done_elsewhere: a duplicate delivery"
+            " finished by another lease; fenced: this lease was lost).",
+            ["action", "result"], registry=self.registry,
+        )  # fmt: skip
+        self.in_flight = Gauge(
+            "compensator_worker_in_flight", "Attempts running, by downstream.", ["downstream"], registry=self.registry
+        )
+        self.leases_lost = Counter(
+            "compensator_worker_leases_lost_total", "Extensions refused: the lease had expired or was taken over.",
+            registry=self.registry,
+        )  # fmt: skip

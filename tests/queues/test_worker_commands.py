@@ -1,0 +1,100 @@
+"""What workers need from the machine beyond lease and ack: a lease handed back unstarted, a late
+ack told apart from a lifecycle error, and how the last delivery ended."""
+
+from __future__ import annotations
+
+from queue_node import Node
+
+from delay.policy import RetryPolicy
+from queues import queries
+from queues.model import (
+    Ack,
+    Code,
+    EventType,
+    ExtendLease,
+    Fail,
+    Outcome,
+    Release,
+    SetPolicy,
+    State,
+)
+
+
+def test_a_released_lease_is_ready_at_once_and_does_not_spend_the_budget() -> None:
+    node = Node()
+    node.apply(SetPolicy(kind="transfer", policy=RetryPolicy(tiers_ms=(1000,), tier_jitter_ratio=0.0, attempts_max=2)))
+    message_id = node.enqueue("k")
+    for _ in range(3):  # three deliveries handed back: none of them counts
+        (grant,) = node.lease().grants
+        released = node.apply(Release(message_id=message_id, token=grant.token))
+        assert released == Outcome(code=Code.OK, message_id=message_id, state=State.READY, due_ms=node.now_ms)
+    (grant,) = node.lease().grants
+    assert grant.attempt == 4  # every delivery is in the history
+    failed = node.apply(Fail(message_id=message_id, token=grant.token, error_class="timeout"))
+    assert isinstance(failed, Outcome) and failed.state is State.DELAYED  # the budget of 2 is not spent
+    node.now_ms += 1000
+    (grant,) = node.lease().grants
+    dead = node.apply(Fail(message_id=message_id, token=grant.token, error_class="timeout"))
+    assert isinstance(dead, Outcome) and dead.state is State.DEAD
+    view = queries.get_message(node.machine.connection, message_id, now_ms=node.now_ms)
+    assert view is not None
+    assert [a.outcome for a in view.history] == ["released", "released", "released", "failed", "failed"]
+    events = [e.type for e in queries.events_after(node.machine.connection, 0)]
+    assert events.count(EventType.RELEASED) == 3
+
+
+def test_an_interrupted_release_tells_the_next_delivery_its_outcome_is_unknown() -> None:
+    node = Node()
+    message_id = node.enqueue("k")
+    (grant,) = node.lease().grants
+    assert node.apply(Release(message_id=message_id, token=grant.token, interrupted=True)).code is Code.OK
+    (again,) = node.lease().grants
+    assert again.previous_error_class == "interrupted" and again.attempt == 2
+    view = queries.get_message(node.machine.connection, message_id, now_ms=node.now_ms)
+    assert view is not None and view.history[0].outcome == "interrupted"
+
+
+def test_release_is_refused_like_any_worker_action() -> None:
+    node = Node()
+    message_id = node.enqueue("k")
+    (grant,) = node.lease().grants
+    assert node.apply(Release(message_id=message_id, token=grant.token + 1)).code is Code.STALE_TOKEN
+    node.now_ms += 60_000  # the lease expired
+    assert node.apply(Release(message_id=message_id, token=grant.token)).code is Code.LEASE_EXPIRED
+    assert node.apply(Release(message_id=999, token=1)).code is Code.NOT_FOUND
+
+
+def test_work_finished_under_another_lease_is_done_elsewhere_not_illegal() -> None:
+    node = Node()
+    message_id = node.enqueue("k")
+    (first,) = node.lease().grants
+    node.now_ms += 60_000  # worker 1 stalls past its lease, which expires; worker 2 takes over
+    assert node.lease().grants == ()  # expired now, due again after the first tier
+    node.now_ms += 60_000
+    (second,) = node.lease().grants
+    assert node.apply(Ack(message_id=message_id, token=second.token)).code is Code.OK
+    for late in (
+        Ack(message_id=message_id, token=first.token),
+        Fail(message_id=message_id, token=first.token, error_class="timeout"),
+        ExtendLease(message_id=message_id, token=first.token, lease_ms=1000),
+        Release(message_id=message_id, token=first.token),
+    ):
+        refused = node.apply(late)
+        assert refused == Outcome(code=Code.DONE_ELSEWHERE, message_id=message_id, state=State.DONE), late
+    assert node.apply(Ack(message_id=message_id, token=second.token)).code is Code.ALREADY_ACKED
+
+
+def test_a_grant_says_how_the_delivery_before_it_ended() -> None:
+    node = Node()
+    message_id = node.enqueue("k")
+    (first,) = node.lease().grants
+    assert first.previous_error_class is None
+    node.apply(Fail(message_id=message_id, token=first.token, error_class="timeout"))
+    node.now_ms += 10 * 60_000
+    (second,) = node.lease().grants
+    assert second.previous_error_class == "timeout"
+    node.now_ms += 10 * 60_000  # this one expires
+    assert node.lease().grants == ()
+    node.now_ms += 10 * 60_000
+    (third,) = node.lease().grants
+    assert third.previous_error_class == "lease_expired"

@@ -1,0 +1,273 @@
+"""The worker's mechanics against a real one-node store in this process: leasing within limits,
+batched settlement, waiting for work without writing to the log, lease extension, late work
+finished elsewhere, and the drain. The handlers here are scripted implementations of the handler
+contract (handlers/contract.py); the handlers that call real downstreams are tested against the
+stand-ins in tests/handlers, and the whole loop on processes in tests/worker/test_worker_processes.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+
+from compensator.worker.limits import Limits
+from compensator.worker.metrics import WorkerMetrics
+from compensator.worker.runner import Worker, WorkerSettings
+from delay.policy import RetryPolicy
+from handlers.contract import Attempt, Decision, Permanent, Retryable, Succeeded
+from ledger.kinds import Kind, ListUpdatePayload, TransferPayload, encode_payload
+from queues import QueueClient, RaftClient, State
+from queues.model import Enqueue
+from queues.replicated import machine_factory
+from raft_store.testing.inprocess import StoreThread
+
+FAST = RetryPolicy(tiers_ms=(200,), tier_jitter_ratio=0.0, attempts_max=3)
+
+
+@dataclass
+class Scripted:
+    """A handler whose decisions the test scripts; it records every attempt it saw."""
+
+    kind: Kind
+    downstream: str
+    decide: Callable[[Attempt], Decision] = lambda attempt: Succeeded(detail="done")
+    delay_s: float = 0.0
+    seen: list[Attempt] = field(default_factory=list)
+    running: int = 0
+    running_max: int = 0
+
+    async def handle(self, attempt: Attempt) -> Decision:
+        self.seen.append(attempt)
+        self.running += 1
+        self.running_max = max(self.running_max, self.running)
+        try:
+            await asyncio.sleep(self.delay_s)
+            return self.decide(attempt)
+        finally:
+            self.running -= 1
+
+
+def _payload(index: int, kind: str) -> bytes:
+    if kind == "list_update":
+        return encode_payload(ListUpdatePayload(red_packet_id=f"rp-{index}", receiver="u", version=1, amount_minor=1,
+                                                currency="CNY"))  # fmt: skip
+    return encode_payload(TransferPayload(transfer_id=f"t{index}", payer="a", payee="b", amount_minor=100,
+                                          currency="CNY"))  # fmt: skip
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StoreThread]:
+    thread = StoreThread(tmp_path / "store", machine_factory)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+@pytest.fixture
+async def queue(store: StoreThread) -> AsyncIterator[QueueClient]:
+    client = QueueClient(RaftClient([store.address], deadline_s=10))
+    for kind in ("transfer", "list_update"):
+        await client.set_policy(kind, FAST)
+    yield client
+    await client.raft.close()
+
+
+async def _enqueue(queue: QueueClient, count: int, kind: str = "transfer", start: int = 0) -> list[int]:
+    results = await queue.enqueue_many([
+        Enqueue(kind=kind, idempotency_key=f"{kind}-{i}", ref_key=f"rp-{i}", payload=_payload(i, kind))
+        for i in range(start, start + count)
+    ])  # fmt: skip
+    return [r.message_id for r in results]
+
+
+@contextlib.asynccontextmanager
+async def running(queue: QueueClient, handlers: dict[str, Scripted], *, per_kind: int = 8, per_downstream: int = 8,
+                  **settings: float) -> AsyncIterator[tuple[Worker, asyncio.Event]]:  # fmt: skip
+    limits = Limits(per_kind={k: per_kind for k in handlers}, per_downstream={h.downstream: per_downstream
+                    for h in handlers.values()}, downstream_of={k: h.downstream for k, h in handlers.items()})  # fmt: skip
+    worker = Worker(queue, handlers, limits, WorkerSettings(worker_id="w1", idle_poll_s=0.02, **settings),  # type: ignore[arg-type]
+                    tracer=trace.NoOpTracer(), metrics=WorkerMetrics())  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker, stop
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def _states(queue: QueueClient, ids: list[int]) -> list[State]:
+    return [view.state for view in (await queue.get_many(ids, with_history=False)).value]
+
+
+async def _until(check: Callable[[], object], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():  # type: ignore[misc]
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_every_message_is_done_within_its_kinds_limits_and_acks_are_batched(queue: QueueClient) -> None:
+    transfers = Scripted(Kind.TRANSFER, "payment", delay_s=0.02)
+    updates = Scripted(Kind.LIST_UPDATE, "red_packet", delay_s=0.02)
+    ids = await _enqueue(queue, 60) + await _enqueue(queue, 60, kind="list_update")
+    before = (await queue.raft.status(queue.raft.addresses[0]))["commit"]
+    async with running(queue, {"transfer": transfers, "list_update": updates}, per_kind=5):
+
+        async def all_done() -> bool:
+            return set(await _states(queue, ids)) == {State.DONE}
+
+        await _until(all_done)
+    assert transfers.running_max == 5 and updates.running_max == 5
+    assert len(transfers.seen) == 60 and all(a.attempt == 1 and a.previous_error_class is None for a in transfers.seen)
+    assert transfers.seen[0].payload == TransferPayload(transfer_id="t0", payer="a", payee="b", amount_minor=100,
+                                                        currency="CNY")  # fmt: skip
+    entries = int((await queue.raft.status(queue.raft.addresses[0]))["commit"]) - int(before)
+    assert entries < 120, f"{entries} log entries for 120 messages: leases and acks were not batched"
+
+
+async def test_decisions_become_retries_dead_letters_and_retry_after(queue: QueueClient) -> None:
+    def decide(attempt: Attempt) -> Decision:
+        index = int(attempt.ref_key.split("-")[1])
+        if index == 0:
+            return Permanent(error_class="insufficient_funds", detail="no money", status=422)
+        if index == 1:
+            return Retryable(error_class="rate_limited", detail="slow down", status=429, retry_after_s=30)
+        if attempt.attempt == 1:
+            return Retryable(error_class="timeout", detail="no answer", outcome_unknown=True)
+        return Succeeded(detail="transferred")
+
+    handler = Scripted(Kind.TRANSFER, "payment", decide=decide)
+    ids = await _enqueue(queue, 3)
+    async with running(queue, {"transfer": handler}):
+
+        async def settled() -> bool:
+            states = await _states(queue, ids)
+            return states[0] is State.DEAD and states[1] is State.DELAYED and states[2] is State.DONE
+
+        await _until(settled)
+    dead, later, done = (await queue.get_many(ids)).value
+    assert dead.last_error_class == "insufficient_funds" and dead.dead_reason == "permanent_error"
+    assert "HTTP 422" in (dead.last_error_text or "")
+    assert later.due_ms - later.history[0].ended_ms >= 29_000  # type: ignore[operator]
+    assert [a.outcome for a in done.history] == ["failed", "succeeded"]
+    second = [a for a in handler.seen if a.message_id == ids[2] and a.attempt == 2]
+    assert second and second[0].previous_error_class == "timeout"
+
+
+async def test_an_idle_worker_writes_nothing_to_the_log(queue: QueueClient) -> None:
+    handler = Scripted(Kind.TRANSFER, "payment")
+    async with running(queue, {"transfer": handler}):
+        await asyncio.sleep(0.3)
+        before = (await queue.raft.status(queue.raft.addresses[0]))["commit"]
+        await asyncio.sleep(1.5)
+        after = (await queue.raft.status(queue.raft.addresses[0]))["commit"]
+        assert after == before
+        (message_id,) = await _enqueue(queue, 1, start=500)  # and it notices work at once
+
+        async def done() -> bool:
+            return (await _states(queue, [message_id])) == [State.DONE]
+
+        await _until(done, timeout_s=2)
+
+
+async def test_a_handler_that_raises_is_a_retry_with_an_unknown_outcome(queue: QueueClient) -> None:
+    def decide(attempt: Attempt) -> Decision:
+        if attempt.attempt == 1:
+            raise RuntimeError("a bug")
+        return Succeeded(detail="ok")
+
+    handler = Scripted(Kind.TRANSFER, "payment", decide=decide)
+    (message_id,) = await _enqueue(queue, 1)
+    async with running(queue, {"transfer": handler}):
+
+        async def done() -> bool:
+            return (await _states(queue, [message_id])) == [State.DONE]
+
+        await _until(done)
+    assert handler.seen[1].previous_error_class == "handler_error"
+
+
+async def test_a_slow_handler_keeps_its_lease(queue: QueueClient) -> None:
+    handler = Scripted(Kind.TRANSFER, "payment", delay_s=1.5)
+    (message_id,) = await _enqueue(queue, 1)
+    async with running(queue, {"transfer": handler}, lease_ms=400) as (worker, _):
+
+        async def done() -> bool:
+            return (await _states(queue, [message_id])) == [State.DONE]
+
+        await _until(done)
+    assert worker.keeper.extended >= 3 and worker.keeper.lost == 0
+    assert len(handler.seen) == 1  # never expired, never delivered twice
+
+
+async def test_drain_hands_back_what_did_not_finish_so_nothing_waits_for_a_lease(queue: QueueClient) -> None:
+    slow = Scripted(Kind.TRANSFER, "payment", delay_s=60)
+    ids = await _enqueue(queue, 4)
+    async with running(queue, {"transfer": slow}, drain_grace_s=0.3, lease_ms=120_000) as (worker, stop):
+
+        async def all_running() -> bool:
+            return worker.running == 4
+
+        await _until(all_running)
+        started = asyncio.get_running_loop().time()
+        stop.set()
+    took_s = asyncio.get_running_loop().time() - started
+    assert took_s < 5
+    views = (await queue.get_many(ids)).value
+    assert {v.state for v in views} == {State.READY}  # due at once, not after the 120 s lease
+    assert all(v.history[-1].outcome == "interrupted" for v in views)
+    grants = (await queue.lease("w2", kinds=("transfer",), count_max=10)).grants
+    assert sorted(g.message_id for g in grants) == sorted(ids)
+    assert {g.previous_error_class for g in grants} == {"interrupted"} and {g.attempt for g in grants} == {2}
+
+
+async def test_work_finished_under_another_lease_is_counted_not_an_error(queue: QueueClient) -> None:
+    gate = asyncio.Event()
+
+    class Stalled(Scripted):
+        async def handle(self, attempt: Attempt) -> Decision:
+            self.seen.append(attempt)
+            await gate.wait()  # stalls past its lease (the keeper cannot save it: see below)
+            return Succeeded(detail="late")
+
+    stalled = Stalled(Kind.TRANSFER, "payment")
+    (message_id,) = await _enqueue(queue, 1)
+    async with running(queue, {"transfer": stalled}, per_kind=1, lease_ms=300) as (worker, _):
+        await _until(lambda: _true_after(stalled.seen))
+        worker.keeper.forget(message_id)  # as if the worker had been frozen past its lease
+        await asyncio.sleep(0.6)
+        grants: list[int] = []
+        for _ in range(50):
+            found = (await queue.lease("w2", kinds=("transfer",), count_max=1, lease_ms=5000)).grants
+            if found:
+                await queue.ack(found[0].message_id, found[0].token)
+                grants.append(found[0].message_id)
+                break
+            await asyncio.sleep(0.05)
+        assert grants == [message_id]
+        gate.set()
+        await _until(lambda: _settled(worker))
+    text = worker_metrics_text(worker)
+    assert 'compensator_worker_completions_total{action="ack",result="done_elsewhere"} 1.0' in text
+
+
+async def _true_after(seen: list[Attempt]) -> bool:
+    return bool(seen)
+
+
+async def _settled(worker: Worker) -> bool:
+    return worker.completions.pending == 0 and worker.running == 0
+
+
+def worker_metrics_text(worker: Worker) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(worker._metrics.registry).decode()
