@@ -294,7 +294,9 @@ def maintenance_due(conn: sqlite3.Connection) -> tuple[int | None, int | None, i
     deadline = conn.execute(
         f"SELECT min(lease_deadline_ms) FROM {TABLE} INDEXED BY {TABLE}_lease_deadline WHERE phase = {int(Phase.LEASED)}"
     ).fetchone()[0]
-    purge = conn.execute(f"SELECT min(purge_ms) FROM {TABLE} INDEXED BY {TABLE}_purge").fetchone()[0]
+    purge = conn.execute(
+        f"SELECT min(purge_ms) FROM {TABLE} INDEXED BY {TABLE}_purge WHERE purge_ms IS NOT NULL"
+    ).fetchone()[0]
     oldest = conn.execute("SELECT ts_ms FROM events ORDER BY seq LIMIT 1").fetchone()
     return deadline, purge, None if oldest is None else int(oldest[0])
 

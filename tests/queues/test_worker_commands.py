@@ -14,6 +14,7 @@ from queues.model import (
     ExtendLease,
     Fail,
     Outcome,
+    PauseKind,
     Release,
     SetPolicy,
     State,
@@ -98,3 +99,28 @@ def test_a_grant_says_how_the_delivery_before_it_ended() -> None:
     node.now_ms += 10 * 60_000
     (third,) = node.lease().grants
     assert third.previous_error_class == "lease_expired"
+
+
+def test_work_due_names_ready_kinds_the_next_due_time_and_leaves_paused_kinds_out() -> None:
+    node = Node()
+    conn = node.machine.connection
+    assert queries.work_due(conn, (), now_ms=node.now_ms) == ({}, None, [])
+    node.enqueue("a", kind="transfer")
+    node.enqueue("b", kind="list_update", delay_ms=5000)
+    node.enqueue("c", kind="callback", delay_ms=2000)
+    assert queries.work_due(conn, (), now_ms=node.now_ms) == ({"transfer": node.now_ms}, node.now_ms + 2000, [])
+    assert queries.work_due(conn, ("list_update",), now_ms=node.now_ms) == ({}, node.now_ms + 5000, [])
+    node.apply(PauseKind(kind="callback", holder="ops", reason="incident"))
+    assert queries.work_due(conn, (), now_ms=node.now_ms) == ({"transfer": node.now_ms}, node.now_ms + 5000, ["callback"])
+
+
+def test_maintenance_due_is_the_next_deadline_purge_and_oldest_event() -> None:
+    node = Node()
+    conn = node.machine.connection
+    assert queries.maintenance_due(conn) == (None, None, None)
+    message_id = node.enqueue("a")
+    (grant,) = node.lease().grants
+    assert queries.maintenance_due(conn) == (grant.deadline_ms, None, node.now_ms)
+    node.apply(Ack(message_id=message_id, token=grant.token))
+    deadline, purge, oldest = queries.maintenance_due(conn)
+    assert deadline is None and purge is not None and purge > node.now_ms and oldest == node.now_ms

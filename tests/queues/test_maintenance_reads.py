@@ -1,0 +1,49 @@
+"""The maintenance driver reads before it writes: an idle set gets no log entries from it, and a
+lease past its deadline is still expired within a period."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from queues import QueueClient, RaftClient, State
+from queues.maintenance import MaintenanceConfig, MaintenanceDriver
+from queues.model import Enqueue
+from queues.replicated import machine_factory
+from raft_store.testing.inprocess import StoreThread
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StoreThread]:
+    thread = StoreThread(tmp_path / "store", machine_factory)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+async def test_an_idle_driver_writes_nothing_and_a_due_expiry_is_proposed(store: StoreThread) -> None:
+    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    driver = MaintenanceDriver(queue, MaintenanceConfig(expire_every_s=0.05, purge_every_s=0.1))
+    try:
+        await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key="k", ref_key="r", payload=b"p")])
+        (grant,) = (await queue.lease("w", count_max=1, lease_ms=400)).grants
+        commit = int((await queue.raft.status(store.address))["commit"])
+        driver.start()
+        await asyncio.sleep(0.25)  # the lease is live: reads only
+        assert int((await queue.raft.status(store.address))["commit"]) == commit
+        assert driver.stats.reads >= 3 and driver.stats.expire_commands == 0 and driver.stats.purge_commands == 0
+        await asyncio.sleep(0.5)  # now it is past its deadline
+        view = (await queue.get(grant.message_id)).value
+        assert view is not None and view.state in (State.DELAYED, State.READY) and view.attempts == 1
+        assert driver.stats.expire_commands >= 1 and driver.stats.expired == 1
+        settled = int((await queue.raft.status(store.address))["commit"])
+        await asyncio.sleep(0.3)
+        assert int((await queue.raft.status(store.address))["commit"]) == settled  # idle again: no writes
+    finally:
+        await driver.stop()
+        await queue.raft.close()
