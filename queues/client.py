@@ -45,6 +45,7 @@ from queues.model import (
     BatchResult,
     DeadLetterFilter,
     Discard,
+    DocumentResult,
     Enqueue,
     EnqueueResult,
     ErrorResult,
@@ -60,6 +61,7 @@ from queues.model import (
     Outcomes,
     PauseKind,
     Purge,
+    PutDocument,
     PutToken,
     QueueCommand,
     QueueResult,
@@ -208,9 +210,10 @@ class QueueClient:
         return [_expect(r, EnqueueResult) for r in await self.submit_many(stamped)]
 
     async def lease(
-        self, worker_id: str, *, kinds: Sequence[str] = (), count_max: int = 100, lease_ms: int = 30_000
+        self, worker_id: str, *, kinds: Sequence[str] = (), count_max: int = 100, lease_ms: int = 30_000,
+        probe: str | None = None,
     ) -> LeaseResult:
-        command = Lease(worker_id=worker_id, count_max=count_max, lease_ms=lease_ms, kinds=tuple(kinds))
+        command = Lease(worker_id=worker_id, count_max=count_max, lease_ms=lease_ms, kinds=tuple(kinds), probe=probe)
         return await self.checked(_expect(await self.submit(command), LeaseResult))
 
     async def checked(self, result: LeaseResult) -> LeaseResult:
@@ -381,6 +384,16 @@ class QueueClient:
         """Which kinds have work ready, and when the next is due: a read (stale by default: the
         leader's applied state, no ReadIndex round), so an idle worker writes nothing."""
         return await self._ask(qc.WorkDue(kinds=tuple(kinds)), qc.WorkDueAnswer, stale_ok)
+
+    async def documents(self, namespace: str, *, known_version: int = -1, stale_ok: bool = False) -> Read[qc.DocumentsAnswer]:
+        """A namespace's settings documents, or only its version when it is still `known_version`."""
+        return await self._ask(qc.Documents(namespace=namespace, known_version=known_version), qc.DocumentsAnswer, stale_ok)
+
+    async def put_document(
+        self, namespace: str, name: str, body: bytes | None, *, actor: str, reason: str = ""
+    ) -> DocumentResult:
+        command = PutDocument(namespace=namespace, name=name, body=body, actor=actor, reason=reason)
+        return _expect(await self.submit(command), DocumentResult)
 
     async def maintenance_due(self, *, stale_ok: bool = True) -> Read[qc.MaintenanceDueAnswer]:
         return await self._ask(qc.MaintenanceDue(), qc.MaintenanceDueAnswer, stale_ok)

@@ -34,7 +34,7 @@ from typing import Any, Final
 import msgspec
 
 from delay.policy import DAY_MS, DEFAULT_POLICY, DELAY_MAX_MS, DeadLetter, RetryPolicy, decide
-from queues import access, codec, due_index
+from queues import access, codec, documents, due_index
 from queues.lifecycle import TERMINAL, Action, transition
 from queues.model import (
     BUILTIN_KINDS,
@@ -65,6 +65,7 @@ from queues.model import (
     PauseKind,
     Phase,
     Purge,
+    PutDocument,
     PutToken,
     QueueCommand,
     QueueResult,
@@ -355,6 +356,7 @@ class QueueMachine(SqliteStateMachine):
             conn.execute("ALTER TABLE messages ADD COLUMN edited_hash BLOB")
         due_index.create_indexes(conn, TABLE)
         access.create_tables(conn)
+        documents.create_tables(conn)
         conn.execute(_OPERATOR_EVENTS_INDEX)
         policy = _policy_encoder.encode(self.config.default_policy)
         for kind in BUILTIN_KINDS:
@@ -622,6 +624,8 @@ class _Apply:
                 return access.revoke_token(self.conn, self.now_ms, command, self.emit)
             case SetQuota():
                 return access.set_quota(self.conn, command, self.emit)
+            case PutDocument():
+                return documents.put(self.conn, self.now_ms, command, self.emit)
 
     # ---- shared helpers ---------------------------------------------------------------------
     def emit(self, type_: EventType, message_id: int, kind: str, data: dict[str, EventValue]) -> None:
@@ -755,14 +759,16 @@ class _Apply:
         )
 
     # ---- lease ------------------------------------------------------------------------------
-    def eligible_kinds(self, requested: tuple[str, ...]) -> list[str]:
-        """Registered, unpaused kinds (of those requested), sorted by name."""
+    def eligible_kinds(self, requested: tuple[str, ...], probe: str | None = None) -> list[str]:
+        """Registered kinds (of those requested), sorted by name, that are unpaused, or paused by the
+        probing holder alone."""
         paused = self.machine.paused(self.conn)
         wanted = set(requested)
         return [
             kind
             for kind in self.machine.kinds(self.conn)
-            if kind not in paused and (not requested or kind in wanted)
+            if (not requested or kind in wanted)
+            and (kind not in paused or (probe is not None and self.holders(kind) == (probe,)))
         ]
 
     def pick_fair(self, kinds: list[str], count_max: int) -> list[int]:
@@ -789,7 +795,7 @@ class _Apply:
 
     def lease(self, command: Lease) -> QueueResult:
         expired = self.expire_due(self.config.expire_per_lease_max)
-        kinds = self.eligible_kinds(command.kinds)
+        kinds = self.eligible_kinds(command.kinds, command.probe)
         if not kinds:
             return LeaseResult(code=Code.OK, expired=len(expired))
         grants: list[Grant] = []

@@ -47,6 +47,8 @@ BatchLimit = Annotated[int, msgspec.Meta(ge=1, le=BATCH_IDS_MAX)]
 
 BUILTIN_KINDS: Final = ("callback", "list_update", "transfer")
 TOKENS_MAX: Final = 10_000
+DOCUMENT_BYTES_MAX: Final = 64 * 1024
+Namespace = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 PrincipalName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,31}$")]
 """Who holds a token: a calling service ("red-packet"), an operator or a process ("reconcile")."""
 SecretHash = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
@@ -171,6 +173,9 @@ class Lease(_Command, frozen=True, tag="lease"):
     lease_ms: LeaseMs
     kinds: Annotated[tuple[KindName, ...], msgspec.Meta(max_length=KINDS_PER_LEASE_MAX)] = ()
     """Empty: every registered kind."""
+    probe: Name | None = None
+    """A circuit breaker's holder name: its kinds are leased even though paused, as long as this
+    holder is the only one that holds them (a probe of a recovering downstream, one at a time)."""
 
 
 class ExtendLease(_Command, frozen=True, tag="extend"):
@@ -313,9 +318,19 @@ class SetQuota(_Command, frozen=True, tag="set_quota"):
     burst: Burst | None = None
 
 
+class PutDocument(_Command, frozen=True, tag="put_document"):
+    """Replace a settings document (queues/documents.py), or delete it with no body."""
+
+    namespace: Namespace
+    name: Name
+    body: Annotated[bytes, msgspec.Meta(max_length=DOCUMENT_BYTES_MAX)] | None
+    actor: Name
+    reason: Text = ""
+
+
 QueueCommand = (
     Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | Release | ExpireLeases | Redrive | Discard
-    | PauseKind | ResumeKind | SetPolicy | Purge | SetRetention | PutToken | RevokeToken | SetQuota
+    | PauseKind | ResumeKind | SetPolicy | Purge | SetRetention | PutToken | RevokeToken | SetQuota | PutDocument
 )  # fmt: skip
 
 
@@ -415,6 +430,11 @@ class TokenResult(_Result, frozen=True, tag="token"):
     version: int = 0
 
 
+class DocumentResult(_Result, frozen=True, tag="document"):
+    version: int = 0
+    """The namespace's version after the command."""
+
+
 class ErrorResult(_Result, frozen=True, tag="error"):
     """The command's bytes did not decode, or its values contradict each other."""
 
@@ -423,7 +443,7 @@ class ErrorResult(_Result, frozen=True, tag="error"):
 
 QueueResult = (
     EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | TokenResult
-    | ErrorResult
+    | DocumentResult | ErrorResult
 )
 
 
@@ -447,6 +467,7 @@ class EventType(enum.Enum):
     TOKEN_PUT = "token_put"
     TOKEN_REVOKED = "token_revoked"
     QUOTA_SET = "quota_set"
+    DOCUMENT_PUT = "document_put"
 
 
 OPERATOR_EVENT_TYPES: Final = (EventType.DEAD_LETTERED, EventType.REDRIVEN, EventType.DISCARDED)
@@ -480,6 +501,13 @@ class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
     """None while leased; else succeeded, failed, expired."""
     error_class: str | None
     error_text: str | None
+
+
+class DocumentView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    body: bytes
+    updated_ms: int
+    updated_by: str
 
 
 class TokenView(msgspec.Struct, frozen=True, kw_only=True):

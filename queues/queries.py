@@ -269,24 +269,39 @@ def oldest_due_age_ms(conn: sqlite3.Connection, *, now_ms: int) -> dict[str, int
     return ages
 
 
-def work_due(conn: sqlite3.Connection, kinds: Sequence[str], *, now_ms: int) -> tuple[dict[str, int], int | None, list[str]]:
-    """(kind -> oldest ready due time, the next due time after now, the paused kinds): two index
-    probes per unpaused kind asked, O(kinds)."""
-    paused = {row[0] for row in conn.execute("SELECT DISTINCT kind FROM kind_pauses")}
+class WorkDueView(msgspec.Struct, frozen=True, kw_only=True):
+    ready: dict[str, int]
+    next_due_ms: int | None
+    paused: dict[str, tuple[str, ...]]
+    paused_ready: tuple[str, ...]
+
+
+def work_due(conn: sqlite3.Connection, kinds: Sequence[str], *, now_ms: int) -> WorkDueView:
+    """Which kinds asked (all when none) have a message ready (the oldest's due time), the next due
+    time after now among the unpaused ones, and each paused kind's holders: index probes, O(kinds)."""
+    paused: dict[str, list[str]] = {}
+    for kind, holder in conn.execute("SELECT kind, holder FROM kind_pauses ORDER BY kind, holder"):
+        paused.setdefault(kind, []).append(holder)
     registered = [row[0] for row in conn.execute("SELECT kind FROM kinds ORDER BY kind")]
     wanted = [kind for kind in registered if not kinds or kind in kinds]
     ready: dict[str, int] = {}
+    paused_ready: list[str] = []
     next_due: int | None = None
     for kind in wanted:
-        if kind in paused:
-            continue
         oldest = due_index.oldest_due_ms(conn, TABLE, kind=kind, now_ms=now_ms)
+        if kind in paused:
+            if oldest is not None:
+                paused_ready.append(kind)
+            continue
         if oldest is not None:
             ready[kind] = oldest
         later = due_index.next_due_ms(conn, TABLE, kind=kind, now_ms=now_ms)
         if later is not None and (next_due is None or later < next_due):
             next_due = later
-    return ready, next_due, sorted(paused & set(wanted))
+    return WorkDueView(
+        ready=ready, next_due_ms=next_due, paused={k: tuple(v) for k, v in paused.items() if k in wanted},
+        paused_ready=tuple(paused_ready),
+    )  # fmt: skip
 
 
 def maintenance_due(conn: sqlite3.Connection) -> tuple[int | None, int | None, int | None]:

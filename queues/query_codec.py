@@ -20,11 +20,13 @@ from delay.policy import RetryPolicy
 from queues.model import (
     KINDS_PER_LEASE_MAX,
     DeadLetterFilter,
+    DocumentView,
     Event,
     Key,
     KindName,
     MessageId,
     MessageView,
+    Namespace,
     RefKey,
     State,
     TimeMs,
@@ -139,6 +141,13 @@ class WorkDue(_Query, frozen=True, tag="work_due"):
     kinds: Annotated[tuple[KindName, ...], msgspec.Meta(max_length=KINDS_PER_LEASE_MAX)] = ()
 
 
+class Documents(_Query, frozen=True, tag="documents"):
+    """A namespace's settings documents, unless its version is still `known_version`."""
+
+    namespace: Namespace
+    known_version: Annotated[int, msgspec.Meta(ge=-1)] = -1
+
+
 class MaintenanceDue(_Query, frozen=True, tag="maintenance_due"):
     """When the next lease expires, the next tombstone's retention ends and the oldest event was
     written: the maintenance driver proposes ExpireLeases and Purge only once one is due."""
@@ -146,7 +155,7 @@ class MaintenanceDue(_Query, frozen=True, tag="maintenance_due"):
 
 QueueQuery = (
     GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | EventsDigest
-    | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue
+    | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue | Documents
 )
 
 
@@ -253,10 +262,13 @@ class TokensAnswer(_Answer, frozen=True, tag="tokens"):
 
 class WorkDueAnswer(_Answer, frozen=True, tag="work_due"):
     ready: dict[str, int] = {}
-    """Kind -> the due time of its oldest ready message, for the kinds with one."""
+    """Kind -> the due time of its oldest ready message, for the unpaused kinds with one."""
     next_due_ms: int | None = None
-    """The earliest due time after now among the kinds asked (None: nothing delayed)."""
-    paused: tuple[str, ...] = ()
+    """The earliest due time after now among the unpaused kinds asked (None: nothing delayed)."""
+    paused: dict[str, tuple[str, ...]] = {}
+    """Paused kind -> its holders (a breaker probes a kind only it holds)."""
+    paused_ready: tuple[str, ...] = ()
+    """Paused kinds with a message ready: what a probe could lease."""
 
 
 class MaintenanceDueAnswer(_Answer, frozen=True, tag="maintenance_due"):
@@ -264,6 +276,12 @@ class MaintenanceDueAnswer(_Answer, frozen=True, tag="maintenance_due"):
     purge_ms: int | None = None
     oldest_event_ms: int | None = None
     event_retention_ms: int = 0
+
+
+class DocumentsAnswer(_Answer, frozen=True, tag="documents"):
+    version: int = 0
+    changed: bool = True
+    documents: tuple[DocumentView, ...] = ()
 
 
 class QueryError(_Answer, frozen=True, tag="error"):
@@ -274,7 +292,7 @@ class QueryError(_Answer, frozen=True, tag="error"):
 QueryAnswer = (
     MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | DigestAnswer
     | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | WorkDueAnswer
-    | MaintenanceDueAnswer | QueryError
+    | MaintenanceDueAnswer | DocumentsAnswer | QueryError
 )
 
 _encoder: Final = msgspec.msgpack.Encoder()

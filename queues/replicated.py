@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from queues import access, queries
+from queues import access, documents, queries
 from queues import query_codec as qc
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import MessageView
@@ -122,8 +122,15 @@ def answer_query(
                 return qc.TokensAnswer(version=version, changed=False, now_ms=now_ms)
             return qc.TokensAnswer(version=version, tokens=tuple(access.tokens(conn)), now_ms=now_ms)
         case qc.WorkDue():
-            ready, next_due, paused = queries.work_due(conn, query.kinds, now_ms=now_ms)
-            return qc.WorkDueAnswer(ready=ready, next_due_ms=next_due, paused=tuple(paused), now_ms=now_ms)
+            due = queries.work_due(conn, query.kinds, now_ms=now_ms)
+            return qc.WorkDueAnswer(ready=due.ready, next_due_ms=due.next_due_ms, paused=due.paused,
+                                    paused_ready=due.paused_ready, now_ms=now_ms)  # fmt: skip
+        case qc.Documents():
+            version = documents.version(conn, query.namespace)
+            if version == query.known_version:
+                return qc.DocumentsAnswer(version=version, changed=False, now_ms=now_ms)
+            return qc.DocumentsAnswer(version=version, documents=tuple(documents.documents(conn, query.namespace)),
+                                      now_ms=now_ms)  # fmt: skip
         case qc.MaintenanceDue():
             deadline, purge, oldest = queries.maintenance_due(conn)
             _, events_kept = queries.retention_in_force(

@@ -6,15 +6,19 @@ from __future__ import annotations
 from queue_node import Node
 
 from delay.policy import RetryPolicy
-from queues import queries
+from queues import documents, queries
 from queues.model import (
     Ack,
     Code,
+    DocumentResult,
     EventType,
     ExtendLease,
     Fail,
+    Lease,
+    LeaseResult,
     Outcome,
     PauseKind,
+    PutDocument,
     Release,
     SetPolicy,
     State,
@@ -101,17 +105,54 @@ def test_a_grant_says_how_the_delivery_before_it_ended() -> None:
     assert third.previous_error_class == "lease_expired"
 
 
-def test_work_due_names_ready_kinds_the_next_due_time_and_leaves_paused_kinds_out() -> None:
+def test_work_due_names_ready_kinds_the_next_due_time_and_the_pause_holders() -> None:
     node = Node()
     conn = node.machine.connection
-    assert queries.work_due(conn, (), now_ms=node.now_ms) == ({}, None, [])
+    now = node.now_ms
+    empty = queries.work_due(conn, (), now_ms=now)
+    assert (empty.ready, empty.next_due_ms, empty.paused, empty.paused_ready) == ({}, None, {}, ())
     node.enqueue("a", kind="transfer")
     node.enqueue("b", kind="list_update", delay_ms=5000)
     node.enqueue("c", kind="callback", delay_ms=2000)
-    assert queries.work_due(conn, (), now_ms=node.now_ms) == ({"transfer": node.now_ms}, node.now_ms + 2000, [])
-    assert queries.work_due(conn, ("list_update",), now_ms=node.now_ms) == ({}, node.now_ms + 5000, [])
-    node.apply(PauseKind(kind="callback", holder="ops", reason="incident"))
-    assert queries.work_due(conn, (), now_ms=node.now_ms) == ({"transfer": node.now_ms}, node.now_ms + 5000, ["callback"])
+    node.enqueue("d", kind="callback")
+    due = queries.work_due(conn, (), now_ms=now)
+    assert (due.ready, due.next_due_ms) == ({"callback": now, "transfer": now}, now + 2000)
+    assert queries.work_due(conn, ("list_update",), now_ms=now).next_due_ms == now + 5000
+    node.apply(PauseKind(kind="callback", holder="breaker:callback", reason="failing"))
+    due = queries.work_due(conn, (), now_ms=now)
+    assert (due.ready, due.next_due_ms) == ({"transfer": now}, now + 5000)
+    assert (due.paused, due.paused_ready) == ({"callback": ("breaker:callback",)}, ("callback",))
+
+
+def test_a_probe_leases_a_kind_only_its_breaker_holds() -> None:
+    node = Node()
+    node.enqueue("a", kind="callback")
+    node.apply(PauseKind(kind="callback", holder="breaker:callback", reason="failing"))
+    assert node.lease().grants == ()
+    probe = node.apply(Lease(worker_id="w", count_max=1, lease_ms=1000, probe="breaker:callback"))
+    assert isinstance(probe, LeaseResult) and len(probe.grants) == 1
+    node.enqueue("b", kind="callback")
+    node.apply(PauseKind(kind="callback", holder="alice", reason="incident"))  # an operator holds it too
+    held = node.apply(Lease(worker_id="w", count_max=1, lease_ms=1000, probe="breaker:callback"))
+    assert isinstance(held, LeaseResult) and held.grants == ()
+
+
+def test_documents_are_replaced_versioned_and_audited() -> None:
+    node = Node()
+    conn = node.machine.connection
+    assert documents.version(conn, "breakers") == 0
+    first = node.apply(PutDocument(namespace="breakers", name="payment", body=b'{"mode":"open"}', actor="ops", reason="x"))
+    assert first == DocumentResult(code=Code.OK, version=1)
+    node.apply(PutDocument(namespace="breakers", name="payment", body=b'{"mode":"auto"}', actor="ops"))
+    (view,) = documents.documents(conn, "breakers")
+    assert (view.name, view.body, view.updated_by) == ("payment", b'{"mode":"auto"}', "ops")
+    refused = node.apply(PutDocument(namespace="breakers", name="x", body=b"[1]", actor="ops"))
+    assert refused == DocumentResult(code=Code.INVALID, version=2)
+    assert node.apply(PutDocument(namespace="breakers", name="payment", body=None, actor="ops")).code is Code.OK
+    assert documents.documents(conn, "breakers") == [] and documents.version(conn, "breakers") == 3
+    events = [e for e in queries.events_after(conn, 0) if e.type is EventType.DOCUMENT_PUT]
+    assert [(e.data["before"], e.data["after"]) for e in events] == [
+        (None, '{"mode":"open"}'), ('{"mode":"open"}', '{"mode":"auto"}'), ('{"mode":"auto"}', None)]
 
 
 def test_maintenance_due_is_the_next_deadline_purge_and_oldest_event() -> None:
