@@ -15,6 +15,11 @@ continued from the message's headers, its handler's decision settled through `Co
 the store picks the delay). A handler that raises is a bug, not a downstream answer: the attempt
 is failed as `handler_error`, outcome unknown, and the traceback logged.
 
+Each downstream has a circuit breaker shared through the store (breaker.py): the runner records
+every attempt's end in it, opens it for every worker when it trips (a pause by
+``breaker:<downstream>`` on each of its kinds), probes it with single leases while it is open,
+closes it when a probe is answered, and ramps its starts up after it closed.
+
 Drain (SIGTERM): stop leasing; let running attempts finish for up to `drain_grace_s`; cut off the
 rest and hand them back at once (Release, interrupted: their next delivery checks downstream
 first), so no message waits for a lease to expire; settle everything; stop.
@@ -28,15 +33,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
 
+import msgspec
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
+from compensator.worker.breaker import DOWNSTREAM_FAILURES, Breaker, BreakerSettings, Mode, holder
+from compensator.worker.breaker import NAMESPACE as BREAKERS
 from compensator.worker.completions import Completion, Completions
 from compensator.worker.keeper import LeaseKeeper
 from compensator.worker.limits import Limits
@@ -61,12 +70,16 @@ class WorkerSettings:
     idle_poll_s: float = 0.1
     drain_grace_s: float = 10.0
     flush_s: float = 0.005
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    modes_refresh_s: float = 1.0
+    """How often the breakers' modes (operators' settings documents) are read."""
 
 
 @dataclass(slots=True)
 class Running:
     grant: Grant
     task: asyncio.Task[None]
+    probe: bool = False
 
 
 class Worker:
@@ -83,6 +96,17 @@ class Worker:
         self._wall_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._running: dict[int, Running] = {}
         self._slot_freed = asyncio.Event()
+        self._kinds_of: dict[str, list[str]] = {}
+        for kind, handler in sorted(handlers.items()):
+            self._kinds_of.setdefault(handler.downstream, []).append(kind)
+        rng = random.Random()
+        self.breakers = {
+            downstream: Breaker(downstream, settings.breaker, clock=time.monotonic, rng=rng)
+            for downstream in self._kinds_of
+        }
+        self._modes_version = -1
+        self._modes_read_s = float("-inf")
+        self._breaker_tasks: set[asyncio.Task[None]] = set()
         self.completions = Completions(queue, on_settled=self._settled, flush_s=settings.flush_s)
         self.keeper = LeaseKeeper(queue, lease_ms=settings.lease_ms)
         self.leased = 0
@@ -125,44 +149,137 @@ class Worker:
 
     async def _lease_once(self, room: dict[str, int]) -> float:
         """Lease what is ready; the seconds to wait before asking again (0: at once)."""
-        due = (await self._queue.work_due(sorted(room))).value
-        ready = [kind for kind in sorted(due.ready) if kind in room]
-        if not ready:
+        due = (await self._queue.work_due(sorted(self._handlers))).value
+        await self._follow_breakers(due.paused)
+        self._ramp(room)
+        ready = [kind for kind in sorted(due.ready) if room.get(kind)]
+        probes = self._probes(due.paused, due.paused_ready, room)
+        if not ready and not probes:
             if due.next_due_ms is None:
                 return self._settings.idle_poll_s
             return min(self._settings.idle_poll_s, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
+        settings = self._settings
         commands: list[QueueCommand] = [
-            Lease(worker_id=self._settings.worker_id, kinds=(kind,), lease_ms=self._settings.lease_ms,
-                  count_max=min(room[kind], self._settings.batch_max))
+            Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms,
+                  count_max=min(room[kind], settings.batch_max))
             for kind in ready
+        ]  # fmt: skip
+        commands += [
+            Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms, count_max=1,
+                  probe=holder(self._handlers[kind].downstream))
+            for kind in probes
         ]  # fmt: skip
         results = await self._queue.submit_many(commands)
         self.lease_commands += len(commands)
         granted = 0
-        for result in results:
+        for index, result in enumerate(results):
             if not isinstance(result, LeaseResult):
                 raise QueueError(f"expected a lease result, got {result!r}")
             self._metrics.leases_expired.inc(result.expired)
-            for grant in (await self._queue.checked(result)).grants:
-                self._start(grant)
+            grants = (await self._queue.checked(result)).grants
+            probe = index >= len(ready)
+            for grant in grants:
+                self._start(grant, probe=probe)
                 granted += 1
+            if grants and not probe:
+                self.breakers[self._handlers[grants[0].kind].downstream].took(len(grants))
         return 0.0 if granted else self._settings.idle_poll_s  # raced another worker to it: back off
 
+    # ---- breakers ------------------------------------------------------------------------------
+    async def _follow_breakers(self, paused: Mapping[str, tuple[str, ...]]) -> None:
+        """Take in what the store says (held or not) and what operators forced."""
+        await self._read_modes()
+        for downstream, breaker in self.breakers.items():
+            name = holder(downstream)
+            held = any(name in paused.get(kind, ()) for kind in self._kinds_of[downstream])
+            breaker.observe(held)
+            if breaker.mode is Mode.OPEN and not held:
+                self._spawn(self._hold(downstream, "forced open by an operator"))
+            elif breaker.mode is Mode.CLOSED and held:
+                self._spawn(self._release_hold(downstream))
+
+    async def _read_modes(self) -> None:
+        now = time.monotonic()
+        if now - self._modes_read_s < self._settings.modes_refresh_s:
+            return
+        self._modes_read_s = now
+        answer = (await self._queue.documents(BREAKERS, known_version=self._modes_version, stale_ok=True)).value
+        if not answer.changed:
+            return
+        modes = {doc.name: _mode(doc.body) for doc in answer.documents}
+        for downstream, breaker in self.breakers.items():
+            breaker.mode = modes.get(downstream, Mode.AUTO)
+        self._modes_version = answer.version
+
+    def _ramp(self, room: dict[str, int]) -> None:
+        """Cap each downstream's room by its breaker's ramp, if it is ramping."""
+        for downstream, breaker in self.breakers.items():
+            allowed = breaker.allowance()
+            if allowed is None:
+                continue
+            for kind in self._kinds_of[downstream]:
+                if kind in room:
+                    room[kind] = min(room[kind], allowed)
+                    allowed -= room[kind]
+
+    def _probes(self, paused: Mapping[str, tuple[str, ...]], paused_ready: tuple[str, ...], room: dict[str, int]) -> list[str]:
+        """One kind per open breaker to probe now, among those only the breaker holds."""
+        chosen: list[str] = []
+        for downstream, breaker in self.breakers.items():
+            candidates = [kind for kind in self._kinds_of[downstream] if kind in paused_ready and room.get(kind)
+                          and paused.get(kind) == (holder(downstream),)]  # fmt: skip
+            if candidates and breaker.probe_due():
+                chosen.append(candidates[0])
+        return chosen
+
+    def _record(self, grant: Grant, downstream: str, decision: Decision, probe: bool) -> None:
+        breaker = self.breakers[downstream]
+        failure = decision.error_class if isinstance(decision, Retryable) else None
+        breaker.record(failure)
+        if probe and breaker.open and failure not in _FAILURES:
+            log.info("breaker %s: the probe of message %d was answered; closing", downstream, grant.message_id)
+            breaker.observe(held=False)
+            self._spawn(self._release_hold(downstream))
+        elif breaker.should_trip():
+            reason = breaker.tripped()
+            log.warning("breaker %s opens: %s", downstream, reason)
+            self._spawn(self._hold(downstream, reason))
+
+    async def _hold(self, downstream: str, reason: str) -> None:
+        for kind in self._kinds_of[downstream]:
+            await self._queue.pause(kind, holder(downstream), reason, actor=self._settings.worker_id)
+
+    async def _release_hold(self, downstream: str) -> None:
+        for kind in self._kinds_of[downstream]:
+            await self._queue.resume(kind, holder(downstream), actor=self._settings.worker_id)
+
+    def _spawn(self, step: Coroutine[Any, Any, None]) -> None:
+        async def guarded() -> None:
+            try:
+                await step
+            except (ClientError, QueueError) as error:  # the next loop sees the store as it is and tries again
+                log.warning("breaker change failed: %s", error)
+
+        task = asyncio.create_task(guarded())
+        self._breaker_tasks.add(task)
+        task.add_done_callback(self._breaker_tasks.discard)
+
     # ---- one attempt ---------------------------------------------------------------------------
-    def _start(self, grant: Grant) -> None:
+    def _start(self, grant: Grant, *, probe: bool = False) -> None:
         self._limits.acquire(grant.kind)
         self.keeper.hold(grant.message_id, grant.token)
         self.leased += 1
         handler = self._handlers[grant.kind]
         self._metrics.in_flight.labels(handler.downstream).inc()
         self._metrics.lateness_seconds.labels(grant.kind).observe(grant_lateness_ms(grant, self._settings.lease_ms) / 1000)
-        task = asyncio.create_task(self._attempt(grant, handler), name=f"attempt-{grant.message_id}")
-        self._running[grant.message_id] = Running(grant, task)
+        task = asyncio.create_task(self._attempt(grant, handler, probe), name=f"attempt-{grant.message_id}")
+        self._running[grant.message_id] = Running(grant, task, probe)
 
-    async def _attempt(self, grant: Grant, handler: Handler) -> None:
+    async def _attempt(self, grant: Grant, handler: Handler, probe: bool) -> None:
         decision: Decision | None = None
         try:
             decision = await self._decide(grant, handler)
+            self._record(grant, handler.downstream, decision, probe)
         finally:
             self._running.pop(grant.message_id, None)
             self.keeper.forget(grant.message_id)
@@ -256,6 +373,17 @@ class Worker:
             await asyncio.wait_for(self.completions.drained(), self._settings.drain_grace_s)
         if self.completions.pending:
             log.warning("stopping with %d completions unsettled: their leases will expire", self.completions.pending)
+
+
+_FAILURES: Final = frozenset(DOWNSTREAM_FAILURES)
+
+
+def _mode(body: bytes) -> Mode:
+    try:
+        return Mode(msgspec.json.decode(body).get("mode", "auto"))
+    except (ValueError, AttributeError, msgspec.DecodeError):
+        log.warning("a breaker document is not {\"mode\": \"auto|open|closed\"}: %r", body[:100])
+        return Mode.AUTO
 
 
 async def _first(*waits: object) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 
+from compensator.worker.breaker import BreakerSettings
 from compensator.worker.limits import Limits
 from compensator.worker.metrics import WorkerMetrics
 from compensator.worker.runner import Worker, WorkerSettings
@@ -89,7 +90,7 @@ async def _enqueue(queue: QueueClient, count: int, kind: str = "transfer", start
 
 @contextlib.asynccontextmanager
 async def running(queue: QueueClient, handlers: dict[str, Scripted], *, per_kind: int = 8, per_downstream: int = 8,
-                  **settings: float) -> AsyncIterator[tuple[Worker, asyncio.Event]]:  # fmt: skip
+                  **settings: object) -> AsyncIterator[tuple[Worker, asyncio.Event]]:  # fmt: skip
     limits = Limits(per_kind={k: per_kind for k in handlers}, per_downstream={h.downstream: per_downstream
                     for h in handlers.values()}, downstream_of={k: h.downstream for k, h in handlers.items()})  # fmt: skip
     worker = Worker(queue, handlers, limits, WorkerSettings(worker_id="w1", idle_poll_s=0.02, **settings),  # type: ignore[arg-type]
@@ -271,3 +272,65 @@ def worker_metrics_text(worker: Worker) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(worker._metrics.registry).decode()
+
+
+async def test_the_breaker_pauses_a_failing_downstream_for_every_worker_probes_and_closes(queue: QueueClient) -> None:
+    healthy = asyncio.Event()
+
+    def decide(attempt: Attempt) -> Decision:
+        if healthy.is_set():
+            return Succeeded(detail="ok")
+        return Retryable(error_class="server_error", detail="503", status=503, outcome_unknown=True)
+
+    failing = Scripted(Kind.TRANSFER, "payment", decide=decide)
+    fine = Scripted(Kind.LIST_UPDATE, "red_packet")
+    ids = await _enqueue(queue, 30)
+    others = await _enqueue(queue, 20, kind="list_update")
+    breaker = BreakerSettings(window_s=5, attempts_min=5, failure_ratio=0.5, probe_every_s=0.2, ramp_jitter_s=0)
+    async with running(queue, {"transfer": failing, "list_update": fine}, breaker=breaker) as (worker, _):
+
+        async def tripped() -> bool:
+            kinds = {v.kind: v for v in (await queue.kinds()).value}
+            return [p.holder for p in kinds["transfer"].pauses] == ["breaker:payment"]
+
+        await _until(tripped)
+        attempts_when_open = len(failing.seen)
+
+        async def others_done() -> bool:
+            return set(await _states(queue, others)) == {State.DONE}
+
+        await _until(others_done)  # the other downstream flows on
+        await asyncio.sleep(0.6)
+        assert len(failing.seen) - attempts_when_open <= 6  # probes only, one at a time
+        healthy.set()
+
+        async def closed_and_done() -> bool:
+            kinds = {v.kind: v for v in (await queue.kinds()).value}
+            return not kinds["transfer"].pauses and set(await _states(queue, ids)) == {State.DONE}
+
+        await _until(closed_and_done, timeout_s=20)
+    assert worker.breakers["payment"].trips >= 1 and worker.breakers["payment"].probes >= 1
+    events = [e for e in (await queue.events_after(0)).value if e.kind == "transfer" and e.type.value in ("paused", "resumed")]
+    assert [e.type.value for e in events][:2] == ["paused", "resumed"]
+    assert "attempts failed" in str(events[0].data["reason"])
+
+
+async def test_an_operator_forces_a_breaker_open_and_closed(queue: QueueClient) -> None:
+    handler = Scripted(Kind.TRANSFER, "payment")
+    async with running(queue, {"transfer": handler}, modes_refresh_s=0.05):
+        await queue.put_document("breakers", "payment", b'{"mode": "open"}', actor="ops", reason="payment maintenance")
+
+        async def held() -> bool:
+            kinds = {v.kind: v for v in (await queue.kinds()).value}
+            return [p.holder for p in kinds["transfer"].pauses] == ["breaker:payment"]
+
+        await _until(held)
+        (message_id,) = await _enqueue(queue, 1)
+        await asyncio.sleep(0.5)
+        assert handler.seen == []  # forced open: no probes either
+        await queue.put_document("breakers", "payment", b'{"mode": "closed"}', actor="ops")
+
+        async def done() -> bool:
+            return (await _states(queue, [message_id])) == [State.DONE]
+
+        await _until(done)
