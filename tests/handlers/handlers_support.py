@@ -1,0 +1,106 @@
+"""The stand-ins as the handler tests use them: served by uvicorn in a thread with its own event
+loop (so a stand-in that withholds an answer never blocks the test's loop), on free loopback ports,
+over a fresh PostgreSQL database per test; and helpers to flip their faults, read their counters
+and query their ledgers.
+
+Imported by name from the tests (a module named conftest is not unique across the suite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import asyncpg
+import httpx
+
+from handlers.gateway import GatewaySettings
+from handlers.signing import Secret
+from handlers.standins.server import StandinsSettings, serve
+from ledger import pg
+
+START_TIMEOUT_S: Final = 20.0
+SECRETS: Final = {
+    "merchant-a": Secret(b"whsec-test-merchant-a-0123456789"),
+    "merchant-b": Secret(b"whsec-test-merchant-b-9876543210"),
+}
+FAST: Final = GatewaySettings(
+    connect_timeout_s=0.5, write_timeout_s=0.5, read_timeout_s=0.3, pool_timeout_s=0.2, attempt_timeout_s=3.0,
+    connect_tries_max=3, connect_backoff_min_s=0.01, connect_backoff_max_s=0.05,
+)  # fmt: skip
+"""Short timeouts, so a withheld answer costs a test a third of a second."""
+WITHHOLD_MS: Final = 700
+"""Longer than FAST's read timeout: the answer comes after the client gave up."""
+
+
+@dataclass(frozen=True, slots=True)
+class Standins:
+    urls: Mapping[str, str]
+    dsn: str
+
+    async def faults(self, service: str, **settings: Any) -> dict[str, Any]:
+        async with httpx.AsyncClient(base_url=self.urls[service]) as client:
+            response = await client.put("/_faults", json=settings)
+        assert response.status_code == 200, response.text
+        document: dict[str, Any] = response.json()
+        return document
+
+    async def stats(self, service: str) -> dict[str, Any]:
+        async with httpx.AsyncClient(base_url=self.urls[service]) as client:
+            response = await client.get("/_stats")
+        assert response.status_code == 200, response.text
+        document: dict[str, Any] = response.json()
+        return document
+
+    async def rows(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        connection = await asyncpg.connect(self.dsn)
+        try:
+            return [dict(row) for row in await connection.fetch(query, *args)]
+        finally:
+            await connection.close()
+
+
+def fresh_database(server: pg.EmbeddedPostgres, name: str) -> str:
+    async def create() -> None:
+        connection = await asyncpg.connect(server.dsn)
+        try:
+            await connection.execute(f"CREATE DATABASE {name}")
+        finally:
+            await connection.close()
+
+    asyncio.run(create())
+    return server.dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+@contextmanager
+def running_standins(dsn: str, *, seed: int | None = 7) -> Iterator[Standins]:
+    settings = StandinsSettings(payment_port=pg.free_tcp_port(), red_packet_port=pg.free_tcp_port(),
+                                callback_port=pg.free_tcp_port(), seed=seed)  # fmt: skip
+    started = threading.Event()
+    failure: list[BaseException] = []
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(serve(settings, dsn=dsn, secrets=SECRETS, stop=stop, on_started=started.set))
+        except BaseException as error:  # reported to the test thread
+            failure.append(error)
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="standins", daemon=True)
+    thread.start()
+    while not started.wait(0.05):
+        assert thread.is_alive(), f"the stand-ins did not start: {failure!r}"
+    try:
+        yield Standins(urls=settings.urls(), dsn=dsn)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(START_TIMEOUT_S)
+    assert not failure, failure
