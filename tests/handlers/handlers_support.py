@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import asyncpg
@@ -104,3 +104,35 @@ def running_standins(dsn: str, *, seed: int | None = 7) -> Iterator[Standins]:
         loop.call_soon_threadsafe(stop.set)
         thread.join(START_TIMEOUT_S)
     assert not failure, failure
+
+
+@dataclass
+class Recorder:
+    """A minimal HTTP/1.1 server on loopback that answers every request the same way and records
+    each request's head: for what the stand-ins cannot show (redirects, headers received, big bodies)."""
+
+    url: str = ""
+    heads: list[dict[str, str]] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def recording_server(status: int, *, headers: Mapping[str, str] | None = None, body: bytes = b"") -> AsyncIterator[Recorder]:
+    recorder = Recorder()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+
+    async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        fields = {line.split(":", 1)[0].lower(): line.split(":", 1)[1].strip() for line in head[1:] if ":" in line}
+        await reader.readexactly(int(fields.get("content-length", "0")))
+        recorder.heads.append({"request-line": head[0], **fields})
+        writer.write(f"HTTP/1.1 {status} X\r\n{extra}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve_one, "127.0.0.1", 0)
+    recorder.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield recorder
+    finally:
+        server.close()
+        await server.wait_closed()
