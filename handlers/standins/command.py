@@ -67,10 +67,18 @@ def run(args: argparse.Namespace) -> int:
     secrets = _secrets(args.secrets_file, os.environ)
     if args.pg_dsn:
         return _serve(settings, args.pg_dsn, secrets, args.log_level)
+    import contextlib
+    import subprocess
+
     from ledger import pg
 
-    with pg.database(args.pg_data) as dsn:
+    with contextlib.ExitStack() as stack:
+        try:
+            dsn = stack.enter_context(pg.database(args.pg_data))
+        except (OSError, subprocess.SubprocessError) as error:
+            raise StandinsError(f"cannot start an embedded PostgreSQL in {args.pg_data}: {type(error).__name__}") from None
         return _serve(settings, dsn, secrets, args.log_level)
+    raise AssertionError("unreachable: the block returns or raises")
 
 
 def _serve(settings: StandinsSettings, dsn: str, secrets: Mapping[str, Secret], log_level: str) -> int:

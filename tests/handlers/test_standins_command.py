@@ -46,6 +46,11 @@ def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     prefix = "compensator standins: error: "
     assert error_of(capsys, ["--host", "10.1.2.3", *ports()]) == f"{prefix}host 10.1.2.3 is not a loopback address"
     assert error_of(capsys, ["--payment-port", "70000"]) == f"{prefix}payment port 70000 is not in 1..65535"
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    line = error_of(capsys, [*ports(), "--pg-data", str(not_a_folder / "pg")],
+                    {"COMPENSATOR_CALLBACK_SECRETS": json.dumps({"merchant-a": SECRET_TEXT})})  # fmt: skip
+    assert line == f"{prefix}cannot start an embedded PostgreSQL in {not_a_folder / 'pg'}: NotADirectoryError"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -72,7 +77,8 @@ def test_the_command_serves_the_three_until_sigint(database: str, tmp_path: Path
     secrets_file = tmp_path / "secrets.json"
     secrets_file.write_text(json.dumps({"merchant-a": SECRETS["merchant-a"].reveal().decode()}))
     argv = ports()
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), "COMPENSATOR_PG_DSN": database}
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    environ = {**os.environ, "PYTHONPATH": python_path, "COMPENSATOR_PG_DSN": database}
     process = subprocess.Popen(
         [sys.executable, "-m", "compensator", "standins", *argv, "--secrets-file", str(secrets_file), "--seed", "3"],
         cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
