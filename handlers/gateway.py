@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 """W3C trace context: the only headers of an attempt that are passed downstream."""
 USER_AGENT: Final = "compensator/1"
+"""Sent with ``Accept-Encoding: identity``: answers are small, and the body limit counts real bytes."""
 CONNECT_TRIES_LIMIT: Final = 10
 TIMEOUT_S_LIMIT: Final = 120.0
 CONNECTIONS_LIMIT: Final = 1024
@@ -137,7 +138,7 @@ def _client(settings: GatewaySettings, base_url: str) -> httpx.AsyncClient:
         limits=httpx.Limits(max_connections=settings.connections_max,
                             max_keepalive_connections=settings.keepalive_connections_max,
                             keepalive_expiry=settings.keepalive_expiry_s),
-        follow_redirects=False, trust_env=False, headers={"user-agent": USER_AGENT},
+        follow_redirects=False, trust_env=False, headers={"user-agent": USER_AGENT, "accept-encoding": "identity"},
     )  # fmt: skip
 
 
@@ -213,6 +214,10 @@ class Gateway:
         except httpx.TimeoutException as error:  # read or write timeout: the request may be applied
             outcome = OutcomeUnknown(error_class=UnknownClass.TIMEOUT, detail=_said(error))
         except (httpx.NetworkError, httpx.RemoteProtocolError) as error:
+            outcome = OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
+        except httpx.HTTPError as error:
+            if not progress.written:  # an invalid URL or request: ours to fix, not the downstream's
+                raise
             outcome = OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
         return outcome
 

@@ -149,3 +149,15 @@ def test_settings_that_contradict_each_other_are_refused() -> None:
     with pytest.raises(ValueError, match=r"^payment gateway: keepalive"):
         gateway("http://127.0.0.1:1", settings)
     assert GatewaySettings(read_timeout_s=0).problems() == ["Expected `float` > 0.0 - at `$.read_timeout_s`"]
+
+
+async def test_an_answer_that_cannot_be_read_is_an_unknown_outcome_not_an_exception() -> None:
+    async with recording_server(200, headers={"Content-Encoding": "gzip"}, body=b"not gzip at all") as downstream:
+        client = gateway(downstream.url)
+        try:
+            outcome = await client.send(POST)
+        finally:
+            await client.aclose()
+    assert isinstance(outcome, OutcomeUnknown) and outcome.error_class is UnknownClass.CONNECTION_LOST
+    assert outcome.detail.startswith("DecodingError: ")
+    assert downstream.heads[0]["accept-encoding"] == "identity"
