@@ -32,13 +32,13 @@ SECRETS: Final = {
     "merchant-b": Secret(b"whsec-test-merchant-b-9876543210"),
 }
 FAST: Final = GatewaySettings(
-    connect_timeout_s=0.5, write_timeout_s=0.5, read_timeout_s=0.3, pool_timeout_s=0.2, attempt_timeout_s=3.0,
+    connect_timeout_s=0.5, write_timeout_s=0.5, read_timeout_s=0.5, pool_timeout_s=0.2, attempt_timeout_s=3.0,
     connect_tries_max=3, connect_backoff_min_s=0.01, connect_backoff_max_s=0.05,
 )  # fmt: skip
-"""Short timeouts, so a withheld answer costs a test a third of a second."""
+"""Short timeouts, so a withheld answer costs a test half a second; long enough for a busy machine."""
 PATIENT: Final = GatewaySettings(read_timeout_s=10.0, pool_timeout_s=10.0, attempt_timeout_s=20.0)
 """For tests of concurrency, where a short timeout on a busy machine would be a flaky failure."""
-WITHHOLD_MS: Final = 700
+WITHHOLD_MS: Final = 1000
 """Longer than FAST's read timeout: the answer comes after the client gave up."""
 
 

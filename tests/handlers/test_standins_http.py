@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from handlers_support import SECRETS, Standins
+from handlers_support import SECRETS, WITHHOLD_MS, Standins
 
 from handlers.signing import sign
 
@@ -121,20 +121,20 @@ async def test_the_callback_receiver_checks_signatures_and_counts_repeats(standi
 
 
 async def test_each_fault_mode(standins: Standins) -> None:
-    async with httpx.AsyncClient(base_url=standins.urls["payment"], timeout=httpx.Timeout(2.0, read=0.3)) as client:
+    async with httpx.AsyncClient(base_url=standins.urls["payment"], timeout=httpx.Timeout(2.0, read=0.5)) as client:
         await standins.faults("payment", error_rate=1.0)
         unavailable = await post_transfer(client, TRANSFER)
         await standins.faults("payment", throttle_rate=1.0, retry_after_s=3)
         throttled = await post_transfer(client, TRANSFER)
-        view = await standins.faults("payment", outage_s=0.3)
+        view = await standins.faults("payment", outage_s=0.6)
         in_outage = await client.get("/transfers/t-9")
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.65)
         after_outage = await client.get("/transfers/t-9")
         await standins.faults("payment", latency_ms=200)
         started = time.monotonic()
         slow = await client.get("/transfers/t-9")
         slow_s = time.monotonic() - started
-        await standins.faults("payment", apply_then_timeout_rate=1.0, withhold_ms=700)
+        await standins.faults("payment", apply_then_timeout_rate=1.0, withhold_ms=WITHHOLD_MS)
         with pytest.raises(httpx.ReadTimeout):
             await post_transfer(client, TRANSFER)
         await standins.faults("payment", apply_then_drop_rate=1.0)
@@ -144,7 +144,7 @@ async def test_each_fault_mode(standins: Standins) -> None:
         replayed = await post_transfer(client, TRANSFER)
     assert (unavailable.status_code, unavailable.json()) == (503, {"code": "unavailable"})
     assert (throttled.status_code, throttled.json(), throttled.headers["retry-after"]) == (429, {"code": "rate_limited"}, "3")
-    assert 0.0 < view["outage_remaining_s"] <= 0.3
+    assert 0.0 < view["outage_remaining_s"] <= 0.6
     assert (in_outage.status_code, in_outage.json(), after_outage.status_code) == (503, {"code": "outage"}, 404)
     assert slow.status_code == 404 and slow_s >= 0.2
     assert replayed.status_code == 200  # the withheld transfer had been made
