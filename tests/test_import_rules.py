@@ -6,6 +6,9 @@
     ledger       imports none of compensator, spark_reconcile, api, handlers
     spark_reconcile  never imports compensator (compensator is the composition root)
     api          reaches the store only through `queues`' public names: no raft_store, no queues.machine
+    handlers     imports none of compensator, api, spark_reconcile; only handlers.standins imports the
+                 stand-ins, and they import nothing of handlers but the signature scheme (the other
+                 side of the wire must not share the handlers' classification or gateway)
     pure cores   import no asyncio, socket, time, os, sqlite3, threading, and use randomness only as an
                  injected `random.Random` (never the module's global generator)
     production   never imports a testing or simulation package
@@ -31,6 +34,7 @@ FORBIDDEN: Final = {
     "ledger": {"compensator", "spark_reconcile", "api", "handlers"},
     "spark_reconcile": {"compensator", "api", "handlers"},
     "api": {"raft_store", "compensator", "spark_reconcile", "handlers"},
+    "handlers": {"compensator", "api", "spark_reconcile"},
 }
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
@@ -38,6 +42,7 @@ PURE: Final = (
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies",
     "api.ids", "api.schemas",
+    "handlers.answers", "handlers.classification", "handlers.tables", "handlers.signing", "handlers.standins.faults",
 )  # fmt: skip
 IMPURE: Final = frozenset({"asyncio", "socket", "time", "os", "sqlite3", "threading", "subprocess", "secrets"})
 
@@ -120,3 +125,25 @@ def test_production_code_never_imports_a_test_harness() -> None:
         if imported.startswith(HARNESSES)
     )
     assert offending == []
+
+
+STANDINS: Final = "handlers.standins"
+STANDINS_MAY_USE: Final = frozenset({"handlers.signing"})
+
+
+def test_the_stand_ins_and_the_handlers_share_only_the_signature_scheme() -> None:
+    handlers_reaching_standins = sorted(
+        f"{path.relative_to(ROOT)}: {imported}"
+        for path in _files("handlers")
+        if not _module(path).startswith(STANDINS)
+        for imported in _imports(path)
+        if imported.startswith(STANDINS)
+    )
+    standins_reaching_handlers = sorted(
+        f"{path.relative_to(ROOT)}: {imported}"
+        for path in _files("handlers/standins")
+        for imported in _imports(path)
+        if imported.split(".")[0] == "handlers" and not imported.startswith(STANDINS)
+        and imported not in STANDINS_MAY_USE and imported.rsplit(".", 1)[0] not in STANDINS_MAY_USE
+    )  # fmt: skip
+    assert (handlers_reaching_standins, standins_reaching_handlers) == ([], [])

@@ -1,0 +1,90 @@
+"""The handlers a worker runs, one per kind, built from the settings: ``kind -> Handler``.
+
+Owns: building one gateway per downstream (its pooled client), the three handlers over them with
+their classification tables (the defaults, or tables an operator set), and closing the gateways.
+Checks everything before it opens a connection: the settings, the tables, and that every
+configured callback target has a secret (an error names the target, never a value).
+
+Must never: read the environment or a file (the composition root hands in settings and secrets).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from handlers.callback import CallbackHandler, CallbackTarget
+from handlers.classification import ClassificationTable
+from handlers.contract import Handler
+from handlers.gateway import Gateway
+from handlers.list_update import ListUpdateHandler
+from handlers.settings import HandlersSettings
+from handlers.signing import Secret
+from handlers.tables import CALLBACK, DEFAULT_TABLES, PAYMENT, RED_PACKET
+from handlers.transfer import TransferHandler
+from ledger.kinds import Kind
+
+
+class RegistryError(ValueError):
+    """Settings, tables or secrets that cannot make handlers; one problem per line."""
+
+
+class Registry:
+    def __init__(self, handlers: Mapping[Kind, Handler], gateways: tuple[Gateway, ...]) -> None:
+        self.handlers: Mapping[Kind, Handler] = MappingProxyType(dict(handlers))
+        self._gateways = gateways
+
+    def __repr__(self) -> str:
+        return f"Registry(kinds={sorted(self.handlers)})"
+
+    def handler(self, kind: Kind) -> Handler:
+        return self.handlers[kind]
+
+    async def aclose(self) -> None:
+        for gateway in self._gateways:
+            await gateway.aclose()
+
+    async def __aenter__(self) -> Registry:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _problems(
+    settings: HandlersSettings, secrets: Mapping[str, Secret], tables: Mapping[str, ClassificationTable]
+) -> list[str]:
+    found = settings.problems()
+    for downstream in (PAYMENT, RED_PACKET, CALLBACK):
+        table = tables.get(downstream)
+        if table is None:
+            found.append(f"no classification table for {downstream}")
+        else:
+            found += [f"table {downstream}: {problem}" for problem in table.problems()]
+    found += [f"callback target {t.name!r} has no secret" for t in settings.callback.targets if t.name not in secrets]
+    return found
+
+
+def build_registry(
+    settings: HandlersSettings, *, secrets: Mapping[str, Secret],
+    tables: Mapping[str, ClassificationTable] = DEFAULT_TABLES,
+    clock: Callable[[], float] = time.time, rng: random.Random | None = None,
+) -> Registry:  # fmt: skip
+    problems = _problems(settings, secrets, tables)
+    if problems:
+        raise RegistryError("\n".join(problems))
+    rng = rng if rng is not None else random.Random()
+    payment = Gateway(downstream=PAYMENT, settings=settings.payment.gateway, base_url=settings.payment.base_url,
+                      rng=rng, clock=clock)  # fmt: skip
+    red_packet = Gateway(downstream=RED_PACKET, settings=settings.red_packet.gateway,
+                         base_url=settings.red_packet.base_url, rng=rng, clock=clock)  # fmt: skip
+    callback = Gateway(downstream=CALLBACK, settings=settings.callback.gateway, rng=rng, clock=clock)
+    targets = {t.name: CallbackTarget(name=t.name, url=t.url, secret=secrets[t.name]) for t in settings.callback.targets}
+    handlers: dict[Kind, Handler] = {
+        Kind.TRANSFER: TransferHandler(sender=payment, table=tables[PAYMENT]),
+        Kind.LIST_UPDATE: ListUpdateHandler(sender=red_packet, table=tables[RED_PACKET]),
+        Kind.CALLBACK: CallbackHandler(sender=callback, table=tables[CALLBACK], targets=targets, clock=clock),
+    }
+    return Registry(handlers, (payment, red_packet, callback))

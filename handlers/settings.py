@@ -1,0 +1,112 @@
+"""The handlers' configuration: where each downstream is, its client's timeouts and limits, and
+the registered callback targets.
+
+Every field has a default that works on one machine (the stand-ins' default ports), so an empty
+document is valid. msgspec Structs, like compensator/config.py's, so a TOML table or a JSON document
+decodes into them strictly (`decode_settings`). Callback targets carry a name and a URL only: their
+secrets are not configuration text, the composition root reads them (a file, the environment) and
+hands them to the registry as `Secret`s.
+
+Must never: read the environment or a file, or hold a secret.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+from urllib.parse import urlsplit
+
+import msgspec
+
+from handlers.gateway import GatewaySettings
+from ledger.kinds import TARGET_PATTERN
+
+TARGETS_MAX: Final = 256
+URL_CHARS_MAX: Final = 2048
+
+CALLBACK_GATEWAY: Final = GatewaySettings(
+    connect_timeout_s=1.0, write_timeout_s=2.0, read_timeout_s=3.0, pool_timeout_s=1.0, attempt_timeout_s=5.0,
+    connections_max=16, keepalive_connections_max=8,
+)  # fmt: skip
+"""Merchant endpoints are many and slow ones must not hold our workers: tighter than a payment API's."""
+
+Url = Annotated[str, msgspec.Meta(min_length=1, max_length=URL_CHARS_MAX)]
+TargetName = Annotated[str, msgspec.Meta(pattern=TARGET_PATTERN)]
+
+
+class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class DownstreamSettings(_Settings, frozen=True):
+    base_url: Url
+    gateway: GatewaySettings = GatewaySettings()
+
+
+class CallbackTargetSettings(_Settings, frozen=True):
+    name: TargetName
+    url: Url
+    """Where this target's callbacks are POSTed, whole: a callback never chooses a URL."""
+
+
+class CallbackSettings(_Settings, frozen=True):
+    gateway: GatewaySettings = CALLBACK_GATEWAY
+    targets: Annotated[tuple[CallbackTargetSettings, ...], msgspec.Meta(max_length=TARGETS_MAX)] = ()
+
+
+class HandlersSettings(_Settings, frozen=True):
+    payment: DownstreamSettings = DownstreamSettings(base_url="http://127.0.0.1:7201")
+    red_packet: DownstreamSettings = DownstreamSettings(base_url="http://127.0.0.1:7202")
+    callback: CallbackSettings = CallbackSettings()
+
+    def problems(self) -> list[str]:
+        try:  # settings built in Python skipped the decoder's checks
+            msgspec.json.decode(msgspec.json.encode(self), type=HandlersSettings, strict=True)
+        except msgspec.ValidationError as error:
+            return [str(error)]
+        found: list[str] = []
+        for name, downstream in (("payment", self.payment), ("red_packet", self.red_packet)):
+            found += [f"{name}.base_url: {p}" for p in url_problems(downstream.base_url, base=True)]
+            found += [f"{name}.gateway: {p}" for p in downstream.gateway.problems()]
+        found += [f"callback.gateway: {p}" for p in self.callback.gateway.problems()]
+        names = [target.name for target in self.callback.targets]
+        if len(set(names)) != len(names):
+            found.append("callback.targets: a target name is listed twice")
+        for target in self.callback.targets:
+            found += [f"callback.targets.{target.name}.url: {p}" for p in url_problems(target.url, base=False)]
+        return found
+
+
+def url_problems(url: str, *, base: bool) -> list[str]:
+    """An absolute http(s) URL with a host, no credentials, query or fragment; a base URL also no path."""
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        return ["not a URL"]
+    found: list[str] = []
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        found.append("must be an absolute http:// or https:// URL")
+    if not port_ok:
+        found.append("port out of range")
+    if parts.username is not None or parts.password is not None:
+        found.append("must not carry credentials")
+    if parts.query or parts.fragment:
+        found.append("must have no query or fragment")
+    if base and parts.path not in {"", "/"}:
+        found.append("a base URL has no path")
+    return found
+
+
+class SettingsError(ValueError):
+    """Settings that do not decode or contradict each other; one problem per line."""
+
+
+def decode_settings(data: bytes) -> HandlersSettings:
+    try:
+        settings = msgspec.json.decode(data, type=HandlersSettings, strict=True)
+    except msgspec.DecodeError as error:
+        raise SettingsError(str(error)) from None
+    problems = settings.problems()
+    if problems:
+        raise SettingsError("\n".join(problems))
+    return settings
