@@ -28,6 +28,9 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from compensator.worker.breaker import BreakerSettings
+from handlers.settings import HandlersSettings
+
 ENV_PREFIX: Final = "COMPENSATOR_"
 METRICS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus_client's multiprocess folder: set by `compensator api` for several workers."""
@@ -98,10 +101,47 @@ class TelemetryConfig(_Section, frozen=True):
     """Of traces started here; a sampled parent's decision is always followed."""
 
 
+class WorkerConfig(_Section, frozen=True):
+    """`compensator worker`: how much it takes on, how it waits, how it stops."""
+
+    lease_ms: int = 30_000
+    batch_max: int = 100
+    """Grants per Lease command at most."""
+    concurrency_per_kind: int = 64
+    """Attempts of one kind running at once in one worker."""
+    concurrency_per_downstream: int = 64
+    """Attempts calling one downstream at once in one worker, whatever their kind."""
+    idle_poll_ms: int = 100
+    """An idle worker asks the store (a read) whether work is due this often at most."""
+    drain_grace_s: float = 10.0
+    """On SIGTERM: how long running attempts may finish before they are cut off and handed back."""
+    metrics_port: int = 0
+    """Prometheus metrics on 127.0.0.1:port (0: off)."""
+    metrics_host: str = "127.0.0.1"
+    maintenance: bool = True
+    """Also run the queue's maintenance driver (it reads before it writes, so several are cheap)."""
+    callback_secrets_file: str = ""
+    """JSON {"target": "secret"} for callback signatures (else $COMPENSATOR_CALLBACK_SECRETS)."""
+    breaker_window_s: float = 10.0
+    breaker_attempts_min: int = 20
+    breaker_failure_ratio: float = 0.5
+    breaker_probe_every_s: float = 1.0
+    ramp_start_per_s: float = 5.0
+    ramp_double_s: float = 2.0
+    ramp_until_per_s: float = 1000.0
+
+
 class LocalConfig(_Section, frozen=True):
-    """`make run` only: where the local set keeps its data."""
+    """`make run` only: where the local set keeps its data, and what else it starts."""
 
     data_dir: str = "var/local"
+    workers: int = 2
+    standins: bool = True
+    """Start the downstream stand-ins (payment system, red-packet service, callback receiver) on the
+    ports of `handlers.payment.base_url`, `handlers.red_packet.base_url` and `callback_port`."""
+    callback_port: int = 7203
+    callback_target: str = "merchant-demo"
+    """The callback target `make run` registers, signed with a secret kept in the data folder."""
 
 
 class Config(_Section, frozen=True):
@@ -110,6 +150,10 @@ class Config(_Section, frozen=True):
     quota: QuotaConfig = QuotaConfig()
     auth: AuthConfig = AuthConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    worker: WorkerConfig = WorkerConfig()
+    handlers: HandlersSettings = HandlersSettings()
+    """Where each downstream is (handlers/settings.py): base URLs, client timeouts and limits,
+    callback targets by name."""
     local: LocalConfig = LocalConfig()
 
     @property
@@ -170,7 +214,31 @@ def _problems(config: Config) -> list[str]:
     check(0.1 <= config.auth.refresh_interval_s <= 30, "auth.refresh_interval_s", "must be in 0.1..30 s")
     check(0.0 <= config.telemetry.sample_ratio <= 1.0, "telemetry.sample_ratio", "must be in 0..1")
     check(bool(config.local.data_dir), "local.data_dir", "must not be empty")
+    check(0 <= config.local.workers <= 16, "local.workers", "must be in 0..16")
+    check(0 < config.local.callback_port < 65536, "local.callback_port", "must be in 1..65535")
+    worker = config.worker
+    check(1_000 <= worker.lease_ms <= 3_600_000, "worker.lease_ms", "must be in 1000..3600000")
+    check(1 <= worker.batch_max <= 1000, "worker.batch_max", "must be in 1..1000")
+    check(1 <= worker.concurrency_per_kind <= 10_000, "worker.concurrency_per_kind", "must be in 1..10000")
+    check(1 <= worker.concurrency_per_downstream <= 10_000, "worker.concurrency_per_downstream", "must be in 1..10000")
+    check(10 <= worker.idle_poll_ms <= 10_000, "worker.idle_poll_ms", "must be in 10..10000")
+    check(0 <= worker.drain_grace_s <= 600, "worker.drain_grace_s", "must be in 0..600")
+    check(0 <= worker.metrics_port < 65536, "worker.metrics_port", "must be in 0..65535")
+    try:
+        worker_breaker(worker).validate()
+    except ValueError as error:
+        problems.append(f"worker: {error}")
+    problems += [f"handlers.{problem}" for problem in config.handlers.problems()]
     return problems
+
+
+def worker_breaker(worker: WorkerConfig) -> BreakerSettings:
+    return BreakerSettings(
+        window_s=worker.breaker_window_s, attempts_min=worker.breaker_attempts_min,
+        failure_ratio=worker.breaker_failure_ratio, probe_every_s=worker.breaker_probe_every_s,
+        ramp_start_per_s=worker.ramp_start_per_s, ramp_double_s=worker.ramp_double_s,
+        ramp_until_per_s=worker.ramp_until_per_s,
+    )  # fmt: skip
 
 
 def _env_value(text: str, field_type: Any) -> Any:

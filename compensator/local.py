@@ -22,6 +22,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 from api.tokens import new_token, token_hash
 from compensator.api_server import add_config_argument, load
@@ -71,6 +73,7 @@ class Child:
     name: str
     command: list[str]
     log: Path
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     exits: collections.deque[float] = field(default_factory=collections.deque)
 
@@ -81,7 +84,7 @@ class Child:
             out.flush()
             self.process = subprocess.Popen(
                 self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+                env=dict(os.environ, PYTHONUNBUFFERED="1", **self.env), start_new_session=True,
             )  # fmt: skip
 
     def exited(self) -> int | None:
@@ -97,6 +100,13 @@ class Child:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    if port is None:
+        raise LaunchError(f"{url}: make run starts a stand-in there, so the URL needs an explicit port")
+    return port
 
 
 def port_taken(host: str, port: int) -> bool:
@@ -123,13 +133,57 @@ class LocalService:
             for i in range(1, len(self.addresses) + 1)
         ]  # fmt: skip
         self.api = Child("api", [*python, "api", *config_args], self.data_dir / "api.log")
+        local = config.local
+        self.standin_ports = {
+            "payment": _port(config.handlers.payment.base_url), "red_packet": _port(config.handlers.red_packet.base_url),
+            "callback": local.callback_port,
+        } if local.standins else {}  # fmt: skip
+        secrets = self.data_dir / "callback-secrets.json"
+        self.standins = [Child("stand-ins", [
+            *python, "standins", "--payment-port", str(self.standin_ports["payment"]),
+            "--red-packet-port", str(self.standin_ports["red_packet"]), "--callback-port", str(local.callback_port),
+            "--pg-data", str(self.data_dir / "standins-pg" / "data"), "--secrets-file", str(secrets),
+        ], self.data_dir / "standins.log")] if local.standins else []  # fmt: skip
+        target_url = f"http://127.0.0.1:{local.callback_port}/callbacks/{local.callback_target}"
+        worker_env = {
+            "COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"targets": [{"name": local.callback_target, "url": target_url}]}),
+            "COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE": str(secrets),
+            "COMPENSATOR_WORKER__MAINTENANCE": "false",  # the launcher runs the driver itself
+        }  # fmt: skip
+        self.workers = [
+            Child(f"worker {i}", [*python, "worker", *config_args, "--id", f"local-worker-{i}"],
+                  self.data_dir / f"worker{i}.log", env=worker_env)
+            for i in range(1, local.workers + 1)
+        ]  # fmt: skip
+        self.secrets_file = secrets
 
     @property
     def children(self) -> list[Child]:
-        return [*self.nodes, self.api]
+        return [*self.nodes, *self.standins, *self.workers, self.api]
+
+    def ensure_secrets(self) -> None:
+        """The demo target's signing secret, made once and kept beside the data (0600): the local
+        stand-in and the workers must share it, as a merchant and we would."""
+        if self.secrets_file.exists():
+            return
+        self.secrets_file.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(self.secrets_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump({self.config.local.callback_target: secrets.token_urlsafe(32)}, handle)
+
+    async def wait_standins(self) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        urls = [f"http://127.0.0.1:{port}/_faults" for port in self.standin_ports.values()]
+        while time.monotonic() < deadline:
+            self.supervise()
+            if all([await asyncio.to_thread(_ready, url) for url in urls]):
+                return True
+            await asyncio.sleep(0.2)
+        raise LaunchError(f"the stand-ins were not ready within 60 s: {last_words(self.standins[0].log)}")
 
     def check_ports(self) -> None:
-        wanted = [*self.addresses, (self.config.api.host, self.config.api.port)]
+        wanted = [*self.addresses, (self.config.api.host, self.config.api.port),
+                  *(("127.0.0.1", port) for port in self.standin_ports.values())]  # fmt: skip
         taken = [f"{h}:{p}" for h, p in wanted if port_taken(h, p)]
         if taken:
             raise LaunchError(
@@ -215,7 +269,7 @@ async def rotate_local_tokens(queue: QueueClient) -> dict[str, str]:
     return tokens
 
 
-def banner(config: Config, leader: int, tokens: dict[str, str]) -> str:
+def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[str, int]) -> str:
     url = config.api_url
     key = "demo-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     body = json.dumps({
@@ -237,7 +291,24 @@ def banner(config: Config, leader: int, tokens: dict[str, str]) -> str:
         f"    -H 'Idempotency-Key: {key}' -H 'Content-Type: application/json' \\",
         f"    -d '{body}'",
         f"Read it back: curl -sS {url}/v1/requests/<id> -H 'Authorization: Bearer {producer}'",
+        *_standins_lines(config, standins),
     ])  # fmt: skip
+
+
+def _standins_lines(config: Config, ports: dict[str, int]) -> list[str]:
+    if not ports:
+        return []
+    payment = f"http://127.0.0.1:{ports['payment']}"
+    return [
+        f"Stand-ins: payment {payment}, red packets http://127.0.0.1:{ports['red_packet']}, callbacks"
+        f" http://127.0.0.1:{ports['callback']} (target {config.local.callback_target});"
+        f" {config.local.workers} workers. Faults, e.g.:",
+        f"  curl -sS -X PUT {payment}/_faults -H 'Content-Type: application/json' -d '{{\"error_rate\": 0.5}}'"
+        "   # half answered 503: retries",
+        f"  curl -sS -X PUT {payment}/_faults -H 'Content-Type: application/json' -d '{{\"permanent_rate\": 1.0}}'"
+        "   # insufficient funds: dead letters",
+        f"  curl -sS -X PUT {payment}/_faults -H 'Content-Type: application/json' -d '{{}}'   # healthy again",
+    ]
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -278,20 +349,34 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
         driver.start()
         auditor = ReplicaAuditor(replica_clients(service.addresses))  # names a replica that diverged
         auditor.start()
+        if service.standins:
+            service.ensure_secrets()
+            service.standins[0].start()
+            if not await _unless(stop, service.wait_standins()):
+                return _interrupted()
+        for worker in service.workers:
+            worker.start()
         service.api.start()
         if not await _unless(stop, service.wait_ready()):
             return _interrupted()
-        print(banner(config, leader, tokens), flush=True)
+        print(banner(config, leader, tokens, service.standin_ports), flush=True)
         while not stop.is_set():
             service.supervise()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-        print("stopping: API, then the store", flush=True)
+        print("stopping: the API, the workers (they drain), the stand-ins, then the store", flush=True)
         return 0
     except (ClientError, QueueError) as error:
         raise LaunchError(f"the local store did not answer: {error}") from None
     finally:
         service.api.stop()
+        for worker in service.workers:  # all drain at once
+            if worker.exited() is None and worker.process is not None:
+                worker.process.send_signal(signal.SIGTERM)
+        for worker in service.workers:
+            worker.stop(timeout_s=30.0)
+        for standin in service.standins:
+            standin.stop()
         if driver is not None:
             await driver.stop()
         if auditor is not None:

@@ -10,8 +10,12 @@ Must never: run anything at import, or be imported by the packages it wires.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import FastAPI
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -27,6 +31,10 @@ from compensator import config as configuration
 from compensator.config import Config
 from compensator.store import queue_client
 from compensator.telemetry import tracer_provider
+from compensator.worker.limits import Limits
+from compensator.worker.metrics import WorkerMetrics
+from compensator.worker.runner import Worker, WorkerSettings
+from handlers.registry import Registry
 
 
 def wall_clock_ms() -> int:
@@ -64,3 +72,43 @@ def api_app_from_environment() -> FastAPI:
     """uvicorn's factory in each worker process: the configuration the `api` command validated,
     found again through COMPENSATOR_CONFIG and the same environment."""
     return api_app(configuration.load_from_environment())
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@contextlib.asynccontextmanager
+async def worker(config: Config, *, name: str = "", registry: Registry | None = None,
+                 span_exporter: SpanExporter | None = None) -> AsyncIterator[Worker]:  # fmt: skip
+    """A worker for this configuration, with its store client and its handlers' connections,
+    closed on exit. The handlers come from `config.handlers` and the callback secrets (a file or
+    $COMPENSATOR_CALLBACK_SECRETS) unless a registry is given."""
+    from handlers.registry import build_registry
+    from handlers.standins.command import read_secrets
+
+    settings = config.worker
+    if registry is None:
+        path = Path(settings.callback_secrets_file) if settings.callback_secrets_file else None
+        registry = build_registry(config.handlers, secrets=read_secrets(path, os.environ) or {})
+    handlers = {kind.value: handler for kind, handler in registry.handlers.items()}
+    limits = Limits(
+        per_kind=dict.fromkeys(handlers, settings.concurrency_per_kind),
+        per_downstream={h.downstream: settings.concurrency_per_downstream for h in handlers.values()},
+        downstream_of={kind: h.downstream for kind, h in handlers.items()},
+    )  # fmt: skip
+    queue = queue_client(config)
+    provider = tracer_provider(config.telemetry, exporter=span_exporter, process="worker")
+    built = Worker(
+        queue, handlers, limits,
+        WorkerSettings(worker_id=name or worker_id(), lease_ms=settings.lease_ms, batch_max=settings.batch_max,
+                       idle_poll_s=settings.idle_poll_ms / 1000, drain_grace_s=settings.drain_grace_s,
+                       breaker=configuration.worker_breaker(settings)),
+        tracer=provider.get_tracer("compensator.worker"), metrics=WorkerMetrics(), registry=registry,
+    )  # fmt: skip
+    try:
+        yield built
+    finally:
+        await registry.aclose()
+        await queue.raft.close()
+        provider.shutdown()

@@ -42,6 +42,13 @@ class Registry:
     def handler(self, kind: Kind) -> Handler:
         return self.handlers[kind]
 
+    def use_tables(self, tables: Mapping[str, ClassificationTable]) -> None:
+        """Classify each downstream's answers with these tables from now on (the defaults where
+        none is given)."""
+        for handler in self.handlers.values():
+            table = tables.get(handler.downstream, DEFAULT_TABLES[handler.downstream])
+            handler.use(table)  # type: ignore[attr-defined]
+
     async def aclose(self) -> None:
         for gateway in self._gateways:
             await gateway.aclose()

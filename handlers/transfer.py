@@ -69,6 +69,10 @@ class TransferHandler:
         self._sender = sender
         self._table = table
 
+    def use(self, table: ClassificationTable) -> None:
+        """An operator's edited table (a settings document in the store), from the next answer on."""
+        self._table = table
+
     def __repr__(self) -> str:
         return "TransferHandler()"
 

@@ -50,7 +50,9 @@ from compensator.worker.completions import Completion, Completions
 from compensator.worker.keeper import LeaseKeeper
 from compensator.worker.limits import Limits
 from compensator.worker.metrics import WorkerMetrics
+from handlers.classification import ClassificationTable, decode_table
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
+from handlers.registry import Registry
 from ledger.kinds import Kind, decode_payload
 from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
 from queues.lateness import grant_lateness_ms
@@ -86,6 +88,7 @@ class Worker:
     def __init__(
         self, queue: QueueClient, handlers: Mapping[str, Handler], limits: Limits, settings: WorkerSettings, *,
         tracer: trace.Tracer, metrics: WorkerMetrics, wall_clock_ms: Callable[[], int] | None = None,
+        registry: Registry | None = None,
     ) -> None:  # fmt: skip
         self._queue = queue
         self._handlers = handlers
@@ -104,7 +107,9 @@ class Worker:
             downstream: Breaker(downstream, settings.breaker, clock=time.monotonic, rng=rng)
             for downstream in self._kinds_of
         }
+        self._registry = registry
         self._modes_version = -1
+        self._tables_version = -1
         self._modes_read_s = float("-inf")
         self._breaker_tasks: set[asyncio.Task[None]] = set()
         self.completions = Completions(queue, on_settled=self._settled, flush_s=settings.flush_s)
@@ -115,6 +120,18 @@ class Worker:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    @property
+    def queue(self) -> QueueClient:
+        return self._queue
+
+    @property
+    def metrics(self) -> WorkerMetrics:
+        return self._metrics
+
+    @property
+    def worker_id(self) -> str:
+        return self._settings.worker_id
 
     # ---- the loop ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -204,12 +221,29 @@ class Worker:
             return
         self._modes_read_s = now
         answer = (await self._queue.documents(BREAKERS, known_version=self._modes_version, stale_ok=True)).value
+        if answer.changed:
+            modes = {doc.name: _mode(doc.body) for doc in answer.documents}
+            for downstream, breaker in self.breakers.items():
+                breaker.mode = modes.get(downstream, Mode.AUTO)
+            self._modes_version = answer.version
+        if self._registry is not None:
+            await self._read_tables(self._registry)
+
+    async def _read_tables(self, registry: Registry) -> None:
+        """Operators' classification tables (settings documents, validated by the API before they
+        were stored); a downstream without one is classified by its default table."""
+        answer = (await self._queue.documents(TABLES, known_version=self._tables_version, stale_ok=True)).value
         if not answer.changed:
             return
-        modes = {doc.name: _mode(doc.body) for doc in answer.documents}
-        for downstream, breaker in self.breakers.items():
-            breaker.mode = modes.get(downstream, Mode.AUTO)
-        self._modes_version = answer.version
+        tables: dict[str, ClassificationTable] = {}
+        for doc in answer.documents:
+            try:
+                tables[doc.name] = decode_table(doc.body)
+            except (ValueError, msgspec.DecodeError) as error:
+                log.error("classification table %s in the store is invalid; keeping the default: %s", doc.name, error)
+        registry.use_tables(tables)
+        self._tables_version = answer.version
+        log.info("classification tables in force: %s", ", ".join(sorted(tables)) or "the defaults")
 
     def _ramp(self, room: dict[str, int]) -> None:
         """Cap each downstream's room by its breaker's ramp, if it is ramping."""
@@ -330,7 +364,7 @@ class Worker:
             self.completions.ack(grant.message_id, grant.token, grant.kind, decision.detail)
             return
         text = decision.detail
-        if decision.status is not None:
+        if decision.status is not None and f"HTTP {decision.status}" not in text:
             text = f"{text} [HTTP {decision.status}]"
         if decision.excerpt:
             text = f"{text} {decision.excerpt}"
@@ -376,6 +410,8 @@ class Worker:
 
 
 _FAILURES: Final = frozenset(DOWNSTREAM_FAILURES)
+TABLES: Final = "classification"
+"""The settings documents' namespace of classification tables, one per downstream."""
 
 
 def _mode(body: bytes) -> Mode:

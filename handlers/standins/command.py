@@ -107,7 +107,9 @@ def _serve(settings: StandinsSettings, dsn: str, secrets: Mapping[str, Secret], 
     return 0
 
 
-def _secrets(path: Path | None, environ: Mapping[str, str]) -> dict[str, Secret]:
+def read_secrets(path: Path | None, environ: Mapping[str, str]) -> dict[str, Secret] | None:
+    """The callback targets' secrets: a JSON file if given, else ``$COMPENSATOR_CALLBACK_SECRETS``;
+    None when neither is set. The stand-ins and the workers read them the same way."""
     from handlers.signing import secrets_from_json
 
     if path is not None:
@@ -120,11 +122,16 @@ def _secrets(path: Path | None, environ: Mapping[str, str]) -> dict[str, Secret]
             raise ValueError(f"{path}: larger than {SECRETS_FILE_BYTES_MAX} bytes")
         return secrets_from_json(document, origin=str(path))
     text = environ.get(SECRETS_ENV, "").strip()
-    if not text:
+    return secrets_from_json(text.encode(), origin=SECRETS_ENV) if text else None
+
+
+def _secrets(path: Path | None, environ: Mapping[str, str]) -> dict[str, Secret]:
+    found = read_secrets(path, environ)
+    if found is None:
         print(f"standins: no callback secrets ({SECRETS_ENV} or --secrets-file): every callback is 404",
               file=sys.stderr)  # fmt: skip
         return {}
-    return secrets_from_json(text.encode(), origin=SECRETS_ENV)
+    return found
 
 
 async def _check_database(dsn: str) -> None:
