@@ -545,11 +545,15 @@ def printed_token(banner: list[str], name: str) -> str:
 
 def launcher_env(tmp_path: Path) -> tuple[dict[str, str], list[int]]:
     """Environment for a launcher on free ports with its data under tmp_path, and those ports
-    (the three store nodes', then the API's)."""
-    ports = free_ports(4)
+    (the three store nodes', the API's, then the stand-ins': payment, red packet, callbacks)."""
+    ports = free_ports(7)
     return {
         "COMPENSATOR_STORE__ADDRESSES": ",".join(f"127.0.0.1:{port}" for port in ports[:3]),
         "COMPENSATOR_API__PORT": str(ports[3]),
+        "COMPENSATOR_HANDLERS__PAYMENT": json.dumps({"base_url": f"http://127.0.0.1:{ports[4]}"}),
+        "COMPENSATOR_HANDLERS__RED_PACKET": json.dumps({"base_url": f"http://127.0.0.1:{ports[5]}"}),
+        "COMPENSATOR_LOCAL__CALLBACK_PORT": str(ports[6]),
+        "COMPENSATOR_LOCAL__WORKERS": "1",
         "COMPENSATOR_LOCAL__DATA_DIR": str(tmp_path / "local"),
     }, ports
 
@@ -575,8 +579,17 @@ def test_the_launcher_serves_its_curl_stops_everything_on_ctrl_c_and_keeps_its_d
         assert created.status == 201, created
         request_id = created.body["id"]
         assert RequestId.parse(request_id) is not None and created.headers["location"] == f"/v1/requests/{request_id}"
+        token = printed_token(banner, "producer")
+        url = f"http://127.0.0.1:{ports[3]}/v1/requests/{request_id}"
+
+        def done_once() -> bool:  # the worker pays it through the payment stand-in
+            view = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=HTTP_TIMEOUT_S).json()
+            return bool(view["state"] == "done" and view["attempts"] == 1)
+
+        done_after_s = poll_until(done_once, timeout_s=2.0)
         again = run_curl(curl)
         assert (again.status, again.body["id"], again.body["replayed"]) == (200, request_id, True)
+        assert again.body["state"] == "done"
         other_body = curl.replace('"amount_minor": 888', '"amount_minor": 889')
         assert other_body != curl
         reused = run_curl(other_body)
@@ -601,7 +614,7 @@ def test_the_launcher_serves_its_curl_stops_everything_on_ctrl_c_and_keeps_its_d
         second_stop_s = interrupt_and_check(second)
     finally:
         second.cleanup()
-    print(f"\nlauncher stopped in {first_stop_s:.1f} s, then in {second_stop_s:.1f} s")
+    print(f"\ndone {done_after_s:.2f} s after the curl; launcher stopped in {first_stop_s:.1f} s, then in {second_stop_s:.1f} s")
 
 
 @pytest.mark.parametrize("taken", ["store node 2", "api"])
