@@ -18,6 +18,7 @@ from api.http import KEY_PATTERN, QUOTED_KEY_PATTERN
 from api.problems import MEDIA_TYPE, TYPES
 from api.schemas import IDEMPOTENCY_KEY_LENGTH_MAX, BatchSubmission, Submission
 from delay.policy import RetryPolicy
+from handlers.classification import ClassificationTable
 
 _REF: Final = "#/components/schemas/{model}"
 
@@ -50,6 +51,7 @@ COMPONENTS: Final = {
     **_pydantic("BatchSubmission", TypeAdapter(BatchSubmission)),
     **_pydantic("Problem", TypeAdapter(ProblemDocument)),
     **_msgspec("RetryPolicy", RetryPolicy),
+    **_msgspec("ClassificationTable", ClassificationTable),
 }
 
 IDEMPOTENCY_KEY_HEADER: Final = {

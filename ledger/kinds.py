@@ -122,6 +122,14 @@ PAYLOAD_MODELS: Final[Mapping[Kind, type[_Payload]]] = {
 }
 
 
+DOWNSTREAM_OF: Final[Mapping[Kind, str]] = {
+    Kind.TRANSFER: "payment",
+    Kind.LIST_UPDATE: "red_packet",
+    Kind.CALLBACK: "callback",
+}
+"""The system each kind's call goes to: the unit of circuit breakers and classification tables."""
+
+
 @dataclass(frozen=True, slots=True)
 class Money:
     amount_minor: int
