@@ -61,7 +61,7 @@ payouts AS (
                                payee := payee, at := created_at), (created_at, transfer_id)) AS first
     FROM paid GROUP BY business_id),
 grants_of_day AS (SELECT * FROM grants WHERE granted_at >= $day_start AND granted_at < $day_end),
-covered AS (SELECT DISTINCT ref_key FROM requests WHERE kind = {transfer_kind} AND state <> {request_cancelled}),
+covered AS (SELECT DISTINCT ref_key FROM requests WHERE kind = {transfer_kind}),
 flagged AS (
     SELECT r.*, CASE
         WHEN state = {request_dead_lettered} AND finished_at < $day_end THEN 'dead_lettered_unresolved'

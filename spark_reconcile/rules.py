@@ -153,7 +153,9 @@ def request_events(compensation: DataFrame, params: ReconcileParams) -> DataFram
             _FLAG_SUCCEEDED_IN_DAY,
         )
     )
-    covers = (F.col("kind") == Kind.TRANSFER.value) & (state != LedgerState.CANCELLED.value)
+    # Every transfer request covers its grant, a discarded one too: finance decided not to pay it,
+    # and the reconciliation must never propose paying it again behind their back.
+    covers = F.col("kind") == Kind.TRANSFER.value
     at = F.when(flag == _FLAG_PENDING, created).otherwise(F.coalesce(finished, created))
     kept = compensation.where(request_read_filter(params))
     return _events(

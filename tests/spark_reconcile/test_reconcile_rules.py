@@ -255,6 +255,7 @@ def test_dead_lettered_until_redriven_or_discarded(spark: SparkSession, params: 
             grant("g-dead", 250, "USD", at(9), recipient="u-8"),
             grant("g-redriven", 250, "USD", at(9)),
             grant("g-discarded", 250, "USD", at(9), state="CANCELLED"),  # the red packet was withdrawn
+            grant("g-waived", 400, "USD", at(9)),  # still granted, but finance discarded its request
         ],
         transfers=[transfer("t-redriven", "g-redriven", 250, "USD", at(11))],
         requests=[
@@ -263,6 +264,7 @@ def test_dead_lettered_until_redriven_or_discarded(spark: SparkSession, params: 
             # Finance resolved these dead letters: one redriven and paid, one discarded.
             request("r-redriven", "g-redriven", 250, "USD", "SUCCEEDED", at(9, 1), at(11)),
             request("r-discarded", "g-discarded", 250, "USD", "CANCELLED", at(9, 1), at(11)),
+            request("r-waived", "g-waived", 400, "USD", "CANCELLED", at(9, 1), at(11)),  # never proposed again
         ],
     )
     expected = discrepancies(
