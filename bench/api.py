@@ -38,37 +38,43 @@ import asyncio
 import json
 import os
 import platform
-import resource
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from api.schemas import SUBMISSION
-from api.tokens import new_token, token_hash
+from api.tokens import new_token
 from bench import hello_app
-from compensator import config as configuration
+from bench.harness import (
+    MACHINE,
+    REPO_ROOT,
+    BenchError,
+    Profiler,
+    Server,
+    api_server,
+    child_environment,
+    children_cpu_s,
+    code_revision,
+    compensator_command,
+    create_producer,
+    machine_busy_cpu_s,
+    py_spy,
+    terminated_as_interrupt,
+    tree_cpu_s,
+)
 from ledger.kinds import MEMO_LENGTH_MAX
-from queues import Code, QueueClient, RaftClient, Role
+from queues import QueueClient, RaftClient
 from raft_store.testing.processes import ProcessCluster, free_ports
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 LUA_SCRIPT: Final = REPO_ROOT / "bench" / "api_load.lua"
-MACHINE: Final = "queues.replicated:machine_factory"
-PRODUCER: Final = "bench"
-QUOTA_RATE_PER_S: Final = 1_000_000
-QUOTA_BURST: Final = 10_000_000
-"""The store's maxima for a producer's quota (queues/model.py): the benchmark is never held."""
 PHASES: Final = ("single", "hello", "batch")
 KEY_MARKER: Final = "{{KEY}}"
 KEY_PREFIX_LENGTH: Final = 8
@@ -76,110 +82,7 @@ KEY_LENGTH: Final = KEY_PREFIX_LENGTH + 2 + 10
 """bench/api_load.lua: the run's prefix, the wrk thread (2 digits), its counter (10 digits)."""
 FAILURE_TEXT_LENGTH_MAX: Final = 1000
 WRK_TIMEOUT_S: Final = 10
-START_TIMEOUT_S: Final = 60.0
-STOP_TIMEOUT_S: Final = 15.0
-READY_STREAK: Final = 5
 TARGETS: Final = {"single_per_s": 2500.0, "single_p99_ms": 50.0, "ratio": 0.6, "batch_items_per_s": 10_000.0}
-
-
-class BenchError(Exception):
-    """The benchmark cannot give a trustworthy figure; one line for the person running it."""
-
-
-# ---- processes -----------------------------------------------------------------------------------
-@dataclass
-class Server:
-    """A server process in a session of its own: stopping it stops its workers too."""
-
-    name: str
-    command: list[str]
-    env: dict[str, str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, f"{self.name} was not started"
-        return self.process.pid
-
-    def stop(self) -> None:
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            with suppress(subprocess.TimeoutExpired):
-                process.wait(STOP_TIMEOUT_S)
-        with suppress(ProcessLookupError):  # workers left behind by a leader that did not stop them
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        self.process = None
-
-    def last_lines(self, count: int = 5) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(lines[-count:]) or "(empty log)"
-
-    def wait_ready(self, url: str) -> None:
-        """Until `url` answers 200 `READY_STREAK` times in a row (every worker is likely up)."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        streak = 0
-        while streak < READY_STREAK:
-            if self.process is None or self.process.poll() is not None:
-                raise BenchError(f"{self.name} exited before it was ready: {self.last_lines()} (log {self.log_path})")
-            if time.monotonic() > deadline:
-                raise BenchError(f"{self.name} not ready within {START_TIMEOUT_S:.0f} s: {self.last_lines()}")
-            streak = streak + 1 if _answers_200(url) else 0
-            time.sleep(0.05 if streak else 0.2)
-
-
-def _answers_200(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as answer:
-            return bool(answer.status == 200)
-    except (OSError, urllib.error.HTTPError):
-        return False
-
-
-def child_environment(**extra: str) -> dict[str, str]:
-    """The caller's environment without any compensator setting, with this checkout first."""
-    dropped = (configuration.CONFIG_PATH_ENV, configuration.METRICS_DIR_ENV)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(configuration.ENV_PREFIX) and k not in dropped}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
-def compensator_command() -> list[str]:
-    """The installed `compensator` command beside this interpreter, else `python -m compensator`."""
-    script = Path(sys.executable).parent / "compensator"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "compensator"]
-
-
-def api_server(cluster: ProcessCluster, root: Path, *, port: int, workers: int) -> Server:
-    env = child_environment(**{
-        f"{configuration.ENV_PREFIX}STORE__ADDRESSES": ",".join(f"{h}:{p}" for h, p in cluster.addresses()),
-        f"{configuration.ENV_PREFIX}API__HOST": "127.0.0.1",
-        f"{configuration.ENV_PREFIX}API__PORT": str(port),
-        f"{configuration.ENV_PREFIX}API__WORKERS": str(workers),
-        f"{configuration.ENV_PREFIX}QUOTA__RATE_PER_S": str(QUOTA_RATE_PER_S),
-        f"{configuration.ENV_PREFIX}QUOTA__BURST": str(QUOTA_BURST),
-    })  # fmt: skip
-    if workers > 1:  # as `compensator api` would, but inside the run's directory, removed with it
-        env[configuration.METRICS_DIR_ENV] = str(root / "metrics")
-        (root / "metrics").mkdir()
-    return Server("compensator api", [*compensator_command(), "api"], env, root / "api.log")
 
 
 def hello_server(root: Path, *, port: int, workers: int) -> Server:
@@ -201,45 +104,6 @@ def check_same_uvicorn_settings() -> None:
     api = api_uvicorn_settings()
     if api != hello_app.UVICORN_SETTINGS:
         raise BenchError(f"the hello app's uvicorn settings {hello_app.UVICORN_SETTINGS} differ from the API's {api}")
-
-
-# ---- CPU accounting --------------------------------------------------------------------------------
-TICKS_PER_S: Final = os.sysconf("SC_CLK_TCK")
-
-
-def _stat_fields(pid: str) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def tree_cpu_s(root_pid: int) -> float:
-    """User+system CPU seconds of a process and all its descendants (uvicorn's workers)."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat_fields(entry)) is not None:
-            parents[int(entry)] = int(fields[1])
-            cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / TICKS_PER_S
-    tree = {root_pid}
-    grew = True
-    while grew:
-        found = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= found
-        grew = bool(found)
-    return sum(cpu.get(pid, 0.0) for pid in tree)
-
-
-def machine_busy_cpu_s() -> float:
-    """CPU seconds every core spent outside idle and iowait since boot (/proc/stat)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(values[:8]) - values[3] - values[4]) / TICKS_PER_S
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 # ---- load ------------------------------------------------------------------------------------------
@@ -367,51 +231,6 @@ def check_mostly_ok(phase: str, run: WrkRun, batch_size: int) -> None:
 
 
 # ---- profile -----------------------------------------------------------------------------------------
-def py_spy() -> str | None:
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.exists() else shutil.which("py-spy")
-
-
-@dataclass
-class Profiler:
-    """py-spy on a server's processes (its workers too) for one measured window."""
-
-    executable: str
-    output: Path
-    output_format: str
-    pid: int
-    seconds: int
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.output.parent.mkdir(parents=True, exist_ok=True)
-        command = [
-            self.executable, "record", "--pid", str(self.pid), "--subprocesses", "--nonblocking", "--rate", "100",
-            "--duration", str(self.seconds), "--format", self.output_format, "--output", str(self.output),
-        ]  # fmt: skip
-        with self.output.with_suffix(".log").open("wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def finish(self) -> dict[str, Any]:
-        if self.process is None:
-            return {"error": "not started"}
-        try:
-            code = self.process.wait(self.seconds + 30)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            code = -1
-        if code != 0 or not self.output.exists():
-            log = self.output.with_suffix(".log").read_text(errors="replace").strip().splitlines()
-            return {"error": f"py-spy exited {code}: {' | '.join(log[-3:])}"}
-        return {"file": str(self.output), "format": self.output_format, "rate_hz": 100,
-                "note": "py-spy sampled the API's processes through the measured single window"}  # fmt: skip
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 # ---- phases ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
@@ -489,7 +308,7 @@ class Bench:
         self.cleanups.append(cluster.stop_all)
         cluster.start_all()
         self.token = new_token()
-        asyncio.run(create_producer(cluster, self.token))
+        asyncio.run(create_producer(cluster, self.token, reason="bench/api.py"))
         (port,) = free_ports(1)
         api = self.api = api_server(cluster, self.root, port=port, workers=self.settings.workers)
         self.cleanups.append(api.stop)
@@ -529,7 +348,8 @@ class Bench:
         output_format = self.settings.profile_format
         suffix = {"flamegraph": ".svg", "speedscope": ".json", "raw": ".txt"}[output_format]
         output = folder / f"api-single-w{self.settings.workers}-{time.strftime('%Y%m%dT%H%M%S')}{suffix}"
-        profiler = Profiler(executable, output, output_format, server.pid, self.settings.seconds)
+        note = "py-spy sampled the API's processes through the measured single window"
+        profiler = Profiler(executable, output, output_format, server.pid, self.settings.seconds, note=note)
         self.cleanups.append(profiler.stop)
         return profiler
 
@@ -597,20 +417,6 @@ class Bench:
         }  # fmt: skip
 
 
-async def create_producer(cluster: ProcessCluster, token: str) -> None:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
-    try:
-        await cluster.wait_leader(raft)
-        queue = QueueClient(raft)
-        created = await queue.put_token(PRODUCER, Role.PRODUCER, token_hash(token), actor="bench",
-                                        reason="bench/api.py")  # fmt: skip
-        quota = await queue.set_quota(PRODUCER, actor="bench", rate_per_s=QUOTA_RATE_PER_S, burst=QUOTA_BURST)
-    finally:
-        await raft.close()
-    if created.code is not Code.OK or quota.code is not Code.OK:
-        raise BenchError(f"could not create the producer token: {created.code.name}, quota {quota.code.name}")
-
-
 async def stored_counts(cluster: ProcessCluster) -> dict[str, int]:
     raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
     try:
@@ -629,29 +435,6 @@ def describe_machine() -> str:
     wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False).stdout.split(" [")[0]
     return (f"{platform.machine()} {os.cpu_count()} cores, {memory_gib:.0f} GiB, Python {platform.python_version()},"
             f" uvicorn {uvicorn.__version__}, FastAPI {fastapi.__version__}, {wrk}")  # fmt: skip
-
-
-def code_revision() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD")
-    return head + ("+uncommitted" if git("status", "--porcelain") else "") if head else "unknown (not a git checkout)"
-
-
-@contextmanager
-def terminated_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so every child is stopped."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:

@@ -1,0 +1,591 @@
+"""End-to-end benchmark: failed requests in through the API, done through the workers and stand-ins.
+
+    python -m bench.e2e --json                        # 5,000 requests; about a minute
+    python -m bench.e2e --requests 1000 --json        # a smoke run
+    python -m bench.e2e --profile var/profiles --json # py-spy on worker 1 through the window
+
+Starts, in a temporary directory: an embedded PostgreSQL (the stand-ins' ledgers), the 3-node
+store (`--machine queues.replicated:machine_factory`, fsync on), a producer token whose quota
+never holds, a short retry policy for every kind (`--retry-ms`, the same wait before each retry),
+the stand-ins (`compensator standins`: payment system, red-packet service, callback receiver),
+`--workers` workers (`compensator worker`, configured as `make run` configures them: the
+handlers' base URLs, one callback target and its secret in a file) and the API (`compensator
+api`). Every child runs this checkout's code and gets no COMPENSATOR_* setting of the caller's.
+
+Failures: every stand-in answers 503 to a request at random with probability `--error-rate`
+(its `error_rate` fault, seeded), so about that fraction of first attempts fail, and retries fail
+at the same rate. The stand-ins cannot fail exactly the first attempt of chosen requests.
+
+The load: `--requests` requests (seven transfers, two receive-list updates and one callback in
+every ten), POSTed to `/v1/requests:batch` in batches of `--batch-size`, `--in-flight` batches at
+a time, as fast as the API answers or paced at `--rate` items/s. The window runs from the first
+POST until no request is left delayed, ready or leased (or none ended for `--stall-timeout-s`).
+Then the store's views (created and terminal times, attempts) and the ledgers in PostgreSQL are
+read back:
+
+- done_per_s: done requests / (first POST to the last ack, on the wall clock);
+- time_to_done_p50_ms / p99: intake (the store's `created_ms`) to the ack (`terminal_ms`) of the
+  requests whose first attempt succeeded; `time_to_done_retried` for the others; `waited`
+  (intake to the first lease) and `handled` (the last lease to the ack) split it;
+- lost: requests answered 201 (or 200, a replay) that are not done; double_paid: transfer ids with
+  more than one row in `payment_transfers`, plus rows for ids never requested; every done request
+  must have left its effect (`done_without_effect`);
+- CPU per done request of the API, the nodes, the workers, the stand-ins, PostgreSQL and this
+  process (the load client), from /proc, from the first POST to the last poll that saw a request
+  end; the leader's log entries and fsyncs per done request; the workers' own metrics (handler
+  times, attempts), the breakers they opened, and the stand-ins' counts.
+
+The command exits 1 when a request is lost, a transfer paid twice, a done request left no effect,
+or the run could not finish. Every process and the directory are removed on exit, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import resource
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import asyncpg
+import httpx
+
+from api.tokens import new_token
+from bench import e2e_figures as figures
+from bench import e2e_load as load
+from bench.harness import (
+    MACHINE,
+    PRODUCER,
+    BenchError,
+    Profiler,
+    Server,
+    api_server,
+    child_environment,
+    code_revision,
+    compensator_command,
+    create_producer,
+    machine_busy_cpu_s,
+    py_spy,
+    terminated_as_interrupt,
+    trees_cpu_s,
+)
+from delay.policy import RetryPolicy
+from ledger import pg
+from ledger.kinds import Kind
+from queues import Code, MessageView, QueueClient, RaftClient
+from queues.query_codec import IDS_PER_QUERY_MAX
+from raft_store.testing.processes import ProcessCluster, free_ports
+
+REQUESTS_DEFAULT: Final = 5_000
+"""About a minute on the 2-core machine at today's rate (70-115 done/s); 20,000 takes about four."""
+CALLBACK_TARGET: Final = "e2e-merchant"
+WORKER_READY: Final = "running; SIGTERM drains it"
+"""What `compensator worker` prints once it leases."""
+POLL_S: Final = 0.2
+PENDING_STATES: Final = frozenset({"delayed", "ready", "leased"})
+TARGETS: Final = {"done_per_s": 2000.0, "time_to_done_p99_ms": 1000.0}
+PROFILED: Final = ("worker", "api", "standins")
+BREAKER_OPENS: Final = re.compile(r"breaker (\S+) opens")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    requests: int
+    batch_size: int
+    in_flight: int
+    rate_per_s: float
+    error_rate: float
+    retry_ms: int
+    attempts_max: int
+    workers: int
+    api_workers: int
+    stall_timeout_s: float
+    seed: int
+    profile_dir: Path | None
+    profile_format: str
+    profile_process: str
+    breaker: str
+
+
+# ---- the processes ---------------------------------------------------------------------------------
+@dataclass
+class Stack:
+    """Every process of one run, stopped in the reverse order of their start by `close`."""
+
+    root: Path
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+    cluster: ProcessCluster | None = None
+    postgres: pg.EmbeddedPostgres | None = None
+    standins: Server | None = None
+    workers: list[Server] = field(default_factory=list)
+    api: Server | None = None
+    token: str = ""
+    api_url: str = ""
+    standin_urls: dict[str, str] = field(default_factory=dict)
+    metrics_urls: list[str] = field(default_factory=list)
+    """Each worker's Prometheus page."""
+
+    def close(self) -> None:
+        while self.cleanups:
+            with suppress(Exception):
+                self.cleanups.pop()()
+
+    def start(self, settings: Settings) -> None:
+        self.start_postgres()
+        cluster = self.cluster = ProcessCluster(self.root / "store", machine=MACHINE)
+        self.cleanups.append(cluster.stop_all)
+        cluster.start_all()
+        self.token = new_token()
+        asyncio.run(configure_store(cluster, self.token, settings))
+        secrets_file = self.write_secrets()
+        self.start_standins(settings, secrets_file)
+        for number in range(1, settings.workers + 1):
+            (metrics_port,) = free_ports(1)
+            self.metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
+            worker = worker_server(cluster, self.root, number, self.standin_urls, secrets_file,
+                                   breaker=settings.breaker, metrics_port=metrics_port)  # fmt: skip
+            self.cleanups.append(worker.stop)
+            self.workers.append(worker)
+            worker.start()
+        for worker in self.workers:
+            worker.wait_line(WORKER_READY)
+        (port,) = free_ports(1)
+        api = self.api = api_server(cluster, self.root, port=port, workers=settings.api_workers)
+        self.cleanups.append(api.stop)
+        api.start()
+        self.api_url = f"http://127.0.0.1:{port}"
+        api.wait_ready(f"{self.api_url}/readyz")
+
+    def start_postgres(self) -> None:
+        folder = self.root / "pg"  # a folder of its own: as root, PostgreSQL runs as another user
+        folder.mkdir()
+        postgres = self.postgres = pg.EmbeddedPostgres(folder / "data")
+        self.cleanups.append(postgres.stop)
+        pg.wait_until_accepting(postgres.start())
+
+    def write_secrets(self) -> Path:
+        """The callback target's secret, shared by the receiver and the workers as `make run` does."""
+        path = self.root / "callback-secrets.json"
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump({CALLBACK_TARGET: secrets.token_urlsafe(32)}, handle)
+        return path
+
+    def start_standins(self, settings: Settings, secrets_file: Path) -> None:
+        assert self.postgres is not None
+        ports = dict(zip(("payment", "red_packet", "callback"), free_ports(3), strict=True))
+        command = [
+            *compensator_command(), "standins", "--payment-port", str(ports["payment"]),
+            "--red-packet-port", str(ports["red_packet"]), "--callback-port", str(ports["callback"]),
+            "--pg-dsn", self.postgres.dsn, "--secrets-file", str(secrets_file), "--seed", str(settings.seed),
+        ]  # fmt: skip
+        standins = self.standins = Server("compensator standins", command, child_environment(),
+                                          self.root / "standins.log")  # fmt: skip
+        self.cleanups.append(standins.stop)
+        standins.start()
+        self.standin_urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+        for number, url in enumerate(self.standin_urls.values()):
+            standins.wait_ready(f"{url}/_faults")
+            faults = {"error_rate": settings.error_rate, "seed": settings.seed + number}
+            answer = httpx.put(f"{url}/_faults", json=faults, timeout=10.0)
+            if answer.status_code != 200:
+                raise BenchError(f"{url}/_faults refused {faults}: {answer.status_code} {answer.text[:200]}")
+
+    def breaker_trips(self) -> dict[str, int]:
+        """Breakers the workers opened, by downstream (their logs say "breaker <downstream> opens")."""
+        trips: dict[str, int] = {}
+        for worker in self.workers:
+            for found in BREAKER_OPENS.finditer(worker.log_path.read_text(errors="replace")):
+                trips[found[1]] = trips.get(found[1], 0) + 1
+        return trips
+
+    def postmaster_pid(self) -> int:
+        assert self.postgres is not None
+        return int((self.postgres.data_dir / "postmaster.pid").read_text().split()[0])
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds so far by process group (whole trees), this process's and the machine's."""
+        assert self.api is not None and self.standins is not None and self.cluster is not None
+        trees = trees_cpu_s({
+            "api": [self.api.pid], "workers": [w.pid for w in self.workers], "standins": [self.standins.pid],
+            "postgres": [self.postmaster_pid()],
+        })  # fmt: skip
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return {**trees, "nodes": self.cluster.cpu_seconds(), "bench_client": own.ru_utime + own.ru_stime,
+                "machine_busy": machine_busy_cpu_s()}  # fmt: skip
+
+
+def worker_server(
+    cluster: ProcessCluster, root: Path, number: int, urls: dict[str, str], secrets_file: Path, *, breaker: str,
+    metrics_port: int,
+) -> Server:  # fmt: skip
+    """`compensator worker` with the settings compensator/local.py gives `make run`'s workers;
+    `breaker` "off" makes the breakers trip only when every attempt of their window failed."""
+    target = {"name": CALLBACK_TARGET, "url": f"{urls['callback']}/callbacks/{CALLBACK_TARGET}"}
+    env = child_environment(
+        COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in cluster.addresses()),
+        COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"]}),
+        COMPENSATOR_HANDLERS__RED_PACKET=json.dumps({"base_url": urls["red_packet"]}),
+        COMPENSATOR_HANDLERS__CALLBACK=json.dumps({"targets": [target]}),
+        COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE=str(secrets_file),
+        COMPENSATOR_WORKER__METRICS_PORT=str(metrics_port),
+        **({"COMPENSATOR_WORKER__BREAKER_FAILURE_RATIO": "1.0"} if breaker == "off" else {}),
+    )
+    command = [*compensator_command(), "worker", "--id", f"e2e-worker-{number}"]
+    return Server(f"worker {number}", command, env, root / f"worker{number}.log")
+
+
+async def configure_store(cluster: ProcessCluster, token: str, settings: Settings) -> None:
+    await create_producer(cluster, token, reason="bench/e2e.py")
+    policy = RetryPolicy(tiers_ms=(settings.retry_ms,), tier_jitter_ratio=0.1, attempts_max=settings.attempts_max)
+    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    try:
+        queue = QueueClient(raft)
+        for kind in Kind:
+            result = await queue.set_policy(kind.value, policy, actor="bench", reason="bench/e2e.py: short retries")
+            if result.code is not Code.OK:
+                raise BenchError(f"could not set the retry policy of {kind.value}: {result.code.name}")
+    finally:
+        await raft.close()
+
+
+# ---- the measured window -----------------------------------------------------------------------------
+@dataclass
+class Window:
+    posted: load.Posted = field(default_factory=load.Posted)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by process group from the first POST to the last poll that saw a request end."""
+    cpu_wall_s: float = 0.0
+    leader: dict[str, float] = field(default_factory=dict)
+    """The leader's log entries, applied commands and fsyncs over the window (`leader_progress`)."""
+    settled: bool = False
+    backlog_max: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    profile: dict[str, Any] | None = None
+
+
+async def measure(stack: Stack, settings: Settings, planned: list[load.Planned]) -> Window:
+    """POST everything, and wait until nothing is left to do (or nothing moved for `stall_timeout_s`)."""
+    batches = load.batch_bodies(planned, settings.batch_size)
+    window = Window()
+    limits = httpx.Limits(max_connections=settings.in_flight, max_keepalive_connections=settings.in_flight)
+    assert stack.cluster is not None
+    raft = RaftClient(stack.cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    profiler = profiler_for(stack, settings)
+    async with httpx.AsyncClient(base_url=stack.api_url, limits=limits, timeout=load.POST_TIMEOUT_S) as http:
+        client = load.Client(http=http, token=stack.token, rate_per_s=settings.rate_per_s, in_flight=settings.in_flight)
+        queue = QueueClient(raft)
+        leader_before = await leader_progress(queue)
+        before, started_s = stack.cpu_s(), time.monotonic()
+        if profiler is not None:
+            profiler.start()
+        try:
+            await load.post_all(client, batches, window.posted)
+            after, ended_s = await settle(queue, window, settings.stall_timeout_s, stack.cpu_s)
+            leader_after = await leader_progress(queue)
+        finally:
+            await raft.close()
+    window.leader = {name: leader_after[name] - leader_before.get(name, 0.0) for name in leader_after}
+    window.cpu_s = {name: after[name] - before[name] for name in before}
+    window.cpu_wall_s = ended_s - started_s
+    if profiler is not None:
+        window.profile = profiler.finish()
+    return window
+
+
+async def settle(
+    queue: QueueClient, window: Window, stall_s: float, cpu_s: Callable[[], dict[str, float]]
+) -> tuple[dict[str, float], float]:
+    """Until nothing is delayed, ready or leased, or nothing has ended for `stall_s`. Returns the
+    CPU reading and the time of the last poll that saw a request end: a stall's idle seconds are
+    not charged to the requests."""
+    ended, progress = -1, (cpu_s(), time.monotonic())
+    while True:
+        counts = (await queue.counts()).value
+        pending = sum(n for (_, state), n in counts.items() if state in PENDING_STATES)
+        window.backlog_max = max(window.backlog_max, pending)
+        window.counts = {f"{kind}/{state}": n for (kind, state), n in sorted(counts.items())}
+        now_ended = sum(counts.values()) - pending
+        if now_ended != ended:
+            ended, progress = now_ended, (cpu_s(), time.monotonic())
+        if pending == 0:
+            window.settled = True
+            return progress
+        if time.monotonic() - progress[1] > stall_s:
+            return progress
+        await asyncio.sleep(POLL_S)
+
+
+async def leader_progress(queue: QueueClient) -> dict[str, float]:
+    """The leader's commit index, applied commands and fsyncs so far (none if no node says it leads)."""
+    for status in await queue.node_statuses():
+        if status.get("role") == "leader":
+            metrics = status.get("metrics") or {}
+            return {"entries": float(status["commit"]), "commands": float(metrics.get("applied_commands", 0)),
+                    "fsyncs": float(metrics.get("fsyncs", 0))}  # fmt: skip
+    return {}
+
+
+def profiler_for(stack: Stack, settings: Settings) -> Profiler | None:
+    executable = py_spy()
+    if settings.profile_dir is None or executable is None:
+        return None
+    server = {"worker": stack.workers[0], "api": stack.api, "standins": stack.standins}[settings.profile_process]
+    assert server is not None
+    suffix = {"flamegraph": ".svg", "speedscope": ".json", "raw": ".txt"}[settings.profile_format]
+    output = settings.profile_dir / f"e2e-{settings.profile_process}-{time.strftime('%Y%m%dT%H%M%S')}{suffix}"
+    note = f"py-spy sampled {server.name} (and its subprocesses) from the first POST to the last done"
+    profiler = Profiler(executable, output, settings.profile_format, server.pid, None, note=note)
+    stack.cleanups.append(profiler.stop)
+    return profiler
+
+
+# ---- reading back ----------------------------------------------------------------------------------
+async def read_views(stack: Stack, ids: list[int]) -> dict[int, MessageView]:
+    assert stack.cluster is not None
+    raft = RaftClient(stack.cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    views: dict[int, MessageView] = {}
+    try:
+        queue = QueueClient(raft)
+        for start in range(0, len(ids), IDS_PER_QUERY_MAX):
+            chunk = ids[start : start + IDS_PER_QUERY_MAX]
+            views.update((v.message_id, v) for v in (await queue.get_many(chunk, with_history=True)).value)
+    finally:
+        await raft.close()
+    return views
+
+
+async def read_ledgers(dsn: str) -> figures.Ledgers:
+    connection = await asyncpg.connect(dsn)
+    try:
+        transfers = await connection.fetch("SELECT transfer_id, count(*) AS n FROM payment_transfers GROUP BY 1")
+        versions = await connection.fetch(
+            "SELECT red_packet_id || '/' || receiver || '/' || version AS entry, count(*) AS n"
+            " FROM red_packet_versions GROUP BY 1"
+        )
+        deliveries = await connection.fetch(
+            "SELECT idempotency_key, count AS n FROM callback_deliveries WHERE target = $1", CALLBACK_TARGET
+        )
+    finally:
+        await connection.close()
+    return figures.Ledgers(
+        payment_transfers={r["transfer_id"]: int(r["n"]) for r in transfers},
+        red_packet_versions={r["entry"]: int(r["n"]) for r in versions},
+        callback_deliveries={r["idempotency_key"]: int(r["n"]) for r in deliveries},
+    )
+
+
+def scrape(urls: list[str]) -> list[str]:
+    pages = []
+    for url in urls:
+        with suppress(httpx.HTTPError):
+            pages.append(httpx.get(url, timeout=10.0).text)
+    return pages
+
+
+def standin_stats(urls: dict[str, str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, url in urls.items():
+        try:
+            stats = httpx.get(f"{url}/_stats", timeout=10.0).json()
+        except (httpx.HTTPError, ValueError) as error:
+            found[name] = {"error": f"{type(error).__name__}: {error}"}
+            continue
+        found[name] = {key: stats.get(key) for key in ("requests", "applied", "repeats", "by_outcome")}
+    return found
+
+
+# ---- the figures -----------------------------------------------------------------------------------
+def summarize(
+    window: Window, views: dict[int, MessageView], ledgers: figures.Ledgers, settings: Settings
+) -> dict[str, Any]:
+    posted = window.posted
+    done = [v for v in views.values() if v.state.value == figures.DONE and v.terminal_ms is not None]
+    last_done_ms = max((v.terminal_ms or 0 for v in done), default=posted.first_post_ms)
+    window_s = (last_done_ms - posted.first_post_ms) / 1000
+    timings = figures.timings(views.values())
+    first_try = figures.spread_ms(timings.first_try)
+    intake_s = (posted.last_answer_ms - posted.first_post_ms) / 1000
+    cpu = figures.cpu_per_request(window.cpu_s, len(done), window.cpu_wall_s)
+    total_us = cpu["cpu_us_per_request"]["total"]
+    outcomes = figures.outcomes(posted.acknowledged, views)
+    return {
+        "done_per_s": round(len(done) / window_s, 1) if window_s > 0 else 0.0,
+        "time_to_done_p50_ms": first_try["p50_ms"], "time_to_done_p99_ms": first_try["p99_ms"],
+        "time_to_done_first_try": first_try,
+        "time_to_done_retried": figures.spread_ms(timings.retried),
+        "waited_intake_to_first_lease": figures.spread_ms(timings.waited),
+        "handled_last_lease_to_ack": figures.spread_ms(timings.handled),
+        "double_paid": None, "lost": outcomes["lost"],  # early in the JSON; the values follow
+        **outcomes,
+        **figures.effects(posted.acknowledged, views, ledgers, store_key_prefix=f"{PRODUCER}:"),
+        "requests": settings.requests, "acknowledged": len(posted.acknowledged), "done": len(done),
+        "window_s": round(window_s, 2), "settled": window.settled, "backlog_max": window.backlog_max,
+        "posted_per_s": round(len(posted.acknowledged) / intake_s, 1) if intake_s > 0 else None,
+        "post": {"batch_p50_ms": _ms(figures.percentile(posted.batch_latencies_s, 0.5)),
+                 "batch_p99_ms": _ms(figures.percentile(posted.batch_latencies_s, 0.99)),
+                 "replays": posted.replays, "retried_items": posted.retried_items,
+                 "retried_batches": posted.retried_batches, "refused": posted.refused,
+                 **({"first_refusal": posted.first_refusal} if posted.first_refusal else {})},
+        **cpu,
+        "cpu_ceiling_per_s": round((os.cpu_count() or 1) * 1e6 / total_us) if total_us else None,
+        "store_per_done": {f"leader_{name}": round(n / len(done), 2) if done else None
+                           for name, n in window.leader.items()},
+        "store_counts": window.counts,
+    }  # fmt: skip
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def checks(result: dict[str, Any], window: Window) -> list[str]:
+    """What must hold whatever the speed; each failure is one line."""
+    problems = []
+    if not window.settled:
+        problems.append(f"no request ended for --stall-timeout-s; still pending: {window.counts}")
+    if result["lost"]:
+        problems.append(f"{result['lost']} acknowledged requests are not done: {result['states']}")
+    if result["double_paid"]:
+        problems.append(f"{result['double_paid']} transfers paid twice or never requested")
+    if any(result["done_without_effect"].values()):
+        problems.append(f"done without an effect downstream: {result['done_without_effect']}")
+    if result["list_versions_applied_twice"] or result["list_versions_unrequested"]:
+        problems.append("receive-list versions applied twice or never requested")
+    return problems
+
+
+def targets_met(result: dict[str, Any]) -> dict[str, bool]:
+    p99 = result.get("time_to_done_p99_ms")
+    return {
+        "done_per_s >= 2000": result.get("done_per_s", 0.0) >= TARGETS["done_per_s"],
+        "time_to_done_p99_ms < 1000": p99 is not None and p99 < TARGETS["time_to_done_p99_ms"],
+    }
+
+
+# ---- command ---------------------------------------------------------------------------------------
+def run(settings: Settings, root: Path, result: dict[str, Any]) -> list[str]:
+    stack = Stack(root)
+    try:
+        stack.start(settings)
+        nonce = secrets.token_hex(3)
+        planned = [load.submission(i, nonce=nonce, mix=load.MIX_DEFAULT, callback_target=CALLBACK_TARGET)
+                   for i in range(settings.requests)]  # fmt: skip
+        window = asyncio.run(measure(stack, settings, planned))
+        views = asyncio.run(read_views(stack, sorted(window.posted.acknowledged)))
+        assert stack.postgres is not None
+        ledgers = asyncio.run(read_ledgers(stack.postgres.dsn))
+        result.update(summarize(window, views, ledgers, settings))
+        result["breaker_trips"] = stack.breaker_trips()
+        result["worker_metrics"] = figures.worker_metrics(scrape(stack.metrics_urls))
+        result["standins"] = standin_stats(stack.standin_urls)
+        if window.profile is not None:
+            result["profile"] = window.profile
+        return checks(result, window)
+    finally:
+        stack.close()
+
+
+def describe_machine() -> str:
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    return f"{platform.machine()} {os.cpu_count()} cores, {memory_gib:.0f} GiB, Python {platform.python_version()}"
+
+
+def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=REQUESTS_DEFAULT)
+    parser.add_argument("--batch-size", type=int, default=100, help="items per POST /v1/requests:batch")
+    parser.add_argument("--in-flight", type=int, default=4, help="batches in flight")
+    parser.add_argument("--rate", type=float, default=0.0, help="items/s to submit at (0: as fast as answered)")
+    parser.add_argument("--error-rate", type=float, default=0.2, help="each stand-in's 503 rate, every attempt")
+    parser.add_argument("--retry-ms", type=int, default=200, help="the wait before every retry (+10%% jitter)")
+    parser.add_argument("--attempts-max", type=int, default=20, help="attempts before a request is dead")
+    parser.add_argument("--workers", type=int, default=2, help="compensator worker processes")
+    parser.add_argument("--api-workers", type=int, default=1, help="uvicorn workers of the API")
+    parser.add_argument("--stall-timeout-s", type=float, default=30.0, help="give up when nothing ends for this long")
+    parser.add_argument("--breaker", choices=("shipped", "off"), default="shipped",
+                        help="the workers' breakers as shipped, or tripping only when every attempt failed")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=1, help="the stand-ins' fault generators")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy through the window")
+    parser.add_argument("--profile-process", choices=PROFILED, default="worker", help="worker: the first worker")
+    parser.add_argument("--profile-format", choices=("flamegraph", "speedscope", "raw"), default="flamegraph")
+    parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store, ledgers)")
+    parser.add_argument("--json", action="store_true", help="one line of JSON")
+    args = parser.parse_args(argv)
+    if min(args.requests, args.in_flight, args.workers, args.api_workers, args.retry_ms, args.attempts_max) < 1:
+        parser.error("--requests, --in-flight, --workers, --api-workers, --retry-ms, --attempts-max must be positive")
+    if not 1 <= args.batch_size <= 1000:
+        parser.error("--batch-size must be in 1..1000 (the API's limit)")
+    if not 0.0 <= args.error_rate <= 1.0 or args.rate < 0:
+        parser.error("--error-rate must be in 0..1 and --rate not negative")
+    settings = Settings(
+        requests=args.requests, batch_size=args.batch_size, in_flight=args.in_flight, rate_per_s=args.rate,
+        error_rate=args.error_rate, retry_ms=args.retry_ms, attempts_max=args.attempts_max, workers=args.workers,
+        api_workers=args.api_workers, stall_timeout_s=args.stall_timeout_s, seed=args.seed,
+        profile_dir=args.profile.resolve() if args.profile else None, profile_format=args.profile_format,
+        profile_process=args.profile_process, breaker=args.breaker,
+    )  # fmt: skip
+    return settings, args
+
+
+def settings_of(settings: Settings) -> dict[str, Any]:
+    return {
+        "batch_size": settings.batch_size, "in_flight": settings.in_flight, "rate_per_s": settings.rate_per_s or None,
+        "mix": {kind.value: weight for kind, weight in load.MIX_DEFAULT},
+        "failure_injection": f"error_rate {settings.error_rate} on each stand-in (503 at random on every attempt,"
+                             " seeded); not exactly the first attempt of chosen requests",
+        "retry_policy": {"tiers_ms": [settings.retry_ms], "tier_jitter_ratio": 0.1, "attempts_max": settings.attempts_max},
+        "breaker": settings.breaker, "workers": settings.workers, "api_workers": settings.api_workers, "nodes": 3, "fsync": True,
+        "seed": settings.seed,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, args = parse_settings(argv)
+    if settings.profile_dir is not None and py_spy() is None:
+        print("bench.e2e: --profile skipped: py-spy is not installed (pip install py-spy)", file=sys.stderr)
+    os.chdir(Path(__file__).resolve().parents[1])  # the children must run this checkout
+    os.environ["PYTHONPATH"] = child_environment()["PYTHONPATH"]
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "time_utc": time.strftime("%H:%M", time.gmtime())}
+    load_before = os.getloadavg()
+    root = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    errors: list[str] = []
+    try:
+        with terminated_as_interrupt():
+            errors += run(settings, root, result)
+    except BenchError as error:
+        errors.append(str(error))
+    except KeyboardInterrupt as interrupt:
+        errors.append(f"interrupted ({str(interrupt) or 'SIGINT'}); every process was stopped")
+    finally:
+        if args.keep:
+            print(f"bench.e2e: kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    for message in errors:
+        print(f"bench.e2e: {message}", file=sys.stderr)
+    if errors:
+        result["errors"] = errors
+    result.update(settings_of(settings))
+    result["targets_met"] = targets_met(result)
+    result["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    result["machine"] = describe_machine()
+    result["code"] = code_revision()
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
