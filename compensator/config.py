@@ -123,7 +123,8 @@ class WorkerConfig(_Section, frozen=True):
     callback_secrets_file: str = ""
     """JSON {"target": "secret"} for callback signatures (else $COMPENSATOR_CALLBACK_SECRETS)."""
     breaker_window_s: float = 10.0
-    breaker_attempts_min: int = 20
+    breaker_attempts_min: int = 50
+    """Enough that a burst of fast failures among slow successes (503s answer first) does not trip it."""
     breaker_failure_ratio: float = 0.5
     breaker_probe_every_s: float = 1.0
     ramp_start_per_s: float = 5.0

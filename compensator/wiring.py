@@ -92,9 +92,15 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
         path = Path(settings.callback_secrets_file) if settings.callback_secrets_file else None
         registry = build_registry(config.handlers, secrets=read_secrets(path, os.environ) or {})
     handlers = {kind.value: handler for kind, handler in registry.handlers.items()}
+    pools = {"payment": config.handlers.payment.gateway, "red_packet": config.handlers.red_packet.gateway,
+             "callback": config.handlers.callback.gateway}  # fmt: skip
     limits = Limits(
         per_kind=dict.fromkeys(handlers, settings.concurrency_per_kind),
-        per_downstream={h.downstream: settings.concurrency_per_downstream for h in handlers.values()},
+        # Never more attempts at once than the downstream's client has connections: an attempt
+        # waiting for a pooled connection can only time out (and a cancelled wait leaks the slot
+        # in httpcore 1.0.9, encode/httpcore#1093).
+        per_downstream={h.downstream: min(settings.concurrency_per_downstream, pools[h.downstream].connections_max)
+                        for h in handlers.values()},
         downstream_of={kind: h.downstream for kind, h in handlers.items()},
     )  # fmt: skip
     queue = queue_client(config)

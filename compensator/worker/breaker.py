@@ -37,9 +37,11 @@ from dataclasses import dataclass
 from typing import Final
 
 DOWNSTREAM_FAILURES: Final = frozenset(
-    {"timeout", "connection_lost", "server_error", "unavailable", "connect_error", "rate_limited", "pool_timeout"}
+    {"timeout", "connection_lost", "connect_failed", "server_error", "rate_limited", "request_timeout"}
 )
-"""Error classes that say the downstream itself is failing (handlers/classification.py names them)."""
+"""Error classes that say the downstream itself is failing: the gateway's (handlers/answers.py:
+no connection, no answer) and the default tables' for 5xx, 429 and 408 (handlers/tables.py). Not
+`pool_exhausted` or `deadline`: those are this worker's own connections all busy."""
 NAMESPACE: Final = "breakers"
 
 

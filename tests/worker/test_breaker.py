@@ -76,3 +76,15 @@ def test_a_forced_breaker_neither_trips_nor_probes(mode: Mode) -> None:
     assert not breaker.should_trip()
     breaker.observe(held=True)
     assert not breaker.probe_due()
+
+
+def test_every_failure_class_it_counts_is_one_the_handlers_produce() -> None:
+    from compensator.worker.breaker import DOWNSTREAM_FAILURES
+    from handlers.answers import NotSentClass, UnknownClass
+    from handlers.classification import Action
+    from handlers.tables import DEFAULT_TABLES
+
+    retried = {rule.error_class for table in DEFAULT_TABLES.values() for rule in table.rules
+               if rule.action in (Action.RETRY, Action.RETRY_AFTER)}  # fmt: skip
+    produced = {c.value for c in UnknownClass} | {NotSentClass.CONNECT_FAILED.value} | retried
+    assert produced >= DOWNSTREAM_FAILURES, DOWNSTREAM_FAILURES - produced
