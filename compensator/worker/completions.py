@@ -4,7 +4,8 @@ command of its own beside it.
 
 A frame whose answer is lost is sent again. That is safe without session lanes to protect it:
 the machine fences every one of these by the lease's token, so a second ack is ALREADY_ACKED, a
-second fail or release finds the token consumed (STALE_TOKEN), and nothing is applied twice.
+second fail or release is refused (the message is no longer leased: ILLEGAL_STATE, or STALE_TOKEN
+once another lease holds it), and nothing is applied twice.
 
 Must never: drop a completion without an answer from the store (it is retried until the worker
 stops; after that its lease expires and another worker retries the message, which is safe too).

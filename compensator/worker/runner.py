@@ -60,7 +60,12 @@ from queues.model import Lease, QueueCommand
 
 log = logging.getLogger("compensator.worker")
 ERROR_BACKOFF_MAX_S: Final = 2.0
-FENCED: Final = frozenset({Code.STALE_TOKEN, Code.LEASE_EXPIRED})
+FENCED: Final = frozenset({Code.STALE_TOKEN, Code.LEASE_EXPIRED, Code.ILLEGAL_STATE})
+"""A settlement of a lease this worker lost: a newer grant holds the message (STALE_TOKEN), the lease
+expired (LEASE_EXPIRED), or the message has left the leased state under another delivery (failed
+and waiting, dead-lettered, discarded): the store checks the lifecycle before the token, so that
+stale token meets ILLEGAL_STATE (docs/queue.md). From a live lease every settlement is legal, so
+for a grant this worker received ILLEGAL_STATE means nothing else."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,7 +22,7 @@ from compensator.worker.runner import Worker, WorkerSettings
 from delay.policy import RetryPolicy
 from handlers.contract import Attempt, Decision, Permanent, Retryable, Succeeded
 from ledger.kinds import Kind, ListUpdatePayload, TransferPayload, encode_payload
-from queues import QueueClient, RaftClient, State
+from queues import Code, QueueClient, RaftClient, State
 from queues.model import Enqueue
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread
@@ -258,6 +258,35 @@ async def test_work_finished_under_another_lease_is_counted_not_an_error(queue: 
         await _until(lambda: _settled(worker))
     text = worker_metrics_text(worker)
     assert 'compensator_worker_completions_total{action="ack",result="done_elsewhere"} 1.0' in text
+
+
+async def test_a_lease_lost_to_a_later_failed_delivery_is_counted_fenced_not_a_lifecycle_error(queue: QueueClient) -> None:
+    gate = asyncio.Event()
+
+    class Stalled(Scripted):
+        async def handle(self, attempt: Attempt) -> Decision:
+            self.seen.append(attempt)
+            await gate.wait()  # stalls past its lease, as a worker paused by SIGSTOP does
+            return Retryable(error_class="timeout", detail="no answer", outcome_unknown=True)
+
+    stalled = Stalled(Kind.TRANSFER, "payment")
+    (message_id,) = await _enqueue(queue, 1)
+    async with running(queue, {"transfer": stalled}, per_kind=1, lease_ms=300) as (worker, _):
+        await _until(lambda: _true_after(stalled.seen))
+        worker.keeper.forget(message_id)
+        await asyncio.sleep(0.6)
+        for _ in range(50):  # another worker's delivery fails: the message waits for its retry
+            found = (await queue.lease("w2", kinds=("transfer",), count_max=1, lease_ms=5000)).grants
+            if found:
+                assert (await queue.fail(found[0].message_id, found[0].token, "timeout")).code is Code.OK
+                break
+            await asyncio.sleep(0.05)
+        assert found
+        gate.set()
+        await _until(lambda: _settled(worker))
+    text = worker_metrics_text(worker)
+    assert 'compensator_worker_completions_total{action="fail",result="fenced"} 1.0' in text
+    assert "illegal_state" not in text
 
 
 async def _true_after(seen: list[Attempt]) -> bool:
