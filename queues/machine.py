@@ -16,7 +16,8 @@ Lease expiry is applied in three places, all deterministic and all driven by the
 An expiry is a failed attempt (error class `lease_expired`, retryable) run through the kind's retry
 policy. The expired token stays "open" for an ack only until the next grant: a late ack from the
 worker that did the work is accepted (no needless duplicate), a late fail or extend is refused
-with LEASE_EXPIRED, and anything with a token older than the latest grant is STALE_TOKEN.
+with LEASE_EXPIRED, and anything else with a token older than the latest grant is STALE_TOKEN (after NOT_FOUND,
+DONE_ELSEWHERE and ILLEGAL_STATE in the documented precedence: docs/queue.md).
 
 Must never: read a clock, use randomness, iterate unordered collections, or load all messages
 into Python. Every scan goes through an index and has a named limit.

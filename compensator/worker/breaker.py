@@ -58,7 +58,7 @@ def holder(downstream: str) -> str:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BreakerSettings:
     window_s: float = 10.0
-    attempts_min: int = 10
+    attempts_min: int = 50
     failure_ratio: float = 0.5
     probe_every_s: float = 1.0
     ramp_start_per_s: float = 5.0
