@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from ledger.kinds import Kind
 from ledger.states import OPEN_STATES, LedgerState
+from ledger.upstream import UPSTREAM_DDL
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import DiscrepancyClass, Ledger
 
@@ -42,28 +43,6 @@ _DAY: Final = 24 * _HOUR
 ROWS_MAX: Final = 50_000_000
 _TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
 
-# Upstream ledgers are other teams' tables; this DDL only recreates their shape for tests/benchmarks.
-UPSTREAM_DDL: Final = """
-CREATE TABLE IF NOT EXISTS payment_transfers (
-    transfer_id  text PRIMARY KEY,
-    business_id  text,
-    payer        text,
-    payee        text,
-    amount_minor bigint NOT NULL,
-    currency     text NOT NULL,
-    status       text NOT NULL,
-    created_at   timestamptz NOT NULL
-);
-CREATE TABLE IF NOT EXISTS red_packet_grants (
-    grant_id      text PRIMARY KEY,
-    red_packet_id text NOT NULL,
-    recipient     text NOT NULL,
-    amount_minor  bigint NOT NULL,
-    currency      text NOT NULL,
-    state         text NOT NULL,
-    granted_at    timestamptz NOT NULL
-);
-"""
 _UPSTREAM_INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS payment_transfers_created_at ON payment_transfers (created_at)",
     "CREATE INDEX IF NOT EXISTS red_packet_grants_granted_at ON red_packet_grants (granted_at)",

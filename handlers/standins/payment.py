@@ -29,30 +29,20 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from handlers.standins.service import PlanDep, Standin, StandinDep, answer, build_app, document_of, segment
+from ledger.upstream import PAYMENT_TRANSFERS_DDL
 
 SERVICE: Final = "payment"
 CLOSED_ACCOUNT_PREFIX: Final = "closed-"
 SUCCEEDED: Final = "SUCCEEDED"
 
-DDL: Final = """
-CREATE TABLE IF NOT EXISTS payment_transfers (
-    transfer_id  text PRIMARY KEY,
-    business_id  text,
-    payer        text,
-    payee        text,
-    amount_minor bigint NOT NULL,
-    currency     text NOT NULL,
-    status       text NOT NULL,
-    created_at   timestamptz NOT NULL
-);
+DDL: Final = PAYMENT_TRANSFERS_DDL + """
 CREATE TABLE IF NOT EXISTS payment_transfer_requests (
     transfer_id    text PRIMARY KEY,
     request_sha256 bytea NOT NULL,
     request        jsonb NOT NULL
 );
 """
-"""``payment_transfers`` has exactly the shape spark_reconcile/synthetic.py's UPSTREAM_DDL gives it
-(a test compares the two): the nightly reconciliation reads what this stand-in writes."""
+"""``payment_transfers`` is ledger/upstream.py's: the nightly reconciliation reads what this stand-in writes."""
 
 Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,127}$")]
 

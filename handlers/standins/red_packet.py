@@ -29,21 +29,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from handlers.standins.service import PlanDep, Standin, StandinDep, answer, build_app, segment
+from ledger.upstream import RED_PACKET_GRANTS_DDL
 
 SERVICE: Final = "red_packet"
 GRANTED: Final = "GRANTED"
 VERSION_MAX: Final = 2**53 - 1
 
-DDL: Final = """
-CREATE TABLE IF NOT EXISTS red_packet_grants (
-    grant_id      text PRIMARY KEY,
-    red_packet_id text NOT NULL,
-    recipient     text NOT NULL,
-    amount_minor  bigint NOT NULL,
-    currency      text NOT NULL,
-    state         text NOT NULL,
-    granted_at    timestamptz NOT NULL
-);
+DDL: Final = RED_PACKET_GRANTS_DDL + """
 CREATE TABLE IF NOT EXISTS red_packet_receivers (
     red_packet_id text NOT NULL,
     receiver      text NOT NULL,

@@ -9,8 +9,9 @@ processes instead (processes.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,3 +69,14 @@ class StoreThread:
     @property
     def addresses(self) -> str:
         return f"{self.address[0]}:{self.address[1]}"
+
+
+@contextlib.contextmanager
+def running_store(data_dir: Path, machine_factory: Callable[[Path], StateMachine]) -> Iterator[StoreThread]:
+    """A started one-node store, stopped on exit: what a test fixture yields."""
+    thread = StoreThread(data_dir, machine_factory)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()

@@ -7,19 +7,16 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from api_support import Api, queue_store, running_api
+from api_support import Api, running_api
 
-from raft_store.testing.inprocess import StoreThread
+from queues.replicated import machine_factory
+from raft_store.testing.inprocess import StoreThread, running_store
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[StoreThread]:
-    thread = queue_store(tmp_path / "store")
-    thread.start()
-    try:
+    with running_store(tmp_path / "store", machine_factory) as thread:
         yield thread
-    finally:
-        thread.stop()
 
 
 @pytest.fixture

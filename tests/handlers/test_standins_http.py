@@ -172,7 +172,7 @@ async def test_fault_settings_are_validated_and_a_seed_replays_the_same_draws(st
 
 
 async def test_the_ledgers_have_the_shape_the_reconciliation_reads(standins: Standins) -> None:
-    from spark_reconcile.synthetic import UPSTREAM_DDL
+    from ledger.upstream import UPSTREAM_DDL
 
     connection_rows = await standins.rows("SELECT 1 AS ok")  # the stand-ins created their tables at start
     assert connection_rows == [{"ok": 1}]

@@ -13,17 +13,13 @@ from queues import QueueClient, RaftClient, State
 from queues.maintenance import MaintenanceConfig, MaintenanceDriver
 from queues.model import Enqueue
 from queues.replicated import machine_factory
-from raft_store.testing.inprocess import StoreThread
+from raft_store.testing.inprocess import StoreThread, running_store
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[StoreThread]:
-    thread = StoreThread(tmp_path / "store", machine_factory)
-    thread.start()
-    try:
+    with running_store(tmp_path / "store", machine_factory) as thread:
         yield thread
-    finally:
-        thread.stop()
 
 
 async def test_an_idle_driver_writes_nothing_and_a_due_expiry_is_proposed(store: StoreThread) -> None:

@@ -25,7 +25,7 @@ from ledger.kinds import Kind, ListUpdatePayload, TransferPayload, encode_payloa
 from queues import Code, QueueClient, RaftClient, State
 from queues.model import Enqueue
 from queues.replicated import machine_factory
-from raft_store.testing.inprocess import StoreThread
+from raft_store.testing.inprocess import StoreThread, running_store
 
 FAST = RetryPolicy(tiers_ms=(200,), tier_jitter_ratio=0.0, attempts_max=3)
 
@@ -63,12 +63,8 @@ def _payload(index: int, kind: str) -> bytes:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[StoreThread]:
-    thread = StoreThread(tmp_path / "store", machine_factory)
-    thread.start()
-    try:
+    with running_store(tmp_path / "store", machine_factory) as thread:
         yield thread
-    finally:
-        thread.stop()
 
 
 @pytest.fixture
