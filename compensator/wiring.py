@@ -88,9 +88,11 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
     from handlers.standins.command import read_secrets
 
     settings = config.worker
+    provider = tracer_provider(config.telemetry, exporter=span_exporter, process="worker")
     if registry is None:
         path = Path(settings.callback_secrets_file) if settings.callback_secrets_file else None
-        registry = build_registry(config.handlers, secrets=read_secrets(path, os.environ) or {})
+        registry = build_registry(config.handlers, secrets=read_secrets(path, os.environ) or {},
+                                  tracer=provider.get_tracer("compensator.handlers"))  # fmt: skip
     handlers = {kind.value: handler for kind, handler in registry.handlers.items()}
     pools = {"payment": config.handlers.payment.gateway, "red_packet": config.handlers.red_packet.gateway,
              "callback": config.handlers.callback.gateway}  # fmt: skip
@@ -104,7 +106,6 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
         downstream_of={kind: h.downstream for kind, h in handlers.items()},
     )  # fmt: skip
     queue = queue_client(config)
-    provider = tracer_provider(config.telemetry, exporter=span_exporter, process="worker")
     built = Worker(
         queue, handlers, limits,
         WorkerSettings(worker_id=name or worker_id(), lease_ms=settings.lease_ms, batch_max=settings.batch_max,

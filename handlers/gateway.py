@@ -20,6 +20,7 @@ request may have been written.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -29,6 +30,7 @@ from typing import Annotated, Any, Final, Protocol
 
 import httpx
 import msgspec
+from opentelemetry import propagate, trace
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from handlers.answers import BODY_BYTES_MAX, Answer, NotSent, NotSentClass, Outcome, OutcomeUnknown, UnknownClass
@@ -149,6 +151,7 @@ class Gateway:
     def __init__(
         self, *, downstream: str, settings: GatewaySettings, base_url: str = "",
         rng: random.Random | None = None, clock: Callable[[], float] = time.time,
+        tracer: trace.Tracer | None = None,
     ) -> None:  # fmt: skip
         problems = settings.problems()
         if problems:
@@ -157,6 +160,7 @@ class Gateway:
         self._settings = settings
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
+        self._tracer = tracer or trace.NoOpTracer()
         self._client = _client(settings, base_url)
 
     def __repr__(self) -> str:
@@ -166,6 +170,24 @@ class Gateway:
         await self._client.aclose()
 
     async def send(self, request: Outbound) -> Outcome:
+        """One call, as a CLIENT span under the attempt's; the downstream gets this span's context
+        (else the attempt's trace headers, when nothing here records)."""
+        with self._tracer.start_as_current_span(
+            f"{request.method} {self.downstream}", kind=trace.SpanKind.CLIENT,
+            attributes={"http.request.method": request.method, "compensator.downstream": self.downstream},
+        ) as span:  # fmt: skip
+            carrier: dict[str, str] = {}
+            if span.is_recording():
+                propagate.inject(carrier)
+            outcome = await self._send(dataclasses.replace(request, trace=carrier) if carrier else request)
+            if isinstance(outcome, Answer):
+                span.set_attribute("http.response.status_code", outcome.status)
+            else:
+                span.set_attribute("compensator.error_class", str(outcome.error_class))
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(outcome.error_class)))
+            return outcome
+
+    async def _send(self, request: Outbound) -> Outcome:
         progress = _Progress()
         outcome: Outcome
         try:

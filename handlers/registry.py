@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from opentelemetry import trace
+
 from handlers.callback import CallbackHandler, CallbackTarget
 from handlers.classification import ClassificationTable
 from handlers.contract import Handler
@@ -77,17 +79,17 @@ def _problems(
 def build_registry(
     settings: HandlersSettings, *, secrets: Mapping[str, Secret],
     tables: Mapping[str, ClassificationTable] = DEFAULT_TABLES,
-    clock: Callable[[], float] = time.time, rng: random.Random | None = None,
+    clock: Callable[[], float] = time.time, rng: random.Random | None = None, tracer: trace.Tracer | None = None,
 ) -> Registry:  # fmt: skip
     problems = _problems(settings, secrets, tables)
     if problems:
         raise RegistryError("\n".join(problems))
     rng = rng if rng is not None else random.Random()
     payment = Gateway(downstream=PAYMENT, settings=settings.payment.gateway, base_url=settings.payment.base_url,
-                      rng=rng, clock=clock)  # fmt: skip
+                      rng=rng, clock=clock, tracer=tracer)  # fmt: skip
     red_packet = Gateway(downstream=RED_PACKET, settings=settings.red_packet.gateway,
-                         base_url=settings.red_packet.base_url, rng=rng, clock=clock)  # fmt: skip
-    callback = Gateway(downstream=CALLBACK, settings=settings.callback.gateway, rng=rng, clock=clock)
+                         base_url=settings.red_packet.base_url, rng=rng, clock=clock, tracer=tracer)  # fmt: skip
+    callback = Gateway(downstream=CALLBACK, settings=settings.callback.gateway, rng=rng, clock=clock, tracer=tracer)
     targets = {t.name: CallbackTarget(name=t.name, url=t.url, secret=secrets[t.name]) for t in settings.callback.targets}
     handlers: dict[Kind, Handler] = {
         Kind.TRANSFER: TransferHandler(sender=payment, table=tables[PAYMENT]),

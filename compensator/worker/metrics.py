@@ -40,6 +40,10 @@ class WorkerMetrics:
         self.in_flight = Gauge(
             "compensator_worker_in_flight", "Attempts running, by downstream.", ["downstream"], registry=self.registry
         )
+        self.breaker_open = Gauge(
+            "compensator_worker_breaker_open", "1 while the downstream's breaker holds its kinds paused, as this worker sees it.",
+            ["downstream"], registry=self.registry,
+        )  # fmt: skip
         self.leases_lost = Counter(
             "compensator_worker_leases_lost_total", "Extensions refused: the lease had expired or was taken over.",
             registry=self.registry,

@@ -215,6 +215,7 @@ class Worker:
             name = holder(downstream)
             held = any(name in paused.get(kind, ()) for kind in self._kinds_of[downstream])
             breaker.observe(held)
+            self._metrics.breaker_open.labels(downstream).set(1 if breaker.open else 0)
             if breaker.mode is Mode.OPEN and not held:
                 self._spawn(self._hold(downstream, "forced open by an operator"))
             elif breaker.mode is Mode.CLOSED and held:

@@ -10,6 +10,9 @@ import random
 import msgspec
 import pytest
 from handlers_support import FAST, WITHHOLD_MS, Standins, recording_server
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from handlers.answers import BODY_BYTES_MAX, Answer, NotSent, NotSentClass, OutcomeUnknown, UnknownClass
 from handlers.gateway import Gateway, GatewaySettings, Outbound
@@ -161,3 +164,24 @@ async def test_an_answer_that_cannot_be_read_is_an_unknown_outcome_not_an_except
     assert isinstance(outcome, OutcomeUnknown) and outcome.error_class is UnknownClass.CONNECTION_LOST
     assert outcome.detail.startswith("DecodingError: ")
     assert downstream.heads[0]["accept-encoding"] == "identity"
+
+
+async def test_a_call_is_a_client_span_under_the_attempt_and_the_downstream_gets_its_context() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    async with recording_server(503) as downstream:
+        client = Gateway(downstream="payment", settings=FAST, base_url=downstream.url, rng=random.Random(1),
+                         tracer=tracer)  # fmt: skip
+        try:
+            with tracer.start_as_current_span("attempt transfer") as attempt:
+                await client.send(Outbound(method="POST", url="/transfers", body=b"{}"))
+        finally:
+            await client.aclose()
+    (call,) = [s for s in exporter.get_finished_spans() if s.name == "POST payment"]
+    assert call.parent is not None and call.parent.span_id == attempt.get_span_context().span_id
+    assert call.attributes is not None and call.attributes["http.response.status_code"] == 503
+    (head,) = downstream.heads
+    trace_id, span_id = head["traceparent"].split("-")[1:3]
+    assert (int(trace_id, 16), int(span_id, 16)) == (call.context.trace_id, call.context.span_id)
