@@ -139,10 +139,11 @@ class LocalService:
             "callback": local.callback_port,
         } if local.standins else {}  # fmt: skip
         secrets = self.data_dir / "callback-secrets.json"
+        self.standins_pg_data = self.data_dir / "standins-pg" / "data"
         self.standins = [Child("stand-ins", [
             *python, "standins", "--payment-port", str(self.standin_ports["payment"]),
             "--red-packet-port", str(self.standin_ports["red_packet"]), "--callback-port", str(local.callback_port),
-            "--pg-data", str(self.data_dir / "standins-pg" / "data"), "--secrets-file", str(secrets),
+            "--pg-data", str(self.standins_pg_data), "--secrets-file", str(secrets),
         ], self.data_dir / "standins.log")] if local.standins else []  # fmt: skip
         target_url = f"http://127.0.0.1:{local.callback_port}/callbacks/{local.callback_target}"
         worker_env = {
@@ -156,6 +157,15 @@ class LocalService:
             for i in range(1, local.workers + 1)
         ]  # fmt: skip
         self.secrets_file = secrets
+
+    def stop_standins_database(self) -> None:
+        """The stand-ins stop their embedded server as they exit, but one killed while it started
+        cannot: the directory is ours, so whatever still runs in it is stopped here."""
+        if not self.standins:
+            return
+        from ledger.pg import EmbeddedPostgres
+
+        EmbeddedPostgres(self.standins_pg_data).stop_any()
 
     @property
     def children(self) -> list[Child]:
@@ -377,6 +387,7 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
             worker.stop(timeout_s=30.0)
         for standin in service.standins:
             standin.stop()
+        service.stop_standins_database()
         if driver is not None:
             await driver.stop()
         if auditor is not None:

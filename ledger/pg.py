@@ -127,21 +127,18 @@ class EmbeddedPostgres:
             )
         port = self._requested_port or free_tcp_port()
         options = f"-h {HOST} -p {port} -k {self._socket_dir()} -c fsync=off -c full_page_writes=off"
-        pg_commands.pg_ctl(
-            [
-                "-w",
-                "-t",
-                str(START_TIMEOUT_S),
-                "-o",
-                options,
-                "-l",
-                str(self._data_dir / "server.log"),
-                "start",
-            ],
-            pgdata=self._data_dir,
-            timeout=START_TIMEOUT_S + 5,
-            **self._run_as(),
-        )
+        try:
+            pg_commands.pg_ctl(
+                ["-w", "-t", str(START_TIMEOUT_S), "-o", options, "-l", str(self._data_dir / "server.log"), "start"],
+                pgdata=self._data_dir,
+                timeout=START_TIMEOUT_S + 5,
+                **self._run_as(),
+            )
+        except BaseException:
+            # pg_ctl detaches the postmaster (setsid) before it waits: a start interrupted by a
+            # signal or a timeout can leave a server that nobody would ever stop.
+            self.stop_any()
+            raise
         self._started_here = True
         self._address = ServerAddress(host=HOST, port=port)
         return self._address
@@ -157,6 +154,16 @@ class EmbeddedPostgres:
             )
         self._started_here = False
         self._address = None
+
+    def stop_any(self) -> None:
+        """Fast shutdown of whatever server runs in this directory, started here or not: for the
+        owner of the directory, when the process that started it died before it could stop it."""
+        if self.running_pid() is None:
+            self._started_here = False
+            self._address = None
+            return
+        self._started_here = True
+        self.stop()
 
     async def start_async(self) -> ServerAddress:
         return await asyncio.to_thread(self.start)
@@ -201,17 +208,28 @@ class EmbeddedPostgres:
         os.chown(self._data_dir, entry.pw_uid, entry.pw_gid)
         self._data_dir.chmod(0o700)
 
-    def _running_port(self) -> int | None:
-        """The TCP port of a live server in this directory, from ``postmaster.pid`` (line 4)."""
-        pid_file = self._data_dir / "postmaster.pid"
-        if not pid_file.exists():
+    def _postmaster_lines(self) -> list[str] | None:
+        """``postmaster.pid`` of a live server in this directory, else None."""
+        try:
+            lines = (self._data_dir / "postmaster.pid").read_text().splitlines()
+        except FileNotFoundError:
             return None
-        lines = pid_file.read_text().splitlines()
-        if len(lines) < 4 or not lines[0].strip().isdigit():
+        if not lines or not lines[0].strip().isdigit():
             return None
         try:
             os.kill(int(lines[0]), 0)
         except ProcessLookupError:
+            return None
+        return lines
+
+    def running_pid(self) -> int | None:
+        lines = self._postmaster_lines()
+        return None if lines is None else int(lines[0])
+
+    def _running_port(self) -> int | None:
+        """The TCP port of a live server in this directory, from ``postmaster.pid`` (line 4)."""
+        lines = self._postmaster_lines()
+        if lines is None or len(lines) < 4:
             return None
         return int(lines[3]) if lines[3].strip().isdigit() else None
 

@@ -68,10 +68,14 @@ def run(args: argparse.Namespace) -> int:
     if args.pg_dsn:
         return _serve(settings, args.pg_dsn, secrets, args.log_level)
     import contextlib
+    import signal
     import subprocess
 
     from ledger import pg
 
+    # Until the event loop takes SIGTERM over, it unwinds like Ctrl-C: a launcher that stops us while
+    # the embedded server starts must not leave that server running with nobody to stop it.
+    signal.signal(signal.SIGTERM, _interrupt)
     with contextlib.ExitStack() as stack:
         try:
             dsn = stack.enter_context(pg.database(args.pg_data))
@@ -79,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
             raise StandinsError(f"cannot start an embedded PostgreSQL in {args.pg_data}: {type(error).__name__}") from None
         return _serve(settings, dsn, secrets, args.log_level)
     raise AssertionError("unreachable: the block returns or raises")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _serve(settings: StandinsSettings, dsn: str, secrets: Mapping[str, Secret], log_level: str) -> int:

@@ -644,12 +644,13 @@ def test_the_launcher_names_a_child_in_a_crash_loop_and_leaves_nothing_running(t
         started = time.monotonic()
         code = launcher.wait(60)
         took_s = time.monotonic() - started
+        left = launcher.left_running()  # before cleanup() kills what the launcher should have stopped
     finally:
         launcher.cleanup()
     assert code == 1, (launcher.stdout, launcher.stderr)
     assert len(launcher.stderr) == 1, launcher.stderr
     assert "node 2" in launcher.stderr[0] and "FileExistsError" in launcher.stderr[0], launcher.stderr
-    assert launcher.seen and launcher.left_running() == []
+    assert launcher.seen and left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
     banner = any(line.startswith("compensator is running") for line in launcher.stdout)
     print(f"\ncrash loop named after {took_s:.1f} s (banner printed first: {banner}): {launcher.stderr[0]}")
 
@@ -666,11 +667,12 @@ def test_ctrl_c_while_the_launcher_starts_stops_it_at_once(tmp_path: Path) -> No
         launcher.process.send_signal(signal.SIGINT)
         code = launcher.wait(15)
         took_s = time.monotonic() - started
+        left = launcher.left_running()  # before cleanup() kills what the launcher should have stopped
     finally:
         launcher.cleanup()
     assert code == 130, (launcher.stdout, launcher.stderr)
     assert not any(line.startswith("compensator is running") for line in launcher.stdout), launcher.stdout
-    assert launcher.seen and launcher.left_running() == []
+    assert launcher.seen and left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
     assert took_s < 10, took_s
 
 

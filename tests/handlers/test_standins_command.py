@@ -101,3 +101,33 @@ def test_the_command_serves_the_three_until_sigint(database: str, tmp_path: Path
     assert stats == {"service": "payment", "requests": 0, "applied": 0, "repeats": 0, "by_outcome": {}, "faults": {}}
     assert process.returncode == 0, err
     assert SECRETS["merchant-a"].reveal().decode() not in banner + out + err
+
+
+@pytest.mark.parametrize("when", ["while the server starts", "once serving"])
+def test_sigterm_leaves_no_embedded_server_running(tmp_path: Path, when: str) -> None:
+    """A launcher stops the stand-ins with SIGTERM at any moment, even before their database is up."""
+    data = tmp_path / "pg" / "data"
+    server = pg.EmbeddedPostgres(data)
+    server.start()  # initdb done: the next postmaster.pid is the server's own, not initdb's
+    server.stop()
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    environ = {k: v for k, v in os.environ.items() if k != "COMPENSATOR_PG_DSN"} | {"PYTHONPATH": python_path}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "compensator", "standins", *ports(), "--pg-data", str(data)],
+        cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        if when == "once serving":
+            assert process.stdout is not None and process.stdout.readline().startswith("standins: ")
+        else:  # the postmaster has written its pid file: pg_ctl is still waiting for it to accept
+            while not (data / "postmaster.pid").exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+        left = server.running_pid()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        server.stop_any()
+    assert left is None, f"a server (pid {left}) still runs in {data} after the stand-ins exited {process.returncode}"
