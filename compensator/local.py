@@ -141,7 +141,7 @@ class LocalService:
         secrets = self.data_dir / "callback-secrets.json"
         self.standins_pg_data = self.data_dir / "standins-pg" / "data"
         self.standins = [Child("stand-ins", [
-            *python, "standins", "--payment-port", str(self.standin_ports["payment"]),
+            *python, "standins", *config_args, "--payment-port", str(self.standin_ports["payment"]),
             "--red-packet-port", str(self.standin_ports["red_packet"]), "--callback-port", str(local.callback_port),
             "--pg-data", str(self.standins_pg_data), "--secrets-file", str(secrets),
         ], self.data_dir / "standins.log")] if local.standins else []  # fmt: skip

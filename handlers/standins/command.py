@@ -36,8 +36,9 @@ PG_CONNECT_TIMEOUT_S: Final = 5.0
 SECRETS_FILE_BYTES_MAX: Final = 1024 * 1024
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    standins = subparsers.add_parser(
+def register(subparsers: argparse._SubParsersAction[Any]) -> argparse.ArgumentParser:
+    """The parser, for a composition root that adds its own options (its configuration file)."""
+    standins: argparse.ArgumentParser = subparsers.add_parser(
         "standins", help="serve stand-ins of the payment system, the red-packet service and a callback receiver"
     )
     standins.add_argument("--host", default="127.0.0.1", help="a loopback address (default 127.0.0.1)")
@@ -51,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     standins.add_argument("--seed", type=int, help="seed of the fault generators")
     standins.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
     standins.set_defaults(handler=run)
+    return standins
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,9 @@ Owns:
   not under ``/_``), delays it, refuses it (503 outage / unavailable, 429 with Retry-After) before
   the route runs, and withholds or cuts the answer after the route committed;
 - `RawPath`, which routes on the path as sent, so an id holding an encoded ``/`` is one segment;
+- `Traced`, a SERVER span per business request continuing the caller's trace context, so the whole
+  path of one compensation (API, store, worker, this call) reads as one trace. Spans go to the
+  process's global tracer provider: none unless the command line configured one;
 - the control routes ``GET/PUT /_faults`` and ``GET /_stats``, and 400 ``invalid_request`` for a
   body the route's model refuses;
 - `build_app`, which the three services call with their router and tables.
@@ -33,6 +36,7 @@ import msgspec
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from opentelemetry import propagate, trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handlers.standins.faults import After, FaultsError, FaultSettings, Plan, Refusal, decode_settings, draw
@@ -181,6 +185,39 @@ class FaultLayer:
         return holding
 
 
+_TRACE_HEADERS: Final = (b"traceparent", b"tracestate")
+
+
+class Traced:
+    def __init__(self, app: ASGIApp, standin: Standin) -> None:
+        self.app = app
+        self.service = standin.name
+        self.tracer = trace.get_tracer("handlers.standins")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(CONTROL_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        carrier = {name.decode("latin-1"): value.decode("latin-1")
+                   for name, value in scope["headers"] if name in _TRACE_HEADERS}  # fmt: skip
+        status = 0  # none sent: the connection was cut before an answer
+
+        async def noting(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        attributes = {"http.request.method": scope["method"], "compensator.downstream": self.service}
+        with self.tracer.start_as_current_span(f"{self.service} {scope['method']}", context=propagate.extract(carrier),
+                                               kind=trace.SpanKind.SERVER, attributes=attributes) as span:  # fmt: skip
+            try:
+                await self.app(scope, receive, noting)
+            finally:
+                if status:
+                    span.set_attribute("http.response.status_code", status)
+
+
 class RawPath:
     """Route on ``raw_path``: ``/transfers/a%2Fb`` is the transfer ``a/b``, not a path of two
     segments. Routes unquote their parameters (`segment`)."""
@@ -235,11 +272,13 @@ def build_app(*, standin: Standin, dsn: str, ddl: str, router: APIRouter, title:
         finally:
             await standin.close()
 
-    app = FastAPI(title=title, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title=title, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})  # `Traced` is the call's span  # fmt: skip
     app.state.standin = standin
     app.router.routes.extend([*router.routes, *control.routes])
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(FaultLayer, standin=standin)
+    app.add_middleware(Traced, standin=standin)  # a refusal or a cut answer is part of the call's span
     app.add_middleware(RawPath)  # outermost: the fault layer sees the raw path too
     return app
 

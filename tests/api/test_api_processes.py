@@ -726,3 +726,125 @@ def test_a_token_revoked_or_created_by_the_command_line_is_honoured_within_secon
     assert next(e for e in entries if e["name"] == name)["revoked_at"] is None  # rotation undid the revocation
     print(f"\nrevocation honoured after {revoke_s:.2f} s; a new token after {create_s:.2f} s")
 
+
+
+# ---- 7. the whole path in one trace: API, store, worker, handler, stand-in ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedSpan:
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    kind: int
+    role: str
+    start_ns: int
+    attributes: dict[str, Any]
+
+
+class OtlpReceiver:
+    """A collector stand-in: OTLP/HTTP protobuf on loopback, as the processes' exporters send it."""
+
+    def __init__(self) -> None:
+        import gzip
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        self.spans: list[ReceivedSpan] = []
+        received = self.spans
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                export = ExportTraceServiceRequest.FromString(body)
+                for resource_spans in export.resource_spans:
+                    resource = {a.key: a.value for a in resource_spans.resource.attributes}
+                    role = resource["service.instance.role"].string_value if "service.instance.role" in resource else ""
+                    for scope_spans in resource_spans.scope_spans:
+                        for span in scope_spans.spans:
+                            attributes = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
+                            received.append(ReceivedSpan(span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(),
+                                                         span.name, span.kind, role, span.start_time_unix_nano,
+                                                         attributes))  # fmt: skip
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_one_request_is_one_trace_from_the_api_to_the_stand_in(tmp_path: Path) -> None:
+    """The on-call question "what happened to this request?" answered by one trace: the API's span,
+    its store write, the worker's attempt (ref key and attempt number), the handler's call and the
+    payment system's side of it, each the child of the one before, exported by five processes."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    receiver = OtlpReceiver()
+    env, ports = launcher_env(tmp_path)
+    env |= {"COMPENSATOR_TELEMETRY__EXPORTER": "otlp", "COMPENSATOR_TELEMETRY__OTLP_ENDPOINT": receiver.url,
+            "OTEL_BSP_SCHEDULE_DELAY": "100"}  # fmt: skip
+    launcher = Launcher(env)
+    try:
+        banner = launcher.banner()
+        created = run_curl(printed_curl(banner))
+        assert created.status == 201, created
+        token = printed_token(banner, "producer")
+        url = f"http://127.0.0.1:{ports[3]}/v1/requests/{created.body['id']}"
+        poll_until(lambda: httpx.get(url, headers={"Authorization": f"Bearer {token}"}).json()["state"] == "done", 10.0)
+        ref_key = created.body["ref_key"]
+
+        def whole() -> list[ReceivedSpan] | None:
+            posts = [s for s in list(receiver.spans) if s.name == "POST /v1/requests" and s.role == "api"]
+            if not posts:
+                return None
+            trace_spans = [s for s in list(receiver.spans) if s.trace_id == posts[0].trace_id]
+            return trace_spans if any(s.role == "standins" for s in trace_spans) else None
+
+        poll_until(lambda: whole() is not None, 15.0)
+        spans = whole()
+        assert spans is not None
+    finally:
+        launcher.cleanup()
+        receiver.close()
+    by_id = {span.span_id: span for span in spans}
+
+    def chain_to_root(span: ReceivedSpan) -> list[ReceivedSpan]:
+        chain = [span]
+        while chain[-1].parent_id and chain[-1].parent_id != "0" * 16:
+            chain.append(by_id[chain[-1].parent_id])  # a parent outside the trace fails here
+        return chain[::-1]
+
+    leaf = next(span for span in spans if span.role == "standins")
+    chain = chain_to_root(leaf)
+    assert [(span.role, span.kind, span.name) for span in chain] == [
+        ("api", Span.SPAN_KIND_SERVER, "POST /v1/requests"),
+        ("api", Span.SPAN_KIND_CLIENT, "store.enqueue"),
+        ("worker", Span.SPAN_KIND_CONSUMER, "attempt transfer"),
+        ("worker", Span.SPAN_KIND_CLIENT, "POST payment"),
+        ("standins", Span.SPAN_KIND_SERVER, "payment POST"),
+    ], chain
+    assert [span.start_ns for span in chain] == sorted(span.start_ns for span in chain)
+    attempt = chain[2].attributes
+    assert (attempt["compensator.ref_key"], attempt["compensator.attempt"]) == (ref_key, 1), attempt
+    assert attempt["compensator.outcome"] == "succeeded"
+    assert chain[3].attributes["http.response.status_code"] == chain[4].attributes["http.response.status_code"] == 201
