@@ -17,14 +17,27 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from compensator import api_server, local, node_server, standins_server, token_admin, worker_command
+from compensator import (
+    api_server,
+    local,
+    node_server,
+    standins_server,
+    status_command,
+    token_admin,
+    worker_command,
+)
 from compensator.config import ConfigError
 from spark_reconcile import command as reconcile_command
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (
-    local.register, api_server.register, node_server.register, worker_command.register, token_admin.register,
+    local.register,
+    api_server.register,
+    node_server.register,
+    worker_command.register,
+    token_admin.register,
     reconcile_command.register,
+    status_command.register,
     standins_server.register,
 )
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)

@@ -1,0 +1,92 @@
+"""`compensator status` against a real store: the health, depth and breaker picture the on-call
+engineer reads, its exit code, and one line when nothing answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from compensator import cli
+from queues import QueueClient, RaftClient
+from queues.model import Enqueue
+from queues.replicated import machine_factory
+from raft_store.testing.inprocess import StoreThread, running_store
+from raft_store.testing.processes import free_ports
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StoreThread]:
+    with running_store(tmp_path / "store", machine_factory) as thread:
+        yield thread
+
+
+async def _traffic(store: StoreThread) -> None:
+    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    try:
+        await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key=f"t{i}", ref_key=f"r{i}", payload=b"p")
+                                  for i in range(3)])  # fmt: skip
+        await queue.enqueue_many(
+            [Enqueue(kind="callback", idempotency_key="c", ref_key="c", payload=b"p", delay_ms=60_000)]
+        )
+        (grant,) = (await queue.lease("w", count_max=1, lease_ms=30_000, kinds=("transfer",))).grants
+        await queue.ack(grant.message_id, grant.token)
+        await queue.pause("transfer", "breaker:payment", "payment answered 503 to 60% of 50 calls")
+        await queue.pause("callback", "ops:alice", "target rotating its keys")
+    finally:
+        await queue.raft.close()
+
+
+def status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], addresses: str, *args: str
+) -> tuple[int, str, str]:
+    monkeypatch.setenv("COMPENSATOR_STORE__ADDRESSES", addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__DEADLINE_S", "1.0")
+    monkeypatch.delenv("COMPENSATOR_CONFIG", raising=False)
+    code = cli.main(["status", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_healthy_set_shows_its_leader_depths_and_breakers(
+    store: StoreThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.run(_traffic(store))
+    code, out, err = status(monkeypatch, capsys, store.addresses, "--json")
+    assert (code, err) == (0, "")
+    report = json.loads(out)
+    assert (report["healthy"], report["leader"]) == (True, 1)
+    assert [(row["node"], row["role"], row["lag"]) for row in report["nodes"]] == [(1, "leader", 0)]
+    assert report["depth"]["transfer"] == {"delayed": 0, "ready": 2, "leased": 0, "done": 1, "dead": 0, "discarded": 0}
+    assert report["depth"]["callback"]["delayed"] == 1
+    assert report["paused"] == {"callback": ["ops:alice"], "transfer": ["breaker:payment"]}
+    breakers = {b["downstream"]: b for b in report["breakers"]}
+    assert breakers["payment"]["state"] == "open" and "503" in breakers["payment"]["reason"]
+    assert breakers["callback"]["state"] == "closed"  # an operator's pause is not the breaker
+
+    code, out, err = status(monkeypatch, capsys, store.addresses)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].startswith("store: leader node 1, term ")
+    transfer = next(line for line in lines if line.startswith("transfer "))
+    assert transfer.split()[1:7] == ["0", "2", "0", "1", "0", "0"] and transfer.endswith("breaker:payment")
+    assert any(line.startswith("breaker payment") and "OPEN for" in line for line in lines)
+
+
+def test_a_node_down_is_shown_and_fails_the_check(
+    store: StoreThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = free_ports(1)[0]
+    code, out, err = status(monkeypatch, capsys, f"{store.addresses},127.0.0.1:{dead}")
+    assert code == 1 and err == ""
+    assert any(f"127.0.0.1:{dead}" in line and "DOWN" in line for line in out.splitlines()), out
+    assert "(UNHEALTHY)" in out.splitlines()[0]
+
+
+def test_nothing_answering_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    ports = free_ports(2)
+    code, out, err = status(monkeypatch, capsys, ",".join(f"127.0.0.1:{p}" for p in ports))
+    assert code == 1 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("compensator status: error: no store node answered"), err
