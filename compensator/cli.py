@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from compensator import (
     api_server,
+    config_command,
     local,
     node_server,
     standins_server,
@@ -38,6 +39,7 @@ _REGISTRARS: tuple[Registrar, ...] = (
     token_admin.register,
     reconcile_command.register,
     status_command.register,
+    config_command.register,
     standins_server.register,
 )
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)

@@ -52,13 +52,16 @@ class StoreConfig(_Section, frozen=True):
     set_id: int = 1
     """Part of every public request id, so a second set is a configuration change."""
     attempt_timeout_s: float = 1.0
+    """One try at one node; past it the client tries the next (the outcome of a write may then be unknown)."""
     deadline_s: float = 5.0
     """How long one store call may retry (leader changes, redirects) before the API answers 503."""
 
 
 class ApiConfig(_Section, frozen=True):
     host: str = "127.0.0.1"
+    """The address the API listens on (0.0.0.0 behind a load balancer)."""
     port: int = 8080
+    """The API's TCP port."""
     workers: int = 1
     """uvicorn worker processes. Each holds its own connections, token cache and quota buckets."""
     instances: int = 1
@@ -69,10 +72,13 @@ class ApiConfig(_Section, frozen=True):
     body_bytes_max: int = 256 * 1024 + 16 * 1024
     """A single request: a payload of up to 256 KiB plus the envelope."""
     batch_bytes_max: int = 16 * 1024 * 1024
+    """A `POST /v1/requests:batch` body, in bytes."""
     batch_items_max: int = 1000
+    """Items in one batch; all of them go to the store in one frame."""
     ready_lag_entries_max: int = 1000
     """/readyz fails while the leader's applied index is this far behind its commit index."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """uvicorn's and the API's log level (tokens and payloads are never logged at any level)."""
 
 
 class QuotaConfig(_Section, frozen=True):
@@ -81,6 +87,7 @@ class QuotaConfig(_Section, frozen=True):
     rate_per_s: int = 2000
     """Requests (batch items) per second per producer, across all API processes."""
     burst: int = 4000
+    """Requests a producer may send at once above its rate, across all API processes."""
     hold_max_ms: int = 500
     """Over the rate, a request waits up to this long for its turn before it is answered 429."""
     held_max: int = 4096
@@ -95,8 +102,11 @@ class AuthConfig(_Section, frozen=True):
 
 class TelemetryConfig(_Section, frozen=True):
     exporter: Literal["none", "otlp", "console"] = "none"
+    """Where spans go: an OpenTelemetry collector over OTLP/HTTP, standard output, or nowhere (the trace context still travels)."""
     otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    """The collector's OTLP/HTTP traces URL."""
     service_name: str = "compensator"
+    """`service.name` of every span; each process adds its role as `service.instance.role`."""
     sample_ratio: float = 1.0
     """Of traces started here; a sampled parent's decision is always followed."""
 
@@ -105,6 +115,7 @@ class WorkerConfig(_Section, frozen=True):
     """`compensator worker`: how much it takes on, how it waits, how it stops."""
 
     lease_ms: int = 30_000
+    """How long a leased request stays this worker's; the worker extends it while the handler runs, and another worker retries it once it expires."""
     batch_max: int = 100
     """Grants per Lease command at most."""
     concurrency_per_kind: int = 64
@@ -118,29 +129,39 @@ class WorkerConfig(_Section, frozen=True):
     metrics_port: int = 0
     """Prometheus metrics on 127.0.0.1:port (0: off)."""
     metrics_host: str = "127.0.0.1"
+    """The address of the worker's metrics endpoint."""
     maintenance: bool = True
     """Also run the queue's maintenance driver (it reads before it writes, so several are cheap)."""
     callback_secrets_file: str = ""
     """JSON {"target": "secret"} for callback signatures (else $COMPENSATOR_CALLBACK_SECRETS)."""
     breaker_window_s: float = 10.0
+    """The circuit breaker judges a downstream on the attempts of this many recent seconds."""
     breaker_attempts_min: int = 50
     """Enough that a burst of fast failures among slow successes (503s answer first) does not trip it."""
     breaker_failure_ratio: float = 0.5
+    """The share of the downstream's own failures (timeouts, lost connections, 5xx, 429) in the window that opens the breaker."""
     breaker_probe_every_s: float = 1.0
+    """While open: one probe request this often; an answered probe closes the breaker."""
     ramp_start_per_s: float = 5.0
+    """After the breaker closes, leases of the downstream's kinds start at this rate per worker..."""
     ramp_double_s: float = 2.0
+    """...which doubles this often (with jitter)..."""
     ramp_until_per_s: float = 1000.0
+    """...until it reaches this rate, where the ramp ends."""
 
 
 class LocalConfig(_Section, frozen=True):
     """`make run` only: where the local set keeps its data, and what else it starts."""
 
     data_dir: str = "var/local"
+    """The store nodes' data, logs and the stand-ins' database, kept between runs."""
     workers: int = 2
+    """Compensation workers `make run` starts."""
     standins: bool = True
     """Start the downstream stand-ins (payment system, red-packet service, callback receiver) on the
     ports of `handlers.payment.base_url`, `handlers.red_packet.base_url` and `callback_port`."""
     callback_port: int = 7203
+    """The callback receiver stand-in's port."""
     callback_target: str = "merchant-demo"
     """The callback target `make run` registers, signed with a secret kept in the data folder."""
 

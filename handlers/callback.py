@@ -47,10 +47,10 @@ class CallbackHandler:
         self._targets = dict(targets)
         self._clock = clock
 
-
     def use(self, table: ClassificationTable) -> None:
         """An operator's edited table (a settings document in the store), from the next answer on."""
         self._table = table
+
     def __repr__(self) -> str:
         return f"CallbackHandler(targets={sorted(self._targets)})"
 

@@ -101,7 +101,9 @@ class ClassificationTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
                 found.append(f"{where}: unreachable, rule {shadowing + 1} matches everything it does")
             retries = rule.action in {Action.RETRY, Action.RETRY_AFTER}
             if retries and rule.status_max >= 500 and rule.error_class not in UNKNOWN_OUTCOME_CLASSES:
-                found.append(f"{where}: a retried 5xx may have taken effect; use one of {sorted(UNKNOWN_OUTCOME_CLASSES)}")
+                found.append(
+                    f"{where}: a retried 5xx may have taken effect; use one of {sorted(UNKNOWN_OUTCOME_CLASSES)}"
+                )
         if not self.rules or not self.rules[-1].is_catch_all:
             found.append(f"the last rule must match every status ({STATUS_MIN}-{STATUS_MAX}) with no code")
         return found

@@ -53,19 +53,27 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """Timeouts and limits of one downstream's client. Defaults suit a payment API on a LAN."""
 
     connect_timeout_s: Seconds = 1.0
+    """Establishing a connection; a connect that fails was certainly not sent, so it may be tried again."""
     write_timeout_s: Seconds = 2.0
+    """Sending the request; past it the outcome is unknown."""
     read_timeout_s: Seconds = 5.0
     """The longest wait for any one read of the answer: past it the outcome is unknown."""
     pool_timeout_s: Seconds = 1.0
+    """Waiting for a free connection of the pool (connections_max in use)."""
     attempt_timeout_s: Seconds = 10.0
     """The whole call, connection retries included."""
     connections_max: Annotated[int, msgspec.Meta(ge=1, le=CONNECTIONS_LIMIT)] = 32
+    """Connections to this downstream per worker; the worker never runs more of its calls at once."""
     keepalive_connections_max: Annotated[int, msgspec.Meta(ge=0, le=CONNECTIONS_LIMIT)] = 16
+    """Idle connections kept open for the next call."""
     keepalive_expiry_s: Seconds = 30.0
+    """How long an idle connection is kept."""
     connect_tries_max: Annotated[int, msgspec.Meta(ge=1, le=CONNECT_TRIES_LIMIT)] = 3
     """Tries of a request that was certainly not sent, within one attempt."""
     connect_backoff_min_s: Seconds = 0.05
+    """The first wait before a connection is tried again (exponential, with jitter)..."""
     connect_backoff_max_s: Seconds = 0.5
+    """...and the longest."""
 
     def problems(self) -> list[str]:
         found: list[str] = []
@@ -231,7 +239,9 @@ class Gateway:
             if progress.written:  # cannot happen with httpcore today; if it ever does, it may have been sent
                 outcome = OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
             else:
-                kind = NotSentClass.POOL_EXHAUSTED if isinstance(error, httpx.PoolTimeout) else NotSentClass.CONNECT_FAILED
+                kind = (
+                    NotSentClass.POOL_EXHAUSTED if isinstance(error, httpx.PoolTimeout) else NotSentClass.CONNECT_FAILED
+                )
                 raise _Unsent(kind, _said(error)) from None
         except httpx.TimeoutException as error:  # read or write timeout: the request may be applied
             outcome = OutcomeUnknown(error_class=UnknownClass.TIMEOUT, detail=_said(error))

@@ -90,7 +90,9 @@ def build_registry(
     red_packet = Gateway(downstream=RED_PACKET, settings=settings.red_packet.gateway,
                          base_url=settings.red_packet.base_url, rng=rng, clock=clock, tracer=tracer)  # fmt: skip
     callback = Gateway(downstream=CALLBACK, settings=settings.callback.gateway, rng=rng, clock=clock, tracer=tracer)
-    targets = {t.name: CallbackTarget(name=t.name, url=t.url, secret=secrets[t.name]) for t in settings.callback.targets}
+    targets = {
+        t.name: CallbackTarget(name=t.name, url=t.url, secret=secrets[t.name]) for t in settings.callback.targets
+    }
     handlers: dict[Kind, Handler] = {
         Kind.TRANSFER: TransferHandler(sender=payment, table=tables[PAYMENT]),
         Kind.LIST_UPDATE: ListUpdateHandler(sender=red_packet, table=tables[RED_PACKET]),

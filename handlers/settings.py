@@ -39,7 +39,9 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 class DownstreamSettings(_Settings, frozen=True):
     base_url: Url
+    """The downstream's base URL (scheme, host, port; no path): the handlers add their paths."""
     gateway: GatewaySettings = GatewaySettings()
+    """The HTTP client's timeouts and limits for this downstream."""
 
 
 class CallbackTargetSettings(_Settings, frozen=True):
@@ -50,13 +52,18 @@ class CallbackTargetSettings(_Settings, frozen=True):
 
 class CallbackSettings(_Settings, frozen=True):
     gateway: GatewaySettings = CALLBACK_GATEWAY
+    """The HTTP client's timeouts and limits for callbacks: strict, since a target is someone else's server."""
     targets: Annotated[tuple[CallbackTargetSettings, ...], msgspec.Meta(max_length=TARGETS_MAX)] = ()
+    """The registered callback targets, each `{ name = "...", url = "..." }`; a callback request names its target, never a URL."""
 
 
 class HandlersSettings(_Settings, frozen=True):
     payment: DownstreamSettings = DownstreamSettings(base_url="http://127.0.0.1:7201")
+    """The payment system (transfers)."""
     red_packet: DownstreamSettings = DownstreamSettings(base_url="http://127.0.0.1:7202")
+    """The red-packet service (receive-list updates)."""
     callback: CallbackSettings = CallbackSettings()
+    """Callbacks to registered targets (user-info writes)."""
 
     def problems(self) -> list[str]:
         try:  # settings built in Python skipped the decoder's checks

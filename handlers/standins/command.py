@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             dsn = stack.enter_context(pg.database(args.pg_data))
         except (OSError, subprocess.SubprocessError) as error:
-            raise StandinsError(f"cannot start an embedded PostgreSQL in {args.pg_data}: {type(error).__name__}") from None
+            raise StandinsError(
+                f"cannot start an embedded PostgreSQL in {args.pg_data}: {type(error).__name__}"
+            ) from None
         return _serve(settings, dsn, secrets, args.log_level)
     raise AssertionError("unreachable: the block returns or raises")
 

@@ -35,13 +35,16 @@ SERVICE: Final = "payment"
 CLOSED_ACCOUNT_PREFIX: Final = "closed-"
 SUCCEEDED: Final = "SUCCEEDED"
 
-DDL: Final = PAYMENT_TRANSFERS_DDL + """
+DDL: Final = (
+    PAYMENT_TRANSFERS_DDL
+    + """
 CREATE TABLE IF NOT EXISTS payment_transfer_requests (
     transfer_id    text PRIMARY KEY,
     request_sha256 bytea NOT NULL,
     request        jsonb NOT NULL
 );
 """
+)
 """``payment_transfers`` is ledger/upstream.py's: the nightly reconciliation reads what this stand-in writes."""
 
 Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,127}$")]

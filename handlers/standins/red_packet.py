@@ -35,7 +35,9 @@ SERVICE: Final = "red_packet"
 GRANTED: Final = "GRANTED"
 VERSION_MAX: Final = 2**53 - 1
 
-DDL: Final = RED_PACKET_GRANTS_DDL + """
+DDL: Final = (
+    RED_PACKET_GRANTS_DDL
+    + """
 CREATE TABLE IF NOT EXISTS red_packet_receivers (
     red_packet_id text NOT NULL,
     receiver      text NOT NULL,
@@ -57,6 +59,7 @@ CREATE TABLE IF NOT EXISTS red_packet_versions (
     UNIQUE (red_packet_id, receiver, version)
 );
 """
+)
 
 
 class ReceiverUpdate(BaseModel):

@@ -294,4 +294,3 @@ def document_of(record: asyncpg.Record | None, column: str) -> dict[str, Any] | 
         return None
     loaded: dict[str, Any] = json.loads(record[column])
     return loaded
-

@@ -80,5 +80,7 @@ def test_the_command_line_answers_bad_input_in_one_line_per_problem(tmp_path: Pa
     assert unreachable.stderr.startswith("compensator token: error: the store at 127.0.0.1:9 did not answer")
     usage = _compensator("token", "create", "--name", "x")
     assert usage.returncode == 2
-    assert usage.stderr.splitlines() == ["compensator token create: error: the following arguments are required: --role"]
+    assert usage.stderr.splitlines() == [
+        "compensator token create: error: the following arguments are required: --role"
+    ]
     assert "Traceback" not in usage.stderr + unreachable.stderr + answer.stderr
