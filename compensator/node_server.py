@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from compensator.config import parse_address
+from compensator.node_metrics import MetricsServer, NodeCollector
 from queues.replicated import DB_NAME, ReplicatedQueueMachine
 from raft_store import cli as raft_cli
+from raft_store.node import Node
 
 
 class NodeCommandError(ValueError):
@@ -25,6 +33,7 @@ class NodeCommandError(ValueError):
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     node = subparsers.add_parser("node", help="run one store node (Raft, the queue machine)")
     raft_cli.add_node_arguments(node)
+    node.add_argument("--metrics-address", help="serve Prometheus metrics on HOST:PORT (GET /metrics); default off")
     node.set_defaults(handler=serve)
 
 
@@ -33,7 +42,27 @@ def serve(args: argparse.Namespace) -> int:
         config = raft_cli.node_config(args)
     except raft_cli.UsageError as error:
         raise NodeCommandError(str(error)) from None
+    metrics_address = None
+    if args.metrics_address:
+        try:
+            metrics_address = parse_address(args.metrics_address)
+        except ValueError as error:
+            raise NodeCommandError(f"--metrics-address: {error}") from None
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     raft_cli.prepare_node_process()
-    return asyncio.run(raft_cli.run_node(config, ReplicatedQueueMachine(str(data_dir / DB_NAME))))
+    machine = ReplicatedQueueMachine(str(data_dir / DB_NAME))
+    beside = None if metrics_address is None else functools.partial(_metrics, address=metrics_address)
+    return asyncio.run(raft_cli.run_node(config, machine, beside))
+
+
+@contextlib.asynccontextmanager
+async def _metrics(node: Node, *, address: tuple[str, int]) -> AsyncIterator[None]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(node.status, node.query_applied))
+    server = MetricsServer(registry, *address)
+    await server.start()
+    try:
+        yield
+    finally:
+        await server.stop()

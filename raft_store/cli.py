@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +69,11 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     if node_id is None:
         raise UsageError("--id (or 'id' in the config file) is required")
     peers = parse_peers(args.peer) if args.peer else _address_map(settings.get("peers", {}), "peers")
-    client_addresses = (parse_peers(args.client_address, "client address") if args.client_address
-                        else _address_map(settings.get("client_addresses", {}), "client_addresses"))
+    client_addresses = (
+        parse_peers(args.client_address, "client address")
+        if args.client_address
+        else _address_map(settings.get("client_addresses", {}), "client_addresses")
+    )
     listen = parse_address(args.listen) if args.listen else peers.get(int(node_id))
     if listen is None:
         raise UsageError("--listen is required when the node is not in --peer")
@@ -84,7 +89,10 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         voters = sorted(peers) if peers else [int(node_id)]
     data_dir = Path(args.data or settings.get("data_dir") or f"var/node{node_id}")
     config = NodeConfig(
-        node_id=int(node_id), data_dir=data_dir, listen=listen, peers=peers,
+        node_id=int(node_id),
+        data_dir=data_dir,
+        listen=listen,
+        peers=peers,
         initial_voters=frozenset(int(v) for v in voters),
         tick_ms=int(settings.get("tick_ms", args.tick_ms)),
         election_ticks=int(settings.get("election_ticks", 10)),
@@ -136,14 +144,19 @@ def prepare_node_process() -> None:
         pass
 
 
-async def run_node(config: NodeConfig, machine: StateMachine) -> int:
+async def run_node(
+    config: NodeConfig, machine: StateMachine,
+    beside: Callable[[Node], contextlib.AbstractAsyncContextManager[None]] | None = None,
+) -> int:  # fmt: skip
     """Runs the node until SIGTERM or SIGINT (0) or until it stops itself on a storage failure
     (1). It owns `machine` from here on and closes it, which only it can do after the node's
-    last apply."""
+    last apply. `beside` is entered once the node started and left once it stopped (an
+    embedding command's endpoints on the node's loop, such as its metrics)."""
     try:
         node = Node(config, machine)
         await node.start()
-        return await _serve_until_stopped(node)
+        async with beside(node) if beside is not None else contextlib.nullcontext():
+            return await _serve_until_stopped(node)
     finally:
         machine.close()
 
@@ -156,8 +169,10 @@ async def _serve_until_stopped(node: Node) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         listen = node.config.listen
-        print(json.dumps({"event": "started", "node": node.config.node_id, "listen": f"{listen[0]}:{listen[1]}"}),
-              flush=True)
+        print(
+            json.dumps({"event": "started", "node": node.config.node_id, "listen": f"{listen[0]}:{listen[1]}"}),
+            flush=True,
+        )
         stopped = loop.create_task(node.stopped.wait())
         await asyncio.wait([loop.create_task(stop.wait()), stopped], return_when=asyncio.FIRST_COMPLETED)
         failed = node.stopped.is_set()
@@ -196,8 +211,11 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", type=int)
     parser.add_argument("--listen")
     parser.add_argument("--peer", action="append", help="ID=host:port, once per node (including this one)")
-    parser.add_argument("--client-address", action="append",
-                        help="ID=host:port clients use for node ID, once per node (when peers talk on another network)")
+    parser.add_argument(
+        "--client-address",
+        action="append",
+        help="ID=host:port clients use for node ID, once per node (when peers talk on another network)",
+    )
     parser.add_argument("--data")
     parser.add_argument("--join", action="store_true", help="start empty and wait to be added")
     parser.add_argument("--voters", help="initial voters of a new cluster, e.g. 1,2,3 (default: every --peer)")
@@ -239,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         addresses = [parse_address(a) for a in args.addresses.split(",") if a]
         if args.command == "status":
             return asyncio.run(show_status(addresses))
-        op = {"add-voter": "add_voter", "add-learner": "add_learner", "remove": "remove", "transfer": "transfer"}[args.command]
+        op = {"add-voter": "add_voter", "add-learner": "add_learner", "remove": "remove", "transfer": "transfer"}[
+            args.command
+        ]
         return asyncio.run(admin(addresses, op, args.node, getattr(args, "address", None)))
     except UsageError as exc:
         print(f"raft-store: {exc}", file=sys.stderr)

@@ -123,12 +123,15 @@ class _Trail:
                 f"outcome unknown: the {self.noun} reached {_show(self.reached)} and {self.doubt}; it may or may"
                 f" not have been applied: {_RETRY_ADVICE[self.noun]}. Gave up after {deadline_s} s;"
                 f" last: {self.last_error}",
-                reached=self.reached, last_error=self.last_error, last_address=self.last_address,
+                reached=self.reached,
+                last_error=self.last_error,
+                last_address=self.last_address,
             )
         return Unavailable(
             f"unavailable: the {self.noun} was not applied: no node took it within {deadline_s} s, so retrying"
             f" later is safe. Last: {self.last_error}",
-            last_error=self.last_error, last_address=self.last_address,
+            last_error=self.last_error,
+            last_address=self.last_address,
         )
 
 
@@ -204,7 +207,11 @@ def _expire(future: asyncio.Future[tuple[FrameType, bytes]]) -> None:
 
 class RaftClient:
     def __init__(
-        self, addresses: Sequence[Address], *, cluster_id: int = 1, attempt_timeout_s: float = 2.0,
+        self,
+        addresses: Sequence[Address],
+        *,
+        cluster_id: int = 1,
+        attempt_timeout_s: float = 2.0,
         deadline_s: float = 30.0,
     ) -> None:
         if not addresses:
@@ -429,8 +436,10 @@ class RaftClient:
             await self._learn_ids()
             hinted = self._ids.get(leader)
         if hinted is None:
-            trail.last_error += (f" (the leader is node {leader}, and no address for clients is known for it: give"
-                                 " the client its address, or configure the nodes' client addresses)")
+            trail.last_error += (
+                f" (the leader is node {leader}, and no address for clients is known for it: give"
+                " the client its address, or configure the nodes' client addresses)"
+            )
             return False
         if hinted == address:
             return False

@@ -61,9 +61,9 @@ def _decode_meta(buf: bytes, offset: int) -> tuple[SnapshotMeta, int]:
 
 
 def encode_message(m: Message) -> bytes:
-    parts = [_MSG.pack(
-        m.type, m.to, m.frm, m.term, m.log_term, m.index, m.commit, m.reject, m.reject_hint, len(m.entries)
-    )]
+    parts = [
+        _MSG.pack(m.type, m.to, m.frm, m.term, m.log_term, m.index, m.commit, m.reject, m.reject_hint, len(m.entries))
+    ]
     pack = _ENTRY.pack
     for e in m.entries:
         parts.append(pack(e.term, e.index, e.kind, len(e.data)))
@@ -123,9 +123,18 @@ def _decode_message(buf: bytes) -> Message:
     if offset != len(buf):
         raise CodecError("trailing bytes after raft message")
     return Message(
-        MessageType(mtype), to=to, frm=frm, term=term, log_term=log_term, index=index,
-        entries=tuple(entries), commit=commit, reject=bool(reject), reject_hint=hint,
-        context=bytes(context), snapshot=snapshot,
+        MessageType(mtype),
+        to=to,
+        frm=frm,
+        term=term,
+        log_term=log_term,
+        index=index,
+        entries=tuple(entries),
+        commit=commit,
+        reject=bool(reject),
+        reject_hint=hint,
+        context=bytes(context),
+        snapshot=snapshot,
     )
 
 

@@ -103,8 +103,13 @@ class Ready:
 
     def is_empty(self) -> bool:
         return not (
-            self.hard_state or self.entries or self.snapshot or self.early_messages
-            or self.messages or self.committed or self.read_states
+            self.hard_state
+            or self.entries
+            or self.snapshot
+            or self.early_messages
+            or self.messages
+            or self.committed
+            or self.read_states
         )
 
     must_sync: bool = False
@@ -448,10 +453,17 @@ class RaftCore:
             return
         for node in sorted(self.conf.voters):
             if node != self.id:
-                self._send(Message(
-                    vote_type, to=node, frm=self.id, term=term,
-                    index=self.log.last_index(), log_term=self.log.last_term(), context=context,
-                ))
+                self._send(
+                    Message(
+                        vote_type,
+                        to=node,
+                        frm=self.id,
+                        term=term,
+                        index=self.log.last_index(),
+                        log_term=self.log.last_term(),
+                        context=context,
+                    )
+                )
 
     def _tally(self) -> str:
         voters = self.conf.voters
@@ -510,10 +522,18 @@ class RaftCore:
             self._send(Message(MT.APP_RESP, to=m.frm, frm=self.id, term=self.term, index=last_new))
             return
         hint = self.log.find_conflict_by_term(min(m.index, self.log.last_index()), m.log_term)
-        self._send(Message(
-            MT.APP_RESP, to=m.frm, frm=self.id, term=self.term, index=m.index,
-            reject=True, reject_hint=hint, log_term=self.log.term(hint) or 0,
-        ))
+        self._send(
+            Message(
+                MT.APP_RESP,
+                to=m.frm,
+                frm=self.id,
+                term=self.term,
+                index=m.index,
+                reject=True,
+                reject_hint=hint,
+                log_term=self.log.term(hint) or 0,
+            )
+        )
 
     def _handle_snapshot(self, m: Message) -> None:
         assert m.snapshot is not None
@@ -618,7 +638,9 @@ class RaftCore:
         for node in conf.all_nodes():
             if node not in self.progress:
                 self.progress[node] = Progress(
-                    match=0, next=self.log.last_index() + 1, inflight_max=self.config.inflight_max,
+                    match=0,
+                    next=self.log.last_index() + 1,
+                    inflight_max=self.config.inflight_max,
                 )
             self.progress[node].is_learner = node in conf.learners
         for node in list(self.progress):
@@ -647,13 +669,22 @@ class RaftCore:
         prev_term = self.log.term(prev)
         if prev_term is None or prev < self.log.snapshot_index:
             return self._send_snapshot(to, pr)
-        entries = self.log.slice(pr.next, self.log.last_index() + 1, self.config.append_bytes_max) \
-            if pr.next <= self.log.last_index() else []
+        entries = (
+            self.log.slice(pr.next, self.log.last_index() + 1, self.config.append_bytes_max)
+            if pr.next <= self.log.last_index()
+            else []
+        )
         if only_if_entries and not entries:
             return False
         msg = Message(
-            MT.APP, to=to, frm=self.id, term=self.term, index=prev, log_term=prev_term,
-            entries=tuple(entries), commit=self.log.committed,
+            MT.APP,
+            to=to,
+            frm=self.id,
+            term=self.term,
+            index=prev,
+            log_term=prev_term,
+            entries=tuple(entries),
+            commit=self.log.committed,
         )
         self._early.append(msg)
         if entries:
@@ -667,9 +698,15 @@ class RaftCore:
             return False  # wait until the follower answers at all before shipping a snapshot
         meta = self.snapshot_meta()
         # The runner attaches the snapshot bytes on the way out: I/O stays at the edge.
-        self._early.append(Message(
-            MT.SNAP, to=to, frm=self.id, term=self.term, snapshot=Snapshot(meta=meta),
-        ))
+        self._early.append(
+            Message(
+                MT.SNAP,
+                to=to,
+                frm=self.id,
+                term=self.term,
+                snapshot=Snapshot(meta=meta),
+            )
+        )
         pr.become_snapshot(meta.index)
         return False
 
@@ -690,10 +727,16 @@ class RaftCore:
             if node == self.id:
                 continue
             pr = self.progress[node]
-            self._early.append(Message(
-                MT.HEARTBEAT, to=node, frm=self.id, term=self.term,
-                commit=min(pr.match, self.log.committed), context=context,
-            ))
+            self._early.append(
+                Message(
+                    MT.HEARTBEAT,
+                    to=node,
+                    frm=self.id,
+                    term=self.term,
+                    commit=min(pr.match, self.log.committed),
+                    context=context,
+                )
+            )
 
     # ---- linearizable reads (Raft dissertation 6.4) -------------------------------------
     def _leader_read(self, context: bytes, requester: int) -> None:
@@ -722,10 +765,16 @@ class RaftCore:
         if request.requester == self.id:
             self._read_states.append(ReadState(request.index, request.context))
         else:
-            self._send(Message(
-                MT.READ_INDEX_RESP, to=request.requester, frm=self.id, term=self.term,
-                index=request.index, context=request.context,
-            ))
+            self._send(
+                Message(
+                    MT.READ_INDEX_RESP,
+                    to=request.requester,
+                    frm=self.id,
+                    term=self.term,
+                    index=request.index,
+                    context=request.context,
+                )
+            )
 
     # ---- internals ------------------------------------------------------------------------
     def _send(self, m: Message) -> None:

@@ -72,11 +72,7 @@ class FaultHook:
         self.calls[op] += 1
         if op == self.crash_before and self.calls[op] == self.crash_at:
             raise SimulatedCrash(f"crash before {op} #{self.crash_at} of {path}")
-        if (
-            op in ("fsync", "fsync_dir")
-            and self.fail_fsync_at is not None
-            and self.fsyncs == self.fail_fsync_at
-        ):
+        if op in ("fsync", "fsync_dir") and self.fail_fsync_at is not None and self.fsyncs == self.fail_fsync_at:
             raise OSError(errno.EIO, "injected fsync failure", str(path))
 
 

@@ -216,9 +216,7 @@ def scan_log(
         return records, None
     later = find_valid_record_after(buf, problem.offset, known_types)
     if later is not None:
-        raise CorruptLogError(
-            path, problem.offset, f"{problem.reason}, followed by a valid record at offset {later}"
-        )
+        raise CorruptLogError(path, problem.offset, f"{problem.reason}, followed by a valid record at offset {later}")
     if not is_last:
         raise CorruptLogError(path, problem.offset, f"{problem.reason} in a segment that is not the last")
     # A complete-length record with a bad CRC at the very end is indistinguishable from a crash

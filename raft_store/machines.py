@@ -64,9 +64,7 @@ class CounterMachine:
     def applied_index(self) -> int:
         return self._applied
 
-    def apply_batch(
-        self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True
-    ) -> list[bytes]:
+    def apply_batch(self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True) -> list[bytes]:
         self._applied = index
         self._count += len(commands)
         return [b""] * len(commands)

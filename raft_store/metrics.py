@@ -42,7 +42,9 @@ class NodeMetrics:
             "fsync_ms_avg": round(1000 * self.fsync_seconds_total / self.fsyncs, 3) if self.fsyncs else 0.0,
             "fsync_ms_max": round(1000 * self.fsync_seconds_max, 3),
             "fsync_entries_total": self.fsync_entries_total,
-            "fsync_batch_buckets": dict(zip([str(b) for b in BATCH_BUCKETS] + ["inf"], self.fsync_batch_histogram, strict=True)),
+            "fsync_batch_buckets": dict(
+                zip([str(b) for b in BATCH_BUCKETS] + ["inf"], self.fsync_batch_histogram, strict=True)
+            ),
             "proposed_commands": self.proposed_commands,
             "applied_commands": self.applied_commands,
             "snapshots": self.snapshots,

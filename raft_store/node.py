@@ -82,7 +82,9 @@ class NodeConfig:
     election_ticks: int = 10
     heartbeat_ticks: int = 2
     batch_commands_max: int = 8192
-    group_commit: GroupCommitPolicy = field(default_factory=lambda: GroupCommitPolicy(max_entries=8192, max_delay_ms=0.0))
+    group_commit: GroupCommitPolicy = field(
+        default_factory=lambda: GroupCommitPolicy(max_entries=8192, max_delay_ms=0.0)
+    )
     snapshot_every_entries: int = 20_000
     # Entries carry batches of commands, so bound the log kept in memory by bytes too.
     snapshot_every_bytes: int = 64 << 20
@@ -130,9 +132,12 @@ class Node:
         self.wal: Wal | None = None
         self.snapshots = SnapshotStore(config.data_dir / "snapshots")
         self.transport = Transport(
-            config.node_id, config.listen,
+            config.node_id,
+            config.listen,
             {n: a for n, a in config.peers.items() if n != config.node_id},
-            self._on_peer_frame, self._on_client_frame, TransportConfig(cluster_id=config.cluster_id),
+            self._on_peer_frame,
+            self._on_client_frame,
+            TransportConfig(cluster_id=config.cluster_id),
         )
         self.transport.on_unreachable = self._on_unreachable
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"wal-{config.node_id}")
@@ -214,7 +219,9 @@ class Node:
             raise NodeStopped(f"state machine applied {applied} beyond the log's last index {last}")
         return RaftCore(
             CoreConfig(node_id=cfg.node_id, election_ticks=cfg.election_ticks, heartbeat_ticks=cfg.heartbeat_ticks),
-            Recovered(hard_state=rec.hard_state, snapshot=meta, entries=tuple(entries), applied=max(applied, meta.index)),
+            Recovered(
+                hard_state=rec.hard_state, snapshot=meta, entries=tuple(entries), applied=max(applied, meta.index)
+            ),
             random.Random(),
         )
 
@@ -281,8 +288,9 @@ class Node:
             raise codec.CodecError(f"client sent a {ftype.name} frame")
         self._wake.set()
 
-    def _client_propose(self, conn: ClientConnection | None, request: codec.Propose,
-                        future: asyncio.Future[codec.Result] | None = None) -> None:
+    def _client_propose(
+        self, conn: ClientConnection | None, request: codec.Propose, future: asyncio.Future[codec.Result] | None = None
+    ) -> None:
         core = self.core
         assert core is not None
         waiter = _Waiter(conn, request.request_id, len(request.commands), future)
@@ -299,6 +307,16 @@ class Node:
         self._client_propose(None, codec.Propose(0, tuple(commands)), future)
         self._wake.set()
         return await future
+
+    def query_applied(self, query: bytes) -> bytes | None:
+        """This replica's answer to `query` from its applied state, for callers on the node's own
+        loop (its metrics endpoint). None while an apply runs: the machine is then in use on the
+        apply thread, and a caller must not wait on the loop for it."""
+        if self._apply_running:
+            return None
+        machine: Any = self.machine
+        answer: bytes = machine.query(query)
+        return answer
 
     def _client_read(self, conn: ClientConnection, read: codec.Read) -> None:
         core = self.core
@@ -341,8 +359,11 @@ class Node:
             core.transfer_leadership(node)
             self._reply(waiter, Status.OK, core.leader, (b"transfer started",))
             return
-        changes = {"add_voter": ConfChangeType.ADD_VOTER, "add_learner": ConfChangeType.ADD_LEARNER,
-                   "remove": ConfChangeType.REMOVE_NODE}
+        changes = {
+            "add_voter": ConfChangeType.ADD_VOTER,
+            "add_learner": ConfChangeType.ADD_LEARNER,
+            "remove": ConfChangeType.REMOVE_NODE,
+        }
         if op not in changes:
             self._reply(waiter, Status.ERROR, core.leader, (f"unknown op {op!r}".encode(),))
             return
@@ -418,7 +439,9 @@ class Node:
         while self._proposals:
             batch: list[tuple[int, int, bytes]] = []
             waiters: list[_Waiter] = []
-            while self._proposals and (not batch or len(batch) + len(self._proposals[0][1]) <= self.config.batch_commands_max):
+            while self._proposals and (
+                not batch or len(batch) + len(self._proposals[0][1]) <= self.config.batch_commands_max
+            ):
                 waiter, commands = self._proposals.pop(0)
                 batch.extend(commands)
                 waiters.append(waiter)
@@ -553,9 +576,10 @@ class Node:
         self._arm_idle_commit()
         self._serve_reads()
         self._bytes_since_snapshot += sum(len(e.data) for e in batch)
-        if (not self._snapshotting
-                and (core.log.applied - core.log.snapshot_index >= self.config.snapshot_every_entries
-                     or self._bytes_since_snapshot >= self.config.snapshot_every_bytes)):
+        if not self._snapshotting and (
+            core.log.applied - core.log.snapshot_index >= self.config.snapshot_every_entries
+            or self._bytes_since_snapshot >= self.config.snapshot_every_bytes
+        ):
             self._bytes_since_snapshot = 0
             self._snapshotting = True
             asyncio.get_running_loop().create_task(self._take_snapshot())
@@ -563,8 +587,12 @@ class Node:
 
     def _arm_idle_commit(self) -> None:
         machine = self.machine
-        if (self._idle_commit is None and not self._apply_running and isinstance(machine, GroupCommittingMachine)
-                and machine.uncommitted):
+        if (
+            self._idle_commit is None
+            and not self._apply_running
+            and isinstance(machine, GroupCommittingMachine)
+            and machine.uncommitted
+        ):
             self._idle_commit = asyncio.get_running_loop().call_later(IDLE_COMMIT_S, self._commit_if_idle)
 
     def _commit_if_idle(self) -> None:
@@ -633,7 +661,9 @@ class Node:
                 else:
                     offset = 0
                     for waiter in waiters:
-                        self._reply(waiter, Status.OK, self.config.node_id, tuple(result[offset : offset + waiter.count]))
+                        self._reply(
+                            waiter, Status.OK, self.config.node_id, tuple(result[offset : offset + waiter.count])
+                        )
                         offset += waiter.count
             admin = self._admin_waiting.pop(entry.index, None)
             if admin is not None:
@@ -678,7 +708,9 @@ class Node:
         if not is_leader and (self._reads or self._read_batch) and core.leader == 0:
             waiting = [r for batch in self._reads.values() for r in batch] + self._read_batch
             for conn, read in waiting:
-                conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
+                conn.send(
+                    FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ()))
+                )
             self._reads = {}
             self._read_batch = []
         self._was_leader = is_leader
@@ -834,8 +866,11 @@ class Node:
             del self._receiving[chunk.frm]
             path = current[1].finish()
             self._received[chunk.meta.index] = path
-            self._inbox.append(Message(MessageType.SNAP, to=chunk.to, frm=chunk.frm, term=chunk.term,
-                                       snapshot=Snapshot(meta=chunk.meta)))
+            self._inbox.append(
+                Message(
+                    MessageType.SNAP, to=chunk.to, frm=chunk.frm, term=chunk.term, snapshot=Snapshot(meta=chunk.meta)
+                )
+            )
 
     def _send_snapshot(self, m: Message) -> None:
         core = self.core
@@ -904,9 +939,16 @@ class Node:
         assert core is not None
         last = core.log.last_index()
         followers = {
-            str(node): {"match": pr.match, "next": pr.next, "state": pr.state.value, "lag": last - pr.match,
-                        "learner": pr.is_learner, "connected": self.transport.is_connected(node)}
-            for node, pr in sorted(core.progress.items()) if node != self.config.node_id
+            str(node): {
+                "match": pr.match,
+                "next": pr.next,
+                "state": pr.state.value,
+                "lag": last - pr.match,
+                "learner": pr.is_learner,
+                "connected": self.transport.is_connected(node),
+            }
+            for node, pr in sorted(core.progress.items())
+            if node != self.config.node_id
         }
         return {
             "node": self.config.node_id,
@@ -921,8 +963,10 @@ class Node:
             "learners": sorted(core.conf.learners),
             "followers": followers,
             # Where the nodes reach each other, for operators; clients use "client_addresses".
-            "addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(
-                {**self.transport.peers, self.config.node_id: self.config.listen}.items())},
+            "addresses": {
+                str(n): f"{h}:{p}"
+                for n, (h, p) in sorted({**self.transport.peers, self.config.node_id: self.config.listen}.items())
+            },
             "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.config.client_addresses.items())},
             "failure": repr(self._failure) if self._failure else None,
             "metrics": self.metrics.as_dict(),

@@ -341,9 +341,7 @@ class SnapshotStore:
                 for bad in errors:
                     self.fs.rename(bad.path, bad.path.with_name(bad.path.name + ".corrupt"))
                 self.fs.fsync_dir(self.directory)
-                log.warning(
-                    "falling back to snapshot %s after %d corrupt newer snapshot(s)", path, len(errors)
-                )
+                log.warning("falling back to snapshot %s after %d corrupt newer snapshot(s)", path, len(errors))
                 self.reported.extend(errors)
             return meta, path
         if errors:

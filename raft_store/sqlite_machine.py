@@ -85,9 +85,7 @@ class SqliteStateMachine:
     def applied_index(self) -> int:
         return self._applied
 
-    def apply_batch(
-        self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True
-    ) -> list[bytes]:
+    def apply_batch(self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True) -> list[bytes]:
         assert index > self._applied, f"apply of {index} after {self._applied}"
         conn = self._conn
         results: list[bytes] = []
@@ -282,9 +280,7 @@ class SqliteStateMachine:
 
     def _init_schema(self) -> None:
         conn = self._conn
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS _raft_meta (id INTEGER PRIMARY KEY, applied_index INTEGER NOT NULL)"
-        )
+        conn.execute("CREATE TABLE IF NOT EXISTS _raft_meta (id INTEGER PRIMARY KEY, applied_index INTEGER NOT NULL)")
         conn.execute("INSERT OR IGNORE INTO _raft_meta (id, applied_index) VALUES (0, 0)")
         conn.execute(
             "CREATE TABLE IF NOT EXISTS _sessions (client_id INTEGER PRIMARY KEY, seq INTEGER NOT NULL,"

@@ -135,9 +135,7 @@ class StateMachine(Protocol):
         crash would undo and the node would then replay from the log."""
         ...
 
-    def apply_batch(
-        self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True
-    ) -> list[bytes]:
+    def apply_batch(self, index: int, now_ms: int, commands: Sequence[Command], *, respond: bool = True) -> list[bytes]:
         """Apply the commands of log entry `index` atomically, recording `index` as applied.
 
         Returns one result per command. A command whose (client_id, seq) was already applied

@@ -243,8 +243,12 @@ class _PeerLink:
 
 class Transport:
     def __init__(
-        self, node_id: int, listen: tuple[str, int], peers: dict[int, tuple[str, int]],
-        on_peer_frame: FrameHandler, on_client_frame: ClientHandler,
+        self,
+        node_id: int,
+        listen: tuple[str, int],
+        peers: dict[int, tuple[str, int]],
+        on_peer_frame: FrameHandler,
+        on_client_frame: ClientHandler,
         config: TransportConfig | None = None,
     ) -> None:
         self.node_id = node_id
@@ -296,7 +300,6 @@ class Transport:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1)
-
 
 
 class _Inbound(asyncio.Protocol):

@@ -166,9 +166,7 @@ class _Replay:
                 (frm,) = _TRUNCATE.unpack_from(buf, rec.start)
                 last = self.last()
                 if frm <= self.snap_index or frm > last:
-                    raise CorruptLogError(
-                        path, rec.offset, f"truncation at {frm} outside ({self.snap_index}, {last}]"
-                    )
+                    raise CorruptLogError(path, rec.offset, f"truncation at {frm} outside ({self.snap_index}, {last}]")
                 if frm <= self.offset:
                     # Only possible in the first retained segment: the truncated entries were in
                     # deleted segments; the compaction that deleted them covers this range.
@@ -268,9 +266,7 @@ class Wal:
             # Every segment starts with a hard-state and a compaction record, written in the same
             # write as its first data. Only the last segment may lack them, and only as the result
             # of a crash before its first sync: then nothing in it was ever durable and it goes.
-            has_header = (
-                len(records) >= 2 and records[0].rtype == REC_HARD_STATE and records[1].rtype == REC_COMPACT
-            )
+            has_header = len(records) >= 2 and records[0].rtype == REC_HARD_STATE and records[1].rtype == REC_COMPACT
             if not has_header:
                 partial = not records or (len(records) == 1 and records[0].rtype == REC_HARD_STATE)
                 if not (is_last and partial):

@@ -74,7 +74,11 @@ class Checker:
         must = self.must_survive.pop(node, None)
         if must is not None and must[0] > snap.index:
             index, term = must
-            have = entries[index - entries[0].index].term if entries and entries[0].index <= index <= entries[-1].index else None
+            have = (
+                entries[index - entries[0].index].term
+                if entries and entries[0].index <= index <= entries[-1].index
+                else None
+            )
             if have != term:
                 self.violation(f"n{node} acknowledged entry {index}@{term} and lost it in a crash")
 

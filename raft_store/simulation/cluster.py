@@ -93,8 +93,14 @@ class SimNode:
 
 class Cluster:
     def __init__(
-        self, seed: int, nodes: int = 3, faults: Faults | None = None, bugs: Bugs | None = None,
-        *, membership: bool = False, replay: str | None = None,
+        self,
+        seed: int,
+        nodes: int = 3,
+        faults: Faults | None = None,
+        bugs: Bugs | None = None,
+        *,
+        membership: bool = False,
+        replay: str | None = None,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -111,8 +117,9 @@ class Cluster:
         for node_id in self.ids:
             disk = SimDisk(truncate_on_corruption=self.bugs.truncate_on_corruption)
             disk.snapshot = Snapshot(SnapshotMeta(0, 0, initial), self._initial_state())
-            self.nodes[node_id] = SimNode(node_id, disk, drift=1 + self.rng.uniform(
-                -self.faults.clock_drift_max, self.faults.clock_drift_max))
+            self.nodes[node_id] = SimNode(
+                node_id, disk, drift=1 + self.rng.uniform(-self.faults.clock_drift_max, self.faults.clock_drift_max)
+            )
         self.blocked: set[tuple[int, int]] = set()
         self.checker = Checker(self)
         self.trace: list[str] = []
@@ -120,8 +127,18 @@ class Cluster:
         self.pipelined = self.rng.random() < 0.5
         self.clients_stopped = False
         self.final_value = -1
-        self.stats = {"faults": 0, "crashes": 0, "partitions": 0, "drops": 0, "corruptions": 0,
-                      "acked": 0, "proposed": 0, "snapshots": 0, "conf_changes": 0, "reads": 0}
+        self.stats = {
+            "faults": 0,
+            "crashes": 0,
+            "partitions": 0,
+            "drops": 0,
+            "corruptions": 0,
+            "acked": 0,
+            "proposed": 0,
+            "snapshots": 0,
+            "conf_changes": 0,
+            "reads": 0,
+        }
         self._next_value = 0
         self._inflight: dict[int, tuple[int, int, int]] = {}  # value -> (leader, index, term)
         for node_id in self.ids:
@@ -169,23 +186,27 @@ class Cluster:
         node.state_index = state_index
         self.checker.on_restart(node_id, rec.hard_state, rec.entries, snapshot.meta)
         recovered = Recovered(
-            hard_state=rec.hard_state, snapshot=snapshot.meta, entries=tuple(rec.entries),
+            hard_state=rec.hard_state,
+            snapshot=snapshot.meta,
+            entries=tuple(rec.entries),
             applied=min(state_index, rec.entries[-1].index if rec.entries else snapshot.meta.index),
         )
         if recovered.applied < state_index:
             # State machine is ahead of a log that lost its tail: impossible with a correct WAL.
             self.fail(f"n{node_id} state machine at {state_index} ahead of its log")
         node.core = RaftCore(
-            Config(node_id=node_id, election_ticks=10, heartbeat_ticks=2, inflight_max=4,
-                   append_bytes_max=600),
-            recovered, random.Random(self.rng.getrandbits(64)),
+            Config(node_id=node_id, election_ticks=10, heartbeat_ticks=2, inflight_max=4, append_bytes_max=600),
+            recovered,
+            random.Random(self.rng.getrandbits(64)),
         )
         node.generation += 1
         node.busy = False
         node.outstanding = 0
         self._schedule_tick(node_id, node.generation)
-        self.log(f"n{node_id} started term={rec.hard_state.term} vote={rec.hard_state.vote} "
-                 f"last={node.core.log.last_index()} torn={rec.torn_tail}")
+        self.log(
+            f"n{node_id} started term={rec.hard_state.term} vote={rec.hard_state.vote} "
+            f"last={node.core.log.last_index()} torn={rec.torn_tail}"
+        )
 
     def crash(self, node_id: int) -> None:
         node = self.nodes[node_id]

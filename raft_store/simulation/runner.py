@@ -24,8 +24,9 @@ class Outcome:
     failure: SimulationFailure | None = None
 
 
-def replay_command(seed: int, nodes: int, membership: bool, bug: str | None,
-                   module: str = "raft_store.simulation") -> str:
+def replay_command(
+    seed: int, nodes: int, membership: bool, bug: str | None, module: str = "raft_store.simulation"
+) -> str:
     parts = [f"python -m {module} --seed {seed} --nodes {nodes}"]
     if membership:
         parts.append("--membership")
@@ -34,10 +35,20 @@ def replay_command(seed: int, nodes: int, membership: bool, bug: str | None,
     return " ".join(parts)
 
 
-def run_seed(seed: int, *, nodes: int = 3, membership: bool = False, bug: str | None = None,
-             chaos_ms: int = 8000, heal_ms: int = 6000) -> Outcome:
+def run_seed(
+    seed: int,
+    *,
+    nodes: int = 3,
+    membership: bool = False,
+    bug: str | None = None,
+    chaos_ms: int = 8000,
+    heal_ms: int = 6000,
+) -> Outcome:
     cluster = Cluster(
-        seed, nodes, bugs=BUGS[bug] if bug else None, membership=membership,
+        seed,
+        nodes,
+        bugs=BUGS[bug] if bug else None,
+        membership=membership,
         replay=replay_command(seed, nodes, membership, bug),
     )
     try:

@@ -61,8 +61,18 @@ class ProcessCluster:
         return [arg for node in self.ids for arg in ("--client-address", f"{node}={host}:{self.address(node)[1]}")]
 
     def start(self, node: int, *extra: str) -> None:
-        args = [sys.executable, "-m", "raft_store", "run", "--id", str(node),
-                "--data", str(self.root / f"node{node}"), "--machine", self.machine]
+        args = [
+            sys.executable,
+            "-m",
+            "raft_store",
+            "run",
+            "--id",
+            str(node),
+            "--data",
+            str(self.root / f"node{node}"),
+            "--machine",
+            self.machine,
+        ]
         for peer in self.ids:
             host, port = self.address(peer)
             args += ["--peer", f"{peer}={host}:{port}"]

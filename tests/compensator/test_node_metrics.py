@@ -1,0 +1,73 @@
+"""A store node's /metrics, from a real node process: Raft role and indexes, fsync batching and the
+queue's depth by kind and state, in the Prometheus text format an alert rule reads."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from queues import QueueClient, RaftClient
+from queues.model import Enqueue
+from raft_store.testing.processes import free_ports
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+
+
+async def _enqueue(port: int) -> None:
+    queue = QueueClient(RaftClient([("127.0.0.1", port)], deadline_s=10))
+    try:
+        await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key=f"k{i}", ref_key=f"r{i}", payload=b"p")
+                                  for i in range(5)])  # fmt: skip
+    finally:
+        await queue.raft.close()
+
+
+def test_a_node_serves_its_raft_and_queue_metrics(tmp_path: Path) -> None:
+    port, metrics_port = free_ports(2)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    node = subprocess.Popen(
+        [sys.executable, "-m", "compensator", "node", "--id", "1", "--peer", f"1=127.0.0.1:{port}",
+         "--data", str(tmp_path / "node1"), "--metrics-address", f"127.0.0.1:{metrics_port}"],
+        cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                first = samples(httpx.get(url).text)
+                if first.get(("compensator_raft_is_leader", (("node", "1"),))) == 1:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and node.poll() is None, node.stderr
+            time.sleep(0.05)
+        asyncio.run(_enqueue(port))
+        answer = httpx.get(url)
+        other = httpx.get(f"http://127.0.0.1:{metrics_port}/")
+    finally:
+        node.terminate()
+        node.wait(15)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    assert other.status_code == 404
+    found = samples(answer.text)
+    node_label = (("node", "1"),)
+    assert found[("compensator_queue_depth", (("kind", "transfer"), ("node", "1"), ("state", "ready")))] == 5
+    assert found[("compensator_raft_commit_index", node_label)] == found[("compensator_raft_applied_index", node_label)] > 0
+    assert found[("compensator_raft_term", node_label)] >= 1
+    assert found[("compensator_raft_fsyncs_total", node_label)] >= 1
+    assert found[("compensator_raft_fsync_batch_entries_count", node_label)] == found[("compensator_raft_fsyncs_total", node_label)]
+    assert ("compensator_queue_oldest_due_age_seconds", (("kind", "transfer"), ("node", "1"))) in found
+    assert node.returncode == 0
