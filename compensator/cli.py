@@ -19,13 +19,14 @@ from typing import Any, NoReturn
 
 from compensator import api_server, local, node_server, token_admin, worker_command
 from compensator.config import ConfigError
+from compensator.kafka import command as kafka_command
 from handlers.standins import command as standins_command
 from spark_reconcile import command as reconcile_command
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (
     local.register, api_server.register, node_server.register, worker_command.register, token_admin.register,
-    reconcile_command.register,
+    reconcile_command.register, kafka_command.register,
     standins_command.register,
 )
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)
