@@ -6,14 +6,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from kafka_support import Broker, running_tansu
+from kafka_support import FAST, Broker, running_tansu
 
-from delay.policy import RetryPolicy
 from queues import QueueClient, RaftClient
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread, running_store
-
-FAST = RetryPolicy(tiers_ms=(10,), tier_jitter_ratio=0.0, attempts_max=2)
 
 
 @pytest.fixture

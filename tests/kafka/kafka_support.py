@@ -24,11 +24,13 @@ from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from delay.policy import RetryPolicy
 from ledger.pg import free_tcp_port
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 SESSION_TIMEOUT_MS: Final = 4000
 HEARTBEAT_INTERVAL_MS: Final = 500
+FAST: Final = RetryPolicy(tiers_ms=(10,), tier_jitter_ratio=0.0, attempts_max=2)
 
 
 def tansu_binary() -> Path:
@@ -91,6 +93,8 @@ async def read_topic(bootstrap: str, topic: str, *, until: int | None = None, ti
         if not partitions:
             await consumer._client.force_metadata_update()
             partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not partitions:
+            return []  # no such topic yet
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         found: list[ConsumerRecord[bytes, bytes]] = []

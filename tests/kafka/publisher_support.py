@@ -5,15 +5,25 @@ has it, in sequence order within each ref key."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import defaultdict
+from collections.abc import AsyncIterator
 
+import msgspec
 from aiokafka import ConsumerRecord
+from kafka_support import Broker
+from opentelemetry import trace
 
+from compensator.kafka.broker import BrokerSettings, RecordSink, ensure_topics
 from compensator.kafka.event_records import SCHEMA
+from compensator.kafka.metrics import KafkaMetrics
+from compensator.kafka.publisher import EventPublisher, PublisherSettings
+from compensator.kafka.publisher_lease import NAMESPACE, LeaseBody, PublisherLease
 from ledger.kinds import TransferPayload, encode_payload
 from queues import Enqueue, Event, QueueClient
 
+TOPIC = "events"
 TYPES_OF_TRAFFIC = frozenset({"enqueued", "leased", "succeeded", "attempt_failed", "dead_lettered", "redriven",
                               "discarded", "paused", "resumed"})  # fmt: skip
 
@@ -86,3 +96,35 @@ async def check_topic(queue: QueueClient, records: list[ConsumerRecord[bytes, by
         per_key[record.key].append(seq)
     for key, seqs in per_key.items():
         assert seqs == sorted(seqs), f"key {key!r} out of order: {seqs}"
+
+
+@contextlib.asynccontextmanager
+async def publishing(queue: QueueClient, broker: Broker, holder: str, *, lease_ms: int = 3000,
+                     batch_max: int = 7) -> AsyncIterator[tuple[EventPublisher, KafkaMetrics]]:  # fmt: skip
+    settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
+    await ensure_topics(settings, [TOPIC], 3)
+    sink = RecordSink(settings)
+    metrics = KafkaMetrics()
+    lease = PublisherLease(queue, name=TOPIC, holder=holder, lease_ms=lease_ms)
+    publisher = EventPublisher(queue, sink, lease, PublisherSettings(topic=TOPIC, batch_max=batch_max, poll_ms=50,
+                               lease_ms=lease_ms, retry_ms=100), metrics=metrics, tracer=trace.NoOpTracer())  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(publisher.run(stop))
+    try:
+        yield publisher, metrics
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await sink.close()
+
+
+async def last_seq(queue: QueueClient) -> int:
+    seq = 0
+    while events := (await queue.events_after(seq, limit=1000)).value:
+        seq = events[-1].seq
+    return seq
+
+
+async def lease_body(queue: QueueClient) -> LeaseBody:
+    (document,) = [d for d in (await queue.documents(NAMESPACE)).value.documents if d.name == TOPIC]
+    return msgspec.json.decode(document.body, type=LeaseBody)

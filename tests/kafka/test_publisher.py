@@ -7,52 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
 
-import msgspec
 from kafka_support import Broker, read_topic, until
-from opentelemetry import trace
-from publisher_support import TYPES_OF_TRAFFIC, check_topic, enqueue, lifecycle
+from publisher_support import TOPIC, TYPES_OF_TRAFFIC, check_topic, enqueue, last_seq, lease_body, lifecycle, publishing
 
-from compensator.kafka.broker import BrokerSettings, RecordSink, ensure_topics
-from compensator.kafka.metrics import KafkaMetrics
-from compensator.kafka.publisher import EventPublisher, PublisherSettings
-from compensator.kafka.publisher_lease import NAMESPACE, LeaseBody, PublisherLease
+from compensator.kafka.publisher import EventPublisher
+from compensator.kafka.publisher_lease import PublisherLease
 from queues import QueueClient
-
-TOPIC = "events"
-
-
-@contextlib.asynccontextmanager
-async def publishing(queue: QueueClient, broker: Broker, holder: str, *, lease_ms: int = 3000,
-                     batch_max: int = 7) -> AsyncIterator[tuple[EventPublisher, KafkaMetrics]]:  # fmt: skip
-    settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
-    await ensure_topics(settings, [TOPIC], 3)
-    sink = RecordSink(settings)
-    metrics = KafkaMetrics()
-    lease = PublisherLease(queue, name=TOPIC, holder=holder, lease_ms=lease_ms)
-    publisher = EventPublisher(queue, sink, lease, PublisherSettings(topic=TOPIC, batch_max=batch_max, poll_ms=50,
-                               lease_ms=lease_ms, retry_ms=100), metrics=metrics, tracer=trace.NoOpTracer())  # fmt: skip
-    stop = asyncio.Event()
-    task = asyncio.create_task(publisher.run(stop))
-    try:
-        yield publisher, metrics
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await sink.close()
-
-
-async def last_seq(queue: QueueClient) -> int:
-    seq = 0
-    while events := (await queue.events_after(seq, limit=1000)).value:
-        seq = events[-1].seq
-    return seq
-
-
-async def lease_body(queue: QueueClient) -> LeaseBody:
-    (document,) = [d for d in (await queue.documents(NAMESPACE)).value.documents if d.name == TOPIC]
-    return msgspec.json.decode(document.body, type=LeaseBody)
 
 
 async def test_every_event_is_published_in_order_per_ref_key_with_its_seq_type_and_trace(
@@ -96,6 +57,22 @@ async def test_a_standby_waits_then_takes_over_from_the_saved_cursor_without_a_g
     await check_topic(queue, records, target)
     seqs = [int(dict(r.headers)["seq"]) for r in records]
     assert len(seqs) == len(set(seqs)), "a handover by release republishes nothing"
+
+
+async def test_the_lease_is_held_by_one_until_it_expires_by_the_store_clock_or_is_released(queue: QueueClient) -> None:
+    a = PublisherLease(queue, name=TOPIC, holder="a", lease_ms=1000)
+    b = PublisherLease(queue, name=TOPIC, holder="b", lease_ms=1000)
+    assert await a.acquire() == 0 and a.valid
+    assert await b.acquire() is None and not b.valid
+    assert await a.renew(5)
+    assert (await lease_body(queue)).cursor == 5
+    await asyncio.sleep(1.2)  # a stops renewing: its claim runs out, on its clock and the store's
+    assert not a.valid and not await a.renew(6)
+    assert await b.acquire() == 5  # b resumes from a's last saved cursor
+    assert await a.acquire() is None
+    await b.release(9)
+    assert (await lease_body(queue)).holder is None
+    assert await a.acquire() == 9  # freed: taken at once, no expiry to wait for
 
 
 async def _at_least(publisher: EventPublisher, seq: int) -> bool:
