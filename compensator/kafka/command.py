@@ -56,6 +56,10 @@ def ingest_requests(args: argparse.Namespace) -> int:
 
 def _logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # until the broker answered: one line if it does not
+
+
+def _broker_reached() -> None:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
@@ -102,7 +106,8 @@ async def _publish(config: Config, holder: str, accept_gap: bool) -> int:
         if kafka.create_topics:
             await ensure_topics(broker, [kafka.events_topic], kafka.partitions)
     except KafkaError as error:
-        raise KafkaCommandError(f"cannot reach the broker at {','.join(kafka.bootstrap_servers)}: {error!r}") from None
+        raise KafkaCommandError(f"cannot reach the broker at {','.join(kafka.bootstrap_servers)}: {error}") from None
+    _broker_reached()
     queue = queue_client(config)
     metrics = KafkaMetrics()
     provider = tracer_provider(config.telemetry, process="events-publish")
@@ -151,7 +156,10 @@ async def _ingest(config: Config) -> int:
             await ensure_topics(broker, [kafka.ingest_topic, kafka.rejects_topic], kafka.partitions)
         await consumer.start()
     except KafkaError as error:
-        raise KafkaCommandError(f"cannot reach the broker at {','.join(kafka.bootstrap_servers)}: {error!r}") from None
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        raise KafkaCommandError(f"cannot reach the broker at {','.join(kafka.bootstrap_servers)}: {error}") from None
+    _broker_reached()
     queue = queue_client(config)
     metrics = KafkaMetrics()
     provider = tracer_provider(config.telemetry, process="kafka-ingest")
