@@ -7,11 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Sequence
 
 from kafka_support import Broker, read_topic, until
+from opentelemetry import trace
 from publisher_support import TOPIC, TYPES_OF_TRAFFIC, check_topic, enqueue, last_seq, lease_body, lifecycle, publishing
 
-from compensator.kafka.publisher import EventPublisher
+from compensator.kafka.broker import BrokerSettings, RecordSink, SinkError, ensure_topics
+from compensator.kafka.event_records import Record
+from compensator.kafka.metrics import KafkaMetrics
+from compensator.kafka.publisher import EventPublisher, PublisherSettings
 from compensator.kafka.publisher_lease import PublisherLease
 from queues import QueueClient
 
@@ -73,6 +78,58 @@ async def test_the_lease_is_held_by_one_until_it_expires_by_the_store_clock_or_i
     await b.release(9)
     assert (await lease_body(queue)).holder is None
     assert await a.acquire() == 9  # freed: taken at once, no expiry to wait for
+
+
+class HalfFailingSink:
+    """The real sink, except that every third batch sends only its first half and then fails (a
+    broker that acknowledged part of a batch): the publisher must send that batch again whole."""
+
+    def __init__(self, sink: RecordSink) -> None:
+        self.sink = sink
+        self.batches = 0
+        self.failed = 0
+        self.acknowledged: set[int] = set()
+
+    async def send_all(self, topic: str, records: Sequence[Record]) -> None:
+        self.batches += 1
+        if self.batches % 3 == 0:
+            await self.sink.send_all(topic, records[: len(records) // 2])
+            self._acknowledge(records[: len(records) // 2])
+            self.failed += 1
+            raise SinkError("half of the batch was not acknowledged")
+        await self.sink.send_all(topic, records)
+        self._acknowledge(records)
+
+    def _acknowledge(self, records: Sequence[Record]) -> None:
+        self.acknowledged.update(int(dict(record.headers)["seq"]) for record in records)
+
+
+async def test_a_batch_acknowledged_only_in_part_is_sent_again_and_the_cursor_waits_for_it(
+    queue: QueueClient, broker: Broker
+) -> None:
+    await enqueue(queue, 0, 60)
+    target = await last_seq(queue)
+    settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
+    await ensure_topics(settings, [TOPIC], 3)
+    sink = HalfFailingSink(RecordSink(settings))
+    metrics = KafkaMetrics()
+    lease = PublisherLease(queue, name=TOPIC, holder="p", lease_ms=3000)
+    publisher = EventPublisher(queue, sink, lease, PublisherSettings(topic=TOPIC, batch_max=8, poll_ms=20, lease_ms=3000,
+                               retry_ms=20), metrics=metrics, tracer=trace.NoOpTracer())  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(publisher.run(stop))
+    try:
+        while publisher.acked < target:  # the cursor never passes an event the broker did not acknowledge
+            assert set(range(1, publisher.acked + 1)) <= sink.acknowledged
+            await asyncio.sleep(0.005)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await sink.sink.close()
+    assert sink.failed >= 2 and metrics.publish_failures.labels("broker")._value.get() == sink.failed
+    records = await read_topic(broker.bootstrap, TOPIC)
+    await check_topic(queue, records, target)
+    assert len(records) > len({int(dict(r.headers)["seq"]) for r in records}), "the failed halves were sent again"
 
 
 async def _at_least(publisher: EventPublisher, seq: int) -> bool:
