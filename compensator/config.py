@@ -142,6 +142,9 @@ class KafkaConfig(_Section, frozen=True):
     create_topics: bool = True
     """Create missing topics at start (with `partitions`); off where topics are provisioned."""
     partitions: int = 6
+    replication_factor: int = 1
+    """For the topics created at start: one replica is all a one-broker machine has; a cluster
+    wants 3 (with the broker's min.insync.replicas 2, so acks=all means a majority)."""
     events_topic: str = "compensator.events"
     publisher_batch_max: int = 500
     """Events per store read and per Kafka round (sent, then all acknowledged, then the cursor moves)."""
@@ -293,6 +296,7 @@ def _kafka_problems(kafka: KafkaConfig) -> list[str]:
           "must be a principal name: 1-32 of a-z 0-9 _ . - starting with a letter or digit")  # fmt: skip
     check(bool(kafka.group_id), "group_id", "must not be empty")
     check(1 <= kafka.partitions <= 1000, "partitions", "must be in 1..1000")
+    check(1 <= kafka.replication_factor <= 16, "replication_factor", "must be in 1..16")
     check(1 <= kafka.publisher_batch_max <= 1000, "publisher_batch_max", "must be in 1..1000")
     check(10 <= kafka.publisher_poll_ms <= 60_000, "publisher_poll_ms", "must be in 10..60000")
     check(1_000 <= kafka.publisher_lease_ms <= 600_000, "publisher_lease_ms", "must be in 1000..600000")

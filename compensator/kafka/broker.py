@@ -42,14 +42,16 @@ def producer(settings: BrokerSettings) -> AIOKafkaProducer:
     )  # fmt: skip
 
 
-async def ensure_topics(settings: BrokerSettings, topics: Sequence[str], partitions: int) -> None:
-    """Create the topics that do not exist yet (one replica each is the broker's default)."""
+async def ensure_topics(
+    settings: BrokerSettings, topics: Sequence[str], partitions: int, replication_factor: int = 1
+) -> None:
+    """Create the topics that do not exist yet."""
     admin = AIOKafkaAdminClient(bootstrap_servers=list(settings.bootstrap_servers), client_id=settings.client_id,
                                 request_timeout_ms=settings.request_timeout_ms)  # fmt: skip
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in topics
+        missing = [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor) for name in topics
                    if name not in existing]  # fmt: skip
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):  # another process made it meanwhile

@@ -96,7 +96,7 @@ async def _publish(config: Config, holder: str, accept_gap: bool) -> int:
     from compensator.kafka.broker import RecordSink, ensure_topics
     from compensator.kafka.metrics import KafkaMetrics
     from compensator.kafka.publisher import EventPublisher, PublisherError, PublisherSettings
-    from compensator.kafka.publisher_lease import PublisherLease
+    from compensator.kafka.publisher_lease import LeaseError, PublisherLease
     from compensator.store import queue_client
     from compensator.telemetry import tracer_provider
 
@@ -104,7 +104,7 @@ async def _publish(config: Config, holder: str, accept_gap: bool) -> int:
     broker = _broker(config)
     try:
         if kafka.create_topics:
-            await ensure_topics(broker, [kafka.events_topic], kafka.partitions)
+            await ensure_topics(broker, [kafka.events_topic], kafka.partitions, kafka.replication_factor)
     except KafkaError as error:
         raise KafkaCommandError(f"cannot reach the broker at {','.join(kafka.bootstrap_servers)}: {error}") from None
     _broker_reached()
@@ -125,7 +125,7 @@ async def _publish(config: Config, holder: str, accept_gap: bool) -> int:
                 await publisher.run(stop)
         print(f"events publisher {holder} stopped at seq {publisher.acked}", flush=True)
         return 0
-    except PublisherError as error:
+    except (PublisherError, LeaseError) as error:
         raise KafkaCommandError(str(error)) from None
     finally:
         await sink.close()
@@ -153,7 +153,8 @@ async def _ingest(config: Config) -> int:
     )  # fmt: skip
     try:
         if kafka.create_topics:
-            await ensure_topics(broker, [kafka.ingest_topic, kafka.rejects_topic], kafka.partitions)
+            await ensure_topics(broker, [kafka.ingest_topic, kafka.rejects_topic], kafka.partitions,
+                                kafka.replication_factor)
         await consumer.start()
     except KafkaError as error:
         with contextlib.suppress(Exception):

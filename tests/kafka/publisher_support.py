@@ -99,15 +99,15 @@ async def check_topic(queue: QueueClient, records: list[ConsumerRecord[bytes, by
 
 
 @contextlib.asynccontextmanager
-async def publishing(queue: QueueClient, broker: Broker, holder: str, *, lease_ms: int = 3000,
-                     batch_max: int = 7) -> AsyncIterator[tuple[EventPublisher, KafkaMetrics]]:  # fmt: skip
+async def publishing(queue: QueueClient, broker: Broker, holder: str, *, lease_ms: int = 3000, batch_max: int = 7,
+                     tracer: trace.Tracer | None = None) -> AsyncIterator[tuple[EventPublisher, KafkaMetrics]]:  # fmt: skip
     settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
     await ensure_topics(settings, [TOPIC], 3)
     sink = RecordSink(settings)
     metrics = KafkaMetrics()
     lease = PublisherLease(queue, name=TOPIC, holder=holder, lease_ms=lease_ms)
     publisher = EventPublisher(queue, sink, lease, PublisherSettings(topic=TOPIC, batch_max=batch_max, poll_ms=50,
-                               lease_ms=lease_ms, retry_ms=100), metrics=metrics, tracer=trace.NoOpTracer())  # fmt: skip
+                               lease_ms=lease_ms, retry_ms=100), metrics=metrics, tracer=tracer or trace.NoOpTracer())  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(publisher.run(stop))
     try:

@@ -11,7 +11,10 @@ import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka_support import HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS, Broker, read_topic, until
-from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from compensator.kafka.broker import BrokerSettings, RecordSink, ensure_topics
 from compensator.kafka.ingest import Ingest, IngestSettings
@@ -45,9 +48,12 @@ async def test_repeats_are_harmless_reused_keys_and_bad_records_are_rejected_and
                                 heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)  # fmt: skip
     await consumer.start()
     metrics = KafkaMetrics()
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
     rejects = RecordSink(settings)
     ingest = Ingest(queue, consumer, rejects, IngestSettings(topic="requests", rejects_topic="rejects", producer="feed",
-                    batch_max=2, poll_ms=100), metrics=metrics, tracer=trace.NoOpTracer(),
+                    batch_max=2, poll_ms=100), metrics=metrics, tracer=provider.get_tracer("test"),
                     clock_ms=lambda: time.time_ns() // 1_000_000)  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(ingest.run(stop))
@@ -66,6 +72,10 @@ async def test_repeats_are_harmless_reused_keys_and_bad_records_are_rejected_and
     rejected = await read_topic(broker.bootstrap, "rejects", until=2, timeout_s=30)
     coordinates = {(dict(r.headers)["source-offset"], dict(r.headers)["reject-reason"]) for r in rejected}
     assert coordinates == {(b"3", b"idempotency-key-reused"), (b"4", b"malformed-body")}
+    rounds = [span for span in spans.get_finished_spans() if span.name == "kafka.ingest"]
+    assert rounds and all(span.kind is SpanKind.CONSUMER for span in rounds)
+    traces = {f"{span.context.trace_id:032x}" for span in rounds}
+    assert {m.headers["traceparent"].split("-")[1] for m in stored} <= traces  # each request joined its round's trace
     outcomes = {outcome: metrics.ingested.labels(outcome)._value.get() for outcome in ("created", "existing", "rejected")}
     assert outcomes == {"created": 3, "existing": 1, "rejected": 2}
 

@@ -11,6 +11,10 @@ from collections.abc import Sequence
 
 from kafka_support import Broker, read_topic, until
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from publisher_support import TOPIC, TYPES_OF_TRAFFIC, check_topic, enqueue, last_seq, lease_body, lifecycle, publishing
 
 from compensator.kafka.broker import BrokerSettings, RecordSink, SinkError, ensure_topics
@@ -26,8 +30,16 @@ async def test_every_event_is_published_in_order_per_ref_key_with_its_seq_type_a
 ) -> None:
     await lifecycle(queue)
     target = await last_seq(queue)
-    async with publishing(queue, broker, "p1") as (publisher, metrics):
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    async with publishing(queue, broker, "p1", tracer=provider.get_tracer("test")) as (publisher, metrics):
         await until(lambda: _at_least(publisher, target), what="the publisher caught up")
+    batches = [span for span in spans.get_finished_spans() if span.name == "kafka.publish"]
+    assert all(span.kind is SpanKind.PRODUCER for span in batches)
+    covered = {seq for span in batches for seq in range(int(span.attributes["compensator.seq_first"]),  # type: ignore[index,arg-type]
+                                                        int(span.attributes["compensator.seq_last"]) + 1)}  # type: ignore[index,arg-type]
+    assert set(range(1, target + 1)) <= covered  # a span per batch, each naming its events
     records = await read_topic(broker.bootstrap, TOPIC)
     await check_topic(queue, records, target)
     types = {json.loads(r.value)["type"] for r in records}
