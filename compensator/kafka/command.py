@@ -33,8 +33,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     publish = subparsers.add_parser("events-publish", help="publish the store's events to the Kafka events topic")
     add_config_argument(publish)
     publish.add_argument("--holder", default="", help="this publisher's name in its lease (default host:pid)")
-    publish.add_argument("--accept-gap", action="store_true",
-                         help="go on past events purged before they were published (logged), instead of stopping")
+    publish.add_argument(
+        "--accept-gap",
+        action="store_true",
+        help="go on past events purged before they were published (logged), instead of stopping",
+    )
     publish.set_defaults(handler=publish_events)
     ingest = subparsers.add_parser("kafka-ingest", help="ingest failed requests from a Kafka topic into the store")
     add_config_argument(ingest)
@@ -153,8 +156,9 @@ async def _ingest(config: Config) -> int:
     )  # fmt: skip
     try:
         if kafka.create_topics:
-            await ensure_topics(broker, [kafka.ingest_topic, kafka.rejects_topic], kafka.partitions,
-                                kafka.replication_factor)
+            await ensure_topics(
+                broker, [kafka.ingest_topic, kafka.rejects_topic], kafka.partitions, kafka.replication_factor
+            )
         await consumer.start()
     except KafkaError as error:
         with contextlib.suppress(Exception):

@@ -115,7 +115,9 @@ class Ingest:
 
     async def _store(self, commands: Mapping[int, Enqueue], stop: asyncio.Event) -> dict[int, Rejection]:
         """Submit until the store answered every command; the answers that refuse a record."""
-        stamped = {index: msgspec.structs.replace(command, request_id=_request_id()) for index, command in commands.items()}
+        stamped = {
+            index: msgspec.structs.replace(command, request_id=_request_id()) for index, command in commands.items()
+        }
         results: dict[int, QueueResult] = {}
         for chunk in _frames(list(stamped.items())):
             answers = await self._retrying(stop, "store", _bind(self._queue.submit_many, [c for _, c in chunk]))
@@ -150,7 +152,9 @@ class Ingest:
         for index, result in existing.items():
             fingerprint = stored.get(result.message_id, commands[index].headers[HEADER_FINGERPRINT])  # purged: it ended
             if fingerprint != commands[index].headers[HEADER_FINGERPRINT]:
-                refused[index] = Rejection("idempotency-key-reused", "this key was used with a different body; nothing was created")
+                refused[index] = Rejection(
+                    "idempotency-key-reused", "this key was used with a different body; nothing was created"
+                )
         return refused
 
     async def _views(self, ids: Sequence[int]) -> Read[tuple[MessageView, ...]]:

@@ -69,7 +69,9 @@ def decide(
     if record.value is None:
         return Rejection("malformed-body", "the record has no value")
     if len(record.value) > body_bytes_max:
-        return Rejection("body-too-large", f"the value is {len(record.value)} bytes; at most {body_bytes_max} are taken")
+        return Rejection(
+            "body-too-large", f"the value is {len(record.value)} bytes; at most {body_bytes_max} are taken"
+        )
     try:
         key = check_key(raw_key.decode("utf-8"))
         submission = parse_submission(record.value)

@@ -28,7 +28,9 @@ class KafkaMetrics:
             "Age of the oldest event not yet published, by the store's clock (0 when caught up).", registry=self.registry,
         )  # fmt: skip
         self.publisher_active = Gauge(
-            "compensator_kafka_publisher_active", "1 while this publisher holds its set's lease.", registry=self.registry
+            "compensator_kafka_publisher_active",
+            "1 while this publisher holds its set's lease.",
+            registry=self.registry,
         )
         self.publish_failures = Counter(
             "compensator_kafka_publish_failures_total", "Rounds that failed (store or broker) and were retried.",

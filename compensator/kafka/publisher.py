@@ -73,7 +73,9 @@ class MessageRefs:
         for start in range(0, len(missing), IDS_PER_QUERY_MAX):
             read = await self._queue.get_many(missing[start : start + IDS_PER_QUERY_MAX], with_history=False)
             for view in read.value:
-                trace_context: dict[str, str] = {name: view.headers[name] for name in TRACE_HEADERS if name in view.headers}
+                trace_context: dict[str, str] = {
+                    name: view.headers[name] for name in TRACE_HEADERS if name in view.headers
+                }
                 self._remember(view.message_id, MessageRef(view.ref_key, trace_context))
         for event in events:  # purged since: its enqueued event still names the ref key
             if event.type is EventType.ENQUEUED and event.message_id not in self._known:
@@ -159,7 +161,9 @@ class EventPublisher:
             read = await self._queue.events_after(self.acked, limit=self._settings.batch_max)
         except EventsPurged as gap:
             if not self._settings.accept_gap:
-                raise PublisherError(f"{gap}: the events topic would miss them (run with --accept-gap to go on)") from None
+                raise PublisherError(
+                    f"{gap}: the events topic would miss them (run with --accept-gap to go on)"
+                ) from None
             log.error("%s; going on from %d as --accept-gap allows: the events topic misses them", gap, gap.first_seq)
             self.acked = gap.first_seq - 1
             return True

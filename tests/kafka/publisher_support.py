@@ -74,7 +74,9 @@ async def check_topic(queue: QueueClient, records: list[ConsumerRecord[bytes, by
     while len(events) < last_seq:
         events += (await queue.events_after(len(events), limit=1000)).value
     first = deduplicated(records)
-    assert set(range(1, last_seq + 1)) <= set(first), f"missing seqs: {sorted(set(range(1, last_seq + 1)) - set(first))[:20]}"
+    assert set(range(1, last_seq + 1)) <= set(first), (
+        f"missing seqs: {sorted(set(range(1, last_seq + 1)) - set(first))[:20]}"
+    )
     views = {v.message_id: v for v in (await queue.get_many(sorted({e.message_id for e in events if e.message_id}),
                                                             with_history=False)).value}  # fmt: skip
     for event in events[:last_seq]:

@@ -28,6 +28,9 @@ def test_every_event_type_is_a_record_with_its_seq_type_and_schema(event_type: E
 def test_events_without_a_ref_key_are_keyed_by_their_kind_and_say_so() -> None:
     paused = Event(seq=1, log_index=1, ts_ms=1, type=EventType.PAUSED, message_id=0, kind="transfer", data={})
     tokens = Event(seq=2, log_index=1, ts_ms=1, type=EventType.TOKEN_PUT, message_id=0, kind="", data={})
-    assert event_record(paused, None).key == b"transfer" and json.loads(event_record(paused, None).value)["ref_key"] is None
+    assert (
+        event_record(paused, None).key == b"transfer"
+        and json.loads(event_record(paused, None).value)["ref_key"] is None
+    )
     assert event_record(tokens, None).key == b""
     assert "traceparent" not in dict(event_record(paused, None).headers)

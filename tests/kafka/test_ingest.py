@@ -25,8 +25,19 @@ GROUP = "ingest-inprocess"
 
 
 def body(transfer_id: str, amount_minor: int = 100) -> bytes:
-    return json.dumps({"kind": "transfer", "ref_key": f"order-{transfer_id}", "payload": {
-        "transfer_id": transfer_id, "payer": "a", "payee": "b", "amount_minor": amount_minor, "currency": "CNY"}}).encode()
+    return json.dumps(
+        {
+            "kind": "transfer",
+            "ref_key": f"order-{transfer_id}",
+            "payload": {
+                "transfer_id": transfer_id,
+                "payer": "a",
+                "payee": "b",
+                "amount_minor": amount_minor,
+                "currency": "CNY",
+            },
+        }
+    ).encode()
 
 
 async def test_repeats_are_harmless_reused_keys_and_bad_records_are_rejected_and_lag_is_measured(
@@ -76,7 +87,9 @@ async def test_repeats_are_harmless_reused_keys_and_bad_records_are_rejected_and
     assert rounds and all(span.kind is SpanKind.CONSUMER for span in rounds)
     traces = {f"{span.context.trace_id:032x}" for span in rounds}
     assert {m.headers["traceparent"].split("-")[1] for m in stored} <= traces  # each request joined its round's trace
-    outcomes = {outcome: metrics.ingested.labels(outcome)._value.get() for outcome in ("created", "existing", "rejected")}
+    outcomes = {
+        outcome: metrics.ingested.labels(outcome)._value.get() for outcome in ("created", "existing", "rejected")
+    }
     assert outcomes == {"created": 3, "existing": 1, "rejected": 2}
 
 

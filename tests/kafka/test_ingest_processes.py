@@ -24,8 +24,19 @@ GROUP = "ingest-test"
 
 
 def body(index: int) -> bytes:
-    return json.dumps({"kind": "transfer", "ref_key": f"order-{index % 13}", "payload": {
-        "transfer_id": f"t{index}", "payer": "a", "payee": "b", "amount_minor": 100 + index, "currency": "CNY"}}).encode()
+    return json.dumps(
+        {
+            "kind": "transfer",
+            "ref_key": f"order-{index % 13}",
+            "payload": {
+                "transfer_id": f"t{index}",
+                "payer": "a",
+                "payee": "b",
+                "amount_minor": 100 + index,
+                "currency": "CNY",
+            },
+        }
+    ).encode()
 
 
 MALFORMED = (b"{not json", json.dumps({"kind": "transfer", "ref_key": "x", "payload": {}}).encode(),
@@ -43,7 +54,9 @@ async def produce(bootstrap: str) -> dict[tuple[int, int], str]:
             if index % MALFORMED_EVERY == 0:
                 bad = MALFORMED[(index // MALFORMED_EVERY) % len(MALFORMED)]
                 meta = await (await producer.send("requests", bad, key=f"bad{index}".encode()))
-                malformed[(meta.partition, meta.offset)] = "malformed-body" if bad.startswith(b"{not") else "invalid-request"
+                malformed[(meta.partition, meta.offset)] = (
+                    "malformed-body" if bad.startswith(b"{not") else "invalid-request"
+                )
         await producer.flush()
     finally:
         await producer.stop()

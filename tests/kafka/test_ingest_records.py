@@ -15,7 +15,9 @@ BODY = {"kind": "transfer", "ref_key": "order-1", "payload": {"transfer_id": "t1
 TRACE = {"traceparent": "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01"}
 
 
-def incoming(value: bytes | None, key: bytes | None = b"key-1", headers: tuple[tuple[str, bytes], ...] = ()) -> Incoming:
+def incoming(
+    value: bytes | None, key: bytes | None = b"key-1", headers: tuple[tuple[str, bytes], ...] = ()
+) -> Incoming:
     return Incoming(topic="requests", partition=2, offset=41, key=key, value=value, headers=headers)
 
 
@@ -53,8 +55,9 @@ def test_refusals_name_the_problem_and_every_bad_field() -> None:
     unknown_kind = decided(incoming(json.dumps({**BODY, "kind": "nope"}).encode()))
     assert isinstance(unknown_kind, Rejection) and unknown_kind.errors[0]["field"] == "kind"
     amount = decided(incoming(json.dumps(bad_amount).encode()))
-    assert isinstance(amount, Rejection) and amount.errors == [{"field": "payload.amount_minor",
-                                                                "message": "Input should be a valid integer"}]
+    assert isinstance(amount, Rejection) and amount.errors == [
+        {"field": "payload.amount_minor", "message": "Input should be a valid integer"}
+    ]
 
 
 def test_a_reject_keeps_the_record_and_says_why_and_where_it_was() -> None:
@@ -65,5 +68,9 @@ def test_a_reject_keeps_the_record_and_says_why_and_where_it_was() -> None:
     headers = dict(reject.headers)
     assert reject.key == b"key-1" and reject.value == b"{not json"
     assert headers["reject-reason"] == b"malformed-body"
-    assert (headers["source-topic"], headers["source-partition"], headers["source-offset"]) == (b"requests", b"2", b"41")
+    assert (headers["source-topic"], headers["source-partition"], headers["source-offset"]) == (
+        b"requests",
+        b"2",
+        b"41",
+    )
     assert headers["traceparent"] == b"x" and json.loads(headers["reject-errors"]) == []

@@ -37,8 +37,14 @@ async def test_every_event_is_published_in_order_per_ref_key_with_its_seq_type_a
         await until(lambda: _at_least(publisher, target), what="the publisher caught up")
     batches = [span for span in spans.get_finished_spans() if span.name == "kafka.publish"]
     assert all(span.kind is SpanKind.PRODUCER for span in batches)
-    covered = {seq for span in batches for seq in range(int(span.attributes["compensator.seq_first"]),  # type: ignore[index,arg-type]
-                                                        int(span.attributes["compensator.seq_last"]) + 1)}  # type: ignore[index,arg-type]
+    covered = {
+        seq
+        for span in batches
+        for seq in range(
+            int(span.attributes["compensator.seq_first"]),  # type: ignore[index,arg-type]
+            int(span.attributes["compensator.seq_last"]) + 1,
+        )
+    }  # type: ignore[index,arg-type]
     assert set(range(1, target + 1)) <= covered  # a span per batch, each naming its events
     records = await read_topic(broker.bootstrap, TOPIC)
     await check_topic(queue, records, target)

@@ -63,7 +63,9 @@ def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         patch.chdir(ROOT)
-        nodes = ProcessCluster(tmp_path / "nodes", machine="queues.replicated:machine_factory", extra_args=["--volatile"])
+        nodes = ProcessCluster(
+            tmp_path / "nodes", machine="queues.replicated:machine_factory", extra_args=["--volatile"]
+        )
         nodes.start_all()
         try:
             yield nodes
