@@ -14,12 +14,10 @@ import msgspec
 from fastapi import Request
 from starlette.responses import Response
 
-from api.problems import Problem
-from api.schemas import IDEMPOTENCY_KEY_LENGTH_MAX
+from api import submissions
+from api.problems import Problem, problem_of
 
-KEY_PATTERN: Final = r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$"
 QUOTED_KEY_PATTERN: Final = r'^"((?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$'
-_KEY: Final = re.compile(KEY_PATTERN)
 _QUOTED: Final = re.compile(QUOTED_KEY_PATTERN)
 JSON: Final = "application/json"
 
@@ -36,12 +34,10 @@ def idempotency_key(request: Request) -> str:
 
 
 def check_key(key: str) -> str:
-    if not 1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX or _KEY.match(key) is None:
-        raise Problem(
-            "idempotency-key-invalid",
-            f"the key must be 1-{IDEMPOTENCY_KEY_LENGTH_MAX} printable ASCII characters without leading or trailing spaces",
-        )
-    return key
+    try:
+        return submissions.check_key(key)
+    except submissions.Invalid as refused:
+        raise problem_of(refused) from None
 
 
 def require_json(request: Request) -> None:

@@ -19,7 +19,6 @@ clock other than the injected one.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,10 +28,9 @@ from opentelemetry import propagate, trace
 
 from api.auth import Principal
 from api.ids import RequestId
-from api.problems import Problem
-from api.schemas import DELAY_MAX_S, AnySubmission, utc
-from delay.policy import DELAY_MAX_MS
-from ledger.kinds import canonical_json, encode_payload
+from api.problems import Problem, problem_of
+from api.schemas import AnySubmission, utc
+from api.submissions import HEADER_FINGERPRINT, Invalid, build_enqueue
 from ledger.states import LEDGER_STATE_OF
 from queues import (
     ClientError,
@@ -47,31 +45,7 @@ from queues import (
     Unavailable,
 )
 
-HEADER_FINGERPRINT: Final = "fingerprint"
-HEADER_PRODUCER: Final = "producer"
-HEADER_FAILURE_CLASS: Final = "failure-class"
-HEADER_FAILURE_TEXT: Final = "failure-text"
-HEADER_FAILURE_STATUS: Final = "failure-status"
-KEY_SEPARATOR: Final = ":"
 RETRY_AFTER_S: Final = "1"
-
-
-def store_key(producer: str, key: str) -> str:
-    return f"{producer}{KEY_SEPARATOR}{key}"
-
-
-def client_key(stored: str) -> tuple[str, str]:
-    """(producer, the producer's own key) of a stored idempotency key."""
-    producer, _, key = stored.partition(KEY_SEPARATOR)
-    return producer, key
-
-
-def fingerprint(submission: AnySubmission, payload: bytes) -> str:
-    """The whole body, canonical: the payload's stored bytes and the envelope's other members."""
-    envelope = submission.model_dump(exclude={"payload"}, exclude_none=True)
-    digest = hashlib.sha256(canonical_json(envelope))
-    digest.update(payload)
-    return digest.hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,32 +93,11 @@ class Intake:
         return str(RequestId(self._set_id, message_id))
 
     def command(self, principal: Principal, item: Item, trace_headers: dict[str, str]) -> Enqueue | Problem:
-        submission = item.submission
-        payload = encode_payload(submission.payload)
-        headers = dict(trace_headers)
-        headers[HEADER_FINGERPRINT] = fingerprint(submission, payload)
-        headers[HEADER_PRODUCER] = principal.name
-        if submission.failure is not None:
-            headers[HEADER_FAILURE_CLASS] = submission.failure.error_class
-            if submission.failure.text is not None:
-                headers[HEADER_FAILURE_TEXT] = submission.failure.text
-            if submission.failure.http_status is not None:
-                headers[HEADER_FAILURE_STATUS] = str(submission.failure.http_status)
-        delay_ms, due_ms = 0, None
-        if submission.delay_s is not None:
-            delay_ms = round(submission.delay_s * 1000)
-        elif submission.not_before is not None:
-            due_ms = int(submission.not_before.timestamp() * 1000)
-            if due_ms > self._clock_ms() + DELAY_MAX_MS:
-                return Problem(
-                    "invalid-request", "not_before is more than 2 years ahead",
-                    extra={"errors": [{"field": "not_before", "message": f"at most {DELAY_MAX_S} s ahead"}]},
-                )  # fmt: skip
-            due_ms = max(due_ms, 0)
-        return Enqueue(
-            kind=submission.kind, idempotency_key=store_key(principal.name, item.key), ref_key=submission.ref_key,
-            payload=payload, headers=headers, delay_ms=delay_ms, due_ms=due_ms,
-        )  # fmt: skip
+        try:
+            return build_enqueue(producer=principal.name, key=item.key, submission=item.submission,
+                                 trace_headers=trace_headers, now_ms=self._clock_ms())  # fmt: skip
+        except Invalid as refused:
+            return problem_of(refused)
 
     def _accepted(self, message_id: int, kind: str, ref_key: str, state: State, due_ms: int, replayed: bool) -> Answer:
         public = self.public_id(message_id)

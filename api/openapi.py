@@ -14,9 +14,10 @@ import msgspec
 from fastapi import FastAPI
 from pydantic import BaseModel, Field, TypeAdapter
 
-from api.http import KEY_PATTERN, QUOTED_KEY_PATTERN
+from api.http import QUOTED_KEY_PATTERN
 from api.problems import MEDIA_TYPE, TYPES
 from api.schemas import IDEMPOTENCY_KEY_LENGTH_MAX, BatchSubmission, Submission
+from api.submissions import KEY_PATTERN
 from delay.policy import RetryPolicy
 from handlers.classification import ClassificationTable
 

@@ -13,7 +13,7 @@ Must never: put a token, a payload or an exception's text from inside the proces
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -22,6 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+
+from api import submissions
+from api.submissions import field_errors
 
 log = logging.getLogger("api.problems")
 MEDIA_TYPE: Final = "application/problem+json"
@@ -112,27 +115,6 @@ def response(problem: Problem, instance: str) -> Response:
     )  # fmt: skip
 
 
-def field_path(location: Sequence[int | str], drop: Sequence[str] = ()) -> str:
-    """pydantic's ``("transfer", "payload", "amount_minor")`` -> ``payload.amount_minor``: the union
-    tag and FastAPI's ``body`` are where the error was found, not a field of the request."""
-    parts = [str(p) for p in location]
-    while parts and parts[0] in drop:
-        parts = parts[1:]
-    path = ""
-    for part in parts:
-        path += f"[{part}]" if part.isdigit() else (f".{part}" if path else part)
-    return path or "(body)"
-
-
-def field_errors(errors: Sequence[Mapping[str, Any]], drop: Sequence[str] = ()) -> list[dict[str, str]]:
-    """One entry per bad field, with pydantic's message; never the rejected value (it may be a
-    secret or a payload)."""
-    seen: dict[tuple[str, str], None] = {}
-    for error in errors:
-        seen[(field_path(error.get("loc", ()), drop), str(error.get("msg", "invalid")))] = None
-    return [{"field": field, "message": message} for field, message in seen]
-
-
 def msgspec_error(error: Exception, prefix: str = "") -> dict[str, str]:
     """msgspec's ``Expected `int`, got `str` - at `$.tiers_ms[0]` `` as a field and a message."""
     message, sep, where = str(error).rpartition(" - at `$")
@@ -144,8 +126,12 @@ def msgspec_error(error: Exception, prefix: str = "") -> dict[str, str]:
 
 
 def invalid(errors: list[dict[str, str]]) -> Problem:
-    fields = ", ".join(dict.fromkeys(e["field"] for e in errors))
-    return Problem("invalid-request", f"invalid fields: {fields}", extra={"errors": errors})
+    return problem_of(submissions.invalid(errors))
+
+
+def problem_of(refused: submissions.Invalid) -> Problem:
+    """A refused submission as the problem the API answers it with."""
+    return Problem(refused.name, refused.detail, extra={"errors": refused.errors} if refused.errors else None)
 
 
 def install(app: FastAPI) -> None:

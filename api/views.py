@@ -17,13 +17,13 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-from api.intake import (
+from api.schemas import utc
+from api.submissions import (
     HEADER_FAILURE_CLASS,
     HEADER_FAILURE_STATUS,
     HEADER_FAILURE_TEXT,
     client_key,
 )
-from api.schemas import utc
 from ledger.states import LEDGER_STATE_OF
 from queues import Event, EventType, MessageView
 

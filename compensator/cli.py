@@ -28,6 +28,7 @@ from compensator import (
     worker_command,
 )
 from compensator.config import ConfigError
+from compensator.kafka import command as kafka_command
 from spark_reconcile import command as reconcile_command
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
@@ -38,6 +39,7 @@ _REGISTRARS: tuple[Registrar, ...] = (
     worker_command.register,
     token_admin.register,
     reconcile_command.register,
+    kafka_command.register,
     status_command.register,
     config_command.register,
     standins_server.register,

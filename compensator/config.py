@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -150,6 +151,42 @@ class WorkerConfig(_Section, frozen=True):
     """...until it reaches this rate, where the ramp ends."""
 
 
+class KafkaConfig(_Section, frozen=True):
+    """`compensator events-publish` and `compensator kafka-ingest` (docs/kafka.md)."""
+
+    bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
+    client_id: str = "compensator"
+    request_timeout_ms: int = 30_000
+    create_topics: bool = True
+    """Create missing topics at start (with `partitions`); off where topics are provisioned."""
+    partitions: int = 6
+    replication_factor: int = 1
+    """For the topics created at start: one replica is all a one-broker machine has; a cluster
+    wants 3 (with the broker's min.insync.replicas 2, so acks=all means a majority)."""
+    events_topic: str = "compensator.events"
+    publisher_batch_max: int = 500
+    """Events per store read and per Kafka round (sent, then all acknowledged, then the cursor moves)."""
+    publisher_poll_ms: int = 200
+    """A caught-up publisher asks the store for new events this often."""
+    publisher_lease_ms: int = 15_000
+    """How long an active publisher's lease lasts without renewal (renewed every third of it):
+    a standby takes over at most this long after the active one died."""
+    ingest_topic: str = "compensator.requests"
+    rejects_topic: str = "compensator.requests.rejects"
+    group_id: str = "compensator-ingest"
+    ingest_producer: str = "kafka"
+    """The producer name ingested requests are stored under: keys are `{producer}:{key}`, as an
+    API token's name makes them for HTTP submissions."""
+    ingest_batch_max: int = 500
+    """Records per consumer poll: submitted to the store in one frame, then committed."""
+    body_bytes_max: int = 256 * 1024 + 16 * 1024
+    session_timeout_ms: int = 30_000
+    heartbeat_interval_ms: int = 3_000
+    metrics_port: int = 0
+    """Prometheus metrics on metrics_host:port (0: off)."""
+    metrics_host: str = "127.0.0.1"
+
+
 class LocalConfig(_Section, frozen=True):
     """`make run` only: where the local set keeps its data, and what else it starts."""
 
@@ -176,6 +213,7 @@ class Config(_Section, frozen=True):
     handlers: HandlersSettings = HandlersSettings()
     """Where each downstream is (handlers/settings.py): base URLs, client timeouts and limits,
     callback targets by name."""
+    kafka: KafkaConfig = KafkaConfig()
     local: LocalConfig = LocalConfig()
 
     @property
@@ -251,6 +289,45 @@ def _problems(config: Config) -> list[str]:
     except ValueError as error:
         problems.append(f"worker: {error}")
     problems += [f"handlers.{problem}" for problem in config.handlers.problems()]
+    problems += _kafka_problems(config.kafka)
+    return problems
+
+
+_TOPIC: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_PRODUCER: Final = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
+
+
+def _kafka_problems(kafka: KafkaConfig) -> list[str]:
+    problems: list[str] = []
+
+    def check(ok: bool, field: str, message: str) -> None:
+        if not ok:
+            problems.append(f"kafka.{field}: {message}")
+
+    check(bool(kafka.bootstrap_servers), "bootstrap_servers", "at least one broker address is needed")
+    for address in kafka.bootstrap_servers:
+        try:
+            parse_address(address)
+        except ValueError as error:
+            problems.append(f"kafka.bootstrap_servers: {error}")
+    for field in ("events_topic", "ingest_topic", "rejects_topic"):
+        check(_TOPIC.match(getattr(kafka, field)) is not None, field, "must be 1-128 of A-Z a-z 0-9 . _ -")
+    check(kafka.ingest_topic != kafka.rejects_topic, "rejects_topic", "must differ from ingest_topic")
+    check(_PRODUCER.match(kafka.ingest_producer) is not None, "ingest_producer",
+          "must be a principal name: 1-32 of a-z 0-9 _ . - starting with a letter or digit")  # fmt: skip
+    check(bool(kafka.group_id), "group_id", "must not be empty")
+    check(1 <= kafka.partitions <= 1000, "partitions", "must be in 1..1000")
+    check(1 <= kafka.replication_factor <= 16, "replication_factor", "must be in 1..16")
+    check(1 <= kafka.publisher_batch_max <= 1000, "publisher_batch_max", "must be in 1..1000")
+    check(10 <= kafka.publisher_poll_ms <= 60_000, "publisher_poll_ms", "must be in 10..60000")
+    check(1_000 <= kafka.publisher_lease_ms <= 600_000, "publisher_lease_ms", "must be in 1000..600000")
+    check(1 <= kafka.ingest_batch_max <= 1000, "ingest_batch_max", "must be in 1..1000 (one store frame)")
+    check(1024 <= kafka.body_bytes_max <= 1024 * 1024, "body_bytes_max", "must be in 1 KiB..1 MiB")
+    check(1_000 <= kafka.request_timeout_ms <= 300_000, "request_timeout_ms", "must be in 1000..300000")
+    check(1_000 <= kafka.session_timeout_ms <= 300_000, "session_timeout_ms", "must be in 1000..300000")
+    check(0 < kafka.heartbeat_interval_ms < kafka.session_timeout_ms, "heartbeat_interval_ms",
+          "must be positive and under session_timeout_ms")  # fmt: skip
+    check(0 <= kafka.metrics_port < 65536, "metrics_port", "must be in 0..65535")
     return problems
 
 

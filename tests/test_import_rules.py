@@ -13,11 +13,14 @@
     pure cores   import no asyncio, socket, time, os, sqlite3, threading, and use randomness only as an
                  injected `random.Random` (never the module's global generator)
     production   never imports a testing or simulation package
+    kafka        the Kafka processes and the validation they share with the API load no web framework
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -42,7 +45,8 @@ PURE: Final = (
     "queues.model", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies",
-    "api.ids", "api.schemas",
+    "api.ids", "api.schemas", "api.submissions",
+    "compensator.kafka.event_records", "compensator.kafka.ingest_records",
     "handlers.answers", "handlers.classification", "handlers.tables", "handlers.signing", "handlers.standins.faults",
 )  # fmt: skip
 IMPURE: Final = frozenset({"asyncio", "socket", "time", "os", "sqlite3", "threading", "subprocess", "secrets"})
@@ -162,3 +166,15 @@ def test_the_stand_ins_and_the_handlers_share_only_the_signature_scheme() -> Non
         and imported not in STANDINS_MAY_USE and imported.rsplit(".", 1)[0] not in STANDINS_MAY_USE
     )  # fmt: skip
     assert (handlers_reaching_standins, standins_reaching_handlers) == ([], [])
+
+
+def test_the_kafka_processes_and_the_shared_validation_load_no_web_framework() -> None:
+    """`compensator kafka-ingest` validates requests with the API's rules (api/submissions.py)
+    without FastAPI or Starlette in the process."""
+    script = (
+        "import sys, compensator.kafka.command, compensator.kafka.ingest, compensator.kafka.publisher;"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'uvicorn'));"
+        "print(loaded); sys.exit(1 if loaded else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

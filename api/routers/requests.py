@@ -10,11 +10,10 @@ request it did not submit exists.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from api import openapi
@@ -22,33 +21,23 @@ from api.auth import SUBMIT, Principal, Reader, authenticate
 from api.http import check_key, idempotency_key, json_response, read_body, require_json
 from api.ids import RequestId
 from api.intake import Answer, Item
-from api.problems import Problem, document, field_errors, invalid, msgspec_error
+from api.problems import Problem, document, invalid, msgspec_error, problem_of
 from api.quotas import Throttled
-from api.schemas import KIND_TAGS, SUBMISSION, Accepted, BatchResult, RequestView
+from api.schemas import Accepted, BatchResult, RequestView
 from api.services import ApiServices
+from api.submissions import Invalid, parse_submission
 from api.views import request_document
 from queues import ClientError, QueueError, Role
 
 router = APIRouter(tags=["requests"])
-_UNKNOWN_KIND: Final = ("union_tag_invalid", "union_tag_not_found")
 
 
 def parse(body: bytes) -> Any:
     """A submission from JSON bytes, or the problem naming every bad field."""
     try:
-        return SUBMISSION.validate_json(body)
-    except ValidationError as error:
-        raise _problem(error) from None
-
-
-def _problem(error: ValidationError) -> Problem:
-    errors = error.errors(include_url=False)
-    if any(e["type"] == "json_invalid" for e in errors):
-        return Problem("malformed-body", "the body is not valid JSON")
-    if any(e["type"] in _UNKNOWN_KIND for e in errors):
-        known = ", ".join(KIND_TAGS)
-        return invalid([{"field": "kind", "message": f"missing or unknown kind; known kinds: {known}"}])
-    return invalid(field_errors(errors, drop=KIND_TAGS))
+        return parse_submission(body)
+    except Invalid as refused:
+        raise problem_of(refused) from None
 
 
 async def admit(services: ApiServices, principal: Principal, count: int) -> None:

@@ -84,3 +84,33 @@ def test_the_command_line_answers_bad_input_in_one_line_per_problem(tmp_path: Pa
         "compensator token create: error: the following arguments are required: --role"
     ]
     assert "Traceback" not in usage.stderr + unreachable.stderr + answer.stderr
+
+
+def test_the_kafka_section_is_checked_field_by_field() -> None:
+    environ = {"COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS": "broker", "COMPENSATOR_KAFKA__INGEST_PRODUCER": "Orders!",
+               "COMPENSATOR_KAFKA__REJECTS_TOPIC": "compensator.requests", "COMPENSATOR_KAFKA__EVENTS_TOPIC": "a b",
+               "COMPENSATOR_KAFKA__HEARTBEAT_INTERVAL_MS": "40000"}  # fmt: skip
+    with pytest.raises(ConfigError) as raised:
+        load(None, environ)
+    assert raised.value.problems == [
+        "kafka.bootstrap_servers: 'broker' is not host:port",
+        "kafka.events_topic: must be 1-128 of A-Z a-z 0-9 . _ -",
+        "kafka.rejects_topic: must differ from ingest_topic",
+        "kafka.ingest_producer: must be a principal name: 1-32 of a-z 0-9 _ . - starting with a letter or digit",
+        "kafka.heartbeat_interval_ms: must be positive and under session_timeout_ms",
+    ]
+    kafka = load(None, {"COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS": "k1:9092,k2:9092"}).kafka
+    assert kafka.bootstrap_servers == ("k1:9092", "k2:9092")
+
+
+def test_the_kafka_commands_answer_an_unreachable_broker_in_one_line(tmp_path: Path) -> None:
+    from ledger.pg import free_tcp_port
+
+    environ = {"COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{free_tcp_port()}",
+               "COMPENSATOR_KAFKA__REQUEST_TIMEOUT_MS": "2000", "PATH": "/usr/bin:/bin"}  # fmt: skip
+    for command in ("events-publish", "kafka-ingest"):
+        done = subprocess.run([sys.executable, "-m", "compensator", command], env=environ, capture_output=True,
+                              text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith(f"compensator {command}: error: cannot reach the broker at 127.0.0.1:")
