@@ -155,15 +155,20 @@ class KafkaConfig(_Section, frozen=True):
     """`compensator events-publish` and `compensator kafka-ingest` (docs/kafka.md)."""
 
     bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
+    """host:port of Kafka brokers to start from."""
     client_id: str = "compensator"
+    """The Kafka client id (broker logs and quotas)."""
     request_timeout_ms: int = 30_000
+    """How long a produce or metadata request may take before it fails (and is retried)."""
     create_topics: bool = True
     """Create missing topics at start (with `partitions`); off where topics are provisioned."""
     partitions: int = 6
+    """Partitions of each topic created at start; events are keyed by ref key, so one business id stays in one partition."""
     replication_factor: int = 1
     """For the topics created at start: one replica is all a one-broker machine has; a cluster
     wants 3 (with the broker's min.insync.replicas 2, so acks=all means a majority)."""
     events_topic: str = "compensator.events"
+    """Every lifecycle event of the store, keyed by ref key (docs/kafka.md has the schema)."""
     publisher_batch_max: int = 500
     """Events per store read and per Kafka round (sent, then all acknowledged, then the cursor moves)."""
     publisher_poll_ms: int = 200
@@ -172,19 +177,26 @@ class KafkaConfig(_Section, frozen=True):
     """How long an active publisher's lease lasts without renewal (renewed every third of it):
     a standby takes over at most this long after the active one died."""
     ingest_topic: str = "compensator.requests"
+    """Failed requests from producers that prefer Kafka to HTTP."""
     rejects_topic: str = "compensator.requests.rejects"
+    """Ingested records that failed validation, with the reason and their original topic, partition and offset."""
     group_id: str = "compensator-ingest"
+    """The ingest's consumer group: run several ingest processes to share the partitions."""
     ingest_producer: str = "kafka"
     """The producer name ingested requests are stored under: keys are `{producer}:{key}`, as an
     API token's name makes them for HTTP submissions."""
     ingest_batch_max: int = 500
     """Records per consumer poll: submitted to the store in one frame, then committed."""
     body_bytes_max: int = 256 * 1024 + 16 * 1024
+    """An ingested record's value, as the API's `api.body_bytes_max`; larger ones are rejected."""
     session_timeout_ms: int = 30_000
+    """The consumer group's session: a dead ingest's partitions move after this long."""
     heartbeat_interval_ms: int = 3_000
+    """The consumer's heartbeats to the group coordinator."""
     metrics_port: int = 0
     """Prometheus metrics on metrics_host:port (0: off)."""
     metrics_host: str = "127.0.0.1"
+    """The address of the metrics endpoint."""
 
 
 class LocalConfig(_Section, frozen=True):
