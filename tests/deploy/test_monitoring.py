@@ -1,9 +1,10 @@
-"""The alert rules: valid for Prometheus, each one firing on the failure it names (promtool's rule
-unit tests), every metric they read one our processes really export, and every alert pointing to
-a runbook section that exists."""
+"""Alert rules and dashboards: the rules valid for Prometheus, each one firing on the failure it
+names (promtool's rule unit tests), every metric a rule or a dashboard panel reads one our
+processes really export, and every alert pointing to a runbook section that exists."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -13,10 +14,11 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 
 from api.metrics import ApiMetrics
+from compensator.kafka.metrics import KafkaMetrics
 from compensator.node_metrics import NodeCollector
 from compensator.worker.metrics import WorkerMetrics
 from queues import QueueClient, RaftClient
@@ -47,9 +49,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreThread]:
 
 
 def exported(store: StoreThread) -> set[str]:
-    """Every sample name the node, API and worker processes expose, with a sample in each family."""
+    """Every series name the node, API, worker and Kafka processes expose (with the suffixes
+    Prometheus gives counters and histograms)."""
 
-    async def node_text() -> bytes:
+    async def node_families() -> list[Metric]:
         queue = QueueClient(RaftClient([store.address], deadline_s=10))
         try:
             await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key="k", ref_key="r", payload=b"p")])
@@ -58,15 +61,29 @@ def exported(store: StoreThread) -> set[str]:
         assert store.node is not None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(NodeCollector(store.node.status, store.node.query_applied))
-        return generate_latest(registry)
+        return list(registry.collect())  # on the node's loop, as a scrape is
 
-    api, worker = ApiMetrics(), WorkerMetrics()
-    api.requests.labels("/v1/requests", "POST", "201").inc()
-    worker.breaker_open.labels("payment").set(0)
-    texts = [store.run(node_text()).decode(), api.exposition().decode(), generate_latest(worker.registry).decode()]
-    names = {sample.name for text in texts for family in text_string_to_metric_families(text) for sample in family.samples}
-    names |= {family.name for text in texts for family in text_string_to_metric_families(text)}
+    families = store.run(node_families())
+    for registry in (ApiMetrics().registry, WorkerMetrics().registry, KafkaMetrics().registry):
+        families += registry.collect()
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
+                "gauge": ("",), "summary": ("_sum", "_count")}  # fmt: skip
+    names: set[str] = set()
+    for family in families:
+        names |= {family.name + suffix for suffix in suffixes[family.type]}
     return names
+
+
+def metrics_read(expr: str) -> set[str]:
+    return set(re.findall(r"\b(compensator_[a-z_]+|up)\b(?=\s*[{\[)])", expr))
+
+
+def panel_exprs() -> list[tuple[str, str]]:
+    found = []
+    for path in sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            found += [(f"{path.name}: {panel['title']}", target["expr"]) for target in panel.get("targets", [])]
+    return found
 
 
 def test_the_rules_are_valid_and_each_fires_on_its_failure() -> None:
@@ -78,13 +95,27 @@ def test_the_rules_are_valid_and_each_fires_on_its_failure() -> None:
     assert {rule["alert"] for rule in alerts()} <= unit_tested
 
 
-def test_every_metric_an_alert_reads_is_exported(store: StoreThread) -> None:
+def test_every_metric_an_alert_or_a_panel_reads_is_exported(store: StoreThread) -> None:
     names = exported(store)
-    for rule in alerts():
-        used = set(re.findall(r"\b(compensator_[a-z_]+|up)\b(?=\s*[{\[)])", rule["expr"]))
-        assert used, rule
+    reads = [(rule["alert"], rule["expr"]) for rule in alerts()] + panel_exprs()
+    assert len(reads) > 20
+    for where, expr in reads:
+        used = metrics_read(expr)
+        assert used, (where, expr)
         missing = used - names - PROMETHEUS_OWN
-        assert not missing, f"{rule['alert']} reads {missing}, which no process exports"
+        assert not missing, f"{where} reads {missing}, which no process exports"
+
+
+def test_the_dashboards_cover_what_the_on_call_needs() -> None:
+    exprs = " ".join(expr for _, expr in panel_exprs())
+    for metric in ("compensator_api_requests_total", "compensator_queue_depth", "compensator_queue_oldest_due_age_seconds",
+                   "compensator_worker_attempts_total", "compensator_worker_breaker_open", "compensator_api_store_seconds_bucket",
+                   "compensator_raft_fsync_batch_entries_bucket", "compensator_kafka_publisher_lag_seconds",
+                   "compensator_kafka_ingest_lag"):  # fmt: skip
+        assert metric in exprs, metric
+    for path in (ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"):
+        ids = [panel["id"] for panel in json.loads(path.read_text())["panels"]]
+        assert len(ids) == len(set(ids)), path
 
 
 def test_every_alert_has_a_severity_a_summary_and_a_runbook_section() -> None:
