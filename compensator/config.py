@@ -38,6 +38,17 @@ METRICS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONFIG_PATH_ENV: Final = "COMPENSATOR_CONFIG"
 """The file to read when the command line names none (how uvicorn's worker processes find it)."""
 LOCAL_ADDRESSES: Final = ("127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103")
+OTHER_VARIABLES: Final = {
+    CONFIG_PATH_ENV: "The TOML file to read when the command line names none.",
+    "COMPENSATOR_PG_DSN": "The PostgreSQL of the compensation ledger (projector, reconciliation, stand-ins), as "
+    "`postgresql://user@host:port/db`; unset, an embedded server is started in the command's data folder.",
+    "PGPASSFILE": "libpq's password file, read by asyncpg and the JDBC driver when the DSN carries no password "
+    "(the way to keep the password out of the environment).",
+    "COMPENSATOR_CALLBACK_SECRETS": "`{\"target\": \"secret\"}` for callback signatures when "
+    "`worker.callback_secrets_file` is not set (the file is the better place).",
+    METRICS_DIR_ENV: "Set by `compensator api` itself for several workers; not to be set by hand.",
+}
+"""Variables read outside the model's sections (docs/configuration.md lists them)."""
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

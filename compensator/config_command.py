@@ -185,4 +185,7 @@ def reference() -> str:
             inner, prefix = nested.pop(0)
             _rows(inner, prefix, "", lines, nested, documented)
         lines.append("")
+    lines += ["## Other environment variables", "", "| variable | meaning |", "|---|---|"]
+    lines += [f"| `{name}` | {text} |" for name, text in configuration.OTHER_VARIABLES.items()]
+    lines.append("")
     return "\n".join(lines)

@@ -44,10 +44,13 @@ _EXPECTED_ERRORS: Final[tuple[type[Exception], ...]] = (ReconcileError, ValueErr
 
 
 def _date(text: str) -> dt.date:
+    """YYYY-MM-DD, or `yesterday` (the UTC day before today): what a nightly scheduler passes."""
+    if text == "yesterday":
+        return dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)
     try:
         return dt.date.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a date as YYYY-MM-DD, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a date as YYYY-MM-DD or yesterday, got {text!r}") from None
 
 
 def _hours(text: str) -> dt.timedelta:
@@ -119,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _add_reconcile_arguments(reconcile: argparse.ArgumentParser) -> None:
-    reconcile.add_argument("--date", type=_date, required=True, help="business date, YYYY-MM-DD (UTC day)")
+    reconcile.add_argument("--date", type=_date, required=True, help="business date, YYYY-MM-DD (UTC day), or yesterday")
     reconcile.add_argument("--source", choices=("jdbc", "parquet"), default="jdbc")
     reconcile.add_argument("--parquet-dir", type=Path, help="root of the Parquet exports (with --source parquet)")
     reconcile.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)

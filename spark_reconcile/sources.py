@@ -135,12 +135,9 @@ class JdbcSource:
             raise ValueError("fetch size must be positive")
 
     def read(self, spark: SparkSession, ledger: Ledger, params: ReconcileParams) -> DataFrame:
-        properties = {
-            "user": self.connection.user,
-            "password": self.connection.password,
-            "driver": JDBC_DRIVER,
-            "fetchsize": str(self.fetch_size),
-        }
+        properties = {"user": self.connection.user, "driver": JDBC_DRIVER, "fetchsize": str(self.fetch_size)}
+        if self.connection.password:  # else the driver reads PGPASSFILE or ~/.pgpass, as libpq does
+            properties["password"] = self.connection.password
         frame = spark.read.jdbc(
             self.connection.url,
             f"{self.schema_name}.{ledger.value}",

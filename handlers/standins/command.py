@@ -50,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> argparse.ArgumentPa
     standins.add_argument("--secrets-file", type=Path,
                           help=f'JSON {{"target": "secret"}} for the callback receiver (default ${SECRETS_ENV})')  # fmt: skip
     standins.add_argument("--seed", type=int, help="seed of the fault generators")
+    standins.add_argument("--exposed", action="store_true",
+                          help="allow a non-loopback --host (a demo network of its own: anyone there can flip faults)")  # fmt: skip
     standins.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
     standins.set_defaults(handler=run)
     return standins
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from handlers.standins.server import StandinsError, StandinsSettings
 
     settings = StandinsSettings(host=args.host, payment_port=args.payment_port, red_packet_port=args.red_packet_port,
-                                callback_port=args.callback_port, seed=args.seed)  # fmt: skip
+                                callback_port=args.callback_port, seed=args.seed, exposed=args.exposed)  # fmt: skip
     problems = settings.problems()
     if problems:
         raise StandinsError(problems[0])

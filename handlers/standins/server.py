@@ -5,7 +5,7 @@ reaches them can flip) and checking them; building the apps and their uvicorn se
 three or none; stopping them when `stop` is set. Signals are the caller's: the servers install no
 handlers, so several can share a process, and a test can run them in a thread.
 
-Must never: listen on a non-loopback address, or configure the process's logging (uvicorn's
+Must never: listen on a non-loopback address unless told it is a demo network of its own, or configure the process's logging (uvicorn's
 default log configuration is turned off; the command line configures logging).
 """
 
@@ -42,6 +42,9 @@ class StandinsSettings:
     callback_port: int = 7203
     seed: int | None = None
     """Seeds each stand-in's fault generator (PUT /_faults with a seed reseeds one at runtime)."""
+    exposed: bool = False
+    """Allow a non-loopback address: a demo network of its own (compose's `demo` profile), where
+    whoever reaches the stand-ins may flip their faults. Never next to real downstreams."""
 
     def ports(self) -> dict[str, int]:
         return {payment.SERVICE: self.payment_port, red_packet.SERVICE: self.red_packet_port,
@@ -54,8 +57,8 @@ class StandinsSettings:
     def problems(self) -> list[str]:
         found: list[str] = []
         try:
-            if not ipaddress.ip_address(self.host).is_loopback:
-                found.append(f"host {self.host} is not a loopback address")
+            if not ipaddress.ip_address(self.host).is_loopback and not self.exposed:
+                found.append(f"host {self.host} is not a loopback address (--exposed allows it on a demo network)")
         except ValueError:
             found.append(f"host {self.host!r} is not an IP address")
         for name, port in self.ports().items():

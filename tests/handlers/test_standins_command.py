@@ -44,7 +44,9 @@ def error_of(capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[
 
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     prefix = "compensator standins: error: "
-    assert error_of(capsys, ["--host", "10.1.2.3", *ports()]) == f"{prefix}host 10.1.2.3 is not a loopback address"
+    assert error_of(capsys, ["--host", "10.1.2.3", *ports()]) == (
+        f"{prefix}host 10.1.2.3 is not a loopback address (--exposed allows it on a demo network)"
+    )
     assert error_of(capsys, ["--payment-port", "70000"]) == f"{prefix}payment port 70000 is not in 1..65535"
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
