@@ -22,6 +22,7 @@ from compensator import (
     config_command,
     local,
     node_server,
+    operator_command,
     standins_server,
     status_command,
     token_admin,
@@ -42,6 +43,7 @@ _REGISTRARS: tuple[Registrar, ...] = (
     kafka_command.register,
     status_command.register,
     config_command.register,
+    operator_command.register,
     standins_server.register,
 )
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)

@@ -47,6 +47,8 @@ OTHER_VARIABLES: Final = {
     "COMPENSATOR_CALLBACK_SECRETS": "`{\"target\": \"secret\"}` for callback signatures when "
     "`worker.callback_secrets_file` is not set (the file is the better place).",
     METRICS_DIR_ENV: "Set by `compensator api` itself for several workers; not to be set by hand.",
+    "COMPENSATOR_API_TOKEN": "The API token of the operator commands (`compensator kind`, `breaker`, "
+    "`classification`) and of `reconcile --enqueue`, when no token file is given.",
 }
 """Variables read outside the model's sections (docs/configuration.md lists them)."""
 

@@ -1,0 +1,133 @@
+"""The operator's command line against a real API server (uvicorn on loopback) and a real store:
+each command does what the API does, with the API's roles and validation, and a refusal or an
+unreachable API is one line with exit 1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from api_support import put_tokens, settings
+
+from compensator import cli
+from compensator.wiring import api_app
+from queues import Role
+from raft_store.testing.inprocess import StoreThread
+from raft_store.testing.processes import free_ports
+
+
+class Served:
+    def __init__(self, store: StoreThread) -> None:
+        self.tokens = asyncio.run(put_tokens(store))
+        (port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{port}"
+        app = api_app(settings(store))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the API did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def served(store: StoreThread) -> Iterator[Served]:
+    api = Served(store)
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def operator(
+    served: Served,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *argv: str,
+    role: Role = Role.OPERATOR,
+) -> tuple[int, str, str]:
+    monkeypatch.setenv("COMPENSATOR_API__PUBLIC_URL", served.url)
+    monkeypatch.setenv("COMPENSATOR_API_TOKEN", served.tokens[role])
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    assert served.tokens[role] not in captured.out + captured.err
+    return code, captured.out, captured.err
+
+
+def test_pause_resume_and_policy_go_through_the_api(
+    served: Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = operator(
+        served, monkeypatch, capsys, "kind", "pause", "transfer", "--reason", "payment maintenance"
+    )
+    assert (code, err) == (0, "")
+    assert [p["holder"] for p in json.loads(out)["pauses"]] == ["operator"]
+    code, out, err = operator(served, monkeypatch, capsys, "kind", "pause", "transfer", "--reason", "again")
+    assert code == 1 and out == "" and len(err.splitlines()) == 1 and "409" in err and "already holds" in err, err
+    code, out, _ = operator(served, monkeypatch, capsys, "kind", "resume", "transfer")
+    assert code == 0 and json.loads(out)["pauses"] == []
+
+    code, out, _ = operator(served, monkeypatch, capsys, "kind", "policy", "transfer")
+    policy = json.loads(out)
+    policy["attempts_max"] = 5
+    source = tmp_path / "policy.json"
+    source.write_text(json.dumps(policy))
+    code, out, err = operator(served, monkeypatch, capsys, "kind", "policy", "transfer", "--set", str(source))
+    assert (code, err) == (0, "") and json.loads(out)["after"]["attempts_max"] == 5
+    source.write_text(json.dumps({**policy, "attempts_max": 0}))
+    code, out, err = operator(served, monkeypatch, capsys, "kind", "policy", "transfer", "--set", str(source))
+    assert code == 1 and len(err.splitlines()) == 1 and "attempts_max" in err, err
+
+
+def test_breakers_and_tables_and_the_roles(
+    served: Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, _ = operator(
+        served, monkeypatch, capsys, "breaker", "force", "payment", "open", "--reason", "their outage"
+    )
+    assert code == 0 and next(b for b in json.loads(out) if b["downstream"] == "payment")["mode"] == "open"
+    code, out, _ = operator(served, monkeypatch, capsys, "classification", "show", "payment")
+    table = json.loads(out)["table"]
+    source = tmp_path / "table.json"
+    source.write_text(json.dumps(table))
+    code, out, err = operator(
+        served, monkeypatch, capsys, "classification", "set", "payment", str(source), "--reason", "same"
+    )
+    assert (code, err) == (0, "") and json.loads(out)["after"] == table
+    code, out, err = operator(served, monkeypatch, capsys, "breaker", "list", role=Role.PRODUCER)
+    assert code == 1 and len(err.splitlines()) == 1 and "403" in err, err
+    code, _, err = operator(
+        served, monkeypatch, capsys, "kind", "pause", "transfer", "--reason", "x", role=Role.PRODUCER
+    )
+    assert code == 1 and "403" in err
+
+
+def test_no_token_or_no_api_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.delenv("COMPENSATOR_API_TOKEN", raising=False)
+    assert cli.main(["kind", "list"]) == 1
+    assert (
+        capsys.readouterr().err
+        == "compensator kind: error: no API token: give --token-file, or set $COMPENSATOR_API_TOKEN\n"
+    )
+    (port,) = free_ports(1)
+    monkeypatch.setenv("COMPENSATOR_API__PUBLIC_URL", f"http://127.0.0.1:{port}")
+    token = tmp_path / "token"
+    token.write_text("cmp_notarealtoken\n")
+    assert cli.main(["kind", "list", "--token-file", str(token)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        len(err.splitlines()) == 1 and err.startswith("compensator kind: error: the API at") and "ConnectError" in err
+    )
