@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from compensator import api_server, local, node_server, token_admin, worker_command
+from compensator import api_server, local, node_server, projector_command, token_admin, worker_command
 from compensator.config import ConfigError
 from handlers.standins import command as standins_command
 from spark_reconcile import command as reconcile_command
@@ -25,6 +25,7 @@ from spark_reconcile import command as reconcile_command
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (
     local.register, api_server.register, node_server.register, worker_command.register, token_admin.register,
+    projector_command.register,
     reconcile_command.register,
     standins_command.register,
 )
