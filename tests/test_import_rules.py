@@ -43,6 +43,7 @@ PURE: Final = (
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies",
     "api.ids", "api.schemas",
+    "compensator.projector.rows",
     "handlers.answers", "handlers.classification", "handlers.tables", "handlers.signing", "handlers.standins.faults",
 )  # fmt: skip
 IMPURE: Final = frozenset({"asyncio", "socket", "time", "os", "sqlite3", "threading", "subprocess", "secrets"})
