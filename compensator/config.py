@@ -157,6 +157,9 @@ class LocalConfig(_Section, frozen=True):
     standins: bool = True
     """Start the downstream stand-ins (payment system, red-packet service, callback receiver) on the
     ports of `handlers.payment.base_url`, `handlers.red_packet.base_url` and `callback_port`."""
+    projector: bool = True
+    """Start the ledger projector (`compensator project`), writing the compensation ledger to an
+    embedded PostgreSQL in `data_dir`/ledger-pg, or to $COMPENSATOR_PG_DSN."""
     callback_port: int = 7203
     callback_target: str = "merchant-demo"
     """The callback target `make run` registers, signed with a secret kept in the data folder."""
