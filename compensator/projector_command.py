@@ -67,6 +67,7 @@ async def _run(config: Config, dsn: str, *, name: str, rebuild: bool) -> int:
     from compensator.projector.rows import ProjectionError
     from compensator.projector.runner import ProjectorGap, RebuildRefused
     from ledger import migrate
+    from queues import ClientError, QueueError
 
     try:
         await migrate.apply_async(dsn)
@@ -80,6 +81,8 @@ async def _run(config: Config, dsn: str, *, name: str, rebuild: bool) -> int:
         migrate.MigrationError,
     ) as error:
         raise ProjectorCommandError(str(error)) from None
+    except (ClientError, QueueError) as error:  # only before projecting (a rebuild): the loop waits the store out
+        raise ProjectorCommandError(f"the store did not answer: {error}") from None
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise ProjectorCommandError(f"PostgreSQL: {type(error).__name__}: {error}") from None
 

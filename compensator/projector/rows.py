@@ -253,7 +253,7 @@ def _facts(facts: Mapping[int, MessageFacts], event: Event) -> MessageFacts:
     if found is None:
         raise ProjectionError(
             f"message {event.message_id} (event {event.seq}, {event.type.value}) is no longer in the store:"
-            " the projector fell behind the store's message retention"
+            " the projector fell behind the store's message retention; see docs/ledger.md ('A gap')"
         )
     return found
 

@@ -31,11 +31,10 @@ from compensator.projector import ledger_writer
 from compensator.projector.facts import FactsReader
 from compensator.projector.metrics import ProjectorMetrics
 from compensator.projector.rows import BatchRows, facts_needed, fold
-from queues import QueueClient
+from queues import ClientError, QueueClient
 from queues.client import EventsPurged, QueueError
 from queues.model import Event
 from queues.query_codec import EVENTS_LIMIT_MAX
-from raft_store.client import ClientError
 
 log = logging.getLogger(__name__)
 
