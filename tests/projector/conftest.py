@@ -10,11 +10,12 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from projector_support import FAST, KINDS
+from projector_support import FAST, KINDS, Traffic
 
 from ledger import migrate, pg
 from queues import QueueClient, RaftClient
-from queues.replicated import machine_factory
+from queues.machine import QueueConfig
+from queues.replicated import DB_NAME, ReplicatedQueueMachine, machine_factory
 from raft_store.testing.inprocess import StoreThread, running_store
 
 
@@ -52,6 +53,28 @@ async def queue(store: StoreThread) -> AsyncIterator[QueueClient]:
         await client.set_policy(kind, FAST)
     yield client
     await client.raft.close()
+
+
+@pytest.fixture
+async def gapped(tmp_path: Path) -> AsyncIterator[tuple[StoreThread, QueueClient]]:
+    """A store whose event log lost its first events (set_policy x3, enqueue x3) to a 200 ms
+    event retention, and a client of it."""
+
+    def short_retention(data_dir: Path) -> ReplicatedQueueMachine:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return ReplicatedQueueMachine(str(data_dir / DB_NAME), QueueConfig(event_retention_ms=200))
+
+    with running_store(tmp_path / "gapped", short_retention) as store:
+        client = QueueClient(RaftClient([store.address], deadline_s=10))
+        try:
+            for kind in KINDS:
+                await client.set_policy(kind, FAST)
+            await Traffic(client, seed=5).enqueue(3)
+            await asyncio.sleep(0.3)
+            assert (await client.purge()).events_purged == 6
+            yield store, client
+        finally:
+            await client.raft.close()
 
 
 async def execute(dsn: str, statement: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -15,8 +14,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from projector_support import (
-    FAST,
-    KINDS,
     SET_ID,
     Traffic,
     all_events,
@@ -31,11 +28,9 @@ from compensator.projector.ledger_writer import LOCK_CLASS, CursorMoved
 from compensator.projector.metrics import ProjectorMetrics
 from compensator.projector.rows import facts_needed, fold
 from compensator.projector.runner import Projector, ProjectorGap, ProjectorSettings, RebuildRefused, rebuild
-from queues import QueueClient, RaftClient
-from queues.machine import QueueConfig
+from queues import QueueClient
 from queues.model import EventType
-from queues.replicated import DB_NAME, ReplicatedQueueMachine
-from raft_store.testing.inprocess import running_store
+from raft_store.testing.inprocess import StoreThread
 
 MESSAGE_EVENTS = {
     EventType.ENQUEUED, EventType.LEASED, EventType.SUCCEEDED, EventType.ATTEMPT_FAILED, EventType.LEASE_EXPIRED,
@@ -170,32 +165,20 @@ async def test_two_writers_never_both_write_a_batch(queue: QueueClient, pg_dsn: 
     assert (len(requests), cursor) == (3, events[-1].seq)
 
 
-async def test_a_purged_stretch_of_the_log_stops_the_projector_with_the_gap_named(tmp_path: Path, pg_dsn: str) -> None:
-    def short_retention(data_dir: Path) -> ReplicatedQueueMachine:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        return ReplicatedQueueMachine(str(data_dir / DB_NAME), QueueConfig(event_retention_ms=200))
-
-    with running_store(tmp_path / "store", short_retention) as store:
-        queue = QueueClient(RaftClient([store.address], deadline_s=10))
-        try:
-            for kind in KINDS:
-                await queue.set_policy(kind, FAST)
-            await Traffic(queue, seed=5).enqueue(6)
-            await asyncio.sleep(0.3)
-            assert (await queue.purge()).events_purged > 0
-            first_seq = (await queue.events_digest(0, 0)).value.first_seq
-            built = projector(queue, pg_dsn)
-            with pytest.raises(ProjectorGap) as gap:
-                await asyncio.wait_for(built.run(asyncio.Event()), 10)
-            message = str(gap.value)
-            assert f"events 1..{first_seq - 1} were purged" in message and "docs/ledger.md" in message
-            assert "\n" not in message
-            requests, _, cursor = await ledger_rows(pg_dsn)
-            assert (requests, cursor) == ({}, 0), "nothing written past a gap"
-            with pytest.raises(ProjectorGap):
-                await rebuild(queue, pg_dsn, SET_ID)  # the log cannot give the ledger back either
-        finally:
-            await queue.raft.close()
+async def test_a_purged_stretch_of_the_log_stops_the_projector_with_the_gap_named(
+    gapped: tuple[StoreThread, QueueClient], pg_dsn: str
+) -> None:
+    _, queue = gapped
+    built = projector(queue, pg_dsn)
+    with pytest.raises(ProjectorGap) as gap:
+        await asyncio.wait_for(built.run(asyncio.Event()), 10)
+    message = str(gap.value)
+    assert "events 1..6 were purged" in message and "oldest event kept 7" in message and "docs/ledger.md" in message
+    assert "\n" not in message
+    requests, _, cursor = await ledger_rows(pg_dsn)
+    assert (requests, cursor) == ({}, 0), "nothing written past a gap"
+    with pytest.raises(ProjectorGap):
+        await rebuild(queue, pg_dsn, SET_ID)  # the log cannot give the ledger back either
 
 
 async def test_a_rebuild_writes_the_same_ledger_again_and_waits_for_no_one(queue: QueueClient, pg_dsn: str) -> None:

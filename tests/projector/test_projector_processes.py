@@ -9,17 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
-from projector_support import FAST, KINDS, SET_ID, Traffic, assert_ledger_matches_store, ledger_rows
+from projector_support import SET_ID, Traffic, assert_ledger_matches_store, ledger_rows
 
-from queues import QueueClient, RaftClient
-from queues.machine import QueueConfig
-from queues.replicated import DB_NAME, ReplicatedQueueMachine
-from raft_store.testing.inprocess import StoreThread, running_store
+from queues import QueueClient
+from raft_store.testing.inprocess import StoreThread
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,27 +115,8 @@ async def test_killed_mid_batch_again_and_again_it_writes_no_row_twice_and_misse
     await assert_ledger_matches_store(queue, pg_dsn)
 
 
-@pytest.fixture
-def short_retention_store(tmp_path: Path) -> Iterator[StoreThread]:
-    def factory(data_dir: Path) -> ReplicatedQueueMachine:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        return ReplicatedQueueMachine(str(data_dir / DB_NAME), QueueConfig(event_retention_ms=200))
-
-    with running_store(tmp_path / "store", factory) as thread:
-        yield thread
-
-
-async def test_a_gap_is_one_line_and_exit_1(short_retention_store: StoreThread, pg_dsn: str) -> None:
-    queue = QueueClient(RaftClient([short_retention_store.address], deadline_s=10))
-    try:
-        for kind in KINDS:
-            await queue.set_policy(kind, FAST)
-        await Traffic(queue, seed=1).enqueue(3)
-        await asyncio.sleep(0.3)
-        assert (await queue.purge()).events_purged > 0
-    finally:
-        await queue.raft.close()
-    environ = environment(short_retention_store, pg_dsn)
+async def test_a_gap_is_one_line_and_exit_1(gapped: tuple[StoreThread, QueueClient], pg_dsn: str) -> None:
+    environ = environment(gapped[0], pg_dsn)
     for extra in ((), ("--rebuild",)):
         process = start(environ, "gap", *extra)
         _, err = process.communicate(timeout=60)
