@@ -212,6 +212,24 @@ class KafkaConfig(_Section, frozen=True):
     """The address of the metrics endpoint."""
 
 
+class ProjectorConfig(_Section, frozen=True):
+    """`compensator project`: the compensation ledger's projector, one active per set."""
+
+    batch_max: int = 1000
+    """Events per ledger transaction at most."""
+    idle_poll_ms: int = 200
+    """A caught-up projector asks the store for new events this often."""
+    standby_poll_ms: int = 1000
+    """A standby tries to take over the set's projector lock this often."""
+    pg_data: str = "var/pg/data"
+    """The embedded PostgreSQL's data folder, used when $COMPENSATOR_PG_DSN names no server (the
+    one `compensator reconcile` reads by default, so the nightly job finds this ledger)."""
+    metrics_port: int = 0
+    """Prometheus metrics on metrics_host:port (0: off)."""
+    metrics_host: str = "127.0.0.1"
+    """The address of the metrics endpoint."""
+
+
 class LocalConfig(_Section, frozen=True):
     """`make run` only: where the local set keeps its data, and what else it starts."""
 
@@ -222,6 +240,9 @@ class LocalConfig(_Section, frozen=True):
     standins: bool = True
     """Start the downstream stand-ins (payment system, red-packet service, callback receiver) on the
     ports of `handlers.payment.base_url`, `handlers.red_packet.base_url` and `callback_port`."""
+    projector: bool = True
+    """Start the ledger projector (`compensator project`), writing the compensation ledger to an
+    embedded PostgreSQL in `data_dir`/ledger-pg, or to $COMPENSATOR_PG_DSN."""
     callback_port: int = 7203
     """The callback receiver stand-in's port."""
     callback_target: str = "merchant-demo"
@@ -239,6 +260,7 @@ class Config(_Section, frozen=True):
     """Where each downstream is (handlers/settings.py): base URLs, client timeouts and limits,
     callback targets by name."""
     kafka: KafkaConfig = KafkaConfig()
+    projector: ProjectorConfig = ProjectorConfig()
     local: LocalConfig = LocalConfig()
 
     @property
@@ -309,6 +331,12 @@ def _problems(config: Config) -> list[str]:
     check(10 <= worker.idle_poll_ms <= 10_000, "worker.idle_poll_ms", "must be in 10..10000")
     check(0 <= worker.drain_grace_s <= 600, "worker.drain_grace_s", "must be in 0..600")
     check(0 <= worker.metrics_port < 65536, "worker.metrics_port", "must be in 0..65535")
+    projector = config.projector
+    check(1 <= projector.batch_max <= 1000, "projector.batch_max", "must be in 1..1000")
+    check(10 <= projector.idle_poll_ms <= 60_000, "projector.idle_poll_ms", "must be in 10..60000")
+    check(10 <= projector.standby_poll_ms <= 60_000, "projector.standby_poll_ms", "must be in 10..60000")
+    check(bool(projector.pg_data), "projector.pg_data", "must not be empty")
+    check(0 <= projector.metrics_port < 65536, "projector.metrics_port", "must be in 0..65535")
     try:
         worker_breaker(worker).validate()
     except ValueError as error:

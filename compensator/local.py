@@ -1,7 +1,9 @@
 """``compensator run`` (``make run``): the whole service on one machine, on embedded defaults.
 
 Starts the 3-node store (``compensator node`` processes on loopback, data under `local.data_dir`,
-kept between runs), the queue's maintenance driver and replica auditor, and the API; rotates two
+kept between runs), the queue's maintenance driver and replica auditor, the ledger projector (its
+embedded PostgreSQL under `local.data_dir`/ledger-pg, unless $COMPENSATOR_PG_DSN names one), and
+the API; rotates two
 tokens for local use (a producer's and an operator's); prints the API's URL, the tokens and a
 ``curl`` that submits a failed transfer. Ctrl-C stops everything, in order, and waits for it.
 
@@ -157,6 +159,18 @@ class LocalService:
             for i in range(1, local.workers + 1)
         ]  # fmt: skip
         self.secrets_file = secrets
+        self.ledger_pg_data = self.data_dir / "ledger-pg" / "data"
+        self.projectors = [Child("projector", [
+            *python, "project", *config_args, "--pg-data", str(self.ledger_pg_data), "--id", "local-projector",
+        ], self.data_dir / "projector.log")] if local.projector else []  # fmt: skip
+
+    def stop_ledger_database(self) -> None:
+        """As `stop_standins_database`, for the ledger's embedded server."""
+        if not self.projectors:
+            return
+        from ledger.pg import EmbeddedPostgres
+
+        EmbeddedPostgres(self.ledger_pg_data).stop_any()
 
     def stop_standins_database(self) -> None:
         """The stand-ins stop their embedded server as they exit, but one killed while it started
@@ -169,7 +183,7 @@ class LocalService:
 
     @property
     def children(self) -> list[Child]:
-        return [*self.nodes, *self.standins, *self.workers, self.api]
+        return [*self.nodes, *self.projectors, *self.standins, *self.workers, self.api]
 
     def ensure_secrets(self) -> None:
         """The demo target's signing secret, made once and kept beside the data (0600): the local
@@ -295,6 +309,7 @@ def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[s
         f"compensator is running; data in {config.local.data_dir}, logs beside it. Ctrl-C stops everything.",
         f"  API             {url}   (OpenAPI: {url}/docs)",
         f"  store           {','.join(config.store.addresses)}   (leader: node {leader})",
+        *_ledger_lines(config),
         f"  producer token  {producer}   (local-producer: submits, reads its own)",
         f"  operator token  {operator}   (local-operator: kinds, pauses, policies, metrics)",
         "  (both are new at every start; the store keeps only their hashes)",
@@ -305,6 +320,14 @@ def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[s
         f"Read it back: curl -sS {url}/v1/requests/<id> -H 'Authorization: Bearer {producer}'",
         *_standins_lines(config, standins),
     ])  # fmt: skip
+
+
+def _ledger_lines(config: Config) -> list[str]:
+    if not config.local.projector:
+        return []
+    where = Path(config.local.data_dir) / "ledger-pg" / "data"
+    return [f"  ledger          compensation_requests/_attempts, by `compensator project`, in PostgreSQL at {where}"
+            " (its port: line 4 of postmaster.pid; docs/ledger.md)"]  # fmt: skip
 
 
 def _standins_lines(config: Config, ports: dict[str, int]) -> list[str]:
@@ -359,6 +382,8 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
         tokens = await rotate_local_tokens(queue)
         driver = MaintenanceDriver(queue)  # lease expiry and purge are commands someone must propose
         driver.start()
+        for projector in service.projectors:
+            projector.start()
         auditor = ReplicaAuditor(replica_clients(service.addresses))  # names a replica that diverged
         auditor.start()
         if service.standins:
@@ -376,7 +401,7 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
             service.supervise()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-        print("stopping: the API, the workers (they drain), the stand-ins, then the store", flush=True)
+        print("stopping: the API, the workers (they drain), the projector, the stand-ins, then the store", flush=True)
         return 0
     except (ClientError, QueueError) as error:
         raise LaunchError(f"the local store did not answer: {error}") from None
@@ -387,6 +412,9 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
                 worker.process.send_signal(signal.SIGTERM)
         for worker in service.workers:
             worker.stop(timeout_s=30.0)
+        for projector in service.projectors:
+            projector.stop()
+        service.stop_ledger_database()
         for standin in service.standins:
             standin.stop()
         service.stop_standins_database()

@@ -29,6 +29,8 @@ from api.quotas import Quotas, QuotaSettings
 from api.services import ApiServices, ApiSettings
 from compensator import config as configuration
 from compensator.config import Config
+from compensator.projector.metrics import ProjectorMetrics
+from compensator.projector.runner import Projector, ProjectorSettings
 from compensator.store import queue_client
 from compensator.telemetry import tracer_provider
 from compensator.worker.limits import Limits
@@ -86,6 +88,26 @@ def api_app_from_environment() -> FastAPI:
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@contextlib.asynccontextmanager
+async def projector(config: Config, dsn: str, *, name: str = "",
+                    span_exporter: SpanExporter | None = None) -> AsyncIterator[Projector]:  # fmt: skip
+    """The set's ledger projector writing to `dsn`, with its store client, closed on exit."""
+    settings = config.projector
+    provider = tracer_provider(config.telemetry, exporter=span_exporter, process="projector")
+    queue = queue_client(config)
+    built = Projector(
+        queue, dsn,
+        ProjectorSettings(set_id=config.store.set_id, owner=name or worker_id(), batch_max=settings.batch_max,
+                          idle_poll_s=settings.idle_poll_ms / 1000, standby_poll_s=settings.standby_poll_ms / 1000),
+        tracer=provider.get_tracer("compensator.projector"), metrics=ProjectorMetrics(),
+    )  # fmt: skip
+    try:
+        yield built
+    finally:
+        await queue.raft.close()
+        provider.shutdown()
 
 
 @contextlib.asynccontextmanager

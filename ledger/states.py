@@ -39,3 +39,41 @@ LEDGER_STATE_OF: Final[Mapping[State, LedgerState]] = {
 
 OPEN_STATES: Final = frozenset({LedgerState.PENDING, LedgerState.IN_FLIGHT})
 """A request in an open state has no finish time; every other state has one."""
+
+
+class AttemptOutcome(enum.StrEnum):
+    """How the ledger records one attempt; the queue's attempt outcomes map onto these."""
+
+    IN_PROGRESS = "IN_PROGRESS"
+    """Leased, not yet ended."""
+    SUCCEEDED = "SUCCEEDED"
+    """Acked, also after its lease expired (the queue's "succeeded_late")."""
+    RETRYABLE_ERROR = "RETRYABLE_ERROR"
+    FATAL_ERROR = "FATAL_ERROR"
+    """Failed as permanent by the worker (the retry policy may still have overridden that)."""
+    TIMEOUT = "TIMEOUT"
+    """The lease expired before the worker settled it."""
+    RELEASED = "RELEASED"
+    """Handed back by a draining worker before it started: does not count against the budget."""
+    INTERRUPTED = "INTERRUPTED"
+    """Cut off mid-call by a drain: its effect downstream is unknown, the next attempt checks first."""
+
+
+_QUEUE_ATTEMPT_OUTCOMES: Final[Mapping[str | None, AttemptOutcome]] = {
+    None: AttemptOutcome.IN_PROGRESS,
+    "succeeded": AttemptOutcome.SUCCEEDED,
+    "succeeded_late": AttemptOutcome.SUCCEEDED,
+    "expired": AttemptOutcome.TIMEOUT,
+    "released": AttemptOutcome.RELEASED,
+    "interrupted": AttemptOutcome.INTERRUPTED,
+}
+
+
+def attempt_outcome_of(queue_outcome: str | None, *, permanent: bool) -> AttemptOutcome:
+    """The ledger's outcome of an attempt the queue recorded as ``queue_outcome`` (its attempts
+    table: None while leased, else succeeded, succeeded_late, failed, expired, released,
+    interrupted). The queue's "failed" is one word for both kinds of failure, so the caller says
+    which (the attempt_failed event's ``permanent``)."""
+    if queue_outcome == "failed":
+        return AttemptOutcome.FATAL_ERROR if permanent else AttemptOutcome.RETRYABLE_ERROR
+    return _QUEUE_ATTEMPT_OUTCOMES[queue_outcome]

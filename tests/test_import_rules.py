@@ -47,6 +47,7 @@ PURE: Final = (
     "ledger.kinds", "ledger.states", "ledger.currencies",
     "api.ids", "api.schemas", "api.submissions",
     "compensator.kafka.event_records", "compensator.kafka.ingest_records",
+    "compensator.projector.rows",
     "handlers.answers", "handlers.classification", "handlers.tables", "handlers.signing", "handlers.standins.faults",
 )  # fmt: skip
 IMPURE: Final = frozenset({"asyncio", "socket", "time", "os", "sqlite3", "threading", "subprocess", "secrets"})

@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+import asyncpg
 import httpx
 import pytest
 
 from api.ids import RequestId
 from api.tokens import new_token, token_hash, well_formed
+from ledger import pg
 from queues import EventType, QueueClient, RaftClient, Role
 from queues.query_codec import IDS_PER_QUERY_MAX
 from raft_store.testing.processes import ProcessCluster, free_ports
@@ -558,6 +560,45 @@ def launcher_env(tmp_path: Path) -> tuple[dict[str, str], list[int]]:
     }, ports
 
 
+def ledger_dsn(data_dir: Path) -> str:
+    """The DSN of the projector's embedded PostgreSQL, once it listens (its port is line 4 of
+    postmaster.pid); the server is the launcher's to stop."""
+    pid_file = data_dir / "postmaster.pid"
+
+    def port() -> int | None:
+        with contextlib.suppress(OSError):
+            lines = pid_file.read_text().splitlines()
+            if len(lines) > 3 and lines[3].strip().isdigit():
+                return int(lines[3])
+        return None
+
+    poll_until(lambda: port() is not None, timeout_s=30.0)
+    address = pg.ServerAddress(host=pg.HOST, port=port() or 0)
+    pg.wait_until_accepting(address)
+    return address.dsn
+
+
+def ledger_row(dsn: str, request_id: str) -> tuple[Any, ...] | None:
+    """The request's (state, amount, currency, attempts) in the compensation ledger, if there."""
+
+    async def read() -> tuple[Any, ...] | None:
+        connection = await asyncpg.connect(dsn)
+        try:
+            row = await connection.fetchrow(
+                "SELECT state, amount_minor, currency, (SELECT count(*) FROM compensation_attempts a"
+                " WHERE a.request_id = r.request_id AND a.outcome = 'SUCCEEDED') FROM compensation_requests r"
+                " WHERE request_id = $1",
+                request_id,
+            )
+            return None if row is None else tuple(row)
+        except asyncpg.UndefinedTableError:  # the projector has not migrated it yet
+            return None
+        finally:
+            await connection.close()
+
+    return asyncio.run(read())
+
+
 def interrupt_and_check(launcher: Launcher) -> float:
     """Ctrl-C: exit 0 within 20 s, and nothing it started still runs. Returns the seconds it took."""
     assert len(launcher.seen) >= 4, launcher.seen  # three nodes and the API at least
@@ -587,6 +628,8 @@ def test_the_launcher_serves_its_curl_stops_everything_on_ctrl_c_and_keeps_its_d
             return bool(view["state"] == "done" and view["attempts"] == 1)
 
         done_after_s = poll_until(done_once, timeout_s=2.0)
+        dsn = ledger_dsn(tmp_path / "local" / "ledger-pg" / "data")
+        poll_until(lambda: ledger_row(dsn, request_id) == ("SUCCEEDED", 888, "CNY", 1), timeout_s=10.0)
         again = run_curl(curl)
         assert (again.status, again.body["id"], again.body["replayed"]) == (200, request_id, True)
         assert again.body["state"] == "done"

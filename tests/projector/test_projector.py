@@ -1,0 +1,206 @@
+"""The projector in this process against a real store and a real PostgreSQL: it catches up and the
+ledger equals the store, a standby takes over without a gap or a duplicate, a purged stretch of
+the log stops it with a line that names the gap, and a rebuild writes the same ledger again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import asyncpg
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from projector_support import (
+    SET_ID,
+    Traffic,
+    all_events,
+    assert_ledger_matches_store,
+    event_types,
+    ledger_rows,
+)
+
+from compensator.projector import ledger_writer
+from compensator.projector.facts import FactsReader
+from compensator.projector.ledger_writer import LOCK_CLASS, CursorMoved
+from compensator.projector.metrics import ProjectorMetrics
+from compensator.projector.rows import facts_needed, fold
+from compensator.projector.runner import Projector, ProjectorGap, ProjectorSettings, RebuildRefused, rebuild
+from queues import QueueClient
+from queues.model import EventType
+from raft_store.testing.inprocess import StoreThread
+
+MESSAGE_EVENTS = {
+    EventType.ENQUEUED, EventType.LEASED, EventType.SUCCEEDED, EventType.ATTEMPT_FAILED, EventType.LEASE_EXPIRED,
+    EventType.DEAD_LETTERED, EventType.REDRIVEN, EventType.DISCARDED, EventType.RELEASED,
+}  # fmt: skip
+
+
+def projector(queue: QueueClient, dsn: str, *, owner: str = "p1", batch_max: int = 50,
+              exporter: InMemorySpanExporter | None = None) -> Projector:  # fmt: skip
+    provider = TracerProvider()
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    settings = ProjectorSettings(set_id=SET_ID, owner=owner, batch_max=batch_max, idle_poll_s=0.02, standby_poll_s=0.05)
+    return Projector(queue, dsn, settings, tracer=provider.get_tracer("test"), metrics=ProjectorMetrics())
+
+
+@contextlib.asynccontextmanager
+async def running(built: Projector) -> AsyncIterator[asyncio.Task[None]]:
+    """The projector runs for the block; on exit it is stopped, and whatever it raised is raised."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(built.run(stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def until(check: Callable[[], object], timeout_s: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():  # type: ignore[misc]
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def caught_up(queue: QueueClient, built: Projector) -> bool:
+    return built.cursor == (await queue.events_digest(0, 0)).value.last_seq
+
+
+async def test_the_projector_catches_up_and_the_ledger_equals_the_store(queue: QueueClient, pg_dsn: str) -> None:
+    traffic = Traffic(queue, seed=7)
+    for _ in range(40):
+        await traffic.round()
+    assert event_types(await all_events(queue)) >= MESSAGE_EVENTS, "the traffic reaches every message event"
+    spans = InMemorySpanExporter()
+    built = projector(queue, pg_dsn, batch_max=17, exporter=spans)
+    async with running(built):
+        await until(lambda: caught_up(queue, built))
+        for _ in range(10):  # and it follows what comes after
+            await traffic.round()
+        await until(lambda: caught_up(queue, built))
+    await assert_ledger_matches_store(queue, pg_dsn)
+    requests, _, _ = await ledger_rows(pg_dsn)
+    assert any(r["amount_minor"] is None and r["kind"] == "transfer" for r in requests.values()), "an invalid payload"
+    assert any(r["amount_minor"] and r["amount_minor"] >= 7_000 for r in requests.values()), "an edited amount"
+    metrics = built.metrics.registry
+    assert metrics.get_sample_value("compensator_projector_unreadable_payloads_total") == 1
+    assert metrics.get_sample_value("compensator_projector_cursor") == built.cursor
+    total = sum(
+        metrics.get_sample_value("compensator_projector_events_total", {"type": t.value}) or 0 for t in EventType
+    )
+    assert total == built.projected == built.cursor
+    assert metrics.get_sample_value("compensator_projector_lag_events") == 0
+    batches = [s for s in spans.get_finished_spans() if s.name == "projector.batch"]
+    assert batches and sum(s.attributes["compensator.events"] for s in batches) == built.cursor  # type: ignore[index, misc]
+
+
+async def test_a_standby_takes_over_without_a_gap_or_a_row_twice(queue: QueueClient, pg_dsn: str) -> None:
+    """The active projector's PostgreSQL session dies (as when its process is killed): the standby
+    takes over from the committed cursor, and the first, reconnected, stands by in its turn; then
+    the second stops and the first takes over again. Every batch is an insert of new rows under
+    primary keys, so a row written twice would have failed a projector."""
+    traffic = Traffic(queue, seed=11)
+    first, second = projector(queue, pg_dsn, owner="a", batch_max=5), projector(queue, pg_dsn, owner="b", batch_max=5)
+    async with running(first):
+        await until(lambda: _holding(first))
+        async with running(second):
+            await asyncio.sleep(0.2)
+            assert second.cursor is None, "the second waits for the lock"
+            for _ in range(15):
+                await traffic.round()
+            await until(lambda: _at_least(first, 20))
+            await _end_session_of_lock_holder(pg_dsn)
+            for _ in range(10):
+                await traffic.round()
+            await until(lambda: caught_up(queue, second))
+            assert first.cursor is None, "the first lost its lock with its session and stands by"
+            assert first.metrics.registry.get_sample_value("compensator_projector_active") == 0
+        for _ in range(10):
+            await traffic.round()
+        await until(lambda: caught_up(queue, first))
+    assert first.projected > 0 and second.projected > 0
+    await assert_ledger_matches_store(queue, pg_dsn)
+
+
+async def _holding(built: Projector) -> bool:
+    return built.cursor is not None
+
+
+async def _at_least(built: Projector, seq: int) -> bool:
+    return built.cursor is not None and built.cursor >= seq
+
+
+async def _end_session_of_lock_holder(dsn: str) -> None:
+    connection = await asyncpg.connect(dsn)
+    try:
+        ended = await connection.fetchval(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
+            " AND objid = $2 AND granted",
+            LOCK_CLASS, SET_ID,
+        )  # fmt: skip
+        assert ended
+    finally:
+        await connection.close()
+
+
+async def test_two_writers_never_both_write_a_batch(queue: QueueClient, pg_dsn: str) -> None:
+    """Even without the lock (lost with a connection, or an operator's mistake), the cursor read
+    under FOR UPDATE refuses the second writer of the same stretch, and nothing of it is written."""
+    await Traffic(queue, seed=3).enqueue(3)
+    events = (await queue.events_after(0)).value
+    rows = fold(events, set_id=SET_ID, facts=await FactsReader(queue).read(facts_needed(events)))
+    connection = await asyncpg.connect(pg_dsn)
+    try:
+        assert await ledger_writer.cursor(connection, SET_ID) == 0
+        await ledger_writer.write_batch(connection, set_id=SET_ID, after=0, rows=rows, owner="a")
+        with pytest.raises(CursorMoved, match="another projector wrote it"):
+            await ledger_writer.write_batch(connection, set_id=SET_ID, after=0, rows=rows, owner="b")
+    finally:
+        await connection.close()
+    requests, _, cursor = await ledger_rows(pg_dsn)
+    assert (len(requests), cursor) == (3, events[-1].seq)
+
+
+async def test_a_purged_stretch_of_the_log_stops_the_projector_with_the_gap_named(
+    gapped: tuple[StoreThread, QueueClient], pg_dsn: str
+) -> None:
+    _, queue = gapped
+    built = projector(queue, pg_dsn)
+    with pytest.raises(ProjectorGap) as gap:
+        await asyncio.wait_for(built.run(asyncio.Event()), 10)
+    message = str(gap.value)
+    assert "events 1..6 were purged" in message and "oldest event kept 7" in message and "docs/ledger.md" in message
+    assert "\n" not in message
+    requests, _, cursor = await ledger_rows(pg_dsn)
+    assert (requests, cursor) == ({}, 0), "nothing written past a gap"
+    with pytest.raises(ProjectorGap):
+        await rebuild(queue, pg_dsn, SET_ID)  # the log cannot give the ledger back either
+
+
+async def test_a_rebuild_writes_the_same_ledger_again_and_waits_for_no_one(queue: QueueClient, pg_dsn: str) -> None:
+    traffic = Traffic(queue, seed=13)
+    for _ in range(15):
+        await traffic.round()
+    built = projector(queue, pg_dsn, batch_max=100)
+    async with running(built):
+        await until(lambda: caught_up(queue, built))
+        with pytest.raises(RebuildRefused, match="another projector is active"):
+            await rebuild(queue, pg_dsn, SET_ID)
+    before = await ledger_rows(pg_dsn)
+    assert await rebuild(queue, pg_dsn, SET_ID) == len(before[0])
+    assert await ledger_rows(pg_dsn) == ({}, {}, 0)
+    again = projector(queue, pg_dsn, batch_max=100)
+    async with running(again):
+        await until(lambda: caught_up(queue, again))
+    after = await ledger_rows(pg_dsn)
+    assert _plain(after) == _plain(before)
+    await assert_ledger_matches_store(queue, pg_dsn)
+
+
+def _plain(rows: tuple[dict, dict, int]) -> object:  # type: ignore[type-arg]
+    requests, attempts, cursor = rows
+    return ({k: dict(v) for k, v in requests.items()}, {k: dict(v) for k, v in attempts.items()}, cursor)
