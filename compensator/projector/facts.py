@@ -39,7 +39,9 @@ class FactsReader:
     def __init__(self, queue: QueueClient) -> None:
         self._queue = queue
         self.unreadable_payloads = 0
-        """Payloads that were not a valid request of their kind (recorded without an amount)."""
+        """Requests whose payload was not a valid request of their kind (recorded without an
+        amount), each counted once: a message is read again by every batch that touches it."""
+        self._unreadable: set[tuple[int, bytes]] = set()
 
     async def read(self, wanted: Mapping[int, bool]) -> dict[int, MessageFacts]:
         """Facts of the messages still in the store (a purged one is simply absent); `wanted` maps
@@ -71,6 +73,8 @@ class FactsReader:
         try:
             return money_of(decode_payload(kind, payload))
         except pydantic.ValidationError:
-            self.unreadable_payloads += 1
-            log.warning("message %d: its payload is not a valid %s; recorded without an amount", view.message_id, kind)
+            if (view.message_id, payload) not in self._unreadable:  # only invalid payloads are kept: few
+                self._unreadable.add((view.message_id, payload))
+                self.unreadable_payloads += 1
+                log.warning("message %d: its payload is not a valid %s; recorded without an amount", view.message_id, kind)
             return None

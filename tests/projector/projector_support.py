@@ -94,6 +94,25 @@ class Traffic:
             await queue.release(message_id, token, interrupted=self.rng.random() < 0.5)
         # else: left leased (in flight)
 
+    async def edited_redrive(self) -> None:
+        """A transfer that went dead and was redriven with an edited amount: the one step the
+        seeded rounds reach only when their timing allows, made certain."""
+        index, self.next_index = self.next_index, self.next_index + 1
+        (created,) = await self.queue.enqueue_many([Enqueue(
+            kind="transfer", idempotency_key=f"k-{index}", ref_key=f"ref-{index}", payload=payload("transfer", index, 100))])  # fmt: skip
+        message_id = created.message_id
+        while True:
+            grants = (await self.queue.lease("w-edit", count_max=50, lease_ms=30_000)).grants
+            mine = [g for g in grants if g.message_id == message_id]
+            for grant in grants:
+                if grant.message_id != message_id:
+                    await self.queue.release(grant.message_id, grant.token)
+            if mine:
+                break
+        await self.queue.fail(message_id, mine[0].token, "account_closed", "closed [HTTP 422]", permanent=True)
+        edited = payload("transfer", 10_000 + message_id, 7_000 + message_id)
+        await self.queue.redrive("ops", "fixed upstream", ids=[message_id], payload=edited)
+
     async def _operator(self) -> None:
         rng, queue = self.rng, self.queue
         dead = (await queue.dead_letters(limit=5)).value.items

@@ -74,6 +74,7 @@ async def test_the_projector_catches_up_and_the_ledger_equals_the_store(queue: Q
     traffic = Traffic(queue, seed=7)
     for _ in range(40):
         await traffic.round()
+    await traffic.edited_redrive()
     assert event_types(await all_events(queue)) >= MESSAGE_EVENTS, "the traffic reaches every message event"
     spans = InMemorySpanExporter()
     built = projector(queue, pg_dsn, batch_max=17, exporter=spans)

@@ -1,0 +1,142 @@
+"""compose.yaml and the Dockerfile, checked statically (no Docker engine runs here): every command
+of ours parses with our command line, every variable is one the configuration reads and documents
+and validates as the configuration, ports and volumes are not shared, every service has a health
+check, the store's peer network is the nodes' alone, and the image is multi-stage, pinned, built
+from the lock and run as a non-root user."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from compensator import cli
+from compensator import config as configuration
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = "compensator:latest"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    return loaded
+
+
+def ours(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: service for name, service in compose["services"].items() if service.get("image") == OURS}
+
+
+def test_the_whole_service_is_there(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    commands = {name: service["command"][1] for name, service in ours(compose).items()}
+    assert [commands[f"store{i}"] for i in (1, 2, 3)] == ["node"] * 3
+    for command in ("api", "worker", "project", "events-publish", "kafka-ingest", "reconcile", "standins"):
+        assert command in commands.values(), command
+    assert services["api"]["deploy"]["replicas"] == 2 and services["worker"]["deploy"]["replicas"] == 2
+    images = {service.get("image", "").split(":")[0] for service in services.values()}
+    assert {
+        "apache/kafka",
+        "postgres",
+        "otel/opentelemetry-collector-contrib",
+        "prom/prometheus",
+        "grafana/grafana",
+    } <= images
+    assert services["standins"]["profiles"] == ["demo"]
+    assert all("profiles" not in service for name, service in services.items() if name not in {"standins", "reconcile"})
+    assert "KAFKA_PROCESS_ROLES" in services["kafka"]["environment"]  # KRaft, no ZooKeeper
+
+
+def test_every_command_parses_with_our_command_line(compose: dict[str, Any]) -> None:
+    parser = cli.build_parser()
+    for name, service in ours(compose).items():
+        command = service["command"]
+        assert command[0] == "compensator", name
+        try:
+            parser.parse_args([str(part) for part in command[1:]])
+        except SystemExit:
+            pytest.fail(f"{name}: `{' '.join(map(str, command))}` is not a valid compensator command")
+
+
+def test_every_variable_is_read_documented_and_valid(compose: dict[str, Any]) -> None:
+    reference = (ROOT / "docs" / "configuration.md").read_text()
+    sections = {
+        field.name: {f.name for f in msgspec.structs.fields(field.type)}
+        for field in msgspec.structs.fields(configuration.Config)
+    }
+    for name, service in ours(compose).items():
+        environment = {key: str(value) for key, value in (service.get("environment") or {}).items()}
+        for variable in environment:
+            assert f"`{variable}`" in reference, f"{name}: {variable} is not in docs/configuration.md"
+            if "__" in variable:
+                section, _, field = variable.removeprefix(configuration.ENV_PREFIX).lower().partition("__")
+                assert field in sections.get(section, set()), f"{name}: {variable} is no setting"
+            else:
+                assert variable in configuration.OTHER_VARIABLES, f"{name}: {variable} is read by nothing"
+        configuration.load(None, environment)  # raises ConfigError, one line per problem
+
+
+def test_ports_and_volumes_are_not_shared_and_files_exist(compose: dict[str, Any]) -> None:
+    host_ports: list[int] = []
+    named: list[str] = []
+    for name, service in compose["services"].items():
+        for mapping in service.get("ports", []):
+            published = str(mapping).split(":")[0]
+            low, _, high = published.partition("-")
+            host_ports += range(int(low), int(high or low) + 1)
+        for volume in service.get("volumes", []):
+            source = str(volume).split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which is not in the repository"
+            else:
+                assert source in compose["volumes"], f"{name}: volume {source} is not declared"
+                named.append(source)
+        for secret in service.get("secrets", []):
+            assert secret in compose["secrets"], f"{name}: secret {secret} is not declared"
+    assert len(host_ports) == len(set(host_ports)), host_ports
+    assert len(named) == len(set(named)), named
+    for secret in compose["secrets"].values():
+        assert secret["file"].startswith("./deploy/secrets/")  # files kept out of git, never literals
+
+
+def test_every_service_has_a_health_check(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        test = service.get("healthcheck", {}).get("test")
+        assert test and test[0] in {"CMD", "CMD-SHELL"} and len(test) > 1, name
+
+
+def test_the_nodes_alone_talk_on_the_peer_network(compose: dict[str, Any]) -> None:
+    assert compose["networks"]["peers"]["internal"] is True
+    on_peers = {name for name, service in compose["services"].items() if "peers" in service.get("networks", [])}
+    assert on_peers == {"store1", "store2", "store3"}
+    for i in (1, 2, 3):
+        command = " ".join(map(str, compose["services"][f"store{i}"]["command"]))
+        assert f"--client-address {i}=store{i}:7000" in command and f"--peer {i}=store{i}-peer:7000" in command
+        assert compose["services"][f"store{i}"]["volumes"] == [f"store{i}-data:/var/lib/compensator/node"]
+
+
+def test_the_image_is_multi_stage_pinned_non_root_and_built_from_the_lock() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM (\S+)", dockerfile, flags=re.MULTILINE)
+    assert len(stages) >= 2
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile, flags=re.MULTILINE)
+    assert base and re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base.group(1)), (
+        "the base image is pinned to a release"
+    )
+    user = re.findall(r"^USER (\S+)", dockerfile, flags=re.MULTILINE)
+    assert user and not user[-1].startswith(("root", "0")), user
+    assert "pip install --no-deps -r requirements.lock" in dockerfile
+    lock = dict(line.split("==") for line in (ROOT / "requirements.lock").read_text().splitlines()
+                if line and not line.startswith("#"))  # fmt: skip
+    normalised = {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in lock.items()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = [*project["dependencies"], *project["optional-dependencies"]["spark"]]
+    for pin in pins:
+        name, sep, version = pin.partition("==")
+        if sep:
+            assert normalised.get(re.sub(r"[-_.]+", "-", name).lower()) == version, f"{pin} is not in requirements.lock"
