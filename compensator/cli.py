@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from compensator import api_server, local, node_server, token_admin, worker_command
+from compensator import api_server, audit_command, local, node_server, token_admin, worker_command
 from compensator.config import ConfigError
 from handlers.standins import command as standins_command
 from spark_reconcile import command as reconcile_command
@@ -27,6 +27,7 @@ _REGISTRARS: tuple[Registrar, ...] = (
     local.register, api_server.register, node_server.register, worker_command.register, token_admin.register,
     reconcile_command.register,
     standins_command.register,
+    audit_command.register,
 )
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)
 """ValueError is a parameter check refusing a value, in any capability; each capability's own
