@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from api.schemas import REF_KEY_PATTERN
+from ledger.kinds import Whole
 
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 KindName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
@@ -26,9 +27,14 @@ class DeadLetterQuery(_Strict):
 class RedriveBody(_Strict):
     """`ids` (a selection) or `filter` (everything it matches, oldest first, up to `limit`)."""
 
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["ids"], "properties": {"ids": {"type": "array"}}},
+        {"required": ["filter"], "properties": {"filter": {"type": "object"}}},
+    ]})  # fmt: skip
+
     ids: Annotated[list[Annotated[str, StringConstraints(max_length=40)]], Field(min_length=1, max_length=1000)] | None = None
     filter: DeadLetterQuery | None = None
-    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+    limit: Annotated[int, Field(ge=1, le=1000), Whole] = 100
     reason: Reason
 
     @model_validator(mode="after")

@@ -138,6 +138,13 @@ def load(conn: sqlite3.Connection, proposal_id: int) -> Proposal | None:
     return Proposal(view=_view(row, 0), action=action)
 
 
+def proposal_action(view: ProposalView) -> ReviewAction:
+    """The action a proposal holds, decoded from its body (an edit's payload, a discard's code)."""
+    action = codec.decode_command(view.body)
+    assert isinstance(action, Redrive | EditRedrive | Discard), f"proposal {view.proposal_id} holds {action!r}"
+    return action
+
+
 def listing(
     conn: sqlite3.Connection, *, now_ms: int, pending_only: bool, before_id: int | None, limit: int
 ) -> list[ProposalView]:

@@ -30,21 +30,26 @@ from api.review_schemas import ApproveBody, DiscardBody, EditBody, RedriveBody, 
 from api.schemas import utc
 from api.services import ApiServices
 from ledger.kinds import PAYLOAD_MODELS, Kind, encode_payload
-from queues import ClientError, Code, MessageView, QueueError, Role
-from queues import codec as queue_codec
-from queues.model import (
+from queues import (
     AuditEntry,
+    ClientError,
+    Code,
     DeadLetterFilter,
     Discard,
     EditRedrive,
+    MessageView,
     ProposalState,
     ProposalView,
+    QueueError,
     Redrive,
     ReviewAction,
     ReviewResult,
+    Role,
+    proposal_action,
 )
 
 router = APIRouter(tags=["review"])
+PROPOSED: dict[int | str, dict[str, Any]] = {202: {"description": "Proposed: four eyes are needed; the proposal waits for an approver."}}
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
 Approver = Annotated[Principal, Depends(requires(Role.APPROVER))]
 Decider = Annotated[Principal, Depends(requires(Role.REVIEWER, Role.APPROVER))]
@@ -94,7 +99,7 @@ def proposal_document(services: ApiServices, view: ProposalView) -> dict[str, An
         "created_at": utc(view.created_ms), "expires_at": utc(view.expires_ms), "decided_by": view.decided_by,
         "decided_at": None if view.decided_ms is None else utc(view.decided_ms), "decision_reason": view.decision_reason,
     }  # fmt: skip
-    action = queue_codec.decode_command(view.body)
+    action = proposal_action(view)
     if isinstance(action, EditRedrive):
         document["payload"] = json.loads(action.payload)
     if isinstance(action, Discard):
@@ -128,7 +133,7 @@ def _raise_for(result: ReviewResult, what: str) -> None:
 
 # ---- actions ------------------------------------------------------------------------------------
 @router.post("/v1/review/redrive", summary="Redrive dead letters: by id, or everything a filter matches",
-             responses=openapi.problems(401, 403, 409, 422, 503))  # fmt: skip
+             responses={**openapi.problems(401, 403, 404, 409, 422, 503), **PROPOSED})  # fmt: skip
 async def redrive(request: Request, body: RedriveBody, principal: Reviewer) -> Response:
     """Answered 200 with what was redriven and what was refused (never counted as done), or 202
     with a proposal when four eyes are needed. A filter is resolved to ids first: the ids shown are
@@ -136,9 +141,8 @@ async def redrive(request: Request, body: RedriveBody, principal: Reviewer) -> R
     services = _services(request)
     if body.ids is not None:
         ids = [_message_id(services, text) for text in body.ids]
-        bad = [{"field": f"ids[{i}]", "message": "not a request id"} for i, m in enumerate(ids) if m is None]
-        if bad:
-            raise invalid(bad)
+        if None in ids:  # not an id this set could have issued
+            raise Problem("not-found", "some of the requests do not exist")
         views = list((await _store(services, services.queue.get_many([m for m in ids if m], with_history=False))).value)
         if len(views) != len(set(ids)):
             raise Problem("not-found", "some of the requests do not exist")
@@ -159,7 +163,7 @@ async def redrive(request: Request, body: RedriveBody, principal: Reviewer) -> R
 
 
 @router.post("/v1/review/requests/{request_id}/edit", summary="Edit a request's payload and redrive it as a new version",
-             responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
+             responses={**openapi.problems(401, 403, 404, 409, 422, 503), **PROPOSED})  # fmt: skip
 async def edit(request: Request, request_id: RequestIdPath, body: EditBody, principal: Reviewer) -> Response:
     """The payload is validated against the kind's schema (a bad edit is refused naming the
     field), the diff is answered, and the edit goes out as a new version linked to the original,
@@ -193,7 +197,7 @@ async def edit(request: Request, request_id: RequestIdPath, body: EditBody, prin
 
 
 @router.post("/v1/review/requests/{request_id}/discard", summary="Discard a request with a reason code and a comment",
-             responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
+             responses={**openapi.problems(401, 403, 404, 409, 422, 503), **PROPOSED})  # fmt: skip
 async def discard(request: Request, request_id: RequestIdPath, body: DiscardBody, principal: Reviewer) -> Response:
     services = _services(request)
     codes = services.four_eyes.discard_reason_codes

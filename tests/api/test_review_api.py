@@ -48,17 +48,17 @@ async def test_every_review_endpoint_by_every_role(api: Api) -> None:
     to_approve = proposed.json()["proposal"]["id"]
     again = await post(api, R, "/v1/review/redrive", {"ids": [transfer_id], "reason": "matrix"})
     to_reject = again.json()["proposal"]["id"]
+    edited = {**list_update("m2")["payload"], "version": 2}
     matrix: list[tuple[str, str, dict[str, Any] | None, frozenset[Role]]] = [
         ("POST", "/v1/review/redrive", {"ids": [transfer_id], "reason": "m"}, frozenset({R})),
-        ("POST", f"/v1/review/requests/{edit_id}/edit", {"payload": {**list_update("m2")["payload"], "version": 2},
-                                                         "reason": "m"}, frozenset({R})),  # fmt: skip
+        ("POST", f"/v1/review/requests/{edit_id}/edit", {"payload": edited, "reason": "m"}, frozenset({R})),
         ("POST", f"/v1/review/requests/{discard_id}/discard", {"reason_code": "duplicate", "comment": "m"},
          frozenset({R})),
         ("GET", "/v1/review/proposals", None, frozenset({OP, R, A})),
         ("POST", f"/v1/review/proposals/{to_approve}/approve", {}, frozenset({A})),
         ("POST", f"/v1/review/proposals/{to_reject}/reject", {"reason": "m"}, frozenset({R, A})),
         ("GET", "/v1/audit", None, frozenset({OP, R, A})),
-    ]  # fmt: skip
+    ]
     seen = 0
     for method, path, body, allowed in matrix:
         for name, token in [("none", None), ("forged", "cmp_" + "A" * 43), *((r.value, api.tokens[r]) for r in Role)]:
