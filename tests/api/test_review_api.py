@@ -6,9 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 from api_support import Api, running_api, transfer
 
-from queues import Role
+from api.review_policy import FourEyes, diff
+from compensator import config as configuration
+from compensator.wiring import four_eyes
+from queues import MessageView, Role, State
 from raft_store.testing.inprocess import StoreThread
 
 P, OP, R, A, ADMIN = Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.ADMIN
@@ -144,3 +148,30 @@ async def test_a_discard_needs_a_listed_reason_code_and_a_comment(api: Api) -> N
     (entry,) = [e for e in (await api.client.get("/v1/audit", headers=api.auth(OP))).json()["entries"]
                 if e["action"] == "discarded"]  # fmt: skip
     assert (entry["reason"], entry["after"]["reason_code"]) == ("paid by hand, ticket 12", "paid_manually")
+
+
+def test_the_four_eyes_rules_come_from_configuration() -> None:
+    def view(kind: str, payload: bytes) -> MessageView:
+        return MessageView(
+            message_id=1, kind=kind, idempotency_key="k", ref_key="r", payload=payload, edited_payload=None,
+            headers={}, created_ms=0, state=State.DEAD, due_ms=0, attempts=1, last_error_class=None,
+            last_error_text=None, token=1, lease_worker=None, lease_deadline_ms=None, dead_ms=0, dead_reason=None,
+            terminal_ms=None,
+        )  # fmt: skip
+
+    config = configuration.load(None, {"COMPENSATOR_REVIEW__AMOUNT_THRESHOLD_MINOR": "1000",
+                                       "COMPENSATOR_REVIEW__MONEY_MOVING_KINDS": "transfer,list_update",
+                                       "COMPENSATOR_REVIEW__BULK_COUNT_MAX": "3"})  # fmt: skip
+    rules = four_eyes(config)
+    small, large = view("transfer", b'{"amount_minor": 999}'), view("list_update", b'{"amount_minor": 1000}')
+    assert rules.needs_approval([small]) is None
+    assert rules.needs_approval([large]) == "list_update moves money (at least 1000 minor units)"
+    assert rules.needs_approval([small], [b'{"amount_minor": 5000}']) is not None  # an edit that raises it
+    assert rules.needs_approval([view("transfer", b"not json")]) is not None  # no amount: above any threshold
+    assert rules.needs_approval([view("callback", b"{}")] * 4) == "it acts on 4 requests, more than 3"
+    assert FourEyes().needs_approval([small]) == "transfer moves money"  # by default, every amount
+    assert diff({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}, "d": None}) == {
+        "b.c": {"before": 2, "after": 3}, "d": {"before": None, "after": None}}  # fmt: skip
+    with pytest.raises(configuration.ConfigError) as refused:
+        configuration.load(None, {"COMPENSATOR_REVIEW__BULK_COUNT_MAX": "0"})
+    assert refused.value.problems == ["review.bulk_count_max: must be in 1..1000"]
