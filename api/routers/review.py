@@ -29,9 +29,9 @@ from api.review_policy import current_payload, diff
 from api.review_schemas import ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
 from api.schemas import utc
 from api.services import ApiServices
+from api.views import audit_document
 from ledger.kinds import PAYLOAD_MODELS, Kind, encode_payload
 from queues import (
-    AuditEntry,
     ClientError,
     Code,
     DeadLetterFilter,
@@ -258,14 +258,6 @@ async def reject(request: Request, proposal_id: ProposalIdPath, body: RejectBody
 
 
 # ---- the audit chain ----------------------------------------------------------------------------
-def audit_document(entry: AuditEntry) -> dict[str, Any]:
-    return {
-        "seq": entry.seq, "at": utc(entry.ts_ms), "actor": entry.actor, "action": entry.action,
-        "target": entry.target, "reason": entry.reason, "before": json.loads(entry.before),
-        "after": json.loads(entry.after), "hash": entry.hash.hex(),
-    }  # fmt: skip
-
-
 @router.get("/v1/audit", summary="The operator audit chain, newest first", responses=openapi.problems(401, 403, 422, 503))
 async def audit(
     request: Request, principal: Observer, before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None,

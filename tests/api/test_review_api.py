@@ -3,6 +3,7 @@ refused), edits validated and shown as a diff, discards with a reason code, and 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -130,6 +131,10 @@ async def test_an_edit_is_validated_shown_as_a_diff_and_goes_out_as_a_new_versio
     original = (await api.client.get(f"/v1/requests/{small}", headers=api.auth(OP))).json()
     assert new["payload"]["amount_minor"] == 120 and new["state"] == "ready"
     assert original["payload"]["amount_minor"] == 100 and original["state"] == "discarded"
+    assert (new["version"], new["previous_version"], original["superseded_by"]) == (2, small, edited.json()["new_id"])
+    (entry,) = original["audit"]
+    assert (entry["action"], entry["actor"], entry["reason"]) == ("edit_redrive", "reviewer", "amount typo")
+    assert json.loads(entry["after"]["payload"])["amount_minor"] == 120 and new["audit"] == original["audit"]
     proposal = await post(api, R, f"/v1/review/requests/{money}/edit",
                           {"payload": {**transfer("e2")["payload"], "payee": "user-43"}, "reason": "wrong payee"})
     assert proposal.status_code == 202 and proposal.json()["diff"] == {"payee": {"before": "user-42", "after": "user-43"}}
