@@ -19,7 +19,7 @@ from opentelemetry.trace import TracerProvider
 
 from api import openapi, problems
 from api.metrics import MetricsMiddleware
-from api.routers import downstreams, health, kinds, refs, requests
+from api.routers import downstreams, health, kinds, refs, requests, review
 from api.services import ApiServices
 from api.tracing import TracingMiddleware
 
@@ -62,7 +62,7 @@ def create_app(services: ApiServices, *, tracer: TracerProvider) -> FastAPI:
         )  # fmt: skip
 
     problems.install(app)
-    for router in (requests.router, refs.router, kinds.router, downstreams.router, health.router):
+    for router in (requests.router, refs.router, kinds.router, downstreams.router, review.router, health.router):
         # The routes themselves, not include_router's wrapper: matching through a wrapper per
         # router was 7 % of a submission's CPU (py-spy, 2026-11-23), and nothing here needs a
         # router's prefix or dependencies.

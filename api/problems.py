@@ -80,6 +80,10 @@ TYPES: Final = _types(
                 "The request reached the store but its answer was lost (a leader change, a timeout). It may or may"
                 " not be stored. Retry with the same Idempotency-Key and the same body: the key makes the retry"
                 " safe, and the answer then says which it was."),
+    ProblemType("own-proposal", 403, "The proposer cannot approve their own proposal",
+                "Four eyes: a proposal is approved by a different person with the approver role."),
+    ProblemType("proposal-expired", 409, "The proposal expired",
+                "A proposal is open for a configured time (review.proposal_ttl_s); nothing was done. Propose again."),
     ProblemType("not-ready", 503, "Not ready", "The store is unreachable, has no leader, or is catching up."),
     ProblemType("internal", 500, "Internal error",
                 "An unexpected error; it is logged with its trace id. Nothing is known about side effects:"

@@ -133,6 +133,20 @@ class OperatorAction(BaseModel):
     detail: dict[str, Any]
 
 
+class AuditRecord(BaseModel):
+    """An operator action as the replicated command that performed it recorded it (docs/review.md)."""
+
+    seq: int
+    at: dt.datetime
+    actor: str
+    action: str
+    target: str
+    reason: str
+    before: dict[str, Any]
+    after: dict[str, Any]
+    hash: str
+
+
 class RequestView(BaseModel):
     id: str
     kind: str
@@ -154,6 +168,12 @@ class RequestView(BaseModel):
     trace: dict[str, str]
     history: list[Attempt]
     operator_actions: list[OperatorAction]
+    audit: list[AuditRecord] = Field(
+        [], description="Every audit entry that concerns this request (kept forever, unlike the events above)."
+    )
+    version: int = Field(1, description="1 as submitted; an operator's edit makes a new version, a new request.")
+    previous_version: str | None = Field(None, description="The id of the version this one supersedes.")
+    superseded_by: str | None = Field(None, description="The id of the version that superseded this one (discarded).")
 
 
 class TimelineEntry(BaseModel):

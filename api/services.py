@@ -6,6 +6,7 @@ module-level instance: every app gets its own, so tests run several side by side
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from api.auth import TokenCache
@@ -14,6 +15,7 @@ from api.intake import RETRY_AFTER_S, Intake
 from api.metrics import ApiMetrics
 from api.problems import Problem
 from api.quotas import Quotas
+from api.review_policy import FourEyes
 from queues import ClientError, QueueClient, QueueError
 
 
@@ -34,6 +36,7 @@ class ApiServices:
     readiness: Readiness
     metrics: ApiMetrics
     settings: ApiSettings
+    four_eyes: FourEyes = dataclasses.field(default_factory=FourEyes)
 
     async def start(self) -> None:
         await self.tokens.start()

@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
+from api.ids import RequestId
 from api.schemas import utc
 from api.submissions import (
     HEADER_FAILURE_CLASS,
@@ -25,7 +26,7 @@ from api.submissions import (
     client_key,
 )
 from ledger.states import LEDGER_STATE_OF
-from queues import Event, EventType, MessageView
+from queues import AuditEntry, Event, EventType, MessageView
 
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 _EVENT_DETAIL_SKIP: Final = frozenset({"actor", "reason"})
@@ -60,7 +61,24 @@ def operator_action(event: Event) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def request_document(view: MessageView, public_id: str, events: Iterable[Event]) -> dict[str, Any]:
+def audit_document(entry: AuditEntry) -> dict[str, Any]:
+    """One entry of the operator audit chain (docs/review.md): who, when, what, why, before -> after."""
+    return {
+        "seq": entry.seq, "at": utc(entry.ts_ms), "actor": entry.actor, "action": entry.action,
+        "target": entry.target, "reason": entry.reason, "before": json.loads(entry.before),
+        "after": json.loads(entry.after), "hash": entry.hash.hex(),
+    }  # fmt: skip
+
+
+def _sibling(public_id: str, message_id: int | None) -> str | None:
+    """Another version's public id: the same set as this one's."""
+    parsed = RequestId.parse(public_id)
+    return None if message_id is None or parsed is None else str(RequestId(parsed.set_id, message_id))
+
+
+def request_document(
+    view: MessageView, public_id: str, events: Iterable[Event], audit: Iterable[AuditEntry] = ()
+) -> dict[str, Any]:
     producer, key = client_key(view.idempotency_key)
     lease = None
     if view.lease_worker is not None and view.lease_deadline_ms is not None:
@@ -85,6 +103,9 @@ def request_document(view: MessageView, public_id: str, events: Iterable[Event])
             for a in view.history
         ],
         "operator_actions": [operator_action(e) for e in events if e.message_id == view.message_id],
+        "audit": [audit_document(entry) for entry in audit],
+        "version": view.version, "previous_version": _sibling(public_id, view.previous_id),
+        "superseded_by": _sibling(public_id, view.superseded_by),
     }  # fmt: skip
 
 

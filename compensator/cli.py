@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from compensator import (
     api_server,
+    audit_command,
     config_command,
     local,
     node_server,
@@ -47,6 +48,7 @@ _REGISTRARS: tuple[Registrar, ...] = (
     config_command.register,
     operator_command.register,
     standins_server.register,
+    audit_command.register,
 )
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)
 """ValueError is a parameter check refusing a value, in any capability; each capability's own

@@ -29,6 +29,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from api.review_policy import DISCARD_REASON_CODES
 from compensator.worker.breaker import BreakerSettings
 from handlers.settings import HandlersSettings
 
@@ -230,6 +231,23 @@ class ProjectorConfig(_Section, frozen=True):
     """The address of the metrics endpoint."""
 
 
+class ReviewConfig(_Section, frozen=True):
+    """Finance review's four eyes (docs/review.md): which actions are proposals until a second
+    person with the approver role approves them."""
+
+    money_moving_kinds: tuple[str, ...] = ("transfer",)
+    """Kinds whose redrive, edit or discard moves money: these need a second person's approval."""
+    amount_threshold_minor: int = 0
+    """A redrive, edit or discard of a money-moving request of at least this amount needs approval
+    (0: every amount)."""
+    bulk_count_max: int = 10
+    """Any action on more requests than this needs approval."""
+    proposal_ttl_s: int = 24 * 3600
+    """A proposal not approved within this long expires (the store refuses its approval)."""
+    discard_reason_codes: tuple[str, ...] = DISCARD_REASON_CODES
+    """The reason codes a discard must give one of (with a comment)."""
+
+
 class LocalConfig(_Section, frozen=True):
     """`make run` only: where the local set keeps its data, and what else it starts."""
 
@@ -262,6 +280,7 @@ class Config(_Section, frozen=True):
     kafka: KafkaConfig = KafkaConfig()
     projector: ProjectorConfig = ProjectorConfig()
     local: LocalConfig = LocalConfig()
+    review: ReviewConfig = ReviewConfig()
 
     @property
     def api_url(self) -> str:
@@ -302,6 +321,11 @@ def _problems(config: Config) -> list[str]:
     check(1 <= store.set_id <= 65535, "store.set_id", "must be in 1..65535")
     check(0 < store.attempt_timeout_s <= store.deadline_s, "store.attempt_timeout_s", "must be in (0, deadline_s]")
     check(store.deadline_s <= 60, "store.deadline_s", "must be at most 60 s (callers wait this long for a 503)")
+    review = config.review
+    check(review.amount_threshold_minor >= 0, "review.amount_threshold_minor", "must be at least 0")
+    check(1 <= review.bulk_count_max <= 1000, "review.bulk_count_max", "must be in 1..1000")
+    check(60 <= review.proposal_ttl_s <= 30 * 86400, "review.proposal_ttl_s", "must be in 60..2592000 (30 days)")
+    check(bool(review.discard_reason_codes), "review.discard_reason_codes", "at least one code is needed")
     check(0 < api.port < 65536, "api.port", "must be in 1..65535")
     check(1 <= api.workers <= 64, "api.workers", "must be in 1..64")
     check(1 <= api.instances <= 1024, "api.instances", "must be in 1..1024")

@@ -26,6 +26,7 @@ from api.health import Readiness
 from api.intake import Intake
 from api.metrics import ApiMetrics
 from api.quotas import Quotas, QuotaSettings
+from api.review_policy import FourEyes
 from api.services import ApiServices, ApiSettings
 from compensator import config as configuration
 from compensator.config import Config
@@ -76,8 +77,18 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             batch_bytes_max=config.api.batch_bytes_max,
             batch_items_max=config.api.batch_items_max,
         ),
+        four_eyes=four_eyes(config),
     )
     return create_app(services, tracer=provider)
+
+
+def four_eyes(config: Config) -> FourEyes:
+    review = config.review
+    return FourEyes(
+        money_moving_kinds=frozenset(review.money_moving_kinds), amount_threshold_minor=review.amount_threshold_minor,
+        bulk_count_max=review.bulk_count_max, proposal_ttl_ms=review.proposal_ttl_s * 1000,
+        discard_reason_codes=review.discard_reason_codes,
+    )  # fmt: skip
 
 
 def api_app_from_environment() -> FastAPI:

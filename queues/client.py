@@ -42,10 +42,13 @@ from queues.model import (
     ERROR_CLASS_PAYLOAD_CORRUPT,
     Ack,
     AckMany,
+    Approve,
+    AuditEntry,
     BatchResult,
     DeadLetterFilter,
     Discard,
     DocumentResult,
+    EditRedrive,
     Enqueue,
     EnqueueResult,
     ErrorResult,
@@ -60,15 +63,20 @@ from queues.model import (
     Outcome,
     Outcomes,
     PauseKind,
+    ProposalView,
+    Propose,
     Purge,
     PutDocument,
     PutToken,
     QueueCommand,
     QueueResult,
     Redrive,
+    Reject,
     Release,
     ResumeKind,
     RetentionResult,
+    ReviewAction,
+    ReviewResult,
     RevokeToken,
     Role,
     SetPolicy,
@@ -275,8 +283,31 @@ class QueueClient:
                           payload=payload)
         return _expect(await self.submit(command), BatchResult)
 
-    async def discard(self, message_id: int, actor: str, reason: str) -> Outcome:
-        return _expect(await self.submit(Discard(message_id=message_id, actor=actor, reason=reason)), Outcome)
+    async def discard(self, message_id: int, actor: str, reason: str, *, reason_code: str = "") -> Outcome:
+        command = Discard(message_id=message_id, actor=actor, reason=reason, reason_code=reason_code)
+        return _expect(await self.submit(command), Outcome)
+
+    async def edit_redrive(
+        self, message_id: int, payload: bytes, *, actor: str, reason: str, headers: dict[str, str] | None = None
+    ) -> ReviewResult:
+        """Redrive as a new version with this payload (validated by the caller against the kind's
+        schema); `new_ids` holds the new version's id, the original is kept, superseded."""
+        command = EditRedrive(message_id=message_id, payload=payload, actor=actor, reason=reason, headers=headers)
+        return _expect(await self.submit(command), ReviewResult)
+
+    async def propose(self, action: ReviewAction, *, ttl_ms: int) -> ReviewResult:
+        """A four-eyes proposal of `action` (its actor is the proposer), open for `ttl_ms`."""
+        return _expect(await self.submit(Propose(action=action, ttl_ms=ttl_ms)), ReviewResult)
+
+    async def approve(self, proposal_id: int, *, approver: str, reason: str = "") -> ReviewResult:
+        """Approve and perform a proposal, in one command (refused for its own proposer: OWN_PROPOSAL)."""
+        return _expect(
+            await self.submit(Approve(proposal_id=proposal_id, approver=approver, reason=reason)), ReviewResult
+        )
+
+    async def reject(self, proposal_id: int, *, actor: str, reason: str) -> ReviewResult:
+        """Reject a proposal (or withdraw one's own): nothing is done."""
+        return _expect(await self.submit(Reject(proposal_id=proposal_id, actor=actor, reason=reason)), ReviewResult)
 
     async def pause(self, kind: str, holder: str, reason: str = "", *, actor: str = "") -> KindResult:
         return _expect(await self.submit(PauseKind(kind=kind, holder=holder, reason=reason, actor=actor)), KindResult)
@@ -433,6 +464,31 @@ class QueueClient:
         """Which messages in (after, after + limit] the reading replica stores with a payload that
         no longer matches its content hash (queues/audit.py runs this on every replica)."""
         return await self._ask(qc.ScrubPayloads(after=after, limit=limit), qc.ScrubAnswer, stale_ok)
+
+    async def audit_log(
+        self, *, after: int | None = None, before: int | None = None, limit: int = 100, stale_ok: bool = False
+    ) -> Read[qc.AuditAnswer]:
+        """A page of the audit chain with its head: forward from `after`, else newest first below
+        `before` (None: the newest)."""
+        return await self._ask(qc.AuditLog(after=after, before=before, limit=limit), qc.AuditAnswer, stale_ok)
+
+    async def message_audit(self, ids: Sequence[int], *, stale_ok: bool = False) -> Read[tuple[AuditEntry, ...]]:
+        """Every audit entry that concerns these messages, in chain order (a request's timeline)."""
+        read = await self._ask(qc.MessageAudit(ids=tuple(ids)), qc.AuditAnswer, stale_ok)
+        return Read(read.value.entries, read.applied_index, read.now_ms)
+
+    async def proposals(
+        self,
+        *,
+        ids: Sequence[int] = (),
+        pending_only: bool = False,
+        before_id: int | None = None,
+        limit: int = 100,
+        stale_ok: bool = False,
+    ) -> Read[tuple[ProposalView, ...]]:
+        query = qc.Proposals(ids=tuple(ids), pending_only=pending_only, before_id=before_id, limit=limit)
+        read = await self._ask(query, qc.ProposalsAnswer, stale_ok)
+        return Read(read.value.proposals, read.applied_index, read.now_ms)
 
 
 class EventsPurged(Exception):

@@ -35,7 +35,7 @@ from typing import Any, Final
 import msgspec
 
 from delay.policy import DAY_MS, DEFAULT_POLICY, DELAY_MAX_MS, DeadLetter, RetryPolicy, decide
-from queues import access, codec, documents, due_index
+from queues import access, audit_chain, codec, documents, due_index, proposals, review
 from queues.lifecycle import TERMINAL, Action, transition
 from queues.model import (
     BUILTIN_KINDS,
@@ -46,9 +46,11 @@ from queues.model import (
     OPERATOR_EVENT_TYPES,
     Ack,
     AckMany,
+    Approve,
     BatchResult,
     Code,
     Discard,
+    EditRedrive,
     Enqueue,
     EnqueueResult,
     ErrorResult,
@@ -65,12 +67,14 @@ from queues.model import (
     Outcomes,
     PauseKind,
     Phase,
+    Propose,
     Purge,
     PutDocument,
     PutToken,
     QueueCommand,
     QueueResult,
     Redrive,
+    Reject,
     Release,
     ResumeKind,
     RetentionResult,
@@ -132,7 +136,8 @@ _SCHEMA: Final = (
         budget_attempts INTEGER NOT NULL, budget_start_ms INTEGER NOT NULL,
         last_error_class TEXT, last_error_text TEXT, token INTEGER NOT NULL, token_open INTEGER NOT NULL,
         lease_worker TEXT, lease_deadline_ms INTEGER, dead_ms INTEGER, dead_reason TEXT,
-        dead_error_class TEXT, terminal_ms INTEGER, purge_ms INTEGER, request_id INTEGER, edited_hash BLOB)""",
+        dead_error_class TEXT, terminal_ms INTEGER, purge_ms INTEGER, request_id INTEGER, edited_hash BLOB,
+        version INTEGER, previous_id INTEGER, superseded_by INTEGER)""",
     # Payloads live apart from the message rows: a lease, ack or fail rewrites its message row, and
     # with a 1 KiB payload inline that row filled a third of a page; apart, a page holds about 25
     # message rows, so a batch of 1000 state changes writes about 40 pages to the WAL, not 330.
@@ -355,9 +360,14 @@ class QueueMachine(SqliteStateMachine):
             conn.execute("ALTER TABLE messages ADD COLUMN request_id INTEGER")  # before sessionless enqueues
         if "edited_hash" not in message_columns:  # before grants carried payload hashes
             conn.execute("ALTER TABLE messages ADD COLUMN edited_hash BLOB")
+        for column in ("version", "previous_id", "superseded_by"):  # before edits made new versions
+            if column not in message_columns:
+                conn.execute(f"ALTER TABLE messages ADD COLUMN {column} INTEGER")
         due_index.create_indexes(conn, TABLE)
         access.create_tables(conn)
         documents.create_tables(conn)
+        audit_chain.create_tables(conn)
+        proposals.create_tables(conn)
         conn.execute(_OPERATOR_EVENTS_INDEX)
         policy = _policy_encoder.encode(self.config.default_policy)
         for kind in BUILTIN_KINDS:
@@ -620,13 +630,21 @@ class _Apply:
             case SetRetention():
                 return self.set_retention(command)
             case PutToken():
-                return access.put_token(self.conn, self.now_ms, command, self.emit)
+                return access.put_token(self.conn, self.now_ms, command, self.emit_audited)
             case RevokeToken():
-                return access.revoke_token(self.conn, self.now_ms, command, self.emit)
+                return access.revoke_token(self.conn, self.now_ms, command, self.emit_audited)
             case SetQuota():
-                return access.set_quota(self.conn, command, self.emit)
+                return access.set_quota(self.conn, command, self.emit_audited)
             case PutDocument():
-                return documents.put(self.conn, self.now_ms, command, self.emit)
+                return documents.put(self.conn, self.now_ms, command, self.emit_audited)
+            case EditRedrive():
+                return review.Review(self).edit_redrive(command)
+            case Propose():
+                return review.Review(self).propose(command)
+            case Approve():
+                return review.Review(self).approve(command)
+            case Reject():
+                return review.Review(self).reject(command)
 
     # ---- shared helpers ---------------------------------------------------------------------
     def emit(self, type_: EventType, message_id: int, kind: str, data: dict[str, EventValue]) -> None:
@@ -643,6 +661,34 @@ class _Apply:
             )
         )
         batch.next_event_seq += 1
+
+    def emit_audited(self, type_: EventType, message_id: int, kind: str, data: dict[str, EventValue]) -> None:
+        """Emit an operator's event and write its audit entry, derived from the same data, in the
+        same apply: every operator command goes through here, so none can act without a record."""
+        self.emit(type_, message_id, kind, data)
+        entry = review.audit_of_event(type_, message_id, kind, data)
+        audit_chain.append(
+            self.conn, log_index=self.batch.log_index, ts_ms=self.now_ms, actor=entry.actor, action=entry.action,
+            target=entry.target, reason=entry.reason, before=entry.before, after=entry.after,
+            message_ids=(message_id,) if message_id else (),
+        )  # fmt: skip
+
+    def audit(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str,
+        reason: str,
+        before: dict[str, EventValue],
+        after: dict[str, EventValue],
+        message_ids: Sequence[int] = (),
+    ) -> int:
+        """Write an audit entry for an action that is not one event (an edit, a proposal's decision)."""
+        return audit_chain.append(
+            self.conn, log_index=self.batch.log_index, ts_ms=self.now_ms, actor=actor, action=action, target=target,
+            reason=reason, before=before, after=after, message_ids=message_ids,
+        )  # fmt: skip
 
     def load(self, message_id: int) -> _Row | None:
         row = self.conn.execute(f"SELECT {_ROW_COLUMNS} FROM messages WHERE id = ?", (message_id,)).fetchone()
@@ -1104,7 +1150,8 @@ class _Apply:
         (ref_key,) = self.conn.execute("SELECT ref_key FROM messages WHERE id = ?", (row.id,)).fetchone()
         return content_hash(row.kind, str(ref_key), payload)
 
-    def redrive(self, command: Redrive) -> QueueResult:
+    def redrive(self, command: Redrive, approval: dict[str, EventValue] | None = None) -> BatchResult | ErrorResult:
+        """`approval`: the proposal and approver that released this redrive, recorded with it."""
         targets = self.redrive_targets(command)
         if isinstance(targets, ErrorResult):
             return targets
@@ -1127,7 +1174,7 @@ class _Apply:
                 (Phase.WAITING, self.now_ms, self.now_ms, command.payload, self.edited_hash(row, command.payload),
                  message_id),
             )
-            self.emit(
+            self.emit_audited(
                 EventType.REDRIVEN,
                 message_id,
                 row.kind,
@@ -1136,12 +1183,13 @@ class _Apply:
                     "reason": command.reason,
                     "from_state": state.value,
                     "edited": command.payload is not None,
+                    **(approval or {}),
                 },
             )
             done.append(message_id)
         return BatchResult(code=Code.OK, ids=tuple(done), refused=tuple(refused))
 
-    def discard(self, command: Discard) -> QueueResult:
+    def discard(self, command: Discard, approval: dict[str, EventValue] | None = None) -> Outcome:
         row = self.load_current(command.message_id)
         if row is None:
             return Outcome(code=Code.NOT_FOUND)
@@ -1154,12 +1202,10 @@ class _Apply:
             " WHERE id = ?",
             (Phase.DISCARDED, self.now_ms, self.now_ms + self.machine.retention(self.conn)[0], row.id),
         )
-        self.emit(
-            EventType.DISCARDED,
-            row.id,
-            row.kind,
-            {"actor": command.actor, "reason": command.reason, "from_state": state.value},
-        )
+        data: dict[str, EventValue] = {"actor": command.actor, "reason": command.reason, "from_state": state.value}
+        if command.reason_code:
+            data["reason_code"] = command.reason_code
+        self.emit_audited(EventType.DISCARDED, row.id, row.kind, {**data, **(approval or {})})
         return Outcome(code=Code.OK, message_id=row.id, state=State.DISCARDED)
 
     def pause(self, command: PauseKind) -> QueueResult:
@@ -1175,7 +1221,7 @@ class _Apply:
             (command.kind, command.holder, command.reason, self.now_ms),
         )
         self.machine.forget_pauses()
-        self.emit(
+        self.emit_audited(
             EventType.PAUSED, 0, command.kind, {"holder": command.holder, "reason": command.reason, "actor": command.actor}
         )
         return KindResult(code=Code.OK, kind=command.kind, holders=self.holders(command.kind))
@@ -1191,7 +1237,7 @@ class _Apply:
         )
         self.machine.forget_pauses()
         holders = self.holders(command.kind)
-        self.emit(
+        self.emit_audited(
             EventType.RESUMED, 0, command.kind,
             {"holder": command.holder, "still_paused": bool(holders), "actor": command.actor},
         )
@@ -1212,7 +1258,7 @@ class _Apply:
             (command.kind, _policy_encoder.encode(command.policy)),
         )
         self.machine.forget_kinds()
-        self.emit(
+        self.emit_audited(
             EventType.POLICY_SET, 0, command.kind,
             {"policy": msgspec.json.encode(command.policy).decode(), "actor": command.actor, "reason": command.reason,
              "policy_before": None if before is None else msgspec.json.encode(before).decode()},
@@ -1237,7 +1283,7 @@ class _Apply:
         )
         self.machine.forget_retention()
         after = (given.get("retention_ms", before[0]), given.get("event_retention_ms", before[1]))
-        self.emit(
+        self.emit_audited(
             EventType.RETENTION_SET, 0, "",
             {"actor": command.actor, "reason": command.reason, "retention_ms": after[0],
              "event_retention_ms": after[1], "retention_ms_before": before[0], "event_retention_ms_before": before[1]},

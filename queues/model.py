@@ -134,6 +134,10 @@ class Code(enum.IntEnum):
     """Ack, fail, extend or release with the token of an earlier lease of a message another lease
     finished: that worker's delivery was a duplicate (at-least-once), its work needs nothing more.
     Not a lifecycle error: a worker that paused past its lease meets it in every fault run."""
+    OWN_PROPOSAL = 15
+    """Approve: the approver is the proposer. Four eyes are two people."""
+    EXPIRED = 16
+    """Approve or reject: the proposal's time ran out (it is expired now, and nothing was done)."""
 
 
 class DeadLetterFilter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -239,6 +243,67 @@ class Discard(_Command, frozen=True, tag="discard"):
     message_id: MessageId
     actor: Name
     reason: Text
+    """The operator's comment."""
+    reason_code: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    """One of the review's reason codes (the API checks it against its list; the store records it)."""
+
+
+VERSION_MAX: Final = 1000
+"""Edits of one request at most: a chain of versions longer than this is a loop, not a review."""
+VERSION_SUFFIX: Final = "#v"
+"""A new version's idempotency key is its first version's key + "#v" + the version number."""
+VersionedKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128 + 8)]
+
+
+class EditRedrive(_Command, frozen=True, tag="edit_redrive"):
+    """Redrive a dead (or delayed) message as a new version with an edited payload.
+
+    The store creates a new message (same kind and ref key, the payload given, a fresh attempt
+    budget, idempotency key `<first version's key>#v<n>`) linked to the one it supersedes, which
+    is kept unchanged but discarded (`superseded_by` names the new one), so exactly one version
+    can ever be delivered. The payload is validated against the kind's schema at the edge (the
+    API, the command line) before this is proposed: the store checks only what it can decide
+    alone (the message exists, may be redriven, and the payload differs from the current one)."""
+
+    message_id: MessageId
+    payload: Payload
+    actor: Name
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=TEXT_LENGTH_MAX)]
+    headers: Headers | None = None
+    """The new version's headers (None: the original's)."""
+
+
+ReviewAction = Redrive | EditRedrive | Discard
+PROPOSAL_TTL_MS_MIN: Final = 60_000
+PROPOSAL_TTL_MS_MAX: Final = 30 * 24 * 3600 * 1000
+PROPOSALS_PENDING_MAX: Final = 10_000
+
+
+class Propose(_Command, frozen=True, tag="propose"):
+    """A four-eyes proposal: `action` is done only when a different person approves it.
+
+    The proposer is the action's actor. A filter redrive is resolved to the ids it matches now and
+    the proposal keeps those ids: the approver approves what was shown, never what matches later."""
+
+    action: ReviewAction
+    ttl_ms: Annotated[int, msgspec.Meta(ge=PROPOSAL_TTL_MS_MIN, le=PROPOSAL_TTL_MS_MAX)]
+
+
+class Approve(_Command, frozen=True, tag="approve"):
+    """Approve a pending proposal and perform its action in this same command: the approval and
+    the action are one log entry, so no crash can leave one without the other."""
+
+    proposal_id: Annotated[int, msgspec.Meta(ge=1)]
+    approver: Name
+    reason: Text = ""
+
+
+class Reject(_Command, frozen=True, tag="reject"):
+    """Reject a pending proposal (an approver), or withdraw it (its proposer): nothing is done."""
+
+    proposal_id: Annotated[int, msgspec.Meta(ge=1)]
+    actor: Name
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=TEXT_LENGTH_MAX)]
 
 
 class PauseKind(_Command, frozen=True, tag="pause"):
@@ -331,6 +396,7 @@ class PutDocument(_Command, frozen=True, tag="put_document"):
 QueueCommand = (
     Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | Release | ExpireLeases | Redrive | Discard
     | PauseKind | ResumeKind | SetPolicy | Purge | SetRetention | PutToken | RevokeToken | SetQuota | PutDocument
+    | EditRedrive | Propose | Approve | Reject
 )  # fmt: skip
 
 
@@ -435,6 +501,27 @@ class DocumentResult(_Result, frozen=True, tag="document"):
     """The namespace's version after the command."""
 
 
+class ProposalState(enum.Enum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class ReviewResult(_Result, frozen=True, tag="review"):
+    """Edit-redrive, propose, approve, reject: what was done, to which messages."""
+
+    proposal_id: int = 0
+    proposal_state: ProposalState | None = None
+    ids: tuple[int, ...] = ()
+    """Messages acted on (a proposal: the messages it would act on)."""
+    refused: tuple[tuple[int, Code], ...] = ()
+    """Messages the action could not be applied to, each with why: never counted as done."""
+    new_ids: tuple[int, ...] = ()
+    """An edit: the new version's message id."""
+    detail: str = ""
+
+
 class ErrorResult(_Result, frozen=True, tag="error"):
     """The command's bytes did not decode, or its values contradict each other."""
 
@@ -443,7 +530,7 @@ class ErrorResult(_Result, frozen=True, tag="error"):
 
 QueueResult = (
     EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | TokenResult
-    | DocumentResult | ErrorResult
+    | DocumentResult | ReviewResult | ErrorResult
 )
 
 
@@ -542,6 +629,48 @@ class MessageView(msgspec.Struct, frozen=True, kw_only=True):
     dead_reason: str | None
     terminal_ms: int | None
     history: tuple[AttemptView, ...] = ()
+    version: int = 1
+    """1 for a request as submitted; an operator's edit makes version n + 1 as a new message."""
+    previous_id: int | None = None
+    """The version this one supersedes (None for the first)."""
+    superseded_by: int | None = None
+    """The version that superseded this one: this one was discarded by the edit, unchanged."""
+
+
+class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One operator action, as the replicated command that performed it wrote it (queues/audit_chain.py)."""
+
+    seq: int
+    log_index: int
+    ts_ms: int
+    actor: str
+    action: str
+    target: str
+    reason: str
+    before: str
+    """Canonical JSON (keys sorted, no spaces) of what the action changed, as it was."""
+    after: str
+    """Canonical JSON of the same, as the action left it."""
+    prev_hash: bytes
+    hash: bytes
+
+
+class ProposalView(msgspec.Struct, frozen=True, kw_only=True):
+    proposal_id: int
+    action: str
+    """redrive, edit_redrive or discard."""
+    proposer: str
+    reason: str
+    targets: tuple[int, ...]
+    created_ms: int
+    expires_ms: int
+    state: ProposalState
+    """EXPIRED as soon as `expires_ms` is reached, whether or not a command recorded it yet."""
+    decided_by: str | None = None
+    decided_ms: int | None = None
+    decision_reason: str | None = None
+    body: bytes = b""
+    """The action as proposed (queues.codec command bytes): an edit's payload, a discard's reason code."""
 
 
 def content_hash(kind: str, ref_key: str, payload: bytes) -> bytes:

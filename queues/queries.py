@@ -43,7 +43,7 @@ _MESSAGE_COLUMNS: Final = (
     "id, kind, idempotency_key, ref_key, (SELECT payload FROM bodies WHERE bodies.id = messages.id),"
     " edited_payload, headers, created_ms, phase, due_ms,"
     " attempts, last_error_class, last_error_text, token, lease_worker, lease_deadline_ms, dead_ms,"
-    " dead_reason, terminal_ms"
+    " dead_reason, terminal_ms, version, previous_id, superseded_by"
 )
 
 _policy_decoder: Final = msgspec.msgpack.Decoder(RetryPolicy)
@@ -107,6 +107,9 @@ def _view(conn: sqlite3.Connection, row: tuple[Any, ...], now_ms: int, with_hist
         dead_reason=r[17],
         terminal_ms=r[18],
         history=_history(conn, message_id) if with_history else (),
+        version=int(r[19] or 1),
+        previous_id=r[20],
+        superseded_by=r[21],
     )
 
 

@@ -19,18 +19,20 @@ import msgspec
 from delay.policy import RetryPolicy
 from queues.model import (
     KINDS_PER_LEASE_MAX,
+    AuditEntry,
     DeadLetterFilter,
     DocumentView,
     Event,
-    Key,
     KindName,
     MessageId,
     MessageView,
     Namespace,
+    ProposalView,
     RefKey,
     State,
     TimeMs,
     TokenView,
+    VersionedKey,
 )
 
 QUERY_CODEC_VERSION: Final = 1
@@ -58,7 +60,8 @@ class GetMessages(_Query, frozen=True, tag="messages"):
 class ByIdempotencyKeys(_Query, frozen=True, tag="by_keys"):
     """The message each idempotency key maps to (keys unknown or purged are left out)."""
 
-    keys: Annotated[tuple[Key, ...], msgspec.Meta(min_length=1, max_length=IDS_PER_QUERY_MAX)]
+    keys: Annotated[tuple[VersionedKey, ...], msgspec.Meta(min_length=1, max_length=IDS_PER_QUERY_MAX)]
+    """A caller's key, or an edited version's (`<key>#v<n>`)."""
     with_history: bool = False
 
 
@@ -153,9 +156,34 @@ class MaintenanceDue(_Query, frozen=True, tag="maintenance_due"):
     written: the maintenance driver proposes ExpireLeases and Purge only once one is due."""
 
 
+class AuditLog(_Query, frozen=True, tag="audit"):
+    """A page of the operator audit chain (queues/audit_chain.py) with its head: forward from
+    `after` (a verifier walks the chain so), else newest first below `before` (None: the newest)."""
+
+    after: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    before: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    limit: PageLimit = 100
+
+
+class MessageAudit(_Query, frozen=True, tag="message_audit"):
+    """Every audit entry that concerns these messages, in chain order: kept forever, unlike events."""
+
+    ids: Annotated[tuple[MessageId, ...], msgspec.Meta(min_length=1, max_length=IDS_PER_QUERY_MAX)]
+
+
+class Proposals(_Query, frozen=True, tag="proposals"):
+    """Four-eyes proposals: these ids, else newest first below `before_id` (pending ones only if asked)."""
+
+    ids: Annotated[tuple[Annotated[int, msgspec.Meta(ge=1)], ...], msgspec.Meta(max_length=IDS_PER_QUERY_MAX)] = ()
+    pending_only: bool = False
+    before_id: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    limit: PageLimit = 100
+
+
 QueueQuery = (
     GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | EventsDigest
-    | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue | Documents
+    | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue | Documents | AuditLog
+    | MessageAudit | Proposals
 )
 
 
@@ -284,6 +312,18 @@ class DocumentsAnswer(_Answer, frozen=True, tag="documents"):
     documents: tuple[DocumentView, ...] = ()
 
 
+class AuditAnswer(_Answer, frozen=True, tag="audit"):
+    entries: tuple[AuditEntry, ...] = ()
+    count: int = 0
+    """Entries in the chain (the newest one's seq), as the head records it."""
+    head: bytes = b""
+    """The newest entry's hash, as the head records it."""
+
+
+class ProposalsAnswer(_Answer, frozen=True, tag="proposals"):
+    proposals: tuple[ProposalView, ...] = ()
+
+
 class QueryError(_Answer, frozen=True, tag="error"):
     code: QueryErrorCode
     detail: str = ""
@@ -292,7 +332,7 @@ class QueryError(_Answer, frozen=True, tag="error"):
 QueryAnswer = (
     MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | DigestAnswer
     | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | WorkDueAnswer
-    | MaintenanceDueAnswer | DocumentsAnswer | QueryError
+    | MaintenanceDueAnswer | DocumentsAnswer | AuditAnswer | ProposalsAnswer | QueryError
 )
 
 _encoder: Final = msgspec.msgpack.Encoder()

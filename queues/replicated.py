@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from queues import access, documents, queries
+from queues import access, audit_chain, documents, proposals, queries
 from queues import query_codec as qc
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import MessageView
@@ -140,6 +140,23 @@ def answer_query(
                 lease_deadline_ms=deadline, purge_ms=purge, oldest_event_ms=oldest, event_retention_ms=events_kept,
                 now_ms=now_ms,
             )
+        case qc.AuditLog():
+            if query.after is not None:
+                entries = audit_chain.entries_after(conn, query.after, limit=query.limit)
+            else:
+                entries = audit_chain.entries_before(conn, query.before, limit=query.limit)
+            head = audit_chain.head(conn)
+            return qc.AuditAnswer(entries=tuple(entries), count=head.count, head=head.hash, now_ms=now_ms)
+        case qc.MessageAudit():
+            return qc.AuditAnswer(entries=tuple(audit_chain.message_entries(conn, query.ids)), now_ms=now_ms)
+        case qc.Proposals():
+            if query.ids:
+                listed = proposals.get(conn, query.ids, now_ms=now_ms)
+            else:
+                listed = proposals.listing(
+                    conn, now_ms=now_ms, pending_only=query.pending_only, before_id=query.before_id, limit=query.limit
+                )
+            return qc.ProposalsAnswer(proposals=tuple(listed), now_ms=now_ms)
         case qc.Retention():
             kept, events_kept = queries.retention_in_force(
                 conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms

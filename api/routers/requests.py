@@ -149,6 +149,7 @@ async def get_request(request: Request, request_id: str, principal: Reader) -> R
         if view is None or (principal.role is Role.PRODUCER and not principal.owns(view.idempotency_key)):
             raise Problem("not-found", f"no request {request_id}")
         events = (await services.queue.message_events([view.message_id])).value
+        audit = (await services.queue.message_audit([view.message_id])).value
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None
-    return json_response(request_document(view, request_id, events))
+    return json_response(request_document(view, request_id, events, audit))
