@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from compensator import api_server, local, node_server, token_admin, worker_command
+from compensator import api_server, local, node_server, outbox_relay, token_admin, worker_command
 from compensator.config import ConfigError
 from handlers.standins import command as standins_command
 from spark_reconcile import command as reconcile_command
@@ -25,7 +25,7 @@ from spark_reconcile import command as reconcile_command
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (
     local.register, api_server.register, node_server.register, worker_command.register, token_admin.register,
-    reconcile_command.register,
+    reconcile_command.register, outbox_relay.register,
     standins_command.register,
 )
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)

@@ -30,6 +30,8 @@ import msgspec
 
 from compensator.worker.breaker import BreakerSettings
 from handlers.settings import HandlersSettings
+from outbox import DEFAULT_TABLE as OUTBOX_TABLE
+from outbox import RelaySettings
 
 ENV_PREFIX: Final = "COMPENSATOR_"
 METRICS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
@@ -145,6 +147,40 @@ class LocalConfig(_Section, frozen=True):
     """The callback target `make run` registers, signed with a secret kept in the data folder."""
 
 
+class OutboxConfig(_Section, frozen=True):
+    """`compensator outbox-relay`: one producer's outbox and where its rows go (docs/outbox.md).
+
+    The token is never a setting here (a file could be shown, a repr printed): `token_file` names a
+    file that holds it, else it is read from $COMPENSATOR_OUTBOX_TOKEN."""
+
+    dsn: str = ""
+    """The producer's PostgreSQL (asyncpg DSN). It may hold a password: give it in the file or as
+    COMPENSATOR_OUTBOX__DSN, never on a command line."""
+    api_url: str = ""
+    """The compensation API's base URL (default: this configuration's API URL)."""
+    token_file: str = ""
+    table: str = OUTBOX_TABLE
+    batch_max: int = 100
+    concurrency: int = 8
+    poll_interval_s: float = 0.5
+    http_timeout_s: float = 10.0
+    backoff_min_s: float = 0.5
+    backoff_max_s: float = 60.0
+    retry_after_max_s: float = 300.0
+    metrics_port: int = 0
+    """Prometheus metrics on metrics_host:port (0: off)."""
+    metrics_host: str = "127.0.0.1"
+
+
+def outbox_relay_settings(section: OutboxConfig) -> RelaySettings:
+    return RelaySettings(
+        table=section.table, batch_max=section.batch_max, concurrency=section.concurrency,
+        poll_interval_s=section.poll_interval_s, http_timeout_s=section.http_timeout_s,
+        backoff_min_s=section.backoff_min_s, backoff_max_s=section.backoff_max_s,
+        retry_after_max_s=section.retry_after_max_s,
+    )  # fmt: skip
+
+
 class Config(_Section, frozen=True):
     store: StoreConfig = StoreConfig()
     api: ApiConfig = ApiConfig()
@@ -156,6 +192,7 @@ class Config(_Section, frozen=True):
     """Where each downstream is (handlers/settings.py): base URLs, client timeouts and limits,
     callback targets by name."""
     local: LocalConfig = LocalConfig()
+    outbox: OutboxConfig = OutboxConfig()
 
     @property
     def api_url(self) -> str:
@@ -230,6 +267,15 @@ def _problems(config: Config) -> list[str]:
     except ValueError as error:
         problems.append(f"worker: {error}")
     problems += [f"handlers.{problem}" for problem in config.handlers.problems()]
+    try:
+        outbox_relay_settings(config.outbox).validate()
+    except ValueError as error:
+        problems.append(f"outbox: {error}")
+    check(
+        not config.outbox.api_url or config.outbox.api_url.startswith(("http://", "https://")), "outbox.api_url",
+        "must start with http:// or https://",
+    )  # fmt: skip
+    check(0 <= config.outbox.metrics_port < 65536, "outbox.metrics_port", "must be in 0..65535")
     return problems
 
 
