@@ -24,8 +24,13 @@ from spark_reconcile import command as reconcile_command
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (
-    local.register, api_server.register, node_server.register, worker_command.register, token_admin.register,
-    reconcile_command.register, outbox_relay.register,
+    local.register,
+    api_server.register,
+    node_server.register,
+    worker_command.register,
+    token_admin.register,
+    reconcile_command.register,
+    outbox_relay.register,
     standins_command.register,
 )
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)

@@ -30,7 +30,6 @@ import msgspec
 
 from compensator.worker.breaker import BreakerSettings
 from handlers.settings import HandlersSettings
-from outbox import DEFAULT_TABLE as OUTBOX_TABLE
 from outbox import RelaySettings
 
 ENV_PREFIX: Final = "COMPENSATOR_"
@@ -147,8 +146,10 @@ class LocalConfig(_Section, frozen=True):
     """The callback target `make run` registers, signed with a secret kept in the data folder."""
 
 
-class OutboxConfig(_Section, frozen=True):
-    """`compensator outbox-relay`: one producer's outbox and where its rows go (docs/outbox.md).
+class OutboxConfig(RelaySettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`compensator outbox-relay`: one producer's outbox and where its rows go (docs/outbox.md); the
+    relay's limits (table, batch_max, concurrency, poll_interval_s, http_timeout_s, backoff_min_s,
+    backoff_max_s, retry_after_max_s) are `outbox.RelaySettings`' fields.
 
     The token is never a setting here (a file could be shown, a repr printed): `token_file` names a
     file that holds it, else it is read from $COMPENSATOR_OUTBOX_TOKEN."""
@@ -159,26 +160,9 @@ class OutboxConfig(_Section, frozen=True):
     api_url: str = ""
     """The compensation API's base URL (default: this configuration's API URL)."""
     token_file: str = ""
-    table: str = OUTBOX_TABLE
-    batch_max: int = 100
-    concurrency: int = 8
-    poll_interval_s: float = 0.5
-    http_timeout_s: float = 10.0
-    backoff_min_s: float = 0.5
-    backoff_max_s: float = 60.0
-    retry_after_max_s: float = 300.0
     metrics_port: int = 0
     """Prometheus metrics on metrics_host:port (0: off)."""
     metrics_host: str = "127.0.0.1"
-
-
-def outbox_relay_settings(section: OutboxConfig) -> RelaySettings:
-    return RelaySettings(
-        table=section.table, batch_max=section.batch_max, concurrency=section.concurrency,
-        poll_interval_s=section.poll_interval_s, http_timeout_s=section.http_timeout_s,
-        backoff_min_s=section.backoff_min_s, backoff_max_s=section.backoff_max_s,
-        retry_after_max_s=section.retry_after_max_s,
-    )  # fmt: skip
 
 
 class Config(_Section, frozen=True):
@@ -268,7 +252,7 @@ def _problems(config: Config) -> list[str]:
         problems.append(f"worker: {error}")
     problems += [f"handlers.{problem}" for problem in config.handlers.problems()]
     try:
-        outbox_relay_settings(config.outbox).validate()
+        config.outbox.validate()
     except ValueError as error:
         problems.append(f"outbox: {error}")
     check(

@@ -226,7 +226,9 @@ class LocalService:
                 if status.get("role") == "leader":
                     return int(status["node"])
             await asyncio.sleep(0.2)
-        raise LaunchError("no store leader within 60 s: " + "; ".join(f"{n.name}: {last_words(n.log)}" for n in self.nodes))
+        raise LaunchError(
+            "no store leader within 60 s: " + "; ".join(f"{n.name}: {last_words(n.log)}" for n in self.nodes)
+        )
 
     async def wait_ready(self) -> bool:
         url = f"http://{self.config.api.host}:{self.config.api.port}/readyz"

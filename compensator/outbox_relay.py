@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from compensator.api_server import add_config_argument, load
-from compensator.config import Config, outbox_relay_settings
+from compensator.config import Config
 
 TOKEN_ENV: Final = "COMPENSATOR_OUTBOX_TOKEN"
 
@@ -80,7 +80,7 @@ async def _run(config: Config, target: Any, *, once: bool, install: bool) -> int
 
     import outbox
 
-    settings = outbox_relay_settings(config.outbox)
+    settings = config.outbox
     try:
         pool = await asyncpg.create_pool(config.outbox.dsn, min_size=1, max_size=2)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as error:

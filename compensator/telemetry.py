@@ -24,7 +24,9 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from compensator.config import TelemetryConfig
 
 
-def tracer_provider(config: TelemetryConfig, *, exporter: SpanExporter | None = None, process: str = "") -> TracerProvider:
+def tracer_provider(
+    config: TelemetryConfig, *, exporter: SpanExporter | None = None, process: str = ""
+) -> TracerProvider:
     """`exporter` (tests) is exported synchronously; the configured one in batches."""
     attributes = {"service.name": config.service_name}
     if process:

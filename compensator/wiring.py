@@ -50,19 +50,29 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
     services = ApiServices(
         queue=queue,
         tokens=tokens,
-        quotas=Quotas(QuotaSettings(
-            rate_per_s=quota.rate_per_s, burst=quota.burst, hold_max_s=quota.hold_max_ms / 1000,
-            held_max=quota.held_max, processes=config.api.workers * config.api.instances,
-        )),
+        quotas=Quotas(
+            QuotaSettings(
+                rate_per_s=quota.rate_per_s,
+                burst=quota.burst,
+                hold_max_s=quota.hold_max_ms / 1000,
+                held_max=quota.held_max,
+                processes=config.api.workers * config.api.instances,
+            )
+        ),
         intake=Intake(
-            queue, set_id=config.store.set_id, clock_ms=wall_clock_ms,
-            tracer=provider.get_tracer("compensator.api"), observe_store_s=metrics.observe_store,
+            queue,
+            set_id=config.store.set_id,
+            clock_ms=wall_clock_ms,
+            tracer=provider.get_tracer("compensator.api"),
+            observe_store_s=metrics.observe_store,
         ),
         readiness=Readiness(queue, tokens, lag_max=config.api.ready_lag_entries_max),
         metrics=metrics,
         settings=ApiSettings(
-            set_id=config.store.set_id, body_bytes_max=config.api.body_bytes_max,
-            batch_bytes_max=config.api.batch_bytes_max, batch_items_max=config.api.batch_items_max,
+            set_id=config.store.set_id,
+            body_bytes_max=config.api.body_bytes_max,
+            batch_bytes_max=config.api.batch_bytes_max,
+            batch_items_max=config.api.batch_items_max,
         ),
     )
     return create_app(services, tracer=provider)

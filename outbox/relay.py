@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import asyncpg
 import httpx
+import msgspec
 from opentelemetry import propagate, trace
 
 from outbox import rows
@@ -52,8 +53,9 @@ class ApiTarget:
             raise ValueError("the compensation API needs a bearer token (one word)")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RelaySettings:
+class RelaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A relay's limits; also the fields of the service's ``[outbox]`` configuration section."""
+
     table: str = DEFAULT_TABLE
     batch_max: int = 100
     """Rows claimed per round (and locked for its length)."""
@@ -103,9 +105,10 @@ class Relay:
     """Sends one producer database's outbox; use as ``async with Relay(...) as relay``."""
 
     def __init__(
-        self, pool: Any, target: ApiTarget, settings: RelaySettings = RelaySettings(), *,
+        self, pool: Any, target: ApiTarget, settings: RelaySettings | None = None, *,
         metrics: RelayMetrics | None = None, rng: random.Random | None = None,
     ) -> None:  # fmt: skip
+        settings = settings if settings is not None else RelaySettings()
         settings.validate()
         self._pool = pool
         self._target = target

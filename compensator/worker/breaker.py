@@ -69,7 +69,9 @@ class BreakerSettings:
     def validate(self) -> None:
         if not (self.window_s > 0 and self.attempts_min >= 1 and 0 < self.failure_ratio <= 1):
             raise ValueError("breaker: window_s > 0, attempts_min >= 1, failure_ratio in (0, 1]")
-        if not (self.probe_every_s > 0 and 0 < self.ramp_start_per_s <= self.ramp_until_per_s and self.ramp_double_s > 0):
+        if not (
+            self.probe_every_s > 0 and 0 < self.ramp_start_per_s <= self.ramp_until_per_s and self.ramp_double_s > 0
+        ):
             raise ValueError("breaker: probe_every_s > 0, 0 < ramp_start_per_s <= ramp_until_per_s, ramp_double_s > 0")
 
 
@@ -154,7 +156,9 @@ class Breaker:
             self._ramp_from_s = None
             return None
         # Attempts allowed so far: the integral of the rate since the ramp began, less those taken.
-        budget = settings.ramp_start_per_s * settings.ramp_double_s / _LN2 * (2 ** (elapsed / settings.ramp_double_s) - 1)
+        budget = (
+            settings.ramp_start_per_s * settings.ramp_double_s / _LN2 * (2 ** (elapsed / settings.ramp_double_s) - 1)
+        )
         return max(0, int(budget + 1 - self._ramp_taken))
 
     def took(self, count: int) -> None:

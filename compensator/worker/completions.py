@@ -42,7 +42,9 @@ Settled = Callable[[Completion, Code], None]
 
 
 class Completions:
-    def __init__(self, queue: QueueClient, *, on_settled: Settled, flush_s: float = 0.005, frame_max: int = 2000) -> None:
+    def __init__(
+        self, queue: QueueClient, *, on_settled: Settled, flush_s: float = 0.005, frame_max: int = 2000
+    ) -> None:
         self._queue = queue
         self._on_settled = on_settled
         self._flush_s = flush_s
@@ -57,7 +59,14 @@ class Completions:
                              Ack(message_id=message_id, token=token, summary=summary[:TEXT_LENGTH_MAX])))  # fmt: skip
 
     def fail(
-        self, message_id: int, token: int, kind: str, *, error_class: str, error_text: str, permanent: bool,
+        self,
+        message_id: int,
+        token: int,
+        kind: str,
+        *,
+        error_class: str,
+        error_text: str,
+        permanent: bool,
         not_before_ms: int | None,
     ) -> None:
         command = Fail(message_id=message_id, token=token, error_class=error_class,

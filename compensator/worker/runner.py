@@ -262,7 +262,9 @@ class Worker:
                     room[kind] = min(room[kind], allowed)
                     allowed -= room[kind]
 
-    def _probes(self, paused: Mapping[str, tuple[str, ...]], paused_ready: tuple[str, ...], room: dict[str, int]) -> list[str]:
+    def _probes(
+        self, paused: Mapping[str, tuple[str, ...]], paused_ready: tuple[str, ...], room: dict[str, int]
+    ) -> list[str]:
         """One kind per open breaker to probe now, among those only the breaker holds."""
         chosen: list[str] = []
         for downstream, breaker in self.breakers.items():
@@ -311,7 +313,9 @@ class Worker:
         self.leased += 1
         handler = self._handlers[grant.kind]
         self._metrics.in_flight.labels(handler.downstream).inc()
-        self._metrics.lateness_seconds.labels(grant.kind).observe(grant_lateness_ms(grant, self._settings.lease_ms) / 1000)
+        self._metrics.lateness_seconds.labels(grant.kind).observe(
+            grant_lateness_ms(grant, self._settings.lease_ms) / 1000
+        )
         task = asyncio.create_task(self._attempt(grant, handler, probe), name=f"attempt-{grant.message_id}")
         self._running[grant.message_id] = Running(grant, task, probe)
 
@@ -424,7 +428,7 @@ def _mode(body: bytes) -> Mode:
     try:
         return Mode(msgspec.json.decode(body).get("mode", "auto"))
     except (ValueError, AttributeError, msgspec.DecodeError):
-        log.warning("a breaker document is not {\"mode\": \"auto|open|closed\"}: %r", body[:100])
+        log.warning('a breaker document is not {"mode": "auto|open|closed"}: %r', body[:100])
         return Mode.AUTO
 
 
