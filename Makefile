@@ -20,7 +20,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m mypy raft_store queues delay compensator spark_reconcile bench ledger api handlers
+	$(PY) -m mypy raft_store queues delay compensator spark_reconcile bench ledger api handlers outbox
 
 bench: $(STAMP)
 	$(PY) -m bench.raft --concurrency 1 --seconds 10 --json

@@ -32,6 +32,7 @@ import msgspec
 from api.review_policy import DISCARD_REASON_CODES
 from compensator.worker.breaker import BreakerSettings
 from handlers.settings import HandlersSettings
+from outbox import RelaySettings
 
 ENV_PREFIX: Final = "COMPENSATOR_"
 METRICS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
@@ -48,6 +49,9 @@ OTHER_VARIABLES: Final = {
     "COMPENSATOR_CALLBACK_SECRETS": "`{\"target\": \"secret\"}` for callback signatures when "
     "`worker.callback_secrets_file` is not set (the file is the better place).",
     METRICS_DIR_ENV: "Set by `compensator api` itself for several workers; not to be set by hand.",
+    "COMPENSATOR_API_URL": "`compensator reconcile --enqueue`: the API its fixes are sent to right away (else the relay sends them).",
+    "COMPENSATOR_PG_DATA": "`compensator reconcile` and `seed-ledgers`: the embedded PostgreSQL's data folder when no DSN is set.",
+    "COMPENSATOR_OUTBOX_TOKEN": "The outbox relay's API token, when `outbox.token_file` is not set.",
     "COMPENSATOR_API_TOKEN": "The API token of the operator commands (`compensator kind`, `breaker`, "
     "`classification`) and of `reconcile --enqueue`, when no token file is given.",
 }
@@ -267,6 +271,27 @@ class LocalConfig(_Section, frozen=True):
     """The callback target `make run` registers, signed with a secret kept in the data folder."""
 
 
+class OutboxConfig(RelaySettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`compensator outbox-relay`: one producer's outbox and where its rows go (docs/outbox.md); the
+    relay's limits (table, batch_max, concurrency, poll_interval_s, http_timeout_s, backoff_min_s,
+    backoff_max_s, retry_after_max_s) are `outbox.RelaySettings`' fields.
+
+    The token is never a setting here (a file could be shown, a repr printed): `token_file` names a
+    file that holds it, else it is read from $COMPENSATOR_OUTBOX_TOKEN."""
+
+    dsn: str = ""
+    """The producer's PostgreSQL (asyncpg DSN). It may hold a password: give it in the file or as
+    COMPENSATOR_OUTBOX__DSN, never on a command line."""
+    api_url: str = ""
+    """The compensation API's base URL (default: this configuration's API URL)."""
+    token_file: str = ""
+    """A file holding the relay's API token (a producer token); else $COMPENSATOR_OUTBOX_TOKEN."""
+    metrics_port: int = 0
+    """Prometheus metrics on metrics_host:port (0: off)."""
+    metrics_host: str = "127.0.0.1"
+    """The address of the metrics endpoint."""
+
+
 class Config(_Section, frozen=True):
     store: StoreConfig = StoreConfig()
     api: ApiConfig = ApiConfig()
@@ -281,6 +306,7 @@ class Config(_Section, frozen=True):
     projector: ProjectorConfig = ProjectorConfig()
     local: LocalConfig = LocalConfig()
     review: ReviewConfig = ReviewConfig()
+    outbox: OutboxConfig = OutboxConfig()
 
     @property
     def api_url(self) -> str:
@@ -366,6 +392,15 @@ def _problems(config: Config) -> list[str]:
     except ValueError as error:
         problems.append(f"worker: {error}")
     problems += [f"handlers.{problem}" for problem in config.handlers.problems()]
+    try:
+        config.outbox.validate()
+    except ValueError as error:
+        problems.append(f"outbox: {error}")
+    check(
+        not config.outbox.api_url or config.outbox.api_url.startswith(("http://", "https://")), "outbox.api_url",
+        "must start with http:// or https://",
+    )  # fmt: skip
+    check(0 <= config.outbox.metrics_port < 65536, "outbox.metrics_port", "must be in 0..65535")
     problems += _kafka_problems(config.kafka)
     return problems
 

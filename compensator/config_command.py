@@ -87,7 +87,7 @@ def _field_docs(struct: type) -> dict[str, str]:
     """The string literal under each annotated field of `struct` and its bases."""
     docs: dict[str, str] = {}
     for klass in reversed(struct.__mro__):
-        if klass in (object, msgspec.Struct) or not klass.__module__.startswith(("compensator", "handlers")):
+        if klass in (object, msgspec.Struct) or not klass.__module__.startswith(("compensator", "handlers", "outbox")):
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []

@@ -16,13 +16,17 @@ instant).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
+
+from spark_reconcile.params import JDBC_JAR
 
 DEFAULT_OUTPUT: Final = Path("var/reconcile")
 DEFAULT_PG_DATA: Final = Path("var/pg/data")
@@ -31,6 +35,10 @@ API_TOKEN_ENV: Final = "COMPENSATOR_API_TOKEN"
 DEFAULT_PAYER_ACCOUNT: Final = "red-packet-escrow"
 """The account fixes pay unpaid red packets from, unless ``--payer-account`` names another."""
 PG_DATA_ENV: Final = "COMPENSATOR_PG_DATA"
+PYSPARK_GATEWAY_ENV: Final = "PYSPARK_GATEWAY_PORT"
+"""Set under spark-submit, whose --jars carries the driver."""
+PARQUET_FOLDERS: Final = ("payment_transfers", "red_packet_grants", "compensation_requests")
+"""One folder per ledger under --parquet-dir: spark_reconcile.schemas.Ledger's values."""
 SUBMIT_PROG: Final = "compensator reconcile"
 """The spark-submit entry speaks as ``compensator reconcile`` does: an operator sees one command."""
 
@@ -134,8 +142,8 @@ def _add_reconcile_arguments(reconcile: argparse.ArgumentParser) -> None:
     reconcile.add_argument("--shuffle-partitions", type=_positive, default=8)
     reconcile.add_argument("--driver-memory", default="2g")
     reconcile.add_argument("--no-db", action="store_true", help="no run summary in PostgreSQL (Parquet source)")
-    reconcile.add_argument("--enqueue", action="store_true", help="send fixes to the API (default: dry run)")
-    reconcile.add_argument("--api-url", help=f"compensation API base URL (default ${API_URL_ENV})")
+    reconcile.add_argument("--enqueue", action="store_true", help="put fixes in the outbox (default: dry run)")
+    reconcile.add_argument("--api-url", help=f"with --enqueue, also send the outbox once (default ${API_URL_ENV})")
     reconcile.add_argument(
         "--payer-account",
         type=_account,
@@ -143,6 +151,9 @@ def _add_reconcile_arguments(reconcile: argparse.ArgumentParser) -> None:
         help=f"the account fixes pay from (default {DEFAULT_PAYER_ACCOUNT}; the API token is ${API_TOKEN_ENV})",
     )
     reconcile.add_argument("--pg-data", type=Path, help=f"embedded PostgreSQL data folder (${PG_DATA_ENV})")
+    reconcile.add_argument(
+        "--jdbc-jar", type=Path, default=Path(JDBC_JAR), help=f"the PostgreSQL JDBC driver (default {JDBC_JAR})"
+    )
     reconcile.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
 
 
@@ -152,7 +163,6 @@ def _pg_data(arguments: argparse.Namespace) -> Path:
 
 
 def run_reconcile(arguments: argparse.Namespace) -> int:
-    from ledger import pg
     from spark_reconcile.params import ReconcileParams
 
     params = ReconcileParams(
@@ -160,26 +170,83 @@ def run_reconcile(arguments: argparse.Namespace) -> int:
         late_window=arguments.late_window_hours,
         pending_sla=arguments.pending_sla_hours,
     )
+    _check_before_starting(arguments)
+    api = _api_target(arguments) if arguments.enqueue else None
+    if arguments.no_db:
+        return _reconcile_with(arguments, params, dsn=None, api=api)
+    with _database(arguments, create=False) as dsn:
+        return _reconcile_with(arguments, params, dsn=dsn, api=api)
+
+
+def _check_before_starting(arguments: argparse.Namespace) -> None:
+    """What can be known wrong before a database or Spark starts, each in one line."""
     if arguments.source == "parquet" and arguments.parquet_dir is None:
         raise ReconcileError("--source parquet needs --parquet-dir")
     if arguments.source == "jdbc" and arguments.no_db:
         raise ReconcileError("--no-db only makes sense with --source parquet")
-    api = _api_target(arguments) if arguments.enqueue else None
-    if arguments.no_db:
-        return _reconcile_with(arguments, params, dsn=None, api=api)
-    with pg.database(_pg_data(arguments)) as dsn:
-        return _reconcile_with(arguments, params, dsn=dsn, api=api)
+    if arguments.enqueue and arguments.no_db:
+        raise ReconcileError("--enqueue needs the database (the fixes go through its outbox): drop --no-db")
+    if arguments.source == "parquet":
+        _check_parquet_dir(arguments.parquet_dir)
+    elif PYSPARK_GATEWAY_ENV not in os.environ and not Path(arguments.jdbc_jar).is_file():
+        raise ReconcileError(
+            f"the PostgreSQL JDBC driver {arguments.jdbc_jar} is missing: install it with"
+            " `apt-get install libpostgresql-jdbc-java`, or name the jar with --jdbc-jar"
+        )
+
+
+def _check_parquet_dir(root: Path) -> None:
+    if not root.is_dir():
+        raise ReconcileError(f"--parquet-dir {root}: no such directory")
+    missing = [f"{name}/" for name in PARQUET_FOLDERS if not (root / name).is_dir()]
+    if missing:
+        raise ReconcileError(
+            f"--parquet-dir {root} has no {', '.join(missing)} (exports go in one folder per ledger;"
+            " `compensator seed-ledgers --parquet-dir` writes demo ones)"
+        )
+
+
+@contextlib.contextmanager
+def _database(arguments: argparse.Namespace, *, create: bool) -> Iterator[str]:
+    """The configured DSN, or the embedded server in ``--pg-data``; reconcile never creates one."""
+    from ledger import pg
+
+    configured = pg.dsn_from_env()
+    if configured is not None:
+        yield configured
+        return
+    data = _pg_data(arguments)
+    if not create and not (data / "PG_VERSION").is_file():
+        raise ReconcileError(
+            f"no database in {data}: load ledgers with `compensator seed-ledgers --date ... --pg-data {data}`,"
+            f" or point ${pg.DSN_ENV} at yours"
+        )
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ReconcileError(f"--pg-data {data}: cannot create it: {error.strerror or error}") from None
+    if not os.access(data, os.W_OK | os.X_OK):
+        raise ReconcileError(f"--pg-data {data}: not writable")
+    stack = contextlib.ExitStack()
+    try:
+        dsn = stack.enter_context(pg.database(data))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        first = (str(error).splitlines() or [type(error).__name__])[0]
+        raise ReconcileError(f"cannot start the embedded PostgreSQL in {data}: {first} (see its server.log)") from None
+    with stack:
+        yield dsn
 
 
 def _api_target(arguments: argparse.Namespace) -> Any:
+    """Where this run sends the outbox once, if anywhere: without a URL the relay sends the fixes."""
     from spark_reconcile.delivery import ApiTarget
 
     url = arguments.api_url or os.environ.get(API_URL_ENV)
     if not url:
-        raise ReconcileError(f"--enqueue needs --api-url or ${API_URL_ENV}")
+        return None
     token = os.environ.get(API_TOKEN_ENV, "").strip()
     if not token:
-        raise ReconcileError(f"--enqueue needs ${API_TOKEN_ENV}, the compensation API's bearer token")
+        raise ReconcileError(f"sending fixes to {url} needs ${API_TOKEN_ENV}, the compensation API's bearer token")
     return ApiTarget(url=url, token=token)
 
 
@@ -204,6 +271,7 @@ def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | No
     spark = session.build(
         session.SessionConfig(
             master=arguments.master,
+            jars=(str(arguments.jdbc_jar),),
             shuffle_partitions=arguments.shuffle_partitions,
             driver_memory=arguments.driver_memory,
         )
@@ -222,11 +290,23 @@ def _reconcile_with(arguments: argparse.Namespace, params: Any, *, dsn: str | No
         if owns_session:
             spark.stop()
     _print_result(result, as_json=arguments.json, stored=dsn is not None)
-    failed = [d for d in result.deliveries if not d.accepted]
-    if failed:
-        print(f"enqueue: {len(failed)} of {len(result.deliveries)} deliveries failed", file=sys.stderr)
+    enqueued = result.enqueued
+    if enqueued is not None and not enqueued.complete:
+        print(f"enqueue: {_enqueue_problem(enqueued)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _enqueue_problem(enqueued: Any) -> str:
+    if enqueued.conflicts:
+        return (
+            f"{len(enqueued.conflicts)} fixes are in the outbox with another body (another --payer-account?);"
+            " they were not added again"
+        )
+    return (
+        f"the API did not take every fix: {enqueued.after.pending} pending, {enqueued.after.rejected} rejected"
+        " in compensator_outbox (`compensator outbox-relay` sends what is pending)"
+    )
 
 
 def _print_result(result: Any, *, as_json: bool, stored: bool) -> None:
@@ -242,9 +322,16 @@ def _print_result(result: Any, *, as_json: bool, stored: bool) -> None:
     print(f"discrepancies: {result.discrepancies}")
     print(f"report:        {result.report}")
     print(f"summary json:  {result.summary_json}")
-    mode = f"enqueued {sum(d.accepted for d in result.deliveries)}" if result.deliveries else "dry run"
+    mode = "dry run" if result.enqueued is None else _enqueue_line(result.enqueued)
     refused = f"{summary.fixes_refused} refused (no valid transfer), " if summary.fixes_refused else ""
     print(f"fixes:         {result.fixes_jsonl} ({summary.fixes_proposed} proposed, {refused}{mode})")
+
+
+def _enqueue_line(enqueued: Any) -> str:
+    line = f"{enqueued.added} new in the outbox, {enqueued.already} already there"
+    if enqueued.relayed is None:
+        return line + "; `compensator outbox-relay` sends them"
+    return line + f"; sent {enqueued.relayed.sent}, {enqueued.after.pending} pending"
 
 
 def _require_upstream_tables(dsn: str) -> None:
@@ -274,7 +361,7 @@ def _require_upstream_tables(dsn: str) -> None:
 
 
 def run_seed(arguments: argparse.Namespace) -> int:
-    from ledger import migrate, pg
+    from ledger import migrate
     from spark_reconcile import synthetic
     from spark_reconcile.params import ReconcileParams
 
@@ -282,10 +369,13 @@ def run_seed(arguments: argparse.Namespace) -> int:
     per_class = arguments.per_class if arguments.per_class is not None else max(1, arguments.rows // 1000)
     ledgers = synthetic.generate(rows=arguments.rows, per_class=per_class, params=params, seed=arguments.seed)
     if arguments.parquet_dir is not None:
-        synthetic.write_parquet(ledgers, arguments.parquet_dir)
+        try:
+            synthetic.write_parquet(ledgers, arguments.parquet_dir)
+        except OSError as error:
+            raise ReconcileError(f"--parquet-dir {arguments.parquet_dir}: {error.strerror or error}") from None
         print(f"wrote Parquet exports to {arguments.parquet_dir}")
     else:
-        with pg.database(_pg_data(arguments)) as dsn:
+        with _database(arguments, create=True) as dsn:
             migrate.apply(dsn)
             synthetic.load_postgres(ledgers, dsn)
             print(f"loaded ledgers into {dsn}")

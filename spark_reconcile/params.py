@@ -13,6 +13,9 @@ import dataclasses
 import datetime as dt
 from typing import Final
 
+JDBC_JAR: Final = "/usr/share/java/postgresql.jar"
+"""Debian's libpostgresql-jdbc-java, the driver the JDBC source uses: nothing comes from Maven at run time."""
+
 LATE_WINDOW_MAX: Final = dt.timedelta(days=7)
 PENDING_SLA_MAX: Final = dt.timedelta(days=30)
 

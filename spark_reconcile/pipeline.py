@@ -5,7 +5,7 @@ Owns: the order that makes a run all-or-nothing. Everything is written to a stag
 transaction that replaces the date's run summary, the staged folder is published; the previous run
 is deleted only after the commit. Any failure before that discards the staging folder and rolls the
 transaction back, so a failed run leaves no partial results. Enqueueing fixes happens after the
-commit: a delivery failure is reported, it does not undo the reconciliation.
+commit, through the outbox: a delivery failure is reported, it does not undo the reconciliation.
 
 Must never: read the environment (the CLI passes everything in).
 """
@@ -37,13 +37,15 @@ class PipelineConfig:
     dsn: str | None  # None: no summary in PostgreSQL (Parquet-only runs, benchmarks)
     payer_account: str  # the account fixes pay from: which account pays is the caller's choice
     enqueue: bool = False
-    api: delivery.ApiTarget | None = None
+    api: delivery.ApiTarget | None = None  # with enqueue: also send the outbox once; else the relay does
     trend_runs: int = 30
     job: job.JobConfig = dataclasses.field(default_factory=job.JobConfig)
 
     def validate(self) -> None:
-        if self.enqueue and (self.dsn is None or self.api is None):
-            raise ValueError("--enqueue needs a database (for the outbox) and the API's URL and token")
+        if self.enqueue and self.dsn is None:
+            raise ValueError("--enqueue needs the database: the fixes go through its outbox")
+        if self.api is not None and not self.enqueue:
+            raise ValueError("an API target only makes sense with --enqueue")
         fixes_module.check_account(self.payer_account)
 
 
@@ -57,7 +59,7 @@ class PipelineResult:
     summary_json: Path
     fixes_jsonl: Path
     fixes_refused: tuple[fixes_module.Refusal, ...]
-    deliveries: tuple[delivery.Delivery, ...]
+    enqueued: delivery.EnqueueResult | None  # None: dry run
 
 
 def run(
@@ -114,17 +116,10 @@ def run(
         output.discard()
         raise
     output.retire(previous)
-    deliveries: tuple[delivery.Delivery, ...] = ()
-    if config.enqueue and config.dsn is not None and config.api is not None:
+    enqueued: delivery.EnqueueResult | None = None
+    if config.enqueue and config.dsn is not None:
         with progress.stage("enqueue"):
-            deliveries = tuple(
-                delivery.enqueue(
-                    config.dsn,
-                    list(plan.proposed),
-                    source=f"reconciliation:{config.params.business_date.isoformat()}",
-                    api=config.api,
-                )
-            )
+            enqueued = delivery.enqueue(config.dsn, list(plan.proposed), api=config.api)
     progress.emit(stage="run", state="done", discrepancies=sum(run_summary.counts().values()))
     return PipelineResult(
         summary=run_summary,
@@ -135,7 +130,7 @@ def run(
         summary_json=output.link / "summary.json",
         fixes_jsonl=output.link / "fixes.jsonl",
         fixes_refused=plan.refused,
-        deliveries=deliveries,
+        enqueued=enqueued,
     )
 
 

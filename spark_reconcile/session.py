@@ -16,7 +16,7 @@ from typing import Final
 
 from pyspark.sql import SparkSession
 
-from spark_reconcile.sources import JDBC_JAR
+from spark_reconcile.params import JDBC_JAR
 
 LOCAL_MASTER: Final = "local[*]"
 # C1-only JIT and the serial collector roughly halve start-up CPU; worth it for short runs and tests,

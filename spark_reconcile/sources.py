@@ -25,7 +25,6 @@ from spark_reconcile.rules import LedgerFrames, request_read_filter
 from spark_reconcile.schemas import LEDGER_SCHEMAS, NEEDED_COLUMNS, TIME_COLUMN, Ledger
 
 JDBC_DRIVER: Final = "org.postgresql.Driver"
-JDBC_JAR: Final = "/usr/share/java/postgresql.jar"
 JDBC_PARTITIONS_MAX: Final = 256
 
 

@@ -5,6 +5,7 @@
     queues       imports none of ledger, api, handlers, compensator, spark_reconcile
     ledger       imports none of compensator, spark_reconcile, api, handlers
     spark_reconcile  never imports compensator (compensator is the composition root)
+    outbox       imports none of the service's packages: a producer installs it and speaks HTTP only
     api          reaches the store only through `queues`' public names: no raft_store, no queues.machine;
                  of handlers only the classification tables (data an operator edits), never a handler
     handlers     imports none of compensator, api, spark_reconcile; only handlers.standins imports the
@@ -28,7 +29,9 @@ from typing import Final
 import pytest
 
 ROOT: Final = Path(__file__).resolve().parents[1]
-PACKAGES: Final = ("raft_store", "delay", "queues", "ledger", "spark_reconcile", "api", "handlers", "compensator")
+PACKAGES: Final = (
+    "raft_store", "delay", "queues", "ledger", "spark_reconcile", "api", "handlers", "compensator", "outbox",
+)  # fmt: skip
 HARNESSES: Final = ("raft_store.testing", "raft_store.simulation", "queues.simulation")
 
 FORBIDDEN: Final = {
@@ -39,6 +42,7 @@ FORBIDDEN: Final = {
     "spark_reconcile": {"compensator", "api", "handlers"},
     "api": {"raft_store", "compensator", "spark_reconcile"},
     "handlers": {"compensator", "api", "spark_reconcile"},
+    "outbox": {p for p in PACKAGES if p != "outbox"},
 }
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
@@ -49,6 +53,7 @@ PURE: Final = (
     "compensator.kafka.event_records", "compensator.kafka.ingest_records",
     "compensator.projector.rows",
     "handlers.answers", "handlers.classification", "handlers.tables", "handlers.signing", "handlers.standins.faults",
+    "outbox.outcome", "outbox.schema",
 )  # fmt: skip
 IMPURE: Final = frozenset({"asyncio", "socket", "time", "os", "sqlite3", "threading", "subprocess", "secrets"})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from spark_reconcile.synthetic import generate, write_parquet
 
 pytestmark = pytest.mark.spark
 
+A_FILE = sys.executable  # any file that exists, for --jdbc-jar when the check under test comes later
+ABSENT = "/nonexistent/compensator-test"
 INJECTED = {cls.value: count for count, cls in zip((4, 1, 3, 2, 6, 5, 7), DiscrepancyClass, strict=True)}
 
 
@@ -103,10 +106,35 @@ def test_bad_arguments_give_one_line_and_exit_2(
             "--source parquet needs --parquet-dir",
         ),
         (["reconcile", "--date", "2026-11-20", "--late-window-hours", "200"], "late window must be within"),
-        (["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", ""], "--enqueue needs --api-url"),
         (
-            ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", "http://api:8080"],
-            "--enqueue needs $COMPENSATOR_API_TOKEN",
+            ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", "http://api:8080", "--jdbc-jar", A_FILE],
+            "needs $COMPENSATOR_API_TOKEN",
+        ),
+        (
+            [
+                "reconcile",
+                "--date",
+                "2026-11-20",
+                "--source",
+                "parquet",
+                "--parquet-dir",
+                ABSENT,
+                "--no-db",
+                "--enqueue",
+            ],
+            "--enqueue needs the database (the fixes go through its outbox): drop --no-db",
+        ),
+        (
+            ["reconcile", "--date", "2026-11-20", "--source", "parquet", "--parquet-dir", ABSENT, "--no-db"],
+            f"--parquet-dir {ABSENT}: no such directory",
+        ),
+        (
+            ["reconcile", "--date", "2026-11-20", "--jdbc-jar", ABSENT + "/postgresql.jar"],
+            "install it with `apt-get install libpostgresql-jdbc-java`, or name the jar with --jdbc-jar",
+        ),
+        (
+            ["reconcile", "--date", "2026-11-20", "--jdbc-jar", A_FILE, "--pg-data", ABSENT],
+            f"no database in {ABSENT}: load ledgers with `compensator seed-ledgers",
         ),
     ],
 )
@@ -115,6 +143,7 @@ def test_invalid_combinations_give_one_line_and_exit_1(
 ) -> None:
     monkeypatch.delenv("COMPENSATOR_API_URL", raising=False)
     monkeypatch.delenv("COMPENSATOR_API_TOKEN", raising=False)
+    monkeypatch.delenv("COMPENSATOR_PG_DSN", raising=False)
     assert cli.main(argv) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error
@@ -128,8 +157,9 @@ def test_invalid_combinations_give_one_line_and_exit_1(
         ["reconcile", "--date", "2026-11-20", "--source", "kafka"],
         ["reconcile", "--date", "2026-11-20", "--source", "parquet"],
         ["reconcile", "--date", "2026-11-20", "--late-window-hours", "200"],
-        ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", ""],
-        ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", "http://api:8080"],
+        ["reconcile", "--date", "2026-11-20", "--enqueue", "--api-url", "http://api:8080", "--jdbc-jar", A_FILE],
+        ["reconcile", "--date", "2026-11-20", "--source", "parquet", "--parquet-dir", ABSENT, "--no-db", "--enqueue"],
+        ["reconcile", "--date", "2026-11-20", "--jdbc-jar", ABSENT + "/postgresql.jar"],
         ["reconcile", "--date", "2026-11-20", "--payer-account", "two words"],
     ],
 )

@@ -1,8 +1,9 @@
 """End to end over JDBC: generated ledgers in a real PostgreSQL, every class injected at its own count.
 
 Expected values come only from the generator's books (what it injected, the totals it wrote). The
-module runs the pipeline three times on one database: a dry run, a rerun that enqueues, and a rerun
-that must enqueue nothing new; plus runs that fail at chosen points and must leave nothing behind.
+module runs the pipeline three times on one database: a dry run, a rerun that enqueues through the
+outbox (one send failing), and a rerun that must add nothing new and sends only what waited; plus
+runs that fail at chosen points and must leave nothing behind.
 """
 
 from __future__ import annotations
@@ -177,20 +178,22 @@ def test_rerun_replaces_the_date_and_enqueues_each_fix_once(
     assert len(dry_run_keys) == ledgers.injection.counts[DiscrepancyClass.MISSING_IN_PAYMENT.value]
     with recording_api() as api:
         target = delivery.ApiTarget(url=api.url, token=api.token)
-        api.fail_next = 1  # one delivery fails: it stays in the outbox and goes out on the next run
+        api.fail_next = 1  # one send is answered 503: it, and what was not sent yet, waits in the outbox
         second = _run(spark, database, business_params, output_dir, api=target)
-        ordered = sorted(dry_run_keys)  # fixes go out in key order; the first one hit the 503
-        assert api.keys == ordered[1:]
+        assert second.enqueued is not None and second.enqueued.added == len(dry_run_keys)
+        waiting = second.enqueued.after.pending
+        assert waiting >= 1 and len(api.keys) == len(dry_run_keys) - waiting
         third = _run(spark, database, business_params, output_dir, api=target)
-        assert api.keys == [*ordered[1:], ordered[0]]  # each fix delivered exactly once overall
+        assert sorted(api.keys) == sorted(dry_run_keys)  # each fix delivered exactly once overall
     assert [f.idempotency_key for f in fixes.read_jsonl(third.fixes_jsonl)] == dry_run_keys
-    assert [d.accepted for d in second.deliveries].count(False) == 1
-    assert len(third.deliveries) == 1 and third.deliveries[0].accepted
+    assert third.enqueued is not None and (third.enqueued.added, third.enqueued.already) == (0, len(dry_run_keys))
+    assert third.enqueued.complete and third.enqueued.relayed is not None
+    assert third.enqueued.relayed.sent == waiting
     runs, _ = asyncio.run(_fetch_summary(database))
     assert [r["run_id"] for r in runs] == [third.summary.run_id]
     assert output_dir.joinpath(f"date={business_params.business_date}").resolve() == third.run_dir
     assert sorted(p.name for p in (output_dir / "runs").iterdir()) == [third.summary.run_id]
-    delivered = asyncio.run(_fetch(database, "SELECT count(*) AS n FROM outbox WHERE delivered_at IS NOT NULL"))
+    delivered = asyncio.run(_fetch(database, "SELECT count(*) AS n FROM compensator_outbox WHERE state = 'sent'"))
     assert delivered[0]["n"] == len(dry_run_keys)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import shutil
 import uuid
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+import outbox
 from ledger import migrate, pg
 from ledger.kinds import Kind
 from ledger.states import OPEN_STATES, LedgerState
@@ -69,7 +71,7 @@ def test_the_ledger_states_migration_stops_while_a_resolved_row_exists(
     with pytest.raises(asyncpg.exceptions.RaiseError, match="RESOLVED rows"):
         migrate.apply(dsn)
     asyncio.run(_fetch(dsn, f"UPDATE compensation_requests SET state = 'CANCELLED' WHERE request_id = '{resolved}'"))
-    assert migrate.apply(dsn) == [3, 4]
+    assert migrate.apply(dsn) == [3, 4, 5]
     with pytest.raises(asyncpg.CheckViolationError):
         asyncio.run(_insert_request(dsn, "RESOLVED", finished=True))
 
@@ -117,3 +119,60 @@ async def _insert_request(dsn: str, state: str, *, finished: bool) -> str:
     finally:
         await connection.close()
     return request_id
+
+
+def _new_database(postgres: pg.EmbeddedPostgres) -> str:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_fetch(postgres.dsn, f"CREATE DATABASE {name}"))
+    return postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+_OUTBOX_SHAPE = """SELECT column_name, data_type, is_nullable, column_default FROM information_schema.columns
+                   WHERE table_name = 'compensator_outbox' ORDER BY ordinal_position"""
+_OUTBOX_CONSTRAINTS = """SELECT pg_get_constraintdef(oid) AS c FROM pg_constraint
+                         WHERE conrelid = 'compensator_outbox'::regclass ORDER BY 1"""
+
+
+def test_the_outbox_migration_is_the_producers_table_and_keeps_every_old_row(
+    postgres: pg.EmbeddedPostgres, tmp_path: Path
+) -> None:
+    dsn = _new_database(postgres)
+    for path in sorted(migrate.MIGRATIONS_DIR.glob("*.sql"))[:3]:
+        shutil.copy(path, tmp_path / path.name)
+    assert migrate.apply(dsn, tmp_path) == [1, 2, 3]
+    asyncio.run(
+        _fetch(
+            dsn,
+            """INSERT INTO outbox (idempotency_key, kind, ref_key, payload, source, delivered_at,
+                               response_status) VALUES ('recon-a', 'transfer', 'g-1', '{"amount_minor": 5}', 's',
+                               now(), 201), ('recon-b', 'transfer', 'g-2', '{"amount_minor": 6}', 's', NULL, NULL)""",
+        )
+    )
+    assert migrate.apply(dsn) == [4, 5]
+    moved = asyncio.run(
+        _rows(dsn, "SELECT idempotency_key, body, state, response_status FROM compensator_outbox ORDER BY 1")
+    )
+    assert [(r["idempotency_key"], json.loads(r["body"]), r["state"], r["response_status"]) for r in moved] == [
+        ("recon-a", {"kind": "transfer", "ref_key": "g-1", "payload": {"amount_minor": 5}}, "sent", 201),
+        ("recon-b", {"kind": "transfer", "ref_key": "g-2", "payload": {"amount_minor": 6}}, "pending", None),
+    ]
+    installed = _new_database(postgres)
+    asyncio.run(_install_outbox(installed))
+    for query in (_OUTBOX_SHAPE, _OUTBOX_CONSTRAINTS):
+        assert asyncio.run(_rows(dsn, query)) == asyncio.run(_rows(installed, query))
+
+
+async def _rows(dsn: str, query: str) -> list[dict[str, object]]:
+    connection = await asyncpg.connect(dsn)
+    try:
+        return [dict(row) for row in await connection.fetch(query)]
+    finally:
+        await connection.close()
+
+
+async def _install_outbox(dsn: str) -> None:
+    connection = await asyncpg.connect(dsn)
+    try:
+        await outbox.install(connection)
+    finally:
+        await connection.close()

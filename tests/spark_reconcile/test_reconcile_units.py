@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import itertools
 import json
 from pathlib import Path
 
+import asyncpg
 import pytest
 from pydantic import ValidationError
 from reconcile_http import recording_api
 
 from ledger.kinds import Kind, TransferPayload, decode_payload, encode_payload
-from ledger.pg import free_tcp_port
 from spark_reconcile import delivery, fixes, report
 from spark_reconcile.params import ReconcileParams
 from spark_reconcile.schemas import Ledger
@@ -134,27 +135,44 @@ def test_fixes_jsonl_round_trips_and_refuses_what_is_not_a_transfer(tmp_path: Pa
         fixes.read_jsonl(path)
 
 
-def test_post_sends_key_and_token_in_headers_and_treats_a_replay_as_delivered() -> None:
-    fix = fixes.build_fixes([_row()], payer_account=PAYER).proposed[0]
+def test_fixes_go_through_the_outbox_once_and_a_rerun_adds_nothing(pg_dsn: str) -> None:
+    """Keys and token in headers, a replay counts as delivered, a failed send waits in the outbox."""
+    proposed = list(fixes.build_fixes([_row(), _row(business_id="g-2")], payer_account=PAYER).proposed)
+    without_api = delivery.enqueue(pg_dsn, proposed, api=None)
+    assert (without_api.added, without_api.already, without_api.relayed, without_api.after.pending) == (2, 0, None, 2)
+    assert without_api.complete
     with recording_api() as api:
         target = delivery.ApiTarget(url=api.url, token=api.token)
-        assert delivery.post(fix, target).status == 201
-        replay = delivery.post(fix, target)
-        other_payer = fixes.build_fixes([_row()], payer_account="treasury-2").proposed[0]
-        conflict = delivery.post(other_payer, target)
-        wrong_token = delivery.post(fix, delivery.ApiTarget(url=api.url, token="wrong"))
-        api.fail_next = 1
-        failed = delivery.post(fix, target)
-    assert replay.status == 200 and replay.accepted
-    assert conflict.status == 409 and not conflict.accepted  # same key, another body: not delivered
-    assert wrong_token.status == 401 and not wrong_token.accepted
-    assert failed.status == 503 and not failed.accepted
-    assert api.keys == [fix.idempotency_key, fix.idempotency_key]
-    assert api.received[0][1] == fix.body()
-    unreachable = delivery.post(
-        fix, delivery.ApiTarget(url=f"http://127.0.0.1:{free_tcp_port()}", token="t"), timeout_s=2
-    )
-    assert unreachable.status is None and not unreachable.accepted
+        api.fail_next = 1  # the first send is answered 503: the round stops, the rows wait
+        failed = delivery.enqueue(pg_dsn, proposed, api=target)
+        assert (failed.added, failed.already, failed.after.pending + failed.after.sent) == (0, 2, 2)
+        assert failed.after.pending >= 1 and not failed.complete  # the 503'd one waits; a parallel one may have gone
+        asyncio.run(_make_due(pg_dsn))
+        sent = delivery.enqueue(pg_dsn, proposed, api=target)
+        assert (sent.after.pending, sent.after.sent) == (0, 2) and sent.complete
+        rerun = delivery.enqueue(pg_dsn, proposed, api=target)
+        assert (rerun.added, rerun.already, rerun.relayed and rerun.relayed.claimed) == (0, 2, 0)
+        other_payer = list(fixes.build_fixes([_row()], payer_account="treasury-2").proposed)
+        conflict = delivery.enqueue(pg_dsn, other_payer, api=target)
+        assert conflict.conflicts == (other_payer[0].idempotency_key,) and not conflict.complete
+    assert sorted(api.keys) == sorted(f.idempotency_key for f in proposed)  # each once
+    assert sorted(body["ref_key"] for _, body in api.received) == ["g-1", "g-2"]
+    assert {key: body for key, body in api.received} == {f.idempotency_key: f.body() for f in proposed}
+
+
+async def _make_due(dsn: str) -> None:
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute("UPDATE compensator_outbox SET next_attempt_at = now()")
+    finally:
+        await connection.close()
+
+
+def test_a_wrong_token_leaves_the_fixes_pending(pg_dsn: str) -> None:
+    proposed = list(fixes.build_fixes([_row()], payer_account=PAYER).proposed)
+    with recording_api() as api:
+        result = delivery.enqueue(pg_dsn, proposed, api=delivery.ApiTarget(url=api.url, token="wrong"))
+    assert (result.after.pending, result.after.rejected, api.keys) == (1, 0, [])
 
 
 def test_the_api_token_never_shows() -> None:
