@@ -3,7 +3,7 @@ bad one named in the 422 problem."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -11,7 +11,9 @@ from api.schemas import REF_KEY_PATTERN
 from ledger.kinds import Whole
 
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
-KindName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+NAME_PATTERN: Final = r"^[a-z][a-z0-9_.-]{0,63}$"
+"""A kind's or an error class's name, as the store takes it."""
+KindName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 
 class _Strict(BaseModel):

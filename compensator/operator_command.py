@@ -1,10 +1,14 @@
-"""The operator's command line over the HTTP API: kinds (pause, resume, retry policy), breakers and
-classification tables.
+"""The operator's command line over the HTTP API: kinds (pause, resume, retry policy), breakers,
+classification tables, the dead-letter tier (list, redrive, edit, discard) and four-eyes proposals.
 
     compensator kind list | show KIND | pause KIND --reason R [--holder H] | resume KIND [--holder H]
     compensator kind policy KIND [--set FILE]          (FILE: JSON, `-` for standard input)
     compensator breaker list | force DOWNSTREAM open|closed|auto --reason R
     compensator classification show DOWNSTREAM | set DOWNSTREAM FILE --reason R | reset DOWNSTREAM
+    compensator dead list [--kind K] [--error-class E] [--ref-key R] [--cursor C] [--limit N]
+    compensator dead redrive (--id ID ... | --kind K [--error-class E] [--ref-key R]) --reason R [--limit N]
+    compensator dead edit ID FILE --reason R | discard ID --reason-code C --comment T
+    compensator proposal list [--pending] | approve N [--reason R] | reject N --reason R
 
 Why through the API and not the store: the API owns the roles, the validation and the audit of
 every operator action; the command line is one more client of it, so an action from a terminal is
@@ -72,10 +76,40 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     table_set.add_argument("--reason", required=True, help="why (recorded)")
     table_reset = tables.add_parser("reset", help="back to the default table")
     table_reset.add_argument("downstream")
-    for parser in (*kinds.choices.values(), *breakers.choices.values(), *tables.choices.values()):
+    dead = subparsers.add_parser("dead", help="the dead-letter tier: list, redrive, edit and redrive, discard")
+    deads = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = deads.add_parser("list", help="dead letters, oldest first, a page at a time")
+    redrive = deads.add_parser("redrive", help="redrive a selection (--id) or what a filter matches (four eyes may apply)")
+    redrive.add_argument("--id", dest="ids", action="append", help="a request id; repeat for a selection")
+    for parser in (listing, redrive):
+        parser.add_argument("--kind")
+        parser.add_argument("--error-class")
+        parser.add_argument("--ref-key")
+        parser.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--cursor", help="next_cursor of the previous page")
+    redrive.add_argument("--reason", required=True, help="why (recorded)")
+    edit = deads.add_parser("edit", help="redrive with an edited payload, as a new version linked to the original")
+    edit.add_argument("id")
+    edit.add_argument("source", help="a JSON file with the whole edited payload, or - for standard input")
+    edit.add_argument("--reason", required=True, help="why (recorded)")
+    discard = deads.add_parser("discard", help="discard with a reason code and a comment")
+    discard.add_argument("id")
+    discard.add_argument("--reason-code", required=True)
+    discard.add_argument("--comment", required=True)
+    proposal = subparsers.add_parser("proposal", help="four-eyes proposals: list, approve, reject or withdraw")
+    proposals = proposal.add_subparsers(dest="action", required=True, metavar="ACTION")
+    proposals.add_parser("list", help="proposals, newest first").add_argument("--pending", action="store_true")
+    approve = proposals.add_parser("approve", help="approve: the action is done in the same command")
+    approve.add_argument("number", type=int)
+    approve.add_argument("--reason", default="")
+    reject = proposals.add_parser("reject", help="reject (an approver), or withdraw your own (a reviewer)")
+    reject.add_argument("number", type=int)
+    reject.add_argument("--reason", required=True)
+    groups = (kinds, breakers, tables, deads, proposals)
+    for parser in (parser for group in groups for parser in group.choices.values()):
         add_config_argument(parser)
         parser.add_argument("--token-file", type=Path, help=f"a file holding an API token (default ${TOKEN_ENV})")
-    for parser in (kind, breaker, table):
+    for parser in (kind, breaker, table, dead, proposal):
         parser.set_defaults(handler=run)
 
 
@@ -84,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
     command = args.command
     if command == "kind":
         answer = _kind(api, args)
+    elif command == "dead":
+        answer = _dead(api, args)
+    elif command == "proposal":
+        answer = _proposal(api, args)
     elif command == "breaker":
         answer = (
             api.call("GET", "/v1/breakers")
@@ -116,6 +154,31 @@ def _kind(api: Api, args: argparse.Namespace) -> Any:
     return api.call("PUT", f"/v1/kinds/{args.kind}/policy", body=_json_from(args.source))
 
 
+def _dead(api: Api, args: argparse.Namespace) -> Any:
+    selection = {"kind": args.kind, "error_class": args.error_class, "ref_key": args.ref_key} if args.action in (
+        "list", "redrive") else {}  # fmt: skip
+    if args.action == "list":
+        query = {name: value for name, value in {**selection, "cursor": args.cursor}.items() if value is not None}
+        return api.call("GET", "/v1/review/dead-letters", params={**query, "limit": args.limit})
+    if args.action == "redrive":
+        chosen = {name: value for name, value in selection.items() if value is not None}
+        if bool(args.ids) == bool(chosen):
+            raise OperatorError("redrive: give --id (a selection) or a filter (--kind, --error-class, --ref-key), not both")
+        body = {"ids": args.ids} if args.ids else {"filter": chosen, "limit": args.limit}
+        return api.call("POST", "/v1/review/redrive", body={**body, "reason": args.reason})
+    if args.action == "edit":
+        body = {"payload": _json_from(args.source), "reason": args.reason}
+        return api.call("POST", f"/v1/review/requests/{args.id}/edit", body=body)
+    body = {"reason_code": args.reason_code, "comment": args.comment}
+    return api.call("POST", f"/v1/review/requests/{args.id}/discard", body=body)
+
+
+def _proposal(api: Api, args: argparse.Namespace) -> Any:
+    if args.action == "list":
+        return api.call("GET", "/v1/review/proposals", params={"pending": "true" if args.pending else "false"})
+    return api.call("POST", f"/v1/review/proposals/{args.number}/{args.action}", body={"reason": args.reason})
+
+
 def _token(path: Path | None) -> str:
     if path is not None:
         try:
@@ -145,11 +208,14 @@ class Api:
         self._base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
-    def call(self, method: str, path: str, *, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+    def call(
+        self, method: str, path: str, *, body: Any = None, headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:  # fmt: skip
         import httpx
 
         try:
-            answer = httpx.request(method, self._base_url + path, json=body, timeout=TIMEOUT_S,
+            answer = httpx.request(method, self._base_url + path, json=body, timeout=TIMEOUT_S, params=params,
                                    headers={**self._headers, **(headers or {})})  # fmt: skip
         except httpx.HTTPError as error:
             raise OperatorError(

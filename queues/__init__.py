@@ -11,6 +11,7 @@ from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
     BUILTIN_KINDS,
     PAYLOAD_BYTES_MAX,
+    TIME_MS_MAX,
     AttemptView,
     AuditEntry,
     Code,
@@ -43,6 +44,7 @@ from raft_store.client import ClientError, OutcomeUnknown, RaftClient, Unavailab
 __all__ = [
     "BUILTIN_KINDS",
     "PAYLOAD_BYTES_MAX",
+    "TIME_MS_MAX",
     "AttemptView",
     "AuditEntry",
     "ClientError",

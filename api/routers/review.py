@@ -13,6 +13,7 @@ proposal).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Annotated, Any
 
@@ -26,13 +27,14 @@ from api.http import json_response
 from api.ids import RequestId
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
-from api.review_schemas import ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
-from api.schemas import utc
+from api.review_schemas import NAME_PATTERN, ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
+from api.schemas import REF_KEY_PATTERN, utc
 from api.services import ApiServices
 from api.submissions import field_errors
 from api.views import audit_document
-from ledger.kinds import PAYLOAD_MODELS, Kind, encode_payload
+from ledger.kinds import PAYLOAD_MODELS, Kind, decode_payload, encode_payload, money_of
 from queues import (
+    TIME_MS_MAX,
     ClientError,
     Code,
     DeadLetterFilter,
@@ -215,6 +217,54 @@ async def discard(request: Request, request_id: RequestIdPath, body: DiscardBody
         state = "its state" if outcome.state is None else f"state {outcome.state.value}"
         raise Problem("conflict", f"request {request_id} cannot be discarded in {state}")
     return json_response({"outcome": "done", "id": request_id, "state": "discarded"})
+
+
+# ---- the dead-letter tier -------------------------------------------------------------------------
+def _amount(view: MessageView) -> dict[str, Any] | None:
+    """The amount at stake, when the payload is a valid request of a kind that has one."""
+    try:
+        money = money_of(decode_payload(Kind(view.kind), view.edited_payload or view.payload))
+    except (ValueError, ValidationError):
+        return None
+    return None if money is None else {"amount_minor": money.amount_minor, "currency": money.currency}
+
+
+def _ms(moment: dt.datetime | None) -> int | None:
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        raise invalid([{"field": "dead_from/dead_to", "message": "give a time zone (e.g. Z)"}])
+    return max(0, min(TIME_MS_MAX, int(moment.timestamp() * 1000)))  # nothing is dead outside the store's times
+
+
+@router.get("/v1/review/dead-letters", summary="Dead letters, oldest first, a page at a time",
+            responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
+async def dead_letters(
+    request: Request, principal: Observer,
+    kind: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    error_class: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    ref_key: Annotated[str | None, Query(pattern=REF_KEY_PATTERN)] = None,
+    dead_from: dt.datetime | None = None, dead_to: dt.datetime | None = None,
+    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}\.[0-9]{1,18}$", description="next_cursor of the page before")] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Response:  # fmt: skip
+    """What the machines could not finish: each with its last error, attempts and amount. Pass
+    `next_cursor` back for the next page (stable while new letters arrive)."""
+    services = _services(request)
+    dead_filter = DeadLetterFilter(kind=kind, error_class=error_class, ref_key=ref_key,
+                                   dead_from_ms=_ms(dead_from), dead_to_ms=_ms(dead_to))  # fmt: skip
+    try:
+        page = (await services.queue.dead_letters(dead_filter, cursor=cursor, limit=limit)).value
+    except QueueError:
+        raise invalid([{"field": "cursor", "message": "not a cursor this list gave, or a filter the store refused"}]) from None
+    except ClientError as error:
+        raise services.read_failure(error) from None
+    items = [{
+        "id": _public(services, view.message_id), "kind": view.kind, "ref_key": view.ref_key,
+        "attempts": view.attempts, "error_class": view.last_error_class, "error_text": view.last_error_text,
+        "dead_at": None if view.dead_ms is None else utc(view.dead_ms), "dead_reason": view.dead_reason,
+        "amount": _amount(view),
+    } for view in page.items]  # fmt: skip
+    return json_response({"items": items, "next_cursor": page.next_cursor})
 
 
 # ---- proposals ----------------------------------------------------------------------------------

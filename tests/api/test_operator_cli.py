@@ -17,7 +17,9 @@ from api_support import put_tokens, settings
 
 from compensator import cli
 from compensator.wiring import api_app
-from queues import Role
+from ledger.kinds import TransferPayload, encode_payload
+from queues import QueueClient, RaftClient, Role
+from queues.model import Enqueue
 from raft_store.testing.inprocess import StoreThread
 from raft_store.testing.processes import free_ports
 
@@ -131,3 +133,54 @@ def test_no_token_or_no_api_is_one_line(
     assert (
         len(err.splitlines()) == 1 and err.startswith("compensator kind: error: the API at") and "ConnectError" in err
     )
+
+
+async def _dead_transfer(store: StoreThread, key: str) -> str:
+    """A transfer submitted through the queue and failed permanently: a dead letter, as a worker leaves one."""
+    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    try:
+        payload = encode_payload(TransferPayload(transfer_id=f"t-{key}", payer="alice", payee="bob", amount_minor=1234,
+                                                 currency="CNY"))  # fmt: skip
+        (created,) = await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key=f"producer:{key}",
+                                                       ref_key=f"rp-{key}", payload=payload)])  # fmt: skip
+        (grant,) = (await queue.lease("w", count_max=1, lease_ms=30_000)).grants
+        await queue.fail(grant.message_id, grant.token, "account_closed", "closed [HTTP 422]", permanent=True)
+        return f"1-{created.message_id}"
+    finally:
+        await queue.raft.close()
+
+
+def test_dead_letters_are_listed_edited_and_redriven_with_four_eyes(
+    store: StoreThread, served: Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    request_id = store.run(_dead_transfer(store, "dead-1"))
+    code, out, err = operator(served, monkeypatch, capsys, "dead", "list", "--kind", "transfer", role=Role.REVIEWER)
+    assert (code, err) == (0, "")
+    (item,) = json.loads(out)["items"]
+    assert (item["id"], item["error_class"], item["amount"]) == (request_id, "account_closed",
+                                                                 {"amount_minor": 1234, "currency": "CNY"})  # fmt: skip
+
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({"transfer_id": "t-dead-1", "payer": "alice", "payee": "bob", "amount_minor": "x",
+                                  "currency": "CNY"}))  # fmt: skip
+    code, out, err = operator(served, monkeypatch, capsys, "dead", "edit", request_id, str(edited), "--reason", "typo",
+                              role=Role.REVIEWER)  # fmt: skip
+    assert code == 1 and len(err.splitlines()) == 1 and "payload.amount_minor" in err, err
+    edited.write_text(json.dumps({"transfer_id": "t-dead-1", "payer": "alice", "payee": "carol", "amount_minor": 1234,
+                                  "currency": "CNY"}))  # fmt: skip
+    code, out, err = operator(served, monkeypatch, capsys, "dead", "edit", request_id, str(edited), "--reason",
+                              "payee's account moved", role=Role.REVIEWER)  # fmt: skip
+    assert (code, err) == (0, "")
+    proposed = json.loads(out)
+    assert proposed["outcome"] == "proposed"  # a transfer moves money: four eyes
+    number = str(proposed["proposal"]["id"])
+    code, _, err = operator(served, monkeypatch, capsys, "proposal", "approve", number, role=Role.REVIEWER)
+    assert code == 1 and "403" in err  # a reviewer cannot approve
+    code, out, err = operator(served, monkeypatch, capsys, "proposal", "approve", number, role=Role.APPROVER)
+    assert (code, err) == (0, "")
+    assert json.loads(out)["proposal"]["state"] == "approved" and len(json.loads(out)["new_ids"]) == 1
+    code, out, _ = operator(served, monkeypatch, capsys, "dead", "list", role=Role.OPERATOR)
+    assert json.loads(out)["items"] == []
+    code, _, err = operator(served, monkeypatch, capsys, "dead", "redrive", "--reason", "x", role=Role.REVIEWER)
+    assert code == 1 and "give --id" in err
