@@ -3,8 +3,11 @@
     compensator status [--config FILE] [--json]
 
 Answers "is the store up, who leads, is anyone behind, how much is waiting and for how long, which
-downstream is cut off" from one status call per node and four reads served by the leader, all at
-once, so it answers within a second. Exit 0 when a leader answered and every node is within
+downstream is cut off, how far behind are the ledger projector and the events publisher" from one
+status call per node and five reads served by the leader, all at once, plus one query of the
+ledger's PostgreSQL for the projector's cursor (COMPENSATOR_PG_DSN, or the local run's embedded
+server when it is up; never one started from here), so it answers within a second. The Kafka
+ingest's lag is the broker's to tell: its metric, `compensator_kafka_ingest_lag`. Exit 0 when a leader answered and every node is within
 `api.ready_lag_entries_max` of its commit index; 1 (with the picture printed) when not; a one-line
 error when no node answers at all.
 
@@ -17,12 +20,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from compensator.api_server import add_config_argument, load
 from compensator.config import Config
+from compensator.kafka.publisher_lease import NAMESPACE as PUBLISHER_NAMESPACE
 from compensator.store import queue_client
 from compensator.worker.breaker import holder
+from ledger import pg
 from ledger.kinds import DOWNSTREAM_OF
 from queues import ClientError, QueueError, State
 
@@ -54,11 +60,17 @@ async def gather(config: Config) -> dict[str, Any]:
         if all("error" in node for node in nodes):
             raise StatusError("no store node answered: " + "; ".join(f"{n['address']}: {n['error']}" for n in nodes))
         try:
-            counts, ages, kinds = await asyncio.gather(queue.counts(), queue.oldest_due_age_ms(), queue.kinds())
+            counts, ages, kinds, digest, publishers = await asyncio.gather(
+                queue.counts(), queue.oldest_due_age_ms(), queue.kinds(), queue.events_digest(0, 0),
+                queue.documents(PUBLISHER_NAMESPACE),
+            )  # fmt: skip
         except (ClientError, QueueError) as error:
             raise StatusError(f"the nodes answer but the set serves no reads (no leader?): {error}") from None
     finally:
         await queue.raft.close()
+    last_seq = digest.value.last_seq
+    followers = [_publisher(doc.name, doc.body, doc.updated_ms, last_seq, counts.now_ms) for doc in publishers.value.documents]
+    followers.append(await _projector(config, last_seq))
     leaders = [node for node in nodes if node.get("role") == "leader"]
     leader = max(leaders, key=lambda node: int(node.get("term", 0)), default=None)
     commit = (
@@ -87,8 +99,43 @@ async def gather(config: Config) -> dict[str, Any]:
         "oldest_due_age_ms": dict(sorted(ages.value.items())),
         "paused": {kind: [p.holder for p in held] for kind, held in sorted(pauses.items()) if held},
         "breakers": breakers,
+        "last_event_seq": last_seq,
+        "followers": followers,
         "now_ms": counts.now_ms,
     }
+
+
+def _publisher(topic: str, body: bytes | None, updated_ms: int, last_seq: int, now_ms: int) -> dict[str, Any]:
+    """An events publisher's cursor in the store (compensator/kafka/publisher_lease.py's document)."""
+    document = json.loads(body) if body else {}
+    cursor = int(document.get("cursor", 0))
+    live = document.get("holder") is not None and now_ms - updated_ms < int(document.get("lease_ms", 0))
+    return {"name": f"events publisher ({topic})", "cursor": cursor, "lag_events": max(0, last_seq - cursor),
+            "holder": document.get("holder") if live else None}  # fmt: skip
+
+
+async def _projector(config: Config, last_seq: int) -> dict[str, Any]:
+    """The ledger projector's cursor, from its PostgreSQL: the configured one, or the local run's
+    embedded server if it is running (never started from here)."""
+    row: dict[str, Any] = {"name": "ledger projector", "cursor": None, "lag_events": None, "holder": None}
+    dsn = pg.dsn_from_env() or pg.EmbeddedPostgres(Path(config.local.data_dir) / "ledger-pg" / "data").running_dsn()
+    if dsn is None:
+        return row | {"error": "no ledger database (COMPENSATOR_PG_DSN) to read its cursor from"}
+    import asyncpg
+
+    try:
+        connection = await asyncpg.connect(dsn, timeout=1.0)
+        try:
+            found = await connection.fetchrow(
+                "SELECT last_seq, owner FROM projector_cursors WHERE set_id = $1", config.store.set_id)
+        finally:
+            await connection.close()
+    except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+        return row | {"error": f"{type(error).__name__}: {error}".splitlines()[0]}
+    if found is None:
+        return row | {"error": "no cursor yet: the projector has not written this set"}
+    cursor = int(found["last_seq"])
+    return row | {"cursor": cursor, "lag_events": max(0, last_seq - cursor), "holder": found["owner"] or None}
 
 
 def _node_row(node: dict[str, Any], commit: int) -> dict[str, Any]:
@@ -133,6 +180,14 @@ def render(report: dict[str, Any]) -> str:
                      + f"{_age(report['oldest_due_age_ms'].get(kind)):>12}  {paused}")  # fmt: skip
     if not report["depth"]:
         lines.append("(no requests)")
+    lines.append("")
+    lines.append(f"events: last seq {report['last_event_seq']}")
+    for follower in report["followers"]:
+        if follower.get("error"):
+            lines.append(f"  {follower['name']}: {follower['error']}")
+        else:
+            holder = follower["holder"] or "nobody holds it"
+            lines.append(f"  {follower['name']}: cursor {follower['cursor']}, {follower['lag_events']} behind ({holder})")
     lines.append("")
     for breaker in report["breakers"]:
         state = breaker["state"]

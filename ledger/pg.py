@@ -155,6 +155,12 @@ class EmbeddedPostgres:
         self._started_here = False
         self._address = None
 
+    def running_dsn(self) -> str | None:
+        """The DSN of a server already running in this directory (started by anyone), else None:
+        for a reader that must not start one."""
+        port = self._running_port()
+        return None if port is None else ServerAddress(host=HOST, port=port).dsn
+
     def stop_any(self) -> None:
         """Fast shutdown of whatever server runs in this directory, started here or not: for the
         owner of the directory, when the process that started it died before it could stop it."""

@@ -3,13 +3,16 @@ engineer reads, its exit code, and one line when nothing answers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from compensator import cli
+from ledger import migrate, pg
 from queues import QueueClient, RaftClient
 from queues.model import Enqueue
 from queues.replicated import machine_factory
@@ -90,3 +93,54 @@ def test_nothing_answering_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: 
     code, out, err = status(monkeypatch, capsys, ",".join(f"127.0.0.1:{p}" for p in ports))
     assert code == 1 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("compensator status: error: no store node answered"), err
+
+
+def test_the_projector_and_the_publisher_are_shown_with_their_lag(
+    store: StoreThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.run(_traffic(store))
+
+    async def publisher_at(cursor: int) -> None:
+        queue = QueueClient(RaftClient([store.address], deadline_s=10))
+        try:
+            body = json.dumps({"v": 1, "holder": "pub-a", "cursor": cursor, "lease_ms": 60_000}).encode()
+            await queue.put_document("kafka_publisher", "compensator.events", body, actor="events-publish")
+        finally:
+            await queue.raft.close()
+
+    store.run(publisher_at(3))
+    with pg.temporary_server() as server:
+        migrate.apply(server.dsn)
+
+        async def projected(last_seq: int) -> None:
+            connection = await asyncpg.connect(server.dsn)
+            try:
+                await connection.execute(
+                    "INSERT INTO projector_cursors (set_id, last_seq, owner) VALUES (1, $1, 'proj-a')", last_seq
+                )
+            finally:
+                await connection.close()
+
+        asyncio.run(projected(2))
+        monkeypatch.setenv("COMPENSATOR_PG_DSN", server.dsn)
+        code, out, err = status(monkeypatch, capsys, store.addresses, "--json")
+        text_code, text, _ = status(monkeypatch, capsys, store.addresses)
+    assert (code, err, text_code) == (0, "", 0)
+    report = json.loads(out)
+    last = report["last_event_seq"]
+    assert last > 3
+    publisher, projector = report["followers"]
+    assert (publisher["cursor"], publisher["lag_events"], publisher["holder"]) == (3, last - 3, "pub-a")
+    assert (projector["cursor"], projector["lag_events"], projector["holder"]) == (2, last - 2, "proj-a")
+    assert f"ledger projector: cursor 2, {last - 2} behind (proj-a)" in text
+
+
+def test_a_projector_without_a_database_is_named_not_fatal(
+    store: StoreThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.delenv("COMPENSATOR_PG_DSN", raising=False)
+    monkeypatch.setenv("COMPENSATOR_LOCAL__DATA_DIR", str(tmp_path / "local"))
+    code, out, _ = status(monkeypatch, capsys, store.addresses, "--json")
+    assert code == 0
+    (projector,) = json.loads(out)["followers"]
+    assert projector["cursor"] is None and "COMPENSATOR_PG_DSN" in projector["error"]
