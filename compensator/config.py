@@ -264,7 +264,7 @@ class LocalConfig(_Section, frozen=True):
     ports of `handlers.payment.base_url`, `handlers.red_packet.base_url` and `callback_port`."""
     projector: bool = True
     """Start the ledger projector (`compensator project`), writing the compensation ledger to an
-    embedded PostgreSQL in `data_dir`/ledger-pg, or to $COMPENSATOR_PG_DSN."""
+    embedded PostgreSQL in `data_dir`/pg (beside the stand-ins' ledgers), or to $COMPENSATOR_PG_DSN."""
     callback_port: int = 7203
     """The callback receiver stand-in's port."""
     callback_target: str = "merchant-demo"

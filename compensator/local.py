@@ -1,9 +1,11 @@
 """``compensator run`` (``make run``): the whole service on one machine, on embedded defaults.
 
 Starts the 3-node store (``compensator node`` processes on loopback, data under `local.data_dir`,
-kept between runs), the queue's maintenance driver and replica auditor, the ledger projector (its
-embedded PostgreSQL under `local.data_dir`/ledger-pg, unless $COMPENSATOR_PG_DSN names one), and
-the API; rotates two
+kept between runs), the queue's maintenance driver and replica auditor, one PostgreSQL (embedded,
+under `local.data_dir`/pg, unless $COMPENSATOR_PG_DSN names one) holding the three ledgers the
+nightly reconciliation reads: the payment and red-packet stand-ins' own and the compensation ledger
+the projector writes, so `compensator reconcile --pg-data var/local/pg/data` reconciles what the
+local run did; the ledger projector, the stand-ins, the workers and the API; rotates two
 tokens for local use (a producer's and an operator's); prints the API's URL, the tokens and a
 ``curl`` that submits a failed transfer. Ctrl-C stops everything, in order, and waits for it.
 
@@ -141,11 +143,14 @@ class LocalService:
             "callback": local.callback_port,
         } if local.standins else {}  # fmt: skip
         secrets = self.data_dir / "callback-secrets.json"
-        self.standins_pg_data = self.data_dir / "standins-pg" / "data"
+        self.pg_data = local_pg_data(config)
+        self.pg_dsn: str | None = None
+        self._pg: Any = None  # the EmbeddedPostgres this launcher started, if any
+        self._pg_start: asyncio.Future[Any] | None = None
         self.standins = [Child("stand-ins", [
             *python, "standins", *config_args, "--payment-port", str(self.standin_ports["payment"]),
             "--red-packet-port", str(self.standin_ports["red_packet"]), "--callback-port", str(local.callback_port),
-            "--pg-data", str(self.standins_pg_data), "--secrets-file", str(secrets),
+            "--secrets-file", str(secrets),
         ], self.data_dir / "standins.log")] if local.standins else []  # fmt: skip
         target_url = f"http://127.0.0.1:{local.callback_port}/callbacks/{local.callback_target}"
         worker_env = {
@@ -159,27 +164,42 @@ class LocalService:
             for i in range(1, local.workers + 1)
         ]  # fmt: skip
         self.secrets_file = secrets
-        self.ledger_pg_data = self.data_dir / "ledger-pg" / "data"
         self.projectors = [Child("projector", [
-            *python, "project", *config_args, "--pg-data", str(self.ledger_pg_data), "--id", "local-projector",
+            *python, "project", *config_args, "--id", "local-projector",
         ], self.data_dir / "projector.log")] if local.projector else []  # fmt: skip
 
-    def stop_ledger_database(self) -> None:
-        """As `stop_standins_database`, for the ledger's embedded server."""
-        if not self.projectors:
+    def start_database(self) -> None:
+        """The ledgers' PostgreSQL, started in the background (on a thread: pg_ctl waits); the
+        configured one when $COMPENSATOR_PG_DSN names it."""
+        from ledger import pg
+
+        if not (self.standins or self.projectors):
             return
-        from ledger.pg import EmbeddedPostgres
-
-        EmbeddedPostgres(self.ledger_pg_data).stop_any()
-
-    def stop_standins_database(self) -> None:
-        """The stand-ins stop their embedded server as they exit, but one killed while it started
-        cannot: the directory is ours, so whatever still runs in it is stopped here."""
-        if not self.standins:
+        configured = pg.dsn_from_env()
+        if configured is not None:
+            self.pg_dsn = configured
             return
-        from ledger.pg import EmbeddedPostgres
+        self._pg = pg.EmbeddedPostgres(self.pg_data)
+        self._pg_start = asyncio.ensure_future(asyncio.to_thread(self._pg.start))
 
-        EmbeddedPostgres(self.standins_pg_data).stop_any()
+    async def database_ready(self) -> bool:
+        """Wait for the server, then hand its DSN to the children that use it."""
+        if self._pg_start is not None:
+            await asyncio.shield(self._pg_start)  # a Ctrl-C leaves the start to finish, then stops it
+            self.pg_dsn = self._pg.dsn
+        for child in (*self.standins, *self.projectors):
+            if self.pg_dsn is not None:
+                child.env["COMPENSATOR_PG_DSN"] = self.pg_dsn
+        return True
+
+    async def stop_database(self) -> None:
+        """Stop the server this launcher started, also when a Ctrl-C came while it was starting
+        (the start is waited for first) or a child left it running: the directory is ours."""
+        if self._pg_start is None:
+            return
+        if not self._pg_start.done():
+            await asyncio.wait([self._pg_start], timeout=60.0)
+        await asyncio.to_thread(self._pg.stop_any)
 
     @property
     def children(self) -> list[Child]:
@@ -322,12 +342,18 @@ def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[s
     ])  # fmt: skip
 
 
+def local_pg_data(config: Config) -> Path:
+    """The local run's PostgreSQL folder: the three ledgers, one database."""
+    return Path(config.local.data_dir) / "pg" / "data"
+
+
 def _ledger_lines(config: Config) -> list[str]:
     if not config.local.projector:
         return []
-    where = Path(config.local.data_dir) / "ledger-pg" / "data"
-    return [f"  ledger          compensation_requests/_attempts, by `compensator project`, in PostgreSQL at {where}"
-            " (its port: line 4 of postmaster.pid; docs/ledger.md)"]  # fmt: skip
+    where = local_pg_data(config)
+    return [f"  ledgers         compensation_requests/_attempts (by `compensator project`) beside the stand-ins'"
+            f" payment_transfers and red_packet_grants, in PostgreSQL at {where} (docs/ledger.md);",
+            f"                  reconcile a day: compensator reconcile --date YYYY-MM-DD --pg-data {where}"]  # fmt: skip
 
 
 def _standins_lines(config: Config, ports: dict[str, int]) -> list[str]:
@@ -364,9 +390,26 @@ class LocalRunError(ValueError):
     """The local service cannot run: one line, exit 1."""
 
 
+def _log_to(path: Path) -> None:
+    """The driver's and the auditor's log lines go to a file beside the children's logs; only
+    what needs a person (a diverged replica: ERROR) is also printed. A replica that does not answer
+    while its node restarts is a line in the file, not noise over the launcher's own messages."""
+    import logging
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    to_console = logging.StreamHandler()
+    to_console.setLevel(logging.ERROR)
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    root.handlers[:] = [to_file, to_console]
+
+
 async def serve(config: Config, *, config_path: Path | None) -> int:
     service = LocalService(config, config_path=config_path)
     service.check_ports()
+    _log_to(service.data_dir / "launcher.log")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -376,8 +419,11 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
     try:
         for node in service.nodes:
             node.start()
+        service.start_database()  # meanwhile: the nodes elect a leader
         leader = await _unless(stop, service.wait_leader(queue))
         if leader is None:
+            return _interrupted()
+        if not await _unless(stop, service.database_ready()):
             return _interrupted()
         tokens = await rotate_local_tokens(queue)
         driver = MaintenanceDriver(queue)  # lease expiry and purge are commands someone must propose
@@ -414,10 +460,9 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
             worker.stop(timeout_s=30.0)
         for projector in service.projectors:
             projector.stop()
-        service.stop_ledger_database()
         for standin in service.standins:
             standin.stop()
-        service.stop_standins_database()
+        await service.stop_database()
         if driver is not None:
             await driver.stop()
         if auditor is not None:

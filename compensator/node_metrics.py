@@ -29,6 +29,9 @@ from queues import query_codec as qc
 
 CONTENT_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"
 REQUEST_BYTES_MAX: Final = 8192
+APPLY_WAITS_MAX: Final = 200
+APPLY_WAIT_S: Final = 0.005
+"""A scrape waits up to a second for a running apply to end, checking between the loop's turns."""
 
 
 class NodeCollector(Collector):
@@ -100,7 +103,7 @@ class NodeCollector(Collector):
             yield counter
 
     def _queue(self, node: str) -> Iterator[Metric]:
-        """Skipped for a scrape that comes while an apply runs (the next one has them)."""
+        """Skipped for a scrape that finds an apply still running after its wait (the next has them)."""
         assert self._query is not None
         counts_raw = self._query(qc.encode_query(qc.Counts()))
         ages_raw = self._query(qc.encode_query(qc.OldestDueAge()))
@@ -125,9 +128,12 @@ class NodeCollector(Collector):
 class MetricsServer:
     """`GET /metrics` on the node's loop."""
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, host: str, port: int, applying: Callable[[], bool] = lambda: False
+    ) -> None:
         self._registry = registry
         self._host, self._port = host, port
+        self._applying = applying
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -145,6 +151,10 @@ class MetricsServer:
             if len(head) > REQUEST_BYTES_MAX or method != b"GET" or path.split(b"?")[0] != b"/metrics":
                 body, status, kind = b"only GET /metrics here\n", b"404 Not Found", b"text/plain"
             else:
+                for _ in range(APPLY_WAITS_MAX):  # an apply takes milliseconds; the queue gauges need it done
+                    if not self._applying():
+                        break
+                    await asyncio.sleep(APPLY_WAIT_S)
                 body, status, kind = generate_latest(self._registry), b"200 OK", CONTENT_TYPE
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind + b"\r\nContent-Length: "
                          + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)  # fmt: skip

@@ -60,7 +60,7 @@ def serve(args: argparse.Namespace) -> int:
 async def _metrics(node: Node, *, address: tuple[str, int]) -> AsyncIterator[None]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(node.status, node.query_applied))
-    server = MetricsServer(registry, *address)
+    server = MetricsServer(registry, *address, applying=lambda: node.applying)
     await server.start()
     try:
         yield

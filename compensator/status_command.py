@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 from compensator.api_server import add_config_argument, load
 from compensator.config import Config
 from compensator.kafka.publisher_lease import NAMESPACE as PUBLISHER_NAMESPACE
+from compensator.local import local_pg_data
 from compensator.store import queue_client
 from compensator.worker.breaker import holder
 from ledger import pg
@@ -118,7 +118,7 @@ async def _projector(config: Config, last_seq: int) -> dict[str, Any]:
     """The ledger projector's cursor, from its PostgreSQL: the configured one, or the local run's
     embedded server if it is running (never started from here)."""
     row: dict[str, Any] = {"name": "ledger projector", "cursor": None, "lag_events": None, "holder": None}
-    dsn = pg.dsn_from_env() or pg.EmbeddedPostgres(Path(config.local.data_dir) / "ledger-pg" / "data").running_dsn()
+    dsn = pg.dsn_from_env() or pg.EmbeddedPostgres(local_pg_data(config)).running_dsn()
     if dsn is None:
         return row | {"error": "no ledger database (COMPENSATOR_PG_DSN) to read its cursor from"}
     import asyncpg

@@ -308,6 +308,11 @@ class Node:
         self._wake.set()
         return await future
 
+    @property
+    def applying(self) -> bool:
+        """Whether the machine is in use on the apply thread right now (`query_applied` waits it out)."""
+        return self._apply_running
+
     def query_applied(self, query: bytes) -> bytes | None:
         """This replica's answer to `query` from its applied state, for callers on the node's own
         loop (its metrics endpoint). None while an apply runs: the machine is then in use on the

@@ -628,7 +628,7 @@ def test_the_launcher_serves_its_curl_stops_everything_on_ctrl_c_and_keeps_its_d
             return bool(view["state"] == "done" and view["attempts"] == 1)
 
         done_after_s = poll_until(done_once, timeout_s=2.0)
-        dsn = ledger_dsn(tmp_path / "local" / "ledger-pg" / "data")
+        dsn = ledger_dsn(tmp_path / "local" / "pg" / "data")
         poll_until(lambda: ledger_row(dsn, request_id) == ("SUCCEEDED", 888, "CNY", 1), timeout_s=10.0)
         again = run_curl(curl)
         assert (again.status, again.body["id"], again.body["replayed"]) == (200, request_id, True)

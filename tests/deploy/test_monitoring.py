@@ -4,6 +4,7 @@ processes really export, and every alert pointing to a runbook section that exis
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -61,6 +62,8 @@ def exported(store: StoreThread) -> set[str]:
         assert store.node is not None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(NodeCollector(store.node.status, store.node.query_applied))
+        while store.node.applying:  # as a scrape does: the queue's gauges need the machine
+            await asyncio.sleep(0.005)
         return list(registry.collect())  # on the node's loop, as a scrape is
 
     families = store.run(node_families())
