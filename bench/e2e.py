@@ -136,6 +136,8 @@ class Stack:
     standin_urls: dict[str, str] = field(default_factory=dict)
     metrics_urls: list[str] = field(default_factory=list)
     """Each worker's Prometheus page."""
+    projector: Server | None = None
+    projector_metrics_url: str = ""
 
     def close(self) -> None:
         while self.cleanups:
@@ -151,6 +153,7 @@ class Stack:
         asyncio.run(configure_store(cluster, self.token, settings))
         secrets_file = self.write_secrets()
         self.start_standins(settings, secrets_file)
+        self.start_projector()
         for number in range(1, settings.workers + 1):
             (metrics_port,) = free_ports(1)
             self.metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
@@ -174,6 +177,21 @@ class Stack:
         postgres = self.postgres = pg.EmbeddedPostgres(folder / "data")
         self.cleanups.append(postgres.stop)
         pg.wait_until_accepting(postgres.start())
+
+    def start_projector(self) -> None:
+        """`compensator project` writing the compensation ledger into the stand-ins' database, as
+        `make run` does, so the run ends with the three ledgers the reconciliation reads."""
+        assert self.postgres is not None and self.cluster is not None
+        (metrics_port,) = free_ports(1)
+        self.projector_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        env = child_environment(
+            COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in self.cluster.addresses()),
+            COMPENSATOR_PG_DSN=self.postgres.dsn, COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port),
+        )  # fmt: skip
+        projector = self.projector = Server("compensator project", [*compensator_command(), "project", "--id", "e2e"],
+                                            env, self.root / "projector.log")  # fmt: skip
+        self.cleanups.append(projector.stop)
+        projector.start()
 
     def write_secrets(self) -> Path:
         """The callback target's secret, shared by the receiver and the workers as `make run` does."""
@@ -387,6 +405,36 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
     )
 
 
+async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Once the projector has every event: the ledger's request count beside the store's, and the
+    projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
+    assert stack.cluster is not None and stack.postgres is not None
+    queue = QueueClient(RaftClient(stack.cluster.addresses(), deadline_s=30))
+    try:
+        last = (await queue.events_digest(0, 0)).value.last_seq
+        counts = (await queue.counts()).value
+    finally:
+        await queue.raft.close()
+    connection = await asyncpg.connect(stack.postgres.dsn)
+    try:
+        deadline = time.monotonic() + timeout_s
+        cursor = 0
+        while time.monotonic() < deadline:
+            cursor = await connection.fetchval("SELECT last_seq FROM projector_cursors WHERE set_id = 1") or 0
+            if cursor >= last:
+                break
+            await asyncio.sleep(0.2)
+        ledger_requests = await connection.fetchval("SELECT count(*) FROM compensation_requests")
+    finally:
+        await connection.close()
+    buckets = figures.histogram(scrape([stack.projector_metrics_url]), "compensator_projector_event_lag_seconds")
+    return {
+        "events": last, "projected": cursor, "ledger_requests": ledger_requests,
+        "store_requests": sum(counts.values()), "lag_p50_s": figures.histogram_quantile(buckets, 0.5),
+        "lag_p99_s": figures.histogram_quantile(buckets, 0.99),
+    }
+
+
 def scrape(urls: list[str]) -> list[str]:
     pages = []
     for url in urls:
@@ -464,6 +512,9 @@ def checks(result: dict[str, Any], window: Window) -> list[str]:
         problems.append(f"done without an effect downstream: {result['done_without_effect']}")
     if result["list_versions_applied_twice"] or result["list_versions_unrequested"]:
         problems.append("receive-list versions applied twice or never requested")
+    ledger = result.get("ledger")
+    if ledger is not None and (ledger["projected"] < ledger["events"] or ledger["ledger_requests"] != ledger["store_requests"]):
+        problems.append(f"the compensation ledger does not match the store: {ledger}")
     return problems
 
 
@@ -491,6 +542,7 @@ def run(settings: Settings, root: Path, result: dict[str, Any]) -> list[str]:
         result["breaker_trips"] = stack.breaker_trips()
         result["worker_metrics"] = figures.worker_metrics(scrape(stack.metrics_urls))
         result["standins"] = standin_stats(stack.standin_urls)
+        result["ledger"] = asyncio.run(ledger_caught_up(stack))
         if window.profile is not None:
             result["profile"] = window.profile
         return checks(result, window)

@@ -205,3 +205,28 @@ def _bound_ms(cumulative: Mapping[float, float], count: float, fraction: float) 
         if count and cumulative[bound] >= fraction * count:
             return bound * 1000 if math.isfinite(bound) else None
     return None
+
+
+def histogram(pages: Iterable[str], name: str) -> list[tuple[float, float]]:
+    """One histogram's cumulative (upper bound, count) buckets, summed over the pages."""
+    found: dict[float, float] = {}
+    for page in pages:
+        for sample in _SAMPLE.finditer(page):
+            if sample["name"] == f"{name}_bucket":
+                le = float(dict(_LABEL.findall(sample["labels"]))["le"])
+                found[le] = found.get(le, 0.0) + float(sample["value"])
+    return sorted(found.items())
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' histogram_quantile: linear within the bucket holding the rank."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank, lower, below = q * buckets[-1][1], 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return round(lower, 3)
+            return round(lower + (upper - lower) * (rank - below) / max(count - below, 1e-9), 3)
+        lower, below = upper, count
+    return round(lower, 3)

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.e2e_figures import histogram_quantile
 from bench.harness import MACHINE, code_revision
 from compensator import config as configuration
 from compensator.projector.runner import Projector
@@ -60,21 +61,6 @@ async def lifecycle(queue: QueueClient, start: int, count: int) -> None:
 
 async def last_seq(queue: QueueClient) -> int:
     return (await queue.events_digest(0, 0)).value.last_seq
-
-
-def quantile(buckets: list[tuple[float, float]], q: float) -> float:
-    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets."""
-    total = buckets[-1][1]
-    if total == 0:
-        return 0.0
-    rank, lower, below = q * total, 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if upper == float("inf"):
-                return lower
-            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
-        lower, below = upper, count
-    return lower
 
 
 def lag_buckets(built: Projector) -> list[tuple[float, float]]:
@@ -128,8 +114,8 @@ async def measure(cluster: ProcessCluster, dsn: str, args: argparse.Namespace) -
         "under_load": {
             "requests_per_s": round((next_index - args.requests) / offered_s),
             "events": final - preloaded,
-            "lag_p50_s": round(quantile(under_load, 0.5), 3),
-            "lag_p99_s": round(quantile(under_load, 0.99), 3),
+            "lag_p50_s": histogram_quantile(under_load, 0.5),
+            "lag_p99_s": histogram_quantile(under_load, 0.99),
             "behind_events_max": max(behind, default=0),
         },
     }
