@@ -67,6 +67,9 @@ class SyntheticLedgers:
     requests: pa.Table
     attempts: pa.Table
     injection: Injection
+    tag: str = ""
+    """The business date as YYYYMMDD: every key the generator makes starts with it, so the ledgers of
+    several dates live side by side and loading a date again replaces exactly that date's rows."""
 
     def tables(self) -> dict[str, pa.Table]:
         return {
@@ -188,6 +191,11 @@ class _Generator:
         self.business_ids: dict[str, set[str]] = {c.value: set() for c in DiscrepancyClass}
         self.next_transfer = 0
         self.next_request = 0
+        self.tag = params.business_date.strftime("%Y%m%d")
+
+    def ids(self, prefix: str, numbers: np.ndarray, width: int = 9) -> pa.Array:
+        """Keys unique across business dates (grants, transfers, requests): the date comes first."""
+        return _ids(f"{self.tag}-{prefix}", numbers, width)
 
     # -- books ------------------------------------------------------------------------------
     def book(self, discrepancy: DiscrepancyClass, ids: pa.Array, currency: np.ndarray, amount: np.ndarray) -> None:
@@ -227,7 +235,7 @@ class _Generator:
         numbers = np.arange(self.next_transfer, self.next_transfer + size)
         self.next_transfer += size
         self.transfers.add(
-            transfer_id=_ids("t-", numbers, 10),
+            transfer_id=self.ids("t-", numbers, 10),
             business_id=business_ids,
             payer=_const("treasury", size, pa.string()),
             payee=_ids("u-", self.uniform(0, self.rows, size)),
@@ -250,7 +258,7 @@ class _Generator:
         size = len(ref_keys)
         numbers = np.arange(self.next_request, self.next_request + size)
         self.next_request += size
-        request_ids = _ids("00000000-0000-4000-8000-", numbers, 12)
+        request_ids = self.ids("r-", numbers, 12)
         finished_at = _times(finished) if finished is not None else pa.nulls(size, _TIMESTAMP)
         self.requests.add(
             request_id=request_ids,
@@ -348,6 +356,7 @@ def generate(
         requests=tables[Ledger.COMPENSATION.value],
         attempts=tables[ATTEMPTS_TABLE],
         injection=injection,
+        tag=g.tag,
     )
 
 
@@ -387,7 +396,7 @@ def _generate_day(g: _Generator) -> None:
     }
     for name, members in groups.items():
         members.sort()
-        ids = _ids("g-", members)
+        ids = g.ids("g-", members)
         amount, currency = amount_all[members], currency_all[members]
         at = g.uniform(*windows[name], len(members))
         g.add_grants(ids, at, amount, currency, "GRANTED")
@@ -458,16 +467,16 @@ def _mismatch(g: _Generator, amount: np.ndarray, currency: np.ndarray) -> tuple[
 def _add_outside_noise(g: _Generator, day0: int, day_end: int, late_us: int) -> None:
     """Breaks of other days and non-payments inside the read window: none may be reported today."""
     c, strays = g.per_class, g.injected[DiscrepancyClass.MISSING_IN_RED_PACKET]
-    stray = _ids("x-", np.arange(strays))
+    stray = g.ids("x-", np.arange(strays))
     stray_at = g.uniform(day0, day_end - _US, strays)
     stray_amount, stray_currency = g.uniform(100, 200_000, strays), g.currencies(strays)
     g.add_transfers(stray, stray_at, stray_amount, stray_currency)
     g.book(DiscrepancyClass.MISSING_IN_RED_PACKET, stray, stray_currency, stray_amount)
-    previous = _ids("p-", np.arange(c))  # unpaid grants of the previous evening: yesterday's break
+    previous = g.ids("p-", np.arange(c))  # unpaid grants of the previous evening: yesterday's break
     g.add_grants(previous, g.uniform(day0 - late_us, day0, c), g.uniform(100, 9_999, c), g.currencies(c), "GRANTED")
-    tomorrow = _ids("y-", np.arange(c))  # unmatched transfers of tomorrow morning: tomorrow's break
+    tomorrow = g.ids("y-", np.arange(c))  # unmatched transfers of tomorrow morning: tomorrow's break
     g.add_transfers(tomorrow, g.uniform(day_end, day_end + late_us, c), g.uniform(100, 9_999, c), g.currencies(c))
-    cancelled = _ids("c-", np.arange(c))  # cancelled grants owe nothing
+    cancelled = g.ids("c-", np.arange(c))  # cancelled grants owe nothing
     g.add_grants(cancelled, g.uniform(day0, day_end, c), g.uniform(100, 9_999, c), g.currencies(c), "CANCELLED")
 
 
@@ -479,16 +488,27 @@ def write_parquet(ledgers: SyntheticLedgers, root: Path, *, row_group_rows: int 
         pq.write_table(table, folder / "part-00000.parquet", row_group_size=row_group_rows)
 
 
+_KEYS: Final = {Ledger.RED_PACKET.value: "grant_id", Ledger.PAYMENT.value: "transfer_id",
+                 Ledger.COMPENSATION.value: "request_id", ATTEMPTS_TABLE: "request_id"}  # fmt: skip
+"""Each table's generated key column: a date's rows are the ones whose key starts with its tag."""
+
+
 async def load_postgres_async(ledgers: SyntheticLedgers, dsn: str) -> None:
-    """Create the upstream tables if needed and COPY all four tables in (compensation schema migrated)."""
+    """Create the upstream tables if needed and COPY all four tables in (compensation schema
+    migrated), replacing the rows an earlier load of the same date wrote, in one transaction: a
+    date loaded twice is that date once, and other dates are left as they are."""
     connection = await asyncpg.connect(dsn)
     try:
         await connection.execute(UPSTREAM_DDL)
         with tempfile.TemporaryDirectory(prefix="ledgers-csv-") as folder:
-            for name, table in ledgers.tables().items():
-                path = Path(folder) / f"{name}.csv"
-                pa_csv.write_csv(table, path, pa_csv.WriteOptions(include_header=False))
-                await connection.copy_to_table(name, source=path, columns=table.column_names, format="csv")
+            async with connection.transaction():
+                if ledgers.tag:
+                    for name in reversed(list(ledgers.tables())):  # attempts before their requests
+                        await connection.execute(f"DELETE FROM {name} WHERE {_KEYS[name]} LIKE $1", f"{ledgers.tag}-%")
+                for name, table in ledgers.tables().items():
+                    path = Path(folder) / f"{name}.csv"
+                    pa_csv.write_csv(table, path, pa_csv.WriteOptions(include_header=False))
+                    await connection.copy_to_table(name, source=path, columns=table.column_names, format="csv")
         for statement in _UPSTREAM_INDEXES:
             await connection.execute(statement)
         await connection.execute("ANALYZE")

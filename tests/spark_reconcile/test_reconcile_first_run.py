@@ -60,3 +60,38 @@ def test_an_unwritable_parquet_dir_is_one_line(tmp_path: Path, capsys: pytest.Ca
     blocker.write_text("")
     error = one_line(["seed-ledgers", "--date", DATE, "--rows", "100", "--parquet-dir", str(blocker / "out")], capsys)
     assert f"--parquet-dir {blocker / 'out'}" in error
+
+
+def test_seed_ledgers_runs_twice_and_for_a_second_date(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A date seeded again replaces that date's rows; another date is added beside it."""
+    import asyncio
+
+    import asyncpg
+
+    from ledger import pg
+
+    data = tmp_path / "pg" / "data"
+    seed = ["seed-ledgers", "--rows", "2000", "--pg-data", str(data)]
+    for date in ("2026-11-20", "2026-11-20", "2026-11-21"):
+        assert cli.main([*seed, "--date", date]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+    async def counts(dsn: str) -> dict[tuple[str, str], int]:
+        connection = await asyncpg.connect(dsn)
+        try:
+            found = {}
+            for table, key in (("red_packet_grants", "grant_id"), ("payment_transfers", "transfer_id"),
+                               ("compensation_requests", "request_id")):  # fmt: skip
+                for tag in ("20261120", "20261121"):
+                    found[(table, tag)] = await connection.fetchval(
+                        f"SELECT count(*) FROM {table} WHERE {key} LIKE $1", f"{tag}-%")  # fmt: skip
+                found[(table, "all")] = await connection.fetchval(f"SELECT count(*) FROM {table}")
+            return found
+        finally:
+            await connection.close()
+
+    with pg.database(data) as dsn:
+        found = asyncio.run(counts(dsn))
+    for table in ("red_packet_grants", "payment_transfers", "compensation_requests"):
+        assert found[(table, "20261120")] == found[(table, "20261121")] > 0, found  # same rows, seed and size
+        assert found[(table, "all")] == 2 * found[(table, "20261120")], found  # nothing twice, nothing else
