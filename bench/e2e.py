@@ -9,8 +9,9 @@ store (`--machine queues.replicated:machine_factory`, fsync on), a producer toke
 never holds, a short retry policy for every kind (`--retry-ms`, the same wait before each retry),
 the stand-ins (`compensator standins`: payment system, red-packet service, callback receiver),
 `--workers` workers (`compensator worker`, configured as `make run` configures them: the
-handlers' base URLs, one callback target and its secret in a file) and the API (`compensator
-api`). Every child runs this checkout's code and gets no COMPENSATOR_* setting of the caller's.
+handlers' base URLs, one callback target and its secret in a file), the ledger projector
+(`compensator project`, into the stand-ins' database, as `make run` does) and the API
+(`compensator api`). Every child runs this checkout's code and gets no COMPENSATOR_* setting of the caller's.
 
 Failures: every stand-in answers 503 to a request at random with probability `--error-rate`
 (its `error_rate` fault, seeded), so about that fraction of first attempts fail, and retries fail
@@ -33,10 +34,15 @@ read back:
 - CPU per done request of the API, the nodes, the workers, the stand-ins, PostgreSQL and this
   process (the load client), from /proc, from the first POST to the last poll that saw a request
   end; the leader's log entries and fsyncs per done request; the workers' own metrics (handler
-  times, attempts), the breakers they opened, and the stand-ins' counts.
+  times, attempts), the breakers they opened, and the stand-ins' counts;
+- ledger: once the projector has every event, the compensation ledger's request count beside the
+  store's, and the projector's per-event lag p50/p99 through the run (its histogram);
+- reconcile: `compensator reconcile` for today on the run's three ledgers, its count per class
+  (`--no-reconcile` skips the Spark run).
 
 The command exits 1 when a request is lost, a transfer paid twice, a done request left no effect,
-or the run could not finish. Every process and the directory are removed on exit, Ctrl-C or SIGTERM.
+the ledger does not match the store, the reconciliation finds a transfer paid twice or a
+compensation done without a payment, or the run could not finish. Every process and the directory are removed on exit, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import re
 import resource
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -117,6 +124,7 @@ class Settings:
     profile_format: str
     profile_process: str
     breaker: str
+    reconcile: bool = True
 
 
 # ---- the processes ---------------------------------------------------------------------------------
@@ -405,6 +413,21 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
     )
 
 
+def reconcile_today(stack: Stack) -> dict[str, Any]:
+    """`compensator reconcile` for today (UTC) on the run's three ledgers: its count per class."""
+    assert stack.postgres is not None
+    output = stack.root / "reconcile"
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    done = subprocess.run(
+        [*compensator_command(), "reconcile", "--date", day, "--output-dir", str(output)],
+        env=child_environment(COMPENSATOR_PG_DSN=stack.postgres.dsn), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+    summary = json.loads((output / f"date={day}" / "summary.json").read_text())
+    return {name: found["count"] for name, found in summary["classes"].items()}
+
+
 async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
     """Once the projector has every event: the ledger's request count beside the store's, and the
     projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
@@ -512,6 +535,10 @@ def checks(result: dict[str, Any], window: Window) -> list[str]:
         problems.append(f"done without an effect downstream: {result['done_without_effect']}")
     if result["list_versions_applied_twice"] or result["list_versions_unrequested"]:
         problems.append("receive-list versions applied twice or never requested")
+    reconciled = result.get("reconcile")
+    if reconciled is not None and (reconciled.get("error") or reconciled.get("duplicate_payout")
+                                   or reconciled.get("compensated_not_in_payment")):  # fmt: skip
+        problems.append(f"the reconciliation found what a correct run cannot produce: {reconciled}")
     ledger = result.get("ledger")
     if ledger is not None and (ledger["projected"] < ledger["events"] or ledger["ledger_requests"] != ledger["store_requests"]):
         problems.append(f"the compensation ledger does not match the store: {ledger}")
@@ -543,6 +570,8 @@ def run(settings: Settings, root: Path, result: dict[str, Any]) -> list[str]:
         result["worker_metrics"] = figures.worker_metrics(scrape(stack.metrics_urls))
         result["standins"] = standin_stats(stack.standin_urls)
         result["ledger"] = asyncio.run(ledger_caught_up(stack))
+        if settings.reconcile:
+            result["reconcile"] = reconcile_today(stack)
         if window.profile is not None:
             result["profile"] = window.profile
         return checks(result, window)
@@ -570,6 +599,8 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
     parser.add_argument("--breaker", choices=("shipped", "off"), default="shipped",
                         help="the workers' breakers as shipped, or tripping only when every attempt failed")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1, help="the stand-ins' fault generators")
+    parser.add_argument("--no-reconcile", dest="reconcile", action="store_false",
+                        help="skip the closing `compensator reconcile` of the run's ledgers (Spark)")  # fmt: skip
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy through the window")
     parser.add_argument("--profile-process", choices=PROFILED, default="worker", help="worker: the first worker")
     parser.add_argument("--profile-format", choices=("flamegraph", "speedscope", "raw"), default="flamegraph")
@@ -587,7 +618,7 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
         error_rate=args.error_rate, retry_ms=args.retry_ms, attempts_max=args.attempts_max, workers=args.workers,
         api_workers=args.api_workers, stall_timeout_s=args.stall_timeout_s, seed=args.seed,
         profile_dir=args.profile.resolve() if args.profile else None, profile_format=args.profile_format,
-        profile_process=args.profile_process, breaker=args.breaker,
+        profile_process=args.profile_process, breaker=args.breaker, reconcile=args.reconcile,
     )  # fmt: skip
     return settings, args
 
