@@ -37,12 +37,15 @@ read back:
   times, attempts), the breakers they opened, and the stand-ins' counts;
 - ledger: once the projector has every event, the compensation ledger's request count beside the
   store's, and the projector's per-event lag p50/p99 through the run (its histogram);
-- reconcile: `compensator reconcile` for today on the run's three ledgers, its count per class
-  (`--no-reconcile` skips the Spark run).
+- reconcile: four breaks planted into the stand-ins' ledgers after the run (a grant paid twice,
+  one paid the wrong amount, one never paid, a payout of no grant), then `compensator reconcile`
+  for today on the run's three ledgers: its count per class, and whether each planted break was
+  reported under its class (`--no-reconcile` skips both).
 
 The command exits 1 when a request is lost, a transfer paid twice, a done request left no effect,
-the ledger does not match the store, the reconciliation finds a transfer paid twice or a
-compensation done without a payment, or the run could not finish. Every process and the directory are removed on exit, Ctrl-C or SIGTERM.
+the ledger does not match the store, the reconciliation finds a transfer paid twice (beyond the
+planted one) or a compensation done without a payment, misses a planted break, or the run could
+not finish. Every process and the directory are removed on exit, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -413,8 +416,39 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
     )
 
 
-def reconcile_today(stack: Stack) -> dict[str, Any]:
-    """`compensator reconcile` for today (UTC) on the run's three ledgers: its count per class."""
+async def plant_breaks(dsn: str) -> dict[str, str]:
+    """Breaks the reconciliation must find, written into the stand-ins' ledgers after the run, as
+    a misbehaving payment system would: two payouts of one grant, a payout of the wrong amount, a
+    grant never paid, and a payout of no grant. Returns the business id planted for each class."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        grants = await connection.fetch(
+            "SELECT g.grant_id, g.amount_minor, g.currency FROM red_packet_grants g WHERE NOT EXISTS"
+            " (SELECT 1 FROM payment_transfers t WHERE t.business_id = g.grant_id) ORDER BY g.grant_id LIMIT 2")
+        if len(grants) < 2:
+            raise BenchError("the run left fewer than two unpaid grants to plant breaks on")
+        paid_twice, wrong_amount = grants
+        async with connection.transaction():
+            insert = ("INSERT INTO payment_transfers (transfer_id, business_id, payer, payee, amount_minor, currency,"
+                      " status, created_at) VALUES ($1, $2, 'planted', 'planted', $3, $4, 'SUCCEEDED', now())")  # fmt: skip
+            for n in (1, 2):
+                await connection.execute(insert, f"planted-twice-{n}", paid_twice["grant_id"], paid_twice["amount_minor"],
+                                         paid_twice["currency"])  # fmt: skip
+            await connection.execute(insert, "planted-amount", wrong_amount["grant_id"], wrong_amount["amount_minor"] + 1,
+                                     wrong_amount["currency"])  # fmt: skip
+            await connection.execute(insert, "planted-orphan", "planted-no-grant", 500, "CNY")
+            await connection.execute(
+                "INSERT INTO red_packet_grants (grant_id, red_packet_id, recipient, amount_minor, currency, state,"
+                " granted_at) VALUES ('planted-unpaid', 'planted', 'planted', 700, 'CNY', 'GRANTED', now())")
+    finally:
+        await connection.close()
+    return {"duplicate_payout": paid_twice["grant_id"], "amount_or_currency_mismatch": wrong_amount["grant_id"],
+            "missing_in_payment": "planted-unpaid", "missing_in_red_packet": "planted-no-grant"}  # fmt: skip
+
+
+def reconcile_today(stack: Stack, planted: dict[str, str]) -> dict[str, Any]:
+    """`compensator reconcile` for today (UTC) on the run's three ledgers: its count per class, and
+    whether each planted break was reported, under its class."""
     assert stack.postgres is not None
     output = stack.root / "reconcile"
     day = time.strftime("%Y-%m-%d", time.gmtime())
@@ -425,7 +459,14 @@ def reconcile_today(stack: Stack) -> dict[str, Any]:
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
     summary = json.loads((output / f"date={day}" / "summary.json").read_text())
-    return {name: found["count"] for name, found in summary["classes"].items()}
+    import pyarrow.parquet as pq
+
+    found = pq.read_table(output / f"date={day}" / "discrepancies", columns=["discrepancy_class", "business_id"])
+    reported = set(zip(found.column("discrepancy_class").to_pylist(), found.column("business_id").to_pylist(), strict=True))
+    return {
+        "counts": {name: counts["count"] for name, counts in summary["classes"].items()},
+        "planted_found": {name: (name, business_id) in reported for name, business_id in planted.items()},
+    }
 
 
 async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -536,9 +577,12 @@ def checks(result: dict[str, Any], window: Window) -> list[str]:
     if result["list_versions_applied_twice"] or result["list_versions_unrequested"]:
         problems.append("receive-list versions applied twice or never requested")
     reconciled = result.get("reconcile")
-    if reconciled is not None and (reconciled.get("error") or reconciled.get("duplicate_payout")
-                                   or reconciled.get("compensated_not_in_payment")):  # fmt: skip
-        problems.append(f"the reconciliation found what a correct run cannot produce: {reconciled}")
+    if reconciled is not None:
+        counts = reconciled.get("counts", {})
+        if reconciled.get("error") or counts.get("duplicate_payout") != 1 or counts.get("compensated_not_in_payment"):
+            problems.append(f"the reconciliation found what a correct run cannot produce (one paid-twice is planted): {reconciled}")
+        if not all(reconciled.get("planted_found", {}).values()):
+            problems.append(f"the reconciliation missed a planted break: {reconciled.get('planted_found')}")
     ledger = result.get("ledger")
     if ledger is not None and (ledger["projected"] < ledger["events"] or ledger["ledger_requests"] != ledger["store_requests"]):
         problems.append(f"the compensation ledger does not match the store: {ledger}")
@@ -571,7 +615,8 @@ def run(settings: Settings, root: Path, result: dict[str, Any]) -> list[str]:
         result["standins"] = standin_stats(stack.standin_urls)
         result["ledger"] = asyncio.run(ledger_caught_up(stack))
         if settings.reconcile:
-            result["reconcile"] = reconcile_today(stack)
+            planted = asyncio.run(plant_breaks(stack.postgres.dsn))
+            result["reconcile"] = reconcile_today(stack, planted)
         if window.profile is not None:
             result["profile"] = window.profile
         return checks(result, window)

@@ -38,8 +38,15 @@ from queues.query_codec import EVENTS_LIMIT_MAX
 
 log = logging.getLogger(__name__)
 
-CONNECTION_ERRORS = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError)
-"""PostgreSQL went away: its session (and the lock) with it. Reconnect and queue for the lock again."""
+CONNECTION_ERRORS = (
+    OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InternalClientError,
+)  # fmt: skip
+"""PostgreSQL went away: its session (and the lock) with it. Reconnect and queue for the lock again.
+A session ended by the server (pg_terminate_backend, a restart) shows as an operator intervention,
+or, when it ends while the client is between operations, as a protocol left mid-state
+(InternalClientError "another operation is in progress"): either way the connection is gone, and
+the cursor read again under the lock keeps the ledger exact."""
 
 
 class ProjectorGap(RuntimeError):
