@@ -18,25 +18,20 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from api import openapi
+from api import review_actions as actions
 from api.auth import Observer, Principal, requires
 from api.http import json_response
-from api.ids import RequestId
-from api.problems import Problem, invalid
-from api.review_policy import current_payload, diff
+from api.problems import invalid
 from api.review_schemas import NAME_PATTERN, ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
 from api.schemas import REF_KEY_PATTERN, utc
 from api.services import ApiServices
-from api.submissions import field_errors
 from api.views import audit_document
-from ledger.kinds import PAYLOAD_MODELS, Kind, decode_payload, encode_payload, money_of
 from queues import (
     TIME_MS_MAX,
     ClientError,
-    Code,
     DeadLetterFilter,
     Discard,
     EditRedrive,
@@ -44,9 +39,6 @@ from queues import (
     ProposalState,
     ProposalView,
     QueueError,
-    Redrive,
-    ReviewAction,
-    ReviewResult,
     Role,
     proposal_action,
 )
@@ -65,40 +57,14 @@ def _services(request: Request) -> ApiServices:
     return services
 
 
-async def _store(services: ApiServices, call: Any) -> Any:
-    try:
-        return await call
-    except (ClientError, QueueError) as error:
-        raise services.read_failure(error) from None
-
-
-def _public(services: ApiServices, message_id: int) -> str:
-    return str(RequestId(services.settings.set_id, message_id))
-
-
-def _message_id(services: ApiServices, text: str) -> int | None:
-    parsed = RequestId.parse(text)
-    return None if parsed is None or parsed.set_id != services.settings.set_id else parsed.message_id
-
-
-async def _one(services: ApiServices, request_id: str) -> MessageView:
-    message_id = _message_id(services, request_id)
-    view: MessageView | None = None
-    if message_id is not None:
-        view = (await _store(services, services.queue.get(message_id))).value
-    if view is None:
-        raise Problem("not-found", f"no request {request_id}")
-    return view
-
-
-def _refused(services: ApiServices, refused: tuple[tuple[int, Code], ...]) -> list[dict[str, str]]:
-    return [{"id": _public(services, message_id), "reason": code.name.lower()} for message_id, code in refused]
+def _refused(services: ApiServices, refused: actions.Refused) -> list[dict[str, str]]:
+    return [{"id": actions.public(services, message_id), "reason": code.name.lower()} for message_id, code in refused]
 
 
 def proposal_document(services: ApiServices, view: ProposalView) -> dict[str, Any]:
     document: dict[str, Any] = {
         "id": view.proposal_id, "action": view.action, "proposer": view.proposer, "reason": view.reason,
-        "targets": [_public(services, t) for t in view.targets], "state": view.state.value,
+        "targets": [actions.public(services, t) for t in view.targets], "state": view.state.value,
         "created_at": utc(view.created_ms), "expires_at": utc(view.expires_ms), "decided_by": view.decided_by,
         "decided_at": None if view.decided_ms is None else utc(view.decided_ms), "decision_reason": view.decision_reason,
     }  # fmt: skip
@@ -110,28 +76,10 @@ def proposal_document(services: ApiServices, view: ProposalView) -> dict[str, An
     return document
 
 
-async def _propose(services: ApiServices, action: ReviewAction, why: str) -> Response:
-    result = await _store(services, services.queue.propose(action, ttl_ms=services.four_eyes.proposal_ttl_ms))
-    _raise_for(result, "the proposal")
-    (view,) = (await _store(services, services.queue.proposals(ids=[result.proposal_id]))).value
-    body = {"outcome": "proposed", "why": f"needs a second person's approval: {why}",
-            "proposal": proposal_document(services, view), "refused": _refused(services, result.refused)}  # fmt: skip
+def proposed_response(services: ApiServices, proposed: actions.Proposed, **extra: Any) -> Response:
+    body = {"outcome": "proposed", "why": proposed.why, "proposal": proposal_document(services, proposed.proposal),
+            "refused": _refused(services, proposed.refused), **extra}  # fmt: skip
     return json_response(body, status=202)
-
-
-def _raise_for(result: ReviewResult, what: str) -> None:
-    """The problem for a review result that did nothing (OK passes)."""
-    problems = {
-        Code.NOT_FOUND: ("not-found", f"{what}: no such request or proposal"),
-        Code.ILLEGAL_STATE: ("conflict", f"{what}: not possible in the current state"),
-        Code.CONFLICT: ("conflict", f"{what}: another request already holds the new version's key"),
-        Code.OWN_PROPOSAL: ("own-proposal", "the proposer cannot approve their own proposal"),
-        Code.EXPIRED: ("proposal-expired", "the proposal expired; nothing was done"),
-        Code.INVALID: ("invalid-request", f"{what}: {result.detail or 'refused by the store'}"),
-    }
-    if result.code is not Code.OK:
-        name, detail = problems.get(result.code, ("conflict", f"{what}: {result.code.name.lower()}"))
-        raise Problem(name, detail)
 
 
 # ---- actions ------------------------------------------------------------------------------------
@@ -143,26 +91,17 @@ async def redrive(request: Request, body: RedriveBody, principal: Reviewer) -> R
     what is redriven or approved."""
     services = _services(request)
     if body.ids is not None:
-        ids = [_message_id(services, text) for text in body.ids]
-        if None in ids:  # not an id this set could have issued
-            raise Problem("not-found", "some of the requests do not exist")
-        views = list((await _store(services, services.queue.get_many([m for m in ids if m], with_history=False))).value)
-        if len(views) != len(set(ids)):
-            raise Problem("not-found", "some of the requests do not exist")
+        views = await actions.selected(services, body.ids)
     else:
         assert body.filter is not None
         dead_filter = DeadLetterFilter(kind=body.filter.kind, error_class=body.filter.error_class,
                                        ref_key=body.filter.ref_key)  # fmt: skip
-        views = list((await _store(services, services.queue.dead_letters(dead_filter, limit=body.limit))).value.items)
-        if not views:
-            raise Problem("not-found", "no dead letter matches the filter")
-    action = Redrive(actor=principal.name, reason=body.reason, ids=tuple(v.message_id for v in views))
-    why = services.four_eyes.needs_approval(views)
-    if why is not None:
-        return await _propose(services, action, why)
-    result = await _store(services, services.queue.redrive(action.actor, action.reason, ids=action.ids))
-    return json_response({"outcome": "done", "redriven": [_public(services, m) for m in result.ids],
-                          "refused": _refused(services, result.refused)})  # fmt: skip
+        views = await actions.matching(services, dead_filter, body.limit)
+    outcome = await actions.redrive(services, principal.name, body.reason, views)
+    if isinstance(outcome, actions.Proposed):
+        return proposed_response(services, outcome)
+    return json_response({"outcome": "done", "redriven": [actions.public(services, m) for m in outcome.ids],
+                          "refused": _refused(services, outcome.refused)})  # fmt: skip
 
 
 @router.post("/v1/review/requests/{request_id}/edit", summary="Edit a request's payload and redrive it as a new version",
@@ -172,61 +111,30 @@ async def edit(request: Request, request_id: RequestIdPath, body: EditBody, prin
     field), the diff is answered, and the edit goes out as a new version linked to the original,
     which is kept unchanged."""
     services = _services(request)
-    view = await _one(services, request_id)
-    try:
-        model = PAYLOAD_MODELS[Kind(view.kind)]
-    except ValueError:
-        raise Problem("conflict", f"requests of kind {view.kind} cannot be edited here") from None
-    try:
-        payload = encode_payload(model.model_validate(body.payload))  # type: ignore[arg-type]
-    except ValidationError as error:
-        errors = field_errors(error.errors())
-        raise invalid([{**e, "field": "payload" if e["field"] == "(body)" else f"payload.{e['field']}"}
-                       for e in errors]) from None  # fmt: skip
-    changes = diff(json.loads(current_payload(view)), json.loads(payload))
-    if not changes:
-        raise invalid([{"field": "payload", "message": "unchanged: redrive it instead"}])
-    action = EditRedrive(message_id=view.message_id, payload=payload, actor=principal.name, reason=body.reason)
-    why = services.four_eyes.needs_approval([view], [payload])
-    if why is not None:
-        proposed = await _propose(services, action, why)
-        document = json.loads(bytes(proposed.body))
-        return json_response({**document, "diff": changes}, status=202)
-    result = await _store(services, services.queue.edit_redrive(view.message_id, payload, actor=principal.name,
-                                                                reason=body.reason))  # fmt: skip
-    _raise_for(result, "the edit")
-    return json_response({"outcome": "done", "id": request_id, "new_id": _public(services, result.new_ids[0]),
-                          "diff": changes})  # fmt: skip
+    checked = actions.checked_edit(await actions.request(services, request_id), body.payload)
+    outcome = await actions.edit(services, principal.name, body.reason, checked)
+    if isinstance(outcome, actions.Proposed):
+        return proposed_response(services, outcome, diff=checked.changes)
+    return json_response({"outcome": "done", "id": request_id, "new_id": actions.public(services, outcome.new_ids[0]),
+                          "diff": checked.changes})  # fmt: skip
 
 
 @router.post("/v1/review/requests/{request_id}/discard", summary="Discard a request with a reason code and a comment",
              responses={**openapi.problems(401, 403, 404, 409, 422, 503), **PROPOSED})  # fmt: skip
 async def discard(request: Request, request_id: RequestIdPath, body: DiscardBody, principal: Reviewer) -> Response:
     services = _services(request)
-    codes = services.four_eyes.discard_reason_codes
-    if body.reason_code not in codes:
-        raise invalid([{"field": "reason_code", "message": f"must be one of {', '.join(codes)}"}])
-    view = await _one(services, request_id)
-    action = Discard(message_id=view.message_id, actor=principal.name, reason=body.comment, reason_code=body.reason_code)
-    why = services.four_eyes.needs_approval([view])
-    if why is not None:
-        return await _propose(services, action, why)
-    outcome = await _store(services, services.queue.discard(view.message_id, principal.name, body.comment,
-                                                            reason_code=body.reason_code))  # fmt: skip
-    if outcome.code is not Code.OK:
-        state = "its state" if outcome.state is None else f"state {outcome.state.value}"
-        raise Problem("conflict", f"request {request_id} cannot be discarded in {state}")
+    actions.check_reason_code(services, body.reason_code)
+    view = await actions.request(services, request_id)
+    outcome = await actions.discard(services, principal.name, view, body.reason_code, body.comment)
+    if isinstance(outcome, actions.Proposed):
+        return proposed_response(services, outcome)
     return json_response({"outcome": "done", "id": request_id, "state": "discarded"})
 
 
 # ---- the dead-letter tier -------------------------------------------------------------------------
 def _amount(view: MessageView) -> dict[str, Any] | None:
-    """The amount at stake, when the payload is a valid request of a kind that has one."""
-    try:
-        money = money_of(decode_payload(Kind(view.kind), view.edited_payload or view.payload))
-    except (ValueError, ValidationError):
-        return None
-    return None if money is None else {"amount_minor": money.amount_minor, "currency": money.currency}
+    money = actions.amount(view)
+    return None if money is None else {"amount_minor": money[0], "currency": money[1]}
 
 
 def _ms(moment: dt.datetime | None) -> int | None:
@@ -259,7 +167,7 @@ async def dead_letters(
     except ClientError as error:
         raise services.read_failure(error) from None
     items = [{
-        "id": _public(services, view.message_id), "kind": view.kind, "ref_key": view.ref_key,
+        "id": actions.public(services, view.message_id), "kind": view.kind, "ref_key": view.ref_key,
         "attempts": view.attempts, "error_class": view.last_error_class, "error_text": view.last_error_text,
         "dead_at": None if view.dead_ms is None else utc(view.dead_ms), "dead_reason": view.dead_reason,
         "amount": _amount(view),
@@ -275,7 +183,7 @@ async def list_proposals(
     before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:  # fmt: skip
     services = _services(request)
-    views = (await _store(services, services.queue.proposals(pending_only=pending, before_id=before, limit=limit))).value
+    views = (await actions.store(services, services.queue.proposals(pending_only=pending, before_id=before, limit=limit))).value
     return json_response([proposal_document(services, view) for view in views])
 
 
@@ -283,12 +191,11 @@ async def list_proposals(
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
 async def approve(request: Request, proposal_id: ProposalIdPath, body: ApproveBody, principal: Approver) -> Response:
     services = _services(request)
-    result = await _store(services, services.queue.approve(proposal_id, approver=principal.name, reason=body.reason))
-    _raise_for(result, "the approval")
-    (view,) = (await _store(services, services.queue.proposals(ids=[proposal_id]))).value
+    view, result = await actions.approve(services, principal.name, proposal_id, body.reason)
+    public = actions.public
     return json_response({
-        "proposal": proposal_document(services, view), "done": [_public(services, m) for m in result.ids],
-        "new_ids": [_public(services, m) for m in result.new_ids], "refused": _refused(services, result.refused),
+        "proposal": proposal_document(services, view), "done": [public(services, m) for m in result.ids],
+        "new_ids": [public(services, m) for m in result.new_ids], "refused": _refused(services, result.refused),
     })  # fmt: skip
 
 
@@ -296,14 +203,8 @@ async def approve(request: Request, proposal_id: ProposalIdPath, body: ApproveBo
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
 async def reject(request: Request, proposal_id: ProposalIdPath, body: RejectBody, principal: Decider) -> Response:
     services = _services(request)
-    found = (await _store(services, services.queue.proposals(ids=[proposal_id]))).value
-    if not found:
-        raise Problem("not-found", f"no proposal {proposal_id}")
-    if principal.role is Role.REVIEWER and found[0].proposer != principal.name:
-        raise Problem("forbidden", "a reviewer may withdraw only their own proposals; approvers reject")
-    result = await _store(services, services.queue.reject(proposal_id, actor=principal.name, reason=body.reason))
-    _raise_for(result, "the rejection")
-    (view,) = (await _store(services, services.queue.proposals(ids=[proposal_id]))).value
+    view = await actions.reject(services, principal.name, proposal_id, body.reason,
+                                others=principal.role is not Role.REVIEWER)  # fmt: skip
     assert view.state is ProposalState.REJECTED
     return json_response({"proposal": proposal_document(services, view)})
 
@@ -316,6 +217,6 @@ async def audit(
 ) -> Response:  # fmt: skip
     """Who did what, when, why, and before -> after; `before` pages back (the last seq seen)."""
     services = _services(request)
-    answer = (await _store(services, services.queue.audit_log(before=before, limit=limit))).value
+    answer = (await actions.store(services, services.queue.audit_log(before=before, limit=limit))).value
     return json_response({"entries": [audit_document(e) for e in answer.entries], "count": answer.count,
                           "head": answer.head.hex()})  # fmt: skip

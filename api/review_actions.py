@@ -1,0 +1,252 @@
+"""The review actions, once: what the JSON API (api/routers/review.py) and the review pages
+(api/web/) both do when someone redrives, edits, discards, approves or rejects.
+
+The rules live here so the two front ends cannot drift apart: which ids a selection or a filter
+stands for, the edit's schema check and diff, the discard's reason code, the four-eyes decision
+(an action `FourEyes` catches becomes a proposal, never a silent success), and what a store
+refusal means for a person. A front end only turns the outcome into JSON or HTML.
+
+Must never: know about HTTP requests, sessions or templates (a `Problem` is plain data that each
+front end renders its own way); count as done what the store refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from pydantic import ValidationError
+
+from api.ids import RequestId
+from api.problems import Problem, invalid
+from api.review_policy import current_payload, diff
+from api.services import ApiServices
+from api.submissions import field_errors
+from ledger.kinds import PAYLOAD_MODELS, Kind, decode_payload, encode_payload, money_of
+from queues import (
+    ClientError,
+    Code,
+    DeadLetterFilter,
+    Discard,
+    EditRedrive,
+    MessageView,
+    ProposalView,
+    QueueError,
+    Redrive,
+    ReviewAction,
+    ReviewResult,
+)
+
+T = TypeVar("T")
+Refused = tuple[tuple[int, Code], ...]
+PAGE_MAX: Final = 1000
+"""The store's largest dead-letter page: a filter is resolved to ids this many at a time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The store did it: `ids` were acted on, `refused` were not (each with why)."""
+
+    ids: tuple[int, ...]
+    refused: Refused = ()
+    new_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Proposed:
+    """Four eyes: nothing was done yet; the proposal waits for a second person."""
+
+    proposal: ProposalView
+    why: str
+    refused: Refused = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedEdit:
+    """An edit that passed the kind's schema, with what it changes."""
+
+    view: MessageView
+    payload: bytes
+    changes: dict[str, dict[str, Any]]
+
+
+async def store(services: ApiServices, call: Awaitable[T]) -> T:
+    """The store's answer, or the problem a person or a tool can act on (503 or 422)."""
+    try:
+        return await call
+    except (ClientError, QueueError) as error:
+        raise services.read_failure(error) from None
+
+
+def public(services: ApiServices, message_id: int) -> str:
+    return str(RequestId(services.settings.set_id, message_id))
+
+
+def message_id(services: ApiServices, text: str) -> int | None:
+    """The store's id behind a public id, or None for one this set could not have issued."""
+    parsed = RequestId.parse(text)
+    return None if parsed is None or parsed.set_id != services.settings.set_id else parsed.message_id
+
+
+async def request(services: ApiServices, request_id: str) -> MessageView:
+    found = message_id(services, request_id)
+    view = None if found is None else (await store(services, services.queue.get(found))).value
+    if view is None:
+        raise Problem("not-found", f"no request {request_id}")
+    return view
+
+
+async def selected(services: ApiServices, request_ids: Sequence[str]) -> list[MessageView]:
+    """The requests of a selection: all of them exist, or the whole selection is refused."""
+    ids = [message_id(services, text) for text in request_ids]
+    known = [m for m in ids if m is not None]
+    if len(known) != len(ids):
+        raise Problem("not-found", "some of the requests do not exist")
+    views = list((await store(services, services.queue.get_many(known, with_history=False))).value)
+    if len(views) != len(set(known)):
+        raise Problem("not-found", "some of the requests do not exist")
+    return views
+
+
+async def matching(services: ApiServices, dead_filter: DeadLetterFilter, limit: int) -> list[MessageView]:
+    """The dead letters a filter matches now, oldest first, up to `limit`: what is shown is what
+    is acted on (a letter that matches later is not included)."""
+    views: list[MessageView] = []
+    cursor: str | None = None
+    while len(views) < limit:
+        page = (await store(services, services.queue.dead_letters(
+            dead_filter, cursor=cursor, limit=min(PAGE_MAX, limit - len(views))))).value  # fmt: skip
+        views.extend(page.items)
+        cursor = page.next_cursor
+        if cursor is None or not page.items:
+            break
+    if not views:
+        raise Problem("not-found", "no dead letter matches the filter")
+    return views
+
+
+def amount(view: MessageView) -> tuple[int, str] | None:
+    """The amount at stake (minor units, currency), when the payload is a valid request of a kind
+    that has one."""
+    try:
+        money = money_of(decode_payload(Kind(view.kind), current_payload(view)))
+    except (ValueError, ValidationError):
+        return None
+    return None if money is None else (money.amount_minor, money.currency)
+
+
+async def _propose(services: ApiServices, action: ReviewAction, why: str) -> Proposed:
+    result = await store(services, services.queue.propose(action, ttl_ms=services.four_eyes.proposal_ttl_ms))
+    raise_for(result, "the proposal")
+    return Proposed(await proposal(services, result.proposal_id), why=f"needs a second person's approval: {why}",
+                    refused=result.refused)  # fmt: skip
+
+
+async def proposal(services: ApiServices, proposal_id: int) -> ProposalView:
+    found = (await store(services, services.queue.proposals(ids=[proposal_id]))).value
+    if not found:
+        raise Problem("not-found", f"no proposal {proposal_id}")
+    return found[0]
+
+
+def raise_for(result: ReviewResult, what: str) -> None:
+    """The problem for a review result that did nothing (OK passes)."""
+    problems = {
+        Code.NOT_FOUND: ("not-found", f"{what}: no such request or proposal"),
+        Code.ILLEGAL_STATE: ("conflict", f"{what}: not possible in the current state"),
+        Code.CONFLICT: ("conflict", f"{what}: another request already holds the new version's key"),
+        Code.OWN_PROPOSAL: ("own-proposal", "the proposer cannot approve their own proposal"),
+        Code.EXPIRED: ("proposal-expired", "the proposal expired; nothing was done"),
+        Code.INVALID: ("invalid-request", f"{what}: {result.detail or 'refused by the store'}"),
+    }
+    if result.code is not Code.OK:
+        name, detail = problems.get(result.code, ("conflict", f"{what}: {result.code.name.lower()}"))
+        raise Problem(name, detail)
+
+
+async def redrive(services: ApiServices, actor: str, reason: str, views: Sequence[MessageView]) -> Done | Proposed:
+    action = Redrive(actor=actor, reason=reason, ids=tuple(v.message_id for v in views))
+    why = services.four_eyes.needs_approval(views)
+    if why is not None:
+        return await _propose(services, action, why)
+    result = await store(services, services.queue.redrive(actor, reason, ids=action.ids))
+    return Done(ids=result.ids, refused=result.refused)
+
+
+def checked_edit(view: MessageView, document: Any) -> CheckedEdit:
+    """The edited payload validated against the kind's schema: a bad one is refused naming the
+    field (`payload.amount_minor`), an unchanged one naming `payload`."""
+    try:
+        model = PAYLOAD_MODELS[Kind(view.kind)]
+    except ValueError:
+        raise Problem("conflict", f"requests of kind {view.kind} cannot be edited here") from None
+    try:
+        payload = encode_payload(model.model_validate(document))  # type: ignore[arg-type]
+    except ValidationError as error:
+        errors = field_errors(error.errors())
+        raise invalid([{**e, "field": "payload" if e["field"] == "(body)" else f"payload.{e['field']}"}
+                       for e in errors]) from None  # fmt: skip
+    changes = diff(json.loads(current_payload(view)), json.loads(payload))
+    if not changes:
+        raise invalid([{"field": "payload", "message": "unchanged: redrive it instead"}])
+    return CheckedEdit(view, payload, changes)
+
+
+async def edit(services: ApiServices, actor: str, reason: str, checked: CheckedEdit) -> Done | Proposed:
+    """A new version linked to the original, which is kept unchanged (or a proposal of it)."""
+    view = checked.view
+    action = EditRedrive(message_id=view.message_id, payload=checked.payload, actor=actor, reason=reason)
+    why = services.four_eyes.needs_approval([view], [checked.payload])
+    if why is not None:
+        return await _propose(services, action, why)
+    result = await store(services, services.queue.edit_redrive(view.message_id, checked.payload, actor=actor,
+                                                               reason=reason))  # fmt: skip
+    raise_for(result, "the edit")
+    return Done(ids=(view.message_id,), new_ids=result.new_ids)
+
+
+def check_reason_code(services: ApiServices, reason_code: str) -> None:
+    codes = services.four_eyes.discard_reason_codes
+    if reason_code not in codes:
+        raise invalid([{"field": "reason_code", "message": f"must be one of {', '.join(codes)}"}])
+
+
+async def discard(services: ApiServices, actor: str, view: MessageView, reason_code: str, comment: str) -> Done | Proposed:
+    """Both a listed reason code and a comment, or nothing happens."""
+    check_reason_code(services, reason_code)
+    if not comment.strip():
+        raise invalid([{"field": "comment", "message": "say why, for the audit"}])
+    action = Discard(message_id=view.message_id, actor=actor, reason=comment, reason_code=reason_code)
+    why = services.four_eyes.needs_approval([view])
+    if why is not None:
+        return await _propose(services, action, why)
+    outcome = await store(services, services.queue.discard(view.message_id, actor, comment, reason_code=reason_code))
+    if outcome.code is not Code.OK:
+        state = "its state" if outcome.state is None else f"state {outcome.state.value}"
+        raise Problem("conflict", f"request {public(services, view.message_id)} cannot be discarded in {state}")
+    return Done(ids=(view.message_id,))
+
+
+async def approve(services: ApiServices, approver: str, proposal_id: int, reason: str) -> tuple[ProposalView, ReviewResult]:
+    """Approve and perform, in one store command; the proposer's own approval is refused."""
+    result = await store(services, services.queue.approve(proposal_id, approver=approver, reason=reason))
+    raise_for(result, "the approval")
+    return await proposal(services, proposal_id), result
+
+
+async def reject(services: ApiServices, actor: str, proposal_id: int, reason: str, *, others: bool) -> ProposalView:
+    """Reject, or withdraw one's own; `others`: whether this person may reject someone else's."""
+    found = await proposal(services, proposal_id)
+    if not others and found.proposer != actor:
+        raise Problem("forbidden", "you may withdraw only your own proposals; approvers reject")
+    result = await store(services, services.queue.reject(proposal_id, actor=actor, reason=reason))
+    raise_for(result, "the rejection")
+    return await proposal(services, proposal_id)
+
+
+def edit_preview(view: MessageView) -> Mapping[str, Any]:
+    """The payload an edit starts from: the current one, as a JSON document."""
+    document = json.loads(current_payload(view))
+    return document if isinstance(document, dict) else {}
