@@ -46,6 +46,7 @@ from queues.model import (
     AuditEntry,
     BatchResult,
     DeadLetterFilter,
+    DeadLetterSummary,
     Discard,
     DocumentResult,
     EditRedrive,
@@ -402,6 +403,15 @@ class QueueClient:
     ) -> Read[qc.DeadLettersAnswer]:
         query = qc.DeadLetters(filter=dead_filter or DeadLetterFilter(), cursor=cursor, limit=limit)
         return await self._ask(query, qc.DeadLettersAnswer, stale_ok)
+
+    async def dead_letter_summary(
+        self, dead_filter: DeadLetterFilter | None = None, *, stale_ok: bool = False
+    ) -> Read[DeadLetterSummary]:
+        """How many dead letters match, their amounts per currency and the oldest: one aggregate on
+        the answering replica, so sizing a bulk redrive never pages through the letters."""
+        read = await self._ask(qc.DeadLetterSummary(filter=dead_filter or DeadLetterFilter()),
+                               qc.DeadLetterSummaryAnswer, stale_ok)  # fmt: skip
+        return Read(read.value.summary, read.applied_index, read.now_ms)
 
     async def counts(self, *, stale_ok: bool = False) -> Read[dict[tuple[str, str], int]]:
         read = await self._ask(qc.Counts(), qc.CountsAnswer, stale_ok)

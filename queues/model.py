@@ -140,7 +140,22 @@ class Code(enum.IntEnum):
     """Approve or reject: the proposal's time ran out (it is expired now, and nothing was done)."""
 
 
-class DeadLetterFilter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+Currency = Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")]
+AmountMinor = Annotated[int, msgspec.Meta(ge=0, le=TIME_MS_MAX)]
+AttemptCount = Annotated[int, msgspec.Meta(ge=0, le=TIME_MS_MAX)]
+
+
+class DeadLetterFilter(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):  # fmt: skip
+    """Which dead letters a page, a summary, a filter redrive or a redrive job's selection means.
+
+    Amount and currency are the current payload's (the edited one if `Redrive(payload=...)` set
+    one) top-level JSON fields `amount_minor` (an integer) and `currency`, read by SQLite's JSON
+    functions: the machine stays free of the kinds' vocabulary, and a payload without them does
+    not match a filter on them. Unset fields are left out of the encoding, so a filter that uses
+    none of the newer fields encodes as one from before them and an older node still reads it."""
+
     kind: KindName | None = None
     error_class: ErrorClass | None = None
     dead_from_ms: TimeMs | None = None
@@ -148,6 +163,25 @@ class DeadLetterFilter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     dead_to_ms: TimeMs | None = None
     """Exclusive."""
     ref_key: RefKey | None = None
+    currency: Currency | None = None
+    amount_min_minor: AmountMinor | None = None
+    """Inclusive."""
+    amount_max_minor: AmountMinor | None = None
+    """Inclusive."""
+    attempts_min: AttemptCount | None = None
+    """Inclusive: deliveries counted across redrives, as `MessageView.attempts`."""
+    attempts_max: AttemptCount | None = None
+    """Inclusive."""
+
+    def __post_init__(self) -> None:
+        # Raised here, a decode answers INVALID (msgspec turns it into a validation error), so an
+        # empty range is refused at the edge instead of silently matching nothing.
+        for low, high, name in (
+            (self.amount_min_minor, self.amount_max_minor, "amount"),
+            (self.attempts_min, self.attempts_max, "attempts"),
+        ):  # not the dead-time bounds: an older entry in a log may hold an empty one, and must decode
+            if low is not None and high is not None and low > high:
+                raise ValueError(f"the {name} range is empty: its minimum is above its maximum")
 
 
 # ---- commands -------------------------------------------------------------------------------
@@ -635,6 +669,20 @@ class MessageView(msgspec.Struct, frozen=True, kw_only=True):
     """The version this one supersedes (None for the first)."""
     superseded_by: int | None = None
     """The version that superseded this one: this one was discarded by the edit, unchanged."""
+
+
+class DeadLetterSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """The dead letters a filter matches, counted and summed (queries.dead_letter_summary)."""
+
+    count: int = 0
+    by_currency: tuple[tuple[str, int, int], ...] = ()
+    """(currency, matches, total amount_minor), by currency: the matches whose current payload has
+    both an integer `amount_minor` and a `currency`."""
+    without_amount: int = 0
+    """Matches whose payload lacks either (not JSON, another kind's shape): count = these + the above."""
+    oldest_dead_ms: int | None = None
+    oldest_id: int | None = None
+    """The first match in (dead_ms, id) order: where a page of the same filter starts."""
 
 
 class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,6 +17,7 @@ from typing import Annotated, Final, cast
 import msgspec
 
 from delay.policy import RetryPolicy
+from queues import model
 from queues.model import (
     KINDS_PER_LEASE_MAX,
     AuditEntry,
@@ -76,6 +77,13 @@ class DeadLetters(_Query, frozen=True, tag="dead"):
     filter: DeadLetterFilter = DeadLetterFilter()
     cursor: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     limit: PageLimit = 100
+
+
+class DeadLetterSummary(_Query, frozen=True, tag="dead_summary"):
+    """How many dead letters match the filter, their amounts per currency and the oldest
+    (answered with a `model.DeadLetterSummary`)."""
+
+    filter: DeadLetterFilter = DeadLetterFilter()
 
 
 class Counts(_Query, frozen=True, tag="counts"):
@@ -181,10 +189,10 @@ class Proposals(_Query, frozen=True, tag="proposals"):
 
 
 QueueQuery = (
-    GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | Counts | OldestDueAge | EventsAfter | EventsDigest
-    | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue | Documents | AuditLog
-    | MessageAudit | Proposals
-)
+    GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | DeadLetterSummary | Counts | OldestDueAge | EventsAfter
+    | EventsDigest | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue | Documents
+    | AuditLog | MessageAudit | Proposals
+)  # fmt: skip
 
 
 # ---- answers --------------------------------------------------------------------------------
@@ -210,6 +218,10 @@ class MessagesAnswer(_Answer, frozen=True, tag="messages"):
 class DeadLettersAnswer(_Answer, frozen=True, tag="dead"):
     items: tuple[MessageView, ...] = ()
     next_cursor: str | None = None
+
+
+class DeadLetterSummaryAnswer(_Answer, frozen=True, tag="dead_summary"):
+    summary: model.DeadLetterSummary = model.DeadLetterSummary()
 
 
 class KindStateCount(msgspec.Struct, frozen=True, kw_only=True):
@@ -330,10 +342,10 @@ class QueryError(_Answer, frozen=True, tag="error"):
 
 
 QueryAnswer = (
-    MessagesAnswer | DeadLettersAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer | DigestAnswer
-    | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | WorkDueAnswer
+    MessagesAnswer | DeadLettersAnswer | DeadLetterSummaryAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer
+    | DigestAnswer | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | WorkDueAnswer
     | MaintenanceDueAnswer | DocumentsAnswer | AuditAnswer | ProposalsAnswer | QueryError
-)
+)  # fmt: skip
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _query_decoder: Final = msgspec.msgpack.Decoder(QueueQuery)

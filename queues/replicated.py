@@ -87,6 +87,8 @@ def answer_query(
         case qc.DeadLetters():
             page = queries.dead_letters(conn, query.filter, now_ms=now_ms, cursor=query.cursor, limit=query.limit)
             return qc.DeadLettersAnswer(items=page.items, next_cursor=page.next_cursor, now_ms=now_ms)
+        case qc.DeadLetterSummary():
+            return qc.DeadLetterSummaryAnswer(summary=queries.dead_letter_summary(conn, query.filter), now_ms=now_ms)
         case qc.Counts():
             counted = queries.counts(conn, now_ms=now_ms)
             return qc.CountsAnswer(
