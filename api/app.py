@@ -22,6 +22,7 @@ from api.metrics import MetricsMiddleware
 from api.routers import downstreams, health, kinds, refs, requests, review
 from api.services import ApiServices
 from api.tracing import TracingMiddleware
+from api.web import sessions as web_sessions
 
 STATIC_DIR: Final = Path(__file__).parent / "static"
 SWAGGER: Final = "/static/swagger-ui"
@@ -62,6 +63,7 @@ def create_app(services: ApiServices, *, tracer: TracerProvider) -> FastAPI:
         )  # fmt: skip
 
     problems.install(app)
+    web_sessions.install(app)
     for router in (requests.router, refs.router, kinds.router, downstreams.router, review.router, health.router):
         # The routes themselves, not include_router's wrapper: matching through a wrapper per
         # router was 7 % of a submission's CPU (py-spy, 2026-11-23), and nothing here needs a

@@ -59,8 +59,7 @@ class TokenCache:
         self._by_hash: dict[bytes, Principal] = {}
         self._version = -1
         self._refreshing: asyncio.Task[None] | None = None
-        self._miss_read: asyncio.Task[None] | None = None
-        self._miss_read_start_s = float("-inf")
+        self._misses = ReadsAfter(self._refresh_once, clock)
         self._task: asyncio.Task[None] | None = None
         self.last_success_s: float | None = None
         """Monotonic time of the last answer from the store (None: never): readiness reads it."""
@@ -91,28 +90,14 @@ class TokenCache:
         self._version = answer.version
         log.info("tokens reloaded: access version %d, %d live", answer.version, len(self._by_hash))
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.refresh()
-            except (ClientError, QueueError) as error:
-                log.warning("token refresh failed (keeping %d cached): %s", len(self._by_hash), error)
-            await asyncio.sleep(self._interval_s)
-
     async def start(self, first_load_timeout_s: float = 5.0) -> None:
         """Load the tokens before the first request if the store answers in time (otherwise the
         first requests find an empty cache and wait for the refresh), then poll."""
-        with contextlib.suppress(ClientError, QueueError, TimeoutError):
-            await asyncio.wait_for(self.refresh(), first_load_timeout_s)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = await start_polling(self._task, self.refresh, self._interval_s, "tokens", first_load_timeout_s)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_polling(self._task)
+        self._task = None
 
     async def principal(self, token: str) -> Principal | None:
         if not well_formed(token):
@@ -121,24 +106,65 @@ class TokenCache:
         found = self._by_hash.get(digest)
         if found is not None:
             return found
-        await self._read_after(self._clock())
+        await self._misses.after(self._clock())
         return self._by_hash.get(digest)
 
-    async def _read_after(self, arrived_s: float) -> None:
+
+class ReadsAfter:
+    """Store reads for callers who missed a cache: each waits for a read that starts at or after
+    it arrived (so what was written before it was sent is seen), and reads start at most every
+    MISS_REFRESH_MIN_S, shared by every caller waiting for them, however many miss."""
+
+    def __init__(self, read: Callable[[], Awaitable[None]], clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._clock = clock
+        self._planned: asyncio.Task[None] | None = None
+        self._start_s = float("-inf")
+
+    async def after(self, arrived_s: float) -> None:
         """Wait for a store read that starts at or after `arrived_s`: the next one planned, or a
         new one at least MISS_REFRESH_MIN_S after the last one started."""
-        planned = self._miss_read
-        if planned is None or self._miss_read_start_s < arrived_s:
-            start_s = max(arrived_s, self._miss_read_start_s + MISS_REFRESH_MIN_S)
-            self._miss_read_start_s = start_s
-            planned = self._miss_read = asyncio.get_running_loop().create_task(self._miss_refresh(start_s - arrived_s))
+        planned = self._planned
+        if planned is None or self._start_s < arrived_s:
+            start_s = max(arrived_s, self._start_s + MISS_REFRESH_MIN_S)
+            self._start_s = start_s
+            planned = self._planned = asyncio.get_running_loop().create_task(self._delayed(start_s - arrived_s))
         await asyncio.shield(planned)
 
-    async def _miss_refresh(self, delay_s: float) -> None:
+    async def _delayed(self, delay_s: float) -> None:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         with contextlib.suppress(ClientError, QueueError):
-            await self._refresh_once()
+            await self._read()
+
+
+async def start_polling(
+    task: asyncio.Task[None] | None, refresh: Callable[[], Awaitable[None]], interval_s: float, what: str,
+    first_load_timeout_s: float,
+) -> asyncio.Task[None]:
+    """One refresh awaited (if the store answers in time), then `refresh` every `interval_s` on a
+    task of its own; a failed refresh keeps what the cache has (fail static) and is logged."""
+    with contextlib.suppress(ClientError, QueueError, TimeoutError):
+        await asyncio.wait_for(refresh(), first_load_timeout_s)
+    if task is not None:
+        return task
+
+    async def poll() -> None:
+        while True:
+            try:
+                await refresh()
+            except (ClientError, QueueError) as error:
+                log.warning("%s refresh failed (keeping what is cached): %s", what, error)
+            await asyncio.sleep(interval_s)
+
+    return asyncio.get_running_loop().create_task(poll())
+
+
+async def stop_polling(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 _bearer: Final = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer cmp_...`.")
@@ -186,10 +212,18 @@ def role_names(roles: Iterable[Role]) -> list[str]:
 
 
 SUBMIT: Final = frozenset({Role.PRODUCER})
-READ: Final = frozenset({Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER})
-"""A producer reads only what it submitted; the others read everything."""
-OBSERVE: Final = frozenset({Role.OPERATOR, Role.REVIEWER, Role.APPROVER})
+READ: Final = frozenset({Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.VIEWER})
+"""A producer reads only what it submitted; the others read everything (a viewer masked)."""
+OBSERVE: Final = frozenset({Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.VIEWER})
+"""A viewer reads with personal data masked (ledger/masking.py): `masks_personal_data`."""
 OPERATE: Final = frozenset({Role.OPERATOR})
+
+
+
+def masks_personal_data(principal: Principal) -> bool:
+    """Whether what this caller reads has its payloads' personal fields masked."""
+    return principal.role is Role.VIEWER
+
 
 Reader = Annotated[Principal, Depends(requires(*READ))]
 Observer = Annotated[Principal, Depends(requires(*OBSERVE))]

@@ -16,6 +16,7 @@ from api.metrics import ApiMetrics
 from api.problems import Problem
 from api.quotas import Quotas
 from api.review_policy import FourEyes
+from api.web.sessions import WebAuth
 from queues import ClientError, QueueClient, QueueError
 
 
@@ -37,11 +38,17 @@ class ApiServices:
     metrics: ApiMetrics
     settings: ApiSettings
     four_eyes: FourEyes = dataclasses.field(default_factory=FourEyes)
+    web: WebAuth | None = None
+    """Users and sessions of the review pages (api/web/sessions.py); None: every page asks for a login."""
 
     async def start(self) -> None:
         await self.tokens.start()
+        if self.web is not None:
+            await self.web.start()
 
     async def close(self) -> None:
+        if self.web is not None:
+            await self.web.close()
         await self.tokens.close()
         await self.queue.raft.close()
 

@@ -252,6 +252,24 @@ class ReviewConfig(_Section, frozen=True):
     """The reason codes a discard must give one of (with a comment)."""
 
 
+class WebConfig(_Section, frozen=True):
+    """The finance review pages' logins and sessions (docs/review.md, "Users, sessions and rights")."""
+
+    idle_timeout_s: int = 15 * 60
+    """A session ends after this long without a request (give or take the minute its last-seen
+    time may wait to be written back)."""
+    lifetime_s: int = 12 * 3600
+    """A session ends this long after its login, however busy: then the person logs in again."""
+    cookie_secure: bool = False
+    """Send the session cookie with `Secure` (HTTPS only). Off for `make run` on loopback's plain
+    HTTP; every deployment behind TLS turns it on (a browser sends a Secure cookie over HTTPS only,
+    so it cannot leak over plain HTTP)."""
+    lockout_failures: int = 5
+    """Failed logins in a row that lock an account..."""
+    lockout_s: int = 15 * 60
+    """...for this long (a successful login before then resets the count; `compensator user enable` lifts a lock)."""
+
+
 class LocalConfig(_Section, frozen=True):
     """`make run` only: where the local set keeps its data, and what else it starts."""
 
@@ -306,6 +324,7 @@ class Config(_Section, frozen=True):
     projector: ProjectorConfig = ProjectorConfig()
     local: LocalConfig = LocalConfig()
     review: ReviewConfig = ReviewConfig()
+    web: WebConfig = WebConfig()
     outbox: OutboxConfig = OutboxConfig()
 
     @property
@@ -352,6 +371,11 @@ def _problems(config: Config) -> list[str]:
     check(1 <= review.bulk_count_max <= 1000, "review.bulk_count_max", "must be in 1..1000")
     check(60 <= review.proposal_ttl_s <= 30 * 86400, "review.proposal_ttl_s", "must be in 60..2592000 (30 days)")
     check(bool(review.discard_reason_codes), "review.discard_reason_codes", "at least one code is needed")
+    web = config.web
+    check(60 <= web.idle_timeout_s <= 24 * 3600, "web.idle_timeout_s", "must be in 60..86400")
+    check(web.idle_timeout_s <= web.lifetime_s <= 30 * 86400, "web.lifetime_s", "must be in idle_timeout_s..2592000 (30 days)")
+    check(1 <= web.lockout_failures <= 100, "web.lockout_failures", "must be in 1..100")
+    check(1 <= web.lockout_s <= 86400, "web.lockout_s", "must be in 1..86400")
     check(0 < api.port < 65536, "api.port", "must be in 1..65535")
     check(1 <= api.workers <= 64, "api.workers", "must be in 1..64")
     check(1 <= api.instances <= 1024, "api.instances", "must be in 1..1024")

@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -28,6 +29,7 @@ from api.metrics import ApiMetrics
 from api.quotas import Quotas, QuotaSettings
 from api.review_policy import FourEyes
 from api.services import ApiServices, ApiSettings
+from api.web.sessions import WebAuth, WebSettings
 from compensator import config as configuration
 from compensator.config import Config
 from compensator.projector.metrics import ProjectorMetrics
@@ -78,8 +80,19 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             batch_items_max=config.api.batch_items_max,
         ),
         four_eyes=four_eyes(config),
+        web=WebAuth(queue, web_settings(config), clock_ms=wall_clock_ms),
     )
     return create_app(services, tracer=provider)
+
+
+def web_settings(config: Config) -> WebSettings:
+    web = config.web
+    parts = urlsplit(config.api_url)
+    return WebSettings(
+        idle_timeout_s=web.idle_timeout_s, lifetime_s=web.lifetime_s, cookie_secure=web.cookie_secure,
+        lockout_failures=web.lockout_failures, lockout_s=web.lockout_s,
+        refresh_interval_s=config.auth.refresh_interval_s, public_origin=f"{parts.scheme}://{parts.netloc}",
+    )  # fmt: skip
 
 
 def four_eyes(config: Config) -> FourEyes:
