@@ -1,0 +1,78 @@
+"""The review pages' Jinja2 environment: templates from the package, autoescaped, with the
+filters finance reads by (money in major units per ISO 4217, times in UTC).
+
+Amounts are formatted from integers with the currency's minor-unit digits (ledger/currencies.py),
+never through a float: ``12345 JPY`` is ``12,345 JPY``, ``12345 BHD`` is ``12.345 BHD``. Times are
+UTC, to the second, because the store, the downstreams' logs and the reconciliation all are.
+
+Must never: turn autoescaping off, or put a value into a template unescaped (`|safe` is for
+nothing that came from a request or a payload).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from api.web.rights import Right, allowed
+from ledger.currencies import MINOR_UNIT_DIGITS, major_units
+
+TEMPLATES: Final = Path(__file__).parent / "templates"
+
+
+def money(amount_minor: int | None, currency: str | None) -> str:
+    """``123456, "USD"`` -> ``"1,234.56 USD"``; an unknown currency shows its minor units as they are."""
+    if amount_minor is None:
+        return "—"
+    if currency is None or currency not in MINOR_UNIT_DIGITS:
+        return f"{amount_minor:,} minor units {currency or ''}".rstrip()
+    whole, dot, fraction = major_units(amount_minor, currency).partition(".")
+    sign = "-" if whole.startswith("-") else ""
+    return f"{sign}{int(whole.lstrip('-')):,}{dot}{fraction} {currency}"
+
+
+def when(ms: int | None) -> str:
+    if ms is None:
+        return "—"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def pretty(document: Any) -> str:
+    """JSON for a person: indented, keys sorted, non-ASCII kept readable."""
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
+        trim_blocks=True, lstrip_blocks=True,
+    )  # fmt: skip
+    environment.filters.update(money=money, when=when, pretty=pretty)
+    environment.globals["Right"] = Right
+    return environment
+
+
+ENVIRONMENT: Final = _environment()
+
+
+def render(
+    request: Request, template: str, context: Mapping[str, Any], *, user: Any = None, status: int = 200,
+    headers: Mapping[str, str] | None = None,
+) -> HTMLResponse:  # fmt: skip
+    """A page (or an htmx fragment) for this user: `can(Right.X)` in a template hides what the
+    user's role may not do (the route refuses it anyway)."""
+
+    def can(right: Right) -> bool:
+        return user is not None and allowed(user.role, right)
+
+    frame = {"user": user, "can": can, "csrf_token": getattr(user, "csrf_token", ""), "path": request.url.path,
+             "htmx": request.headers.get("hx-request") == "true"}  # fmt: skip
+    body = ENVIRONMENT.get_template(template).render({**context, **frame})
+    return HTMLResponse(body, status_code=status, headers=dict(headers or {}))
