@@ -22,6 +22,7 @@ from api.metrics import MetricsMiddleware
 from api.routers import downstreams, health, kinds, refs, requests, review
 from api.services import ApiServices
 from api.tracing import TracingMiddleware
+from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit
 from api.web import sessions as web_sessions
 
 STATIC_DIR: Final = Path(__file__).parent / "static"
@@ -64,6 +65,8 @@ def create_app(services: ApiServices, *, tracer: TracerProvider) -> FastAPI:
 
     problems.install(app)
     web_sessions.install(app)
+    for pages in (pages_dead_letters, pages_detail, pages_edit, pages_approvals, pages_audit):
+        app.router.routes.extend(pages.router.routes)  # the review pages (api/web/), outside the OpenAPI
     for router in (requests.router, refs.router, kinds.router, downstreams.router, review.router, health.router):
         # The routes themselves, not include_router's wrapper: matching through a wrapper per
         # router was 7 % of a submission's CPU (py-spy, 2026-11-23), and nothing here needs a

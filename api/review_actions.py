@@ -13,7 +13,7 @@ front end renders its own way); count as done what the store refused.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -246,7 +246,25 @@ async def reject(services: ApiServices, actor: str, proposal_id: int, reason: st
     return await proposal(services, proposal_id)
 
 
-def edit_preview(view: MessageView) -> Mapping[str, Any]:
-    """The payload an edit starts from: the current one, as a JSON document."""
-    document = json.loads(current_payload(view))
-    return document if isinstance(document, dict) else {}
+def filter_of(
+    *, kind: str | None = None, error_class: str | None = None, ref_key: str | None = None,
+    dead_from_ms: int | None = None, dead_to_ms: int | None = None, currency: str | None = None,
+    amount_min_minor: int | None = None, amount_max_minor: int | None = None,
+    attempts_min: int | None = None, attempts_max: int | None = None,
+) -> DeadLetterFilter:  # fmt: skip
+    """A dead-letter filter, or the problem naming the field that makes it impossible: an empty
+    range would match nothing and a person would read "no dead letters" as good news."""
+    errors = []
+    if (amount_min_minor is not None or amount_max_minor is not None) and currency is None:
+        errors.append({"field": "currency", "message": "an amount range needs a currency"})
+    for low, high, name in ((amount_min_minor, amount_max_minor, "amount_max"), (attempts_min, attempts_max, "attempts_max"),
+                            (dead_from_ms, dead_to_ms, "dead_to")):  # fmt: skip
+        if low is not None and high is not None and low > high:
+            errors.append({"field": name, "message": "below the range's minimum"})
+    if errors:
+        raise invalid(errors)
+    return DeadLetterFilter(
+        kind=kind, error_class=error_class, ref_key=ref_key, dead_from_ms=dead_from_ms, dead_to_ms=dead_to_ms,
+        currency=currency, amount_min_minor=amount_min_minor, amount_max_minor=amount_max_minor,
+        attempts_min=attempts_min, attempts_max=attempts_max,
+    )  # fmt: skip

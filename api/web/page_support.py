@@ -1,0 +1,178 @@
+"""What the review pages share: the dead-letter filter as a person types it, flash messages, the
+page a refused action renders, and payloads masked for those without personal-data rights.
+
+The filter is typed in major units ("12.50" CNY) and UTC times, because that is how finance reads
+them; it becomes the store's `DeadLetterFilter` (minor units, milliseconds) here, exactly (no float
+touches an amount), and a value that cannot be converted is named next to its field.
+
+Must never: decide what an action does (api/review_actions.py does, for the JSON API too), or
+show a payload unmasked to a role without `Right.VIEW_PERSONAL_DATA`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from api import review_actions as actions
+from api.problems import Problem
+from api.review_schemas import NAME_PATTERN
+from api.schemas import REF_KEY_PATTERN
+from api.services import ApiServices
+from api.web.rights import Right, allowed
+from api.web.templating import render
+from ledger.currencies import MINOR_UNIT_DIGITS
+from ledger.kinds import Kind
+from ledger.masking import mask_payload
+from queues import TIME_MS_MAX, DeadLetterFilter
+
+FILTER_FIELDS: Final = ("kind", "error_class", "ref_key", "dead_from", "dead_to", "currency", "amount_min",
+                        "amount_max", "attempts_min", "attempts_max")  # fmt: skip
+"""The filter's form fields, in the order the form shows them."""
+KINDS: Final = tuple(kind.value for kind in Kind)
+CURRENCIES: Final = tuple(sorted(MINOR_UNIT_DIGITS))
+_NAME: Final = re.compile(NAME_PATTERN)
+_REF_KEY: Final = re.compile(REF_KEY_PATTERN)
+COUNT_MAX: Final = 1_000_000
+
+
+def services(request: Request) -> ApiServices:
+    found: ApiServices = request.app.state.services
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Flash:
+    kind: str
+    """success (done), proposed (waits for a second person), error (nothing was done), info."""
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FilterForm:
+    """The filter as typed (to show it again, and to carry it into links and hidden fields), and
+    the store's filter when every field made sense."""
+
+    values: dict[str, str]
+    dead_filter: DeadLetterFilter | None
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def query(self, **extra: str) -> str:
+        """The query string of this filter (empty fields left out), with `extra` parameters."""
+        return urlencode({**{k: v for k, v in self.values.items() if v}, **extra})
+
+
+def _time_ms(text: str) -> int:
+    """A date or a date and time (the browser's datetime-local), read as UTC unless it says otherwise."""
+    moment = dt.datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return max(0, min(TIME_MS_MAX, int(moment.timestamp() * 1000)))
+
+
+def minor_units(text: str, currency: str) -> int:
+    """ "12.50" CNY -> 1250, exactly; more decimals than the currency has is an error, not a rounding."""
+    try:
+        amount = decimal.Decimal(text.replace(",", "").strip())
+    except decimal.InvalidOperation:
+        raise ValueError("an amount in major units, e.g. 12.50") from None
+    minor = amount.scaleb(MINOR_UNIT_DIGITS[currency])
+    if not amount.is_finite() or minor != minor.to_integral_value() or not 0 <= minor <= TIME_MS_MAX:
+        raise ValueError(f"a non-negative amount with at most {MINOR_UNIT_DIGITS[currency]} decimals")
+    return int(minor)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= COUNT_MAX:
+        raise ValueError
+    return value
+
+
+def parse_filter(source: Mapping[str, Any]) -> FilterForm:
+    """The filter from a query string or a form; every field that does not parse is named."""
+    values = {name: str(source.get(name) or "").strip() for name in FILTER_FIELDS}
+    errors: dict[str, str] = {}
+    typed: dict[str, Any] = {}
+    for name, pattern, what in (("kind", _NAME, "a kind's name"), ("error_class", _NAME, "an error class's name"),
+                                ("ref_key", _REF_KEY, "1-128 printable characters")):  # fmt: skip
+        if values[name]:
+            if pattern.match(values[name]) is None:
+                errors[name] = f"give {what}"
+            typed[name] = values[name]
+    currency = values["currency"].upper()
+    if currency:
+        values["currency"] = currency
+        if currency not in MINOR_UNIT_DIGITS:
+            errors["currency"] = "not an active ISO 4217 code"
+        typed["currency"] = currency
+    for name in ("dead_from", "dead_to"):
+        if values[name]:
+            try:
+                typed[f"{name}_ms"] = _time_ms(values[name])
+            except ValueError:
+                errors[name] = "a date (2026-11-20) or a date and time (2026-11-20T14:30), UTC"
+    for name in ("amount_min", "amount_max"):
+        if values[name] and "currency" not in errors:
+            if not currency:
+                errors["currency"] = "an amount range needs a currency"
+                continue
+            try:
+                typed[f"{name}_minor"] = minor_units(values[name], currency)
+            except ValueError as error:
+                errors[name] = str(error)
+    for name in ("attempts_min", "attempts_max"):
+        if values[name]:
+            try:
+                typed[name] = _count(values[name])
+            except ValueError:
+                errors[name] = "a whole number of attempts"
+    if errors:
+        return FilterForm(values, None, errors)
+    try:
+        return FilterForm(values, actions.filter_of(**typed))
+    except Problem as problem:
+        return FilterForm(values, None, field_messages(problem))
+
+
+def field_messages(problem: Problem) -> dict[str, str]:
+    """Field -> message of an invalid-request problem (each shown next to its field)."""
+    return {str(e["field"]): str(e["message"]) for e in problem.extra.get("errors", ())}
+
+
+def problem_flash(problem: Problem) -> Flash:
+    """What a refused action tells a person: nothing was done, and why."""
+    fields = field_messages(problem)
+    detail = "; ".join(f"{name}: {message}" for name, message in fields.items()) or problem.detail
+    return Flash("error", f"Nothing was done. {problem.type.title}: {detail}")
+
+
+def problem_page(request: Request, user: Any, problem: Problem) -> HTMLResponse:
+    return render(request, "problem.html", {"flashes": [problem_flash(problem)], "problem": problem}, user=user,
+                  status=problem.type.status)  # fmt: skip
+
+
+def shown_payload(user: Any, kind: str, document: Mapping[str, Any]) -> dict[str, Any]:
+    """The payload as this user may see it."""
+    if allowed(user.role, Right.VIEW_PERSONAL_DATA):
+        return dict(document)
+    return mask_payload(kind, document)
+
+
+def row(services: ApiServices, view: Any) -> dict[str, Any]:
+    """A dead letter as the list, the dry run and the CSV show it."""
+    money = actions.amount(view)
+    return {
+        "id": actions.public(services, view.message_id), "kind": view.kind, "ref_key": view.ref_key,
+        "attempts": view.attempts, "error_class": view.last_error_class, "error_text": view.last_error_text or "",
+        "dead_ms": view.dead_ms, "dead_reason": view.dead_reason or "", "state": view.state.value,
+        "amount_minor": None if money is None else money[0], "currency": None if money is None else money[1],
+    }  # fmt: skip

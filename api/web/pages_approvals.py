@@ -1,0 +1,128 @@
+"""``/review/approvals``: the four-eyes inbox. Each pending proposal with what approving it would
+do (its targets and their amounts per currency, an edit's diff, a bulk job's size and totals),
+and approve or reject (with a reason); the proposer sees "withdraw" on their own instead.
+
+The store decides the four-eyes rules it can alone (the approver is not the proposer, not
+expired, the targets still in a state the action allows) and performs the action in the approving
+command: this page shows what the store answered, refused targets included.
+
+Must never: offer approval of one's own proposal as if it could work (the store refuses it
+anyway), or show a refused target as done.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from api import review_actions as actions
+from api.problems import Problem, invalid
+from api.review_policy import current_payload, diff
+from api.services import ApiServices
+from api.web.page_support import Flash, problem_flash, services
+from api.web.rights import Right
+from api.web.sessions import WebUser, checked_csrf, current_user, require
+from api.web.templating import render
+from queues import Discard, EditRedrive, ProposalView, proposal_action
+
+router = APIRouter(include_in_schema=False)
+User = Annotated[WebUser, Depends(current_user)]
+PostingUser = Annotated[WebUser, Depends(checked_csrf)]
+PAGE_SIZE: Final = 50
+TARGETS_SHOWN: Final = 20
+
+
+async def describe(found: ApiServices, view: ProposalView) -> dict[str, Any]:
+    """A proposal as the inbox shows it: what it would do, to what, for how much."""
+    action = proposal_action(view)
+    targets = list((await actions.store(found, found.queue.get_many(list(view.targets), with_history=False))).value)
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for target in targets:
+        money = actions.amount(target)
+        if money is not None:
+            totals[money[1]][0] += 1
+            totals[money[1]][1] += money[0]
+    described: dict[str, Any] = {
+        "view": view, "targets": [actions.public(found, t) for t in view.targets[:TARGETS_SHOWN]],
+        "target_count": len(view.targets), "totals": sorted((c, n, a) for c, (n, a) in totals.items()),
+        "changes": None, "reason_code": None, "job": getattr(action, "rate_per_s", None) is not None,
+    }  # fmt: skip
+    if isinstance(action, EditRedrive) and targets:
+        described["changes"] = diff(json.loads(current_payload(targets[0])), json.loads(action.payload))
+    if isinstance(action, Discard):
+        described["reason_code"] = action.reason_code
+    return described
+
+
+async def _inbox(request: Request, user: WebUser, flashes: list[Flash], status: int = 200) -> Response:
+    found = services(request)
+    show_all = request.query_params.get("all") == "1"
+    before_text = request.query_params.get("before", "")
+    before = int(before_text) if before_text.isdigit() and 0 < int(before_text) < (1 << 62) else None
+    try:
+        views = (await actions.store(found, found.queue.proposals(pending_only=not show_all, before_id=before,
+                                                                  limit=PAGE_SIZE))).value  # fmt: skip
+        proposals = [await describe(found, view) for view in views]
+    except Problem as problem:
+        proposals, views, flashes = [], (), [*flashes, problem_flash(problem)]
+    older = views[-1].proposal_id if len(views) == PAGE_SIZE else None
+    return render(request, "approvals.html", {"proposals": proposals, "show_all": show_all, "older": older,
+                                              "flashes": flashes}, user=user, status=status)  # fmt: skip
+
+
+@router.get("/review/approvals")
+async def inbox(request: Request, user: User) -> Response:
+    require(user, Right.VIEW)
+    return await _inbox(request, user, [])
+
+
+async def _reason(request: Request) -> str:
+    return str((await request.form()).get("reason") or "").strip()
+
+
+@router.post("/review/approvals/{proposal_id}/approve")
+async def approve(request: Request, proposal_id: int, user: PostingUser) -> Response:
+    require(user, Right.APPROVE)
+    found = services(request)
+    try:
+        _, result = await actions.approve(found, user.name, proposal_id, await _reason(request))
+    except Problem as problem:
+        return await _inbox(request, user, [problem_flash(problem)], problem.type.status)
+    done = ", ".join(actions.public(found, m) for m in (*result.ids, *result.new_ids))
+    refused = ", ".join(f"{actions.public(found, m)} ({c.name.lower()})" for m, c in result.refused)
+    job = getattr(result, "job_id", 0)
+    text = f"Approved proposal {proposal_id}" + (f": job {job} started" if job else f"; done: {done or 'nothing'}")
+    flashes = [Flash("success", text + ".")]
+    if refused:
+        flashes.append(Flash("error", f"Not done (the store refused them): {refused}."))
+    return await _inbox(request, user, flashes)
+
+
+async def _decline(request: Request, user: WebUser, proposal_id: int, *, withdraw: bool) -> Response:
+    found = services(request)
+    reason = await _reason(request) or ("withdrawn by the proposer" if withdraw else "")
+    try:
+        if not reason:
+            raise invalid([{"field": "reason", "message": "say why the proposal is rejected"}])
+        await actions.reject(found, user.name, proposal_id, reason, others=not withdraw)
+    except Problem as problem:
+        return await _inbox(request, user, [problem_flash(problem)], problem.type.status)
+    verb = "Withdrew" if withdraw else "Rejected"
+    return await _inbox(request, user, [Flash("success", f"{verb} proposal {proposal_id}: nothing was done.")])
+
+
+@router.post("/review/approvals/{proposal_id}/reject")
+async def reject(request: Request, proposal_id: int, user: PostingUser) -> Response:
+    require(user, Right.REJECT)
+    return await _decline(request, user, proposal_id, withdraw=False)
+
+
+@router.post("/review/approvals/{proposal_id}/withdraw")
+async def withdraw(request: Request, proposal_id: int, user: PostingUser) -> Response:
+    """The proposer takes their own proposal back (anyone else is refused: that is a rejection)."""
+    require(user, Right.VIEW)
+    return await _decline(request, user, proposal_id, withdraw=True)

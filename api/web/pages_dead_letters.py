@@ -1,0 +1,130 @@
+"""``/review/dead-letters``: what the machines could not finish, filtered, counted and totalled per
+currency, a page at a time, with a selection to redrive; and its CSV export.
+
+The totals come from one aggregate in the store (`dead_letter_summary`), not from the page shown,
+so "412 dead letters, 1,234,567.89 CNY" is the whole filter's. The export streams every page of
+the same filter; it is masked as the page is for a role without personal-data rights, and every
+text cell that a spreadsheet would read as a formula is quoted.
+
+Must never: export more than the user may view, or let a cell start with = + - @ (CSV injection).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+
+from api import review_actions as actions
+from api.problems import Problem, invalid
+from api.review_policy import current_payload
+from api.schemas import utc
+from api.services import ApiServices
+from api.web.page_support import CURRENCIES, KINDS, FilterForm, parse_filter, problem_page, row, services, shown_payload
+from api.web.rights import Right
+from api.web.sessions import WebUser, current_user, require
+from api.web.templating import render
+from ledger.currencies import major_units
+from queues import DeadLetterFilter
+
+router = APIRouter(include_in_schema=False)
+User = Annotated[WebUser, Depends(current_user)]
+PAGE_SIZE: Final = 50
+EXPORT_PAGE: Final = 1000
+_CURSOR: Final = re.compile(r"^[0-9]{1,18}\.[0-9]{1,18}$")
+FORMULA_START: Final = ("=", "+", "-", "@", "\t", "\r", "\n")
+CSV_COLUMNS: Final = ("id", "kind", "ref_key", "dead_at", "attempts", "error_class", "error_text", "dead_reason",
+                      "amount", "currency", "amount_minor", "payload")  # fmt: skip
+
+
+@router.get("/review")
+async def home(user: User) -> Response:
+    return RedirectResponse("/review/dead-letters", status_code=303)
+
+
+@router.get("/review/dead-letters")
+async def dead_letters(request: Request, user: User) -> Response:
+    require(user, Right.VIEW)
+    form = parse_filter(request.query_params)
+    cursor = request.query_params.get("cursor") or None
+    context: dict[str, Any] = {"form": form, "kinds": KINDS, "currencies": CURRENCIES, "rows": [], "summary": None,
+                               "next_cursor": None, "cursor": cursor}  # fmt: skip
+    if cursor is not None and _CURSOR.match(cursor) is None:
+        form.errors["cursor"] = "not a page this list gave: start again from the first page"
+    if form.dead_filter is None or form.errors:
+        return render(request, "dead_letters.html", context, user=user, status=422)
+    found = services(request)
+    try:
+        page = (await actions.store(found, found.queue.dead_letters(form.dead_filter, cursor=cursor,
+                                                                    limit=PAGE_SIZE))).value  # fmt: skip
+        summary = (await actions.store(found, found.queue.dead_letter_summary(form.dead_filter))).value
+    except Problem as problem:
+        return problem_page(request, user, problem)
+    context.update(rows=[row(found, view) for view in page.items], summary=summary, next_cursor=page.next_cursor,
+                   oldest_id=None if summary.oldest_id is None else actions.public(found, summary.oldest_id))  # fmt: skip
+    return render(request, "dead_letters.html", context, user=user)
+
+
+def safe_cell(value: Any) -> Any:
+    """A cell a spreadsheet shows as text: one that would start a formula gets a leading quote."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+async def _csv_lines(found: ApiServices, user: WebUser, dead_filter: DeadLetterFilter) -> AsyncIterator[str]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+
+    def line(cells: list[Any]) -> str:
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow([safe_cell(cell) for cell in cells])
+        return buffer.getvalue()
+
+    yield line(list(CSV_COLUMNS))
+    cursor: str | None = None
+    while True:
+        page = (await actions.store(found, found.queue.dead_letters(dead_filter, cursor=cursor,
+                                                                    limit=EXPORT_PAGE))).value  # fmt: skip
+        for view in page.items:
+            item = row(found, view)
+            try:
+                payload = json.loads(current_payload(view))
+            except ValueError:
+                payload = {}
+            shown = shown_payload(user, view.kind, payload if isinstance(payload, dict) else {})
+            amount = "" if item["amount_minor"] is None else major_units(item["amount_minor"], item["currency"])
+            yield line([item["id"], item["kind"], item["ref_key"], "" if item["dead_ms"] is None else utc(item["dead_ms"]), item["attempts"],
+                        item["error_class"] or "", item["error_text"], item["dead_reason"], amount,
+                        item["currency"] or "", "" if item["amount_minor"] is None else item["amount_minor"],
+                        json.dumps(shown, sort_keys=True, ensure_ascii=False)])  # fmt: skip
+        cursor = page.next_cursor
+        if cursor is None or not page.items:
+            return
+
+
+@router.get("/review/dead-letters.csv")
+async def export(request: Request, user: User) -> Response:
+    """Every dead letter of the filter, all pages, streamed: the file is as long as the filter's
+    count, never held whole in memory."""
+    require(user, Right.EXPORT)
+    form: FilterForm = parse_filter(request.query_params)
+    if form.dead_filter is None:
+        problem = invalid([{"field": k, "message": v} for k, v in form.errors.items()])
+        return problem_page(request, user, problem)
+    found = services(request)
+    try:  # the first page before the headers go out: a store that is down is a page, not a cut file
+        await actions.store(found, found.queue.dead_letters(form.dead_filter, limit=1))
+    except Problem as problem:
+        return problem_page(request, user, problem)
+    return StreamingResponse(
+        _csv_lines(found, user, form.dead_filter), media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": 'attachment; filename="dead-letters.csv"', "Cache-Control": "no-store"},
+    )  # fmt: skip
