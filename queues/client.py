@@ -45,6 +45,7 @@ from queues.model import (
     Approve,
     AuditEntry,
     BatchResult,
+    ControlJob,
     DeadLetterFilter,
     DeadLetterSummary,
     Discard,
@@ -57,6 +58,11 @@ from queues.model import (
     ExpireLeases,
     ExtendLease,
     Fail,
+    ItemResult,
+    JobAction,
+    JobItem,
+    JobStepResult,
+    JobView,
     KindResult,
     Lease,
     LeaseResult,
@@ -72,6 +78,7 @@ from queues.model import (
     QueueCommand,
     QueueResult,
     Redrive,
+    RedriveJob,
     Reject,
     Release,
     ResumeKind,
@@ -83,6 +90,7 @@ from queues.model import (
     SetPolicy,
     SetQuota,
     SetRetention,
+    StepJob,
     TokenResult,
     content_hash,
 )
@@ -310,6 +318,25 @@ class QueueClient:
         """Reject a proposal (or withdraw one's own): nothing is done."""
         return _expect(await self.submit(Reject(proposal_id=proposal_id, actor=actor, reason=reason)), ReviewResult)
 
+    async def start_job(self, command: RedriveJob) -> ReviewResult:
+        """Start a redrive job over these dead letters (ids resolved by the caller, at most 100,000):
+        `job_id` names it, `refused` the ids that were not dead (recorded as refused items). To
+        start it under four eyes, `propose(command, ttl_ms=)` instead: the approval starts it."""
+        return _expect(await self.submit(command), ReviewResult)
+
+    async def step_job(self, job_id: int, limit: int = 300) -> JobStepResult:
+        """Redrive the job's next pending items, as many as its rate allows by the leader's time (at
+        most `limit`): what the maintenance driver proposes; safe to call from anywhere, any time."""
+        return _expect(await self.submit(StepJob(job_id=job_id, limit=limit)), JobStepResult)
+
+    async def control_job(
+        self, job_id: int, action: JobAction | str, *, actor: str, reason: str
+    ) -> ReviewResult:
+        """Pause, resume or cancel a job (audited); ILLEGAL_STATE, changing nothing, when the job's
+        state does not allow it. A cancel leaves every pending item not redriven."""
+        command = ControlJob(job_id=job_id, action=JobAction(action), actor=actor, reason=reason)
+        return _expect(await self.submit(command), ReviewResult)
+
     async def pause(self, kind: str, holder: str, reason: str = "", *, actor: str = "") -> KindResult:
         return _expect(await self.submit(PauseKind(kind=kind, holder=holder, reason=reason, actor=actor)), KindResult)
 
@@ -499,6 +526,24 @@ class QueueClient:
         query = qc.Proposals(ids=tuple(ids), pending_only=pending_only, before_id=before_id, limit=limit)
         read = await self._ask(query, qc.ProposalsAnswer, stale_ok)
         return Read(read.value.proposals, read.applied_index, read.now_ms)
+
+    async def jobs(
+        self, *, ids: Sequence[int] = (), active_only: bool = False, before_id: int | None = None, limit: int = 100,
+        stale_ok: bool = False,
+    ) -> Read[tuple[JobView, ...]]:  # fmt: skip
+        """Redrive jobs with their counters: these ids, else newest first below `before_id`."""
+        query = qc.Jobs(ids=tuple(ids), active_only=active_only, before_id=before_id, limit=limit)
+        read = await self._ask(query, qc.JobsAnswer, stale_ok)
+        return Read(read.value.jobs, read.applied_index, read.now_ms)
+
+    async def job_items(
+        self, job_id: int, *, after_message_id: int = 0, limit: int = 100, result: ItemResult | None = None,
+        stale_ok: bool = False,
+    ) -> Read[tuple[JobItem, ...]]:  # fmt: skip
+        """A page of a job's items in message-id order (pass the last id back as `after_message_id`)."""
+        query = qc.JobItems(job_id=job_id, after_message_id=after_message_id, limit=limit, result=result)
+        read = await self._ask(query, qc.JobItemsAnswer, stale_ok)
+        return Read(read.value.items, read.applied_index, read.now_ms)
 
 
 class EventsPurged(Exception):

@@ -35,7 +35,7 @@ from typing import Any, Final
 import msgspec
 
 from delay.policy import DAY_MS, DEFAULT_POLICY, DELAY_MAX_MS, DeadLetter, RetryPolicy, decide
-from queues import access, audit_chain, codec, documents, due_index, proposals, review
+from queues import access, audit_chain, codec, documents, due_index, jobs, proposals, review
 from queues.lifecycle import TERMINAL, Action, transition
 from queues.model import (
     BUILTIN_KINDS,
@@ -49,6 +49,7 @@ from queues.model import (
     Approve,
     BatchResult,
     Code,
+    ControlJob,
     Discard,
     EditRedrive,
     Enqueue,
@@ -74,6 +75,7 @@ from queues.model import (
     QueueCommand,
     QueueResult,
     Redrive,
+    RedriveJob,
     Reject,
     Release,
     ResumeKind,
@@ -83,6 +85,7 @@ from queues.model import (
     SetQuota,
     SetRetention,
     State,
+    StepJob,
     content_hash,
     state_of,
 )
@@ -368,6 +371,7 @@ class QueueMachine(SqliteStateMachine):
         documents.create_tables(conn)
         audit_chain.create_tables(conn)
         proposals.create_tables(conn)
+        jobs.create_tables(conn)
         conn.execute(_OPERATOR_EVENTS_INDEX)
         policy = _policy_encoder.encode(self.config.default_policy)
         for kind in BUILTIN_KINDS:
@@ -645,6 +649,12 @@ class _Apply:
                 return review.Review(self).approve(command)
             case Reject():
                 return review.Review(self).reject(command)
+            case RedriveJob():
+                return review.Review(self).start_job(command)
+            case StepJob():
+                return jobs.step(self, command)
+            case ControlJob():
+                return jobs.control(self, command)
 
     # ---- shared helpers ---------------------------------------------------------------------
     def emit(self, type_: EventType, message_id: int, kind: str, data: dict[str, EventValue]) -> None:
@@ -1158,36 +1168,41 @@ class _Apply:
         done: list[int] = []
         refused: list[tuple[int, Code]] = []
         for message_id in targets:
-            row = self.load_current(message_id)
-            if row is None:
-                refused.append((message_id, Code.NOT_FOUND))
-                continue
-            state = row.state(self.now_ms)
-            if isinstance(transition(state, Action.REDRIVE), Code):
-                refused.append((message_id, Code.ILLEGAL_STATE))
-                continue
-            self.batch.move(row.kind, row.phase, Phase.WAITING)
-            self.conn.execute(
-                "UPDATE messages SET phase = ?, due_ms = ?, budget_attempts = attempts, budget_start_ms = ?,"
-                " token_open = 0, dead_ms = NULL, dead_reason = NULL, dead_error_class = NULL,"
-                " edited_payload = coalesce(?, edited_payload), edited_hash = coalesce(?, edited_hash) WHERE id = ?",
-                (Phase.WAITING, self.now_ms, self.now_ms, command.payload, self.edited_hash(row, command.payload),
-                 message_id),
+            code = self.redrive_one(
+                message_id, actor=command.actor, reason=command.reason, payload=command.payload, approval=approval
             )
-            self.emit_audited(
-                EventType.REDRIVEN,
-                message_id,
-                row.kind,
-                {
-                    "actor": command.actor,
-                    "reason": command.reason,
-                    "from_state": state.value,
-                    "edited": command.payload is not None,
-                    **(approval or {}),
-                },
-            )
-            done.append(message_id)
+            if code is None:
+                done.append(message_id)
+            else:
+                refused.append((message_id, code))
         return BatchResult(code=Code.OK, ids=tuple(done), refused=tuple(refused))
+
+    def redrive_one(
+        self, message_id: int, *, actor: str, reason: str, payload: bytes | None = None,
+        approval: dict[str, EventValue] | None = None, dead_only: bool = False,
+    ) -> Code | None:  # fmt: skip
+        """Redrive one message, audited, or say why not (None: done). Every redrive goes through
+        here (a command's ids or filter, an approved proposal, a redrive job's item), so the rules
+        and the record are the same for all; `dead_only` (a job) refuses a message that is not dead."""
+        row = self.load_current(message_id)
+        if row is None:
+            return Code.NOT_FOUND
+        state = row.state(self.now_ms)
+        if isinstance(transition(state, Action.REDRIVE), Code) or (dead_only and state is not State.DEAD):
+            return Code.ILLEGAL_STATE
+        self.batch.move(row.kind, row.phase, Phase.WAITING)
+        self.conn.execute(
+            "UPDATE messages SET phase = ?, due_ms = ?, budget_attempts = attempts, budget_start_ms = ?,"
+            " token_open = 0, dead_ms = NULL, dead_reason = NULL, dead_error_class = NULL,"
+            " edited_payload = coalesce(?, edited_payload), edited_hash = coalesce(?, edited_hash) WHERE id = ?",
+            (Phase.WAITING, self.now_ms, self.now_ms, payload, self.edited_hash(row, payload), message_id),
+        )
+        self.emit_audited(
+            EventType.REDRIVEN, message_id, row.kind,
+            {"actor": actor, "reason": reason, "from_state": state.value, "edited": payload is not None,
+             **(approval or {})},
+        )  # fmt: skip
+        return None
 
     def discard(self, command: Discard, approval: dict[str, EventValue] | None = None) -> Outcome:
         row = self.load_current(command.message_id)

@@ -80,8 +80,6 @@ class Role(enum.Enum):
     REVIEWER = "reviewer"
     APPROVER = "approver"
     ADMIN = "admin"
-    VIEWER = "viewer"
-    """Reads the review pages, dead letters and the audit, with personal data masked (ledger/masking.py)."""
 
 
 class Phase(enum.IntEnum):
@@ -309,7 +307,50 @@ class EditRedrive(_Command, frozen=True, tag="edit_redrive"):
     """The new version's headers (None: the original's)."""
 
 
-ReviewAction = Redrive | EditRedrive | Discard
+JOB_IDS_MAX: Final = 100_000
+"""Dead letters one redrive job may hold: a finance clean-up of a bulk failure, resolved by the caller."""
+JOB_RATE_MAX: Final = 10_000
+JobId = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class RedriveJob(_Command, frozen=True, tag="redrive_job"):
+    """Start a tracked bulk redrive of these dead letters (queues/jobs.py): stepped at most
+    `rate_per_s` a second by the leader's time, cancellable, pausable, with a result per item.
+
+    The caller resolves its filter to ids (`dead_letters` pages), so what runs is the list shown;
+    submitted alone it starts at once, as a `Propose`'s action it starts in the `Approve` that
+    releases it."""
+
+    actor: Name
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=TEXT_LENGTH_MAX)]
+    ids: Annotated[tuple[MessageId, ...], msgspec.Meta(min_length=1, max_length=JOB_IDS_MAX)]
+    rate_per_s: Annotated[int, msgspec.Meta(ge=1, le=JOB_RATE_MAX)]
+
+
+class StepJob(_Command, frozen=True, tag="step_job"):
+    """Redrive a running job's next pending items, as many as its rate allows by this entry's time
+    (at most `limit`): what the maintenance driver proposes; any number of drivers is safe."""
+
+    job_id: JobId
+    limit: BatchLimit = 300
+
+
+class JobAction(enum.Enum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+
+
+class ControlJob(_Command, frozen=True, tag="control_job"):
+    """Pause, resume or cancel a job (audited). A cancel marks every pending item not redriven."""
+
+    job_id: JobId
+    action: JobAction
+    actor: Name
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=TEXT_LENGTH_MAX)]
+
+
+ReviewAction = Redrive | EditRedrive | Discard | RedriveJob
 PROPOSAL_TTL_MS_MIN: Final = 60_000
 PROPOSAL_TTL_MS_MAX: Final = 30 * 24 * 3600 * 1000
 PROPOSALS_PENDING_MAX: Final = 10_000
@@ -432,7 +473,7 @@ class PutDocument(_Command, frozen=True, tag="put_document"):
 QueueCommand = (
     Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | Release | ExpireLeases | Redrive | Discard
     | PauseKind | ResumeKind | SetPolicy | Purge | SetRetention | PutToken | RevokeToken | SetQuota | PutDocument
-    | EditRedrive | Propose | Approve | Reject
+    | EditRedrive | Propose | Approve | Reject | RedriveJob | StepJob | ControlJob
 )  # fmt: skip
 
 
@@ -556,6 +597,39 @@ class ReviewResult(_Result, frozen=True, tag="review"):
     new_ids: tuple[int, ...] = ()
     """An edit: the new version's message id."""
     detail: str = ""
+    job_id: int | None = None
+    """A redrive job started (directly or by the approval of its proposal) or controlled. A job's
+    items are not echoed in `ids` (up to JOB_IDS_MAX): read them with `JobItems`."""
+
+
+class JobState(enum.Enum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    DONE = "done"
+
+
+class ItemResult(enum.Enum):
+    PENDING = "pending"
+    REDRIVEN = "redriven"
+    REFUSED = "refused"
+    """Its message could no longer be redriven (no longer dead, or gone): `code` says why."""
+    NOT_REDRIVEN = "not_redriven"
+    """The job was cancelled before it came to this item: the message was left as it was."""
+
+
+class JobStepResult(_Result, frozen=True, tag="job_step"):
+    """What one StepJob did: OK with nothing done when the rate allows nothing yet, ILLEGAL_STATE
+    (nothing done) for a job that is not running, NOT_FOUND for no such job."""
+
+    job_id: int = 0
+    state: JobState | None = None
+    """The job's state after the step (DONE once no item is pending)."""
+    redriven: tuple[int, ...] = ()
+    refused: tuple[tuple[int, Code], ...] = ()
+    pending: int = 0
+    next_step_ms: int | None = None
+    """The leader time from which the rate allows the next item (None: the job is not running)."""
 
 
 class ErrorResult(_Result, frozen=True, tag="error"):
@@ -566,7 +640,7 @@ class ErrorResult(_Result, frozen=True, tag="error"):
 
 QueueResult = (
     EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | TokenResult
-    | DocumentResult | ReviewResult | ErrorResult
+    | DocumentResult | ReviewResult | JobStepResult | ErrorResult
 )
 
 
@@ -673,6 +747,41 @@ class MessageView(msgspec.Struct, frozen=True, kw_only=True):
     """The version that superseded this one: this one was discarded by the edit, unchanged."""
 
 
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    """A redrive job and its counters (total = pending + redriven + refused + not_redriven)."""
+
+    job_id: int
+    actor: str
+    reason: str
+    proposal_id: int | None
+    approved_by: str | None
+    state: JobState
+    rate_per_s: int
+    created_ms: int
+    last_step_ms: int | None
+    """The leader time of the last step that acted on an item (None before the first)."""
+    finished_ms: int | None
+    """When it became DONE or CANCELLED."""
+    total: int
+    pending: int
+    redriven: int
+    refused: int
+    not_redriven: int
+    next_step_ms: int | None = None
+    """While running: the leader time from which the rate allows the next item (a driver proposes a
+    step only then, so a slow job writes no empty entries)."""
+    controlled_by: str | None = None
+    """Who paused, resumed or cancelled it last."""
+
+
+class JobItem(msgspec.Struct, frozen=True, kw_only=True):
+    message_id: int
+    result: ItemResult
+    code: str
+    """Why it was refused (a `Code` name), "cancelled" for NOT_REDRIVEN, else empty."""
+    done_ms: int | None
+
+
 class DeadLetterSummary(msgspec.Struct, frozen=True, kw_only=True):
     """The dead letters a filter matches, counted and summed (queries.dead_letter_summary)."""
 
@@ -708,7 +817,7 @@ class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):
 class ProposalView(msgspec.Struct, frozen=True, kw_only=True):
     proposal_id: int
     action: str
-    """redrive, edit_redrive or discard."""
+    """redrive, edit_redrive, discard or redrive_job."""
     proposer: str
     reason: str
     targets: tuple[int, ...]

@@ -31,6 +31,7 @@ from queues.model import (
     ProposalState,
     ProposalView,
     Redrive,
+    RedriveJob,
     ReviewAction,
 )
 
@@ -65,6 +66,8 @@ def action_name(action: ReviewAction) -> str:
             return "edit_redrive"
         case Discard():
             return "discard"
+        case RedriveJob():
+            return "redrive_job"
 
 
 def proposer_of(action: ReviewAction) -> str:
@@ -134,14 +137,14 @@ def load(conn: sqlite3.Connection, proposal_id: int) -> Proposal | None:
     if row is None:
         return None
     action = codec.decode_command(bytes(row[2]))
-    assert isinstance(action, Redrive | EditRedrive | Discard), f"proposal {proposal_id} holds {action!r}"
+    assert isinstance(action, Redrive | EditRedrive | Discard | RedriveJob), f"proposal {proposal_id} holds {action!r}"
     return Proposal(view=_view(row, 0), action=action)
 
 
 def proposal_action(view: ProposalView) -> ReviewAction:
     """The action a proposal holds, decoded from its body (an edit's payload, a discard's code)."""
     action = codec.decode_command(view.body)
-    assert isinstance(action, Redrive | EditRedrive | Discard), f"proposal {view.proposal_id} holds {action!r}"
+    assert isinstance(action, Redrive | EditRedrive | Discard | RedriveJob), f"proposal {view.proposal_id} holds {action!r}"
     return action
 
 

@@ -24,6 +24,9 @@ from queues.model import (
     DeadLetterFilter,
     DocumentView,
     Event,
+    ItemResult,
+    JobItem,
+    JobView,
     KindName,
     MessageId,
     MessageView,
@@ -188,10 +191,29 @@ class Proposals(_Query, frozen=True, tag="proposals"):
     limit: PageLimit = 100
 
 
+class Jobs(_Query, frozen=True, tag="jobs"):
+    """Redrive jobs (queues/jobs.py) with their counters: these ids, else newest first below
+    `before_id` (running and paused ones only, if asked: what the maintenance driver steps)."""
+
+    ids: Annotated[tuple[Annotated[int, msgspec.Meta(ge=1)], ...], msgspec.Meta(max_length=IDS_PER_QUERY_MAX)] = ()
+    active_only: bool = False
+    before_id: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    limit: PageLimit = 100
+
+
+class JobItems(_Query, frozen=True, tag="job_items"):
+    """A job's items in message-id order after `after_message_id`, of one result if asked."""
+
+    job_id: Annotated[int, msgspec.Meta(ge=1)]
+    after_message_id: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: PageLimit = 100
+    result: ItemResult | None = None
+
+
 QueueQuery = (
     GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | DeadLetterSummary | Counts | OldestDueAge | EventsAfter
     | EventsDigest | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue | Documents
-    | AuditLog | MessageAudit | Proposals
+    | AuditLog | MessageAudit | Proposals | Jobs | JobItems
 )  # fmt: skip
 
 
@@ -336,6 +358,14 @@ class ProposalsAnswer(_Answer, frozen=True, tag="proposals"):
     proposals: tuple[ProposalView, ...] = ()
 
 
+class JobsAnswer(_Answer, frozen=True, tag="jobs"):
+    jobs: tuple[JobView, ...] = ()
+
+
+class JobItemsAnswer(_Answer, frozen=True, tag="job_items"):
+    items: tuple[JobItem, ...] = ()
+
+
 class QueryError(_Answer, frozen=True, tag="error"):
     code: QueryErrorCode
     detail: str = ""
@@ -344,7 +374,8 @@ class QueryError(_Answer, frozen=True, tag="error"):
 QueryAnswer = (
     MessagesAnswer | DeadLettersAnswer | DeadLetterSummaryAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer
     | DigestAnswer | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | WorkDueAnswer
-    | MaintenanceDueAnswer | DocumentsAnswer | AuditAnswer | ProposalsAnswer | QueryError
+    | MaintenanceDueAnswer | DocumentsAnswer | AuditAnswer | ProposalsAnswer | JobsAnswer | JobItemsAnswer
+    | QueryError
 )  # fmt: skip
 
 _encoder: Final = msgspec.msgpack.Encoder()

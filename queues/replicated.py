@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from queues import access, audit_chain, documents, proposals, queries
+from queues import access, audit_chain, documents, jobs, proposals, queries
 from queues import query_codec as qc
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import MessageView
@@ -159,6 +159,14 @@ def answer_query(
                     conn, now_ms=now_ms, pending_only=query.pending_only, before_id=query.before_id, limit=query.limit
                 )
             return qc.ProposalsAnswer(proposals=tuple(listed), now_ms=now_ms)
+        case qc.Jobs():
+            job_views = jobs.listing(conn, ids=query.ids, active_only=query.active_only, before_id=query.before_id,
+                                     limit=query.limit)  # fmt: skip
+            return qc.JobsAnswer(jobs=tuple(job_views), now_ms=now_ms)
+        case qc.JobItems():
+            job_items = jobs.items(conn, query.job_id, after_message_id=query.after_message_id, limit=query.limit,
+                                   result=query.result)  # fmt: skip
+            return qc.JobItemsAnswer(items=tuple(job_items), now_ms=now_ms)
         case qc.Retention():
             kept, events_kept = queries.retention_in_force(
                 conn, retention_ms=config.retention_ms, event_retention_ms=config.event_retention_ms

@@ -19,12 +19,13 @@ time).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from queues import codec, proposals
+from queues import codec, jobs, proposals
 from queues.lifecycle import Action, transition
 from queues.model import (
     VERSION_MAX,
@@ -40,6 +41,7 @@ from queues.model import (
     ProposalState,
     Propose,
     Redrive,
+    RedriveJob,
     Reject,
     ReviewAction,
     ReviewResult,
@@ -159,6 +161,15 @@ class Review:
             return self.edit_refusal(row, action)
         return None
 
+    def judge(self, action: ReviewAction, targets: list[int]) -> tuple[list[int], list[tuple[int, Code]]]:
+        """(the targets the action can be applied to now, the others with why), in the order given.
+        A job's up to 100,000 targets are judged in one statement (`jobs.judge`)."""
+        if isinstance(action, RedriveJob):
+            return jobs.judge(self.conn, targets)
+        refused = [(target, code) for target in targets if (code := self.refusal(action, target)) is not None]
+        unable = {target for target, _ in refused}
+        return [target for target in targets if target not in unable], refused
+
     def current(self, message_id: int) -> _Current:
         key, ref_key, headers, payload, version = self.conn.execute(
             "SELECT idempotency_key, ref_key, headers,"
@@ -250,14 +261,17 @@ class Review:
                 return ReviewResult(code=targets.code, detail=targets.detail)
             if not targets:
                 return ReviewResult(code=Code.NOT_FOUND, detail="no message matches")
+        elif isinstance(action, RedriveJob):
+            targets = sorted(set(action.ids))
         else:
             targets = [action.message_id]
-        refused = [(target, code) for target in targets if (code := self.refusal(action, target)) is not None]
-        able = [target for target in targets if target not in dict(refused)]
+        able, refused = self.judge(action, targets)
         if not able:
             return ReviewResult(code=refused[0][1], refused=tuple(refused), detail="nothing the action could do")
         if isinstance(action, Redrive):  # the ids shown, never what a filter matches later
             action = msgspec.structs.replace(action, ids=tuple(able), filter=None)
+        if isinstance(action, RedriveJob):
+            action = msgspec.structs.replace(action, ids=tuple(able))
         expires_ms = self.now_ms + command.ttl_ms
         proposal_id = proposals.insert(
             self.conn, action=action, targets=able, now_ms=self.now_ms, expires_ms=expires_ms
@@ -265,17 +279,20 @@ class Review:
         if proposal_id is None:
             return ReviewResult(code=Code.INVALID, detail="too many proposals are pending")
         after: Detail = {"state": ProposalState.PENDING.value, "action": proposals.action_name(action),
-                         "targets": ",".join(map(str, able)), "expires_ms": expires_ms}  # fmt: skip
+                         **_targets(action, able), "expires_ms": expires_ms}  # fmt: skip
         if isinstance(action, EditRedrive):
             after["payload"] = payload_for_audit(action.payload)
         if isinstance(action, Discard):
             after["reason_code"] = action.reason_code
+        if isinstance(action, RedriveJob):
+            after["rate_per_s"] = action.rate_per_s
         self.apply.audit(
             actor=action.actor, action="propose", target=f"proposal:{proposal_id}", reason=action.reason, before={},
-            after=after, message_ids=able,
+            after=after, message_ids=_indexed(action, able),
         )  # fmt: skip
+        shown = () if isinstance(action, RedriveJob) else tuple(able)  # a job's items: read with JobItems
         return ReviewResult(code=Code.OK, proposal_id=proposal_id, proposal_state=ProposalState.PENDING,
-                            ids=tuple(able), refused=tuple(refused))  # fmt: skip
+                            ids=shown, refused=tuple(refused))  # fmt: skip
 
     def _open(self, proposal_id: int, actor: str) -> proposals.Proposal | ReviewResult:
         """The pending proposal, or the result that refuses the command. A proposal found past its
@@ -290,7 +307,7 @@ class Review:
                 actor="system", action="expire", target=f"proposal:{proposal_id}",
                 reason=f"expired at {found.view.expires_ms}, found so by {actor}",
                 before={"state": ProposalState.PENDING.value}, after={"state": ProposalState.EXPIRED.value},
-                message_ids=found.view.targets,
+                message_ids=_indexed(found.action, found.view.targets),
             )  # fmt: skip
         if state is not ProposalState.PENDING:
             code = Code.EXPIRED if state is ProposalState.EXPIRED else Code.ILLEGAL_STATE
@@ -305,8 +322,10 @@ class Review:
             return ReviewResult(code=Code.OWN_PROPOSAL, proposal_id=command.proposal_id,
                                 proposal_state=ProposalState.PENDING, detail="the proposer cannot approve")  # fmt: skip
         action = found.action
-        refused = [(t, code) for t in found.view.targets if (code := self.refusal(action, t)) is not None]
-        able = [t for t in found.view.targets if t not in dict(refused)]
+        if isinstance(action, RedriveJob) and jobs.full(self.conn):
+            return ReviewResult(code=Code.INVALID, proposal_id=command.proposal_id, proposal_state=ProposalState.PENDING,
+                                detail=f"{jobs.JOBS_ACTIVE_MAX} jobs are running or paused already")  # fmt: skip
+        able, refused = self.judge(action, list(found.view.targets))
         if not able:  # nothing would be done: no approval is recorded either
             return ReviewResult(code=refused[0][1], proposal_id=command.proposal_id,
                                 proposal_state=ProposalState.PENDING, refused=tuple(refused),
@@ -317,15 +336,20 @@ class Review:
             actor=command.approver, action="approve", target=f"proposal:{command.proposal_id}", reason=command.reason,
             before={"state": ProposalState.PENDING.value},
             after={"state": ProposalState.APPROVED.value, "proposer": found.view.proposer,
-                   "action": found.view.action, "targets": ",".join(map(str, able))},
-            message_ids=able,
+                   "action": found.view.action, **_targets(action, able)},
+            message_ids=_indexed(action, able),
         )  # fmt: skip
         approval: Detail = {"proposal": command.proposal_id, "approved_by": command.approver}
+        if isinstance(action, RedriveJob):  # the job starts in this apply: never approved-but-not-started
+            started = jobs.create(self.apply, action, able, refused, approval)
+            assert started.code is Code.OK, started  # `able` is not empty and there is room: checked above
+            return msgspec.structs.replace(started, proposal_id=command.proposal_id,
+                                           proposal_state=ProposalState.APPROVED)  # fmt: skip
         result = self._perform(action, able, approval)
         return msgspec.structs.replace(result, proposal_id=command.proposal_id, proposal_state=ProposalState.APPROVED,
                                    refused=tuple(refused) + result.refused)  # fmt: skip
 
-    def _perform(self, action: ReviewAction, targets: list[int], approval: Detail) -> ReviewResult:
+    def _perform(self, action: Redrive | EditRedrive | Discard, targets: list[int], approval: Detail) -> ReviewResult:
         match action:
             case Redrive():
                 done = self.apply.redrive(msgspec.structs.replace(action, ids=tuple(targets), filter=None), approval)
@@ -349,6 +373,25 @@ class Review:
             actor=command.actor, action="withdraw" if withdrawn else "reject", target=f"proposal:{command.proposal_id}",
             reason=command.reason, before={"state": ProposalState.PENDING.value},
             after={"state": ProposalState.REJECTED.value, "proposer": found.view.proposer},
-            message_ids=found.view.targets,
+            message_ids=_indexed(found.action, found.view.targets),
         )  # fmt: skip
         return ReviewResult(code=Code.OK, proposal_id=command.proposal_id, proposal_state=ProposalState.REJECTED)
+
+    # ---- redrive jobs ----------------------------------------------------------------------
+    def start_job(self, command: RedriveJob) -> ReviewResult:
+        """A job submitted directly (its actor needs no second person: the API decides that)."""
+        able, refused = self.judge(command, sorted(set(command.ids)))
+        return jobs.create(self.apply, command, able, refused)
+
+
+def _targets(action: ReviewAction, targets: Sequence[int]) -> Detail:
+    """A proposal's targets in its audit entries: the ids, or for a job their count and digest."""
+    if isinstance(action, RedriveJob):
+        return jobs.targets_detail(targets)
+    return {"targets": ",".join(map(str, targets))}
+
+
+def _indexed(action: ReviewAction, targets: Sequence[int]) -> Sequence[int]:
+    """The messages a proposal's entries are indexed under: a job's are not (up to 100,000 rows
+    per entry); each of its messages gets its own `redriven` entry, naming the job, when redriven."""
+    return () if isinstance(action, RedriveJob) else targets
