@@ -29,6 +29,7 @@ from compensator import (
     standins_server,
     status_command,
     token_admin,
+    user_admin,
     worker_command,
 )
 from compensator.config import ConfigError
@@ -42,6 +43,7 @@ _REGISTRARS: tuple[Registrar, ...] = (
     node_server.register,
     worker_command.register,
     token_admin.register,
+    user_admin.register,
     projector_command.register,
     reconcile_command.register,
     outbox_relay.register,

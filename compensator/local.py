@@ -51,6 +51,7 @@ EXITS_MAX: Final = 3
 EXIT_WINDOW_S: Final = 30.0
 START_TIMEOUT_S: Final = 60.0
 LOCAL_TOKENS: Final = (("local-producer", Role.PRODUCER), ("local-operator", Role.OPERATOR))
+DEMO_USERS: Final = (("demo-reviewer", Role.REVIEWER), ("demo-approver", Role.APPROVER))
 
 
 class LaunchError(Exception):
@@ -315,7 +316,22 @@ async def rotate_local_tokens(queue: QueueClient) -> dict[str, str]:
     return tokens
 
 
-def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[str, int]) -> str:
+async def reset_demo_users(queue: QueueClient) -> dict[str, str]:
+    """The review pages' demo users, created or given fresh passwords at every start (their old
+    sessions end): printed, never written down, as the tokens are."""
+    from api.web.accounts import Accounts
+
+    accounts = Accounts(queue, clock_ms=lambda: time.time_ns() // 1_000_000)
+    passwords: dict[str, str] = {}
+    for name, role in DEMO_USERS:
+        password = secrets.token_urlsafe(12)
+        await accounts.ensure(name, role, password, actor="make-run")
+        passwords[name] = password
+    return passwords
+
+
+def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[str, int],
+           logins: dict[str, str] | None = None) -> str:  # fmt: skip
     url = config.api_url
     key = "demo-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     body = json.dumps({
@@ -333,6 +349,7 @@ def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[s
         f"  producer token  {producer}   (local-producer: submits, reads its own)",
         f"  operator token  {operator}   (local-operator: kinds, pauses, policies, metrics)",
         "  (both are new at every start; the store keeps only their hashes)",
+        *_review_lines(url, logins or {}),
         "Submit a failed transfer (the same command again answers 200 with the same id):",
         f"  curl -sS -i -X POST {url}/v1/requests -H 'Authorization: Bearer {producer}' \\",
         f"    -H 'Idempotency-Key: {key}' -H 'Content-Type: application/json' \\",
@@ -340,6 +357,16 @@ def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[s
         f"Read it back: curl -sS {url}/v1/requests/<id> -H 'Authorization: Bearer {producer}'",
         *_standins_lines(config, standins),
     ])  # fmt: skip
+
+
+def _review_lines(url: str, logins: dict[str, str]) -> list[str]:
+    if not logins:
+        return []
+    return [
+        f"  review          {url}/review   (finance review pages; log in as one of:)",
+        *(f"  {role.value:<15} {name} / {logins[name]}" for name, role in DEMO_USERS if name in logins),
+        "  (new passwords at every start; `compensator user` manages real users)",
+    ]
 
 
 def local_pg_data(config: Config) -> Path:
@@ -426,6 +453,7 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
         if not await _unless(stop, service.database_ready()):
             return _interrupted()
         tokens = await rotate_local_tokens(queue)
+        logins = await reset_demo_users(queue)
         driver = MaintenanceDriver(queue)  # lease expiry and purge are commands someone must propose
         driver.start()
         for projector in service.projectors:
@@ -442,7 +470,7 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
         service.api.start()
         if not await _unless(stop, service.wait_ready()):
             return _interrupted()
-        print(banner(config, leader, tokens, service.standin_ports), flush=True)
+        print(banner(config, leader, tokens, service.standin_ports, logins), flush=True)
         while not stop.is_set():
             service.supervise()
             with contextlib.suppress(TimeoutError):

@@ -15,7 +15,7 @@ import getpass
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from api.tokens import new_token, token_hash
 from compensator.api_server import add_config_argument, load
@@ -23,12 +23,15 @@ from compensator.config import Config
 from compensator.store import queue_client
 from queues import ClientError, Code, QueueClient, QueueError, Role, TokenResult
 
+T = TypeVar("T")
+
 
 class TokenCommandError(ValueError):
     """One line for the operator; the command exits 1."""
 
 
-def _actor() -> str:
+def actor_name() -> str:
+    """Who runs an admin command, as the audit records it: ``cli:<login name>``."""
     try:
         return f"cli:{getpass.getuser()}"
     except (KeyError, OSError):
@@ -51,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     for parser in (create, revoke, quota, listing):
         add_config_argument(parser)
         if parser is not listing:
-            parser.add_argument("--actor", default=_actor(), help="who is doing this (recorded)")
+            parser.add_argument("--actor", default=actor_name(), help="who is doing this (recorded)")
             parser.add_argument("--reason", default="", help="why (recorded)")
     token.set_defaults(handler=run)
 
@@ -62,17 +65,20 @@ def run(args: argparse.Namespace) -> int:
         "create": lambda q: _create(q, args), "revoke": lambda q: _revoke(q, args),
         "quota": lambda q: _quota(q, args), "list": lambda q: _list(q),
     }[args.action]  # fmt: skip
-    return asyncio.run(_with_store(config, action))
+    return asyncio.run(with_store(config, action))
 
 
-async def _with_store(config: Config, action: Callable[[QueueClient], Awaitable[int]]) -> int:
+async def with_store(
+    config: Config, action: Callable[[QueueClient], Awaitable[T]], error_type: type[ValueError] = TokenCommandError
+) -> T:
+    """`action` on a client of the configured store, closed after; the store's failures as one line."""
     queue = queue_client(config)
     try:
         return await action(queue)
     except ClientError as error:
-        raise TokenCommandError(f"the store at {','.join(config.store.addresses)} did not answer: {error}") from None
+        raise error_type(f"the store at {','.join(config.store.addresses)} did not answer: {error}") from None
     except QueueError as error:
-        raise TokenCommandError(f"the store refused it: {error}") from None
+        raise error_type(f"the store refused it: {error}") from None
     finally:
         await queue.raft.close()
 

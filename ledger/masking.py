@@ -18,10 +18,11 @@ Must never: do I/O, or return any part of a masked value beyond those last four 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ledger.kinds import Kind
+from ledger.kinds import PAYLOAD_MODELS, Kind
 
 MASK: Final = "****"
 KEEP_LAST: Final = 4
@@ -75,3 +76,29 @@ def mask_payload(kind: str, document: Mapping[str, Any]) -> dict[str, Any]:
         else:
             masked[key] = value
     return masked
+
+
+def kind_of(document: Mapping[str, Any]) -> str:
+    """The kind a payload is shaped like (its schema's required fields all present), for payloads
+    shown without their request (a proposal, an audit entry); "" for none: then every string is hidden."""
+    for kind, model in PAYLOAD_MODELS.items():
+        required = {name for name, field in model.model_fields.items() if field.is_required()}
+        if required <= document.keys() and document.keys() <= model.model_fields.keys():
+            return kind.value
+    return ""
+
+
+def mask_any_payload(document: Mapping[str, Any]) -> dict[str, Any]:
+    return mask_payload(kind_of(document), document)
+
+
+def mask_payload_text(text: str) -> str:
+    """A payload kept as JSON text (an audit entry's before and after), masked; text that is not
+    a JSON object (a SHA-256 of a large payload) as it is."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(document, dict):
+        return text
+    return json.dumps(mask_any_payload(document), separators=(",", ":"), sort_keys=True, ensure_ascii=False)

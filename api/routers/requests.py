@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import openapi
-from api.auth import SUBMIT, Principal, Reader, authenticate
+from api.auth import SUBMIT, Principal, Reader, authenticate, masks_personal_data
 from api.http import check_key, idempotency_key, json_response, read_body, require_json
 from api.ids import RequestId
 from api.intake import Answer, Item
@@ -26,7 +26,7 @@ from api.quotas import Throttled
 from api.schemas import Accepted, BatchResult, RequestView
 from api.services import ApiServices
 from api.submissions import Invalid, parse_submission
-from api.views import request_document
+from api.views import masked_request, request_document
 from queues import ClientError, QueueError, Role
 
 router = APIRouter(tags=["requests"])
@@ -152,4 +152,5 @@ async def get_request(request: Request, request_id: str, principal: Reader) -> R
         audit = (await services.queue.message_audit([view.message_id])).value
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None
-    return json_response(request_document(view, request_id, events, audit))
+    document = request_document(view, request_id, events, audit)
+    return json_response(masked_request(document, view.kind) if masks_personal_data(principal) else document)

@@ -22,13 +22,14 @@ from starlette.responses import Response
 
 from api import openapi
 from api import review_actions as actions
-from api.auth import Observer, Principal, requires
+from api.auth import Observer, Principal, masks_personal_data, requires
 from api.http import json_response
 from api.problems import invalid
 from api.review_schemas import NAME_PATTERN, ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
 from api.schemas import REF_KEY_PATTERN, utc
 from api.services import ApiServices
-from api.views import audit_document
+from api.views import audit_document, masked_audit
+from ledger.masking import mask_any_payload
 from queues import (
     TIME_MS_MAX,
     ClientError,
@@ -184,7 +185,10 @@ async def list_proposals(
 ) -> Response:  # fmt: skip
     services = _services(request)
     views = (await actions.store(services, services.queue.proposals(pending_only=pending, before_id=before, limit=limit))).value
-    return json_response([proposal_document(services, view) for view in views])
+    documents = [proposal_document(services, view) for view in views]
+    if masks_personal_data(principal):
+        documents = [{**d, "payload": mask_any_payload(d["payload"])} if "payload" in d else d for d in documents]
+    return json_response(documents)
 
 
 @router.post("/v1/review/proposals/{proposal_id}/approve", summary="Approve a proposal: it is done in the same command",
@@ -218,5 +222,8 @@ async def audit(
     """Who did what, when, why, and before -> after; `before` pages back (the last seq seen)."""
     services = _services(request)
     answer = (await actions.store(services, services.queue.audit_log(before=before, limit=limit))).value
-    return json_response({"entries": [audit_document(e) for e in answer.entries], "count": answer.count,
+    entries = [audit_document(e) for e in answer.entries]
+    if masks_personal_data(principal):
+        entries = [masked_audit(entry) for entry in entries]
+    return json_response({"entries": entries, "count": answer.count,
                           "head": answer.head.hex()})  # fmt: skip

@@ -16,25 +16,25 @@ from api.tokens import new_token, token_hash
 from queues import QueueClient, RaftClient, Role
 from raft_store.testing.inprocess import StoreThread
 
-P, OP, R, A, ADMIN = Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.ADMIN
+P, OP, R, A, V, ADMIN = Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.VIEWER, Role.ADMIN
 POLICY = {"tiers_ms": [1000, 5000], "tier_jitter_ratio": 0.1, "attempts_max": 5}
 
 # (method, path, body, roles allowed besides admin). None: no token needed.
 MATRIX: list[tuple[str, str, dict[str, Any] | None, frozenset[Role] | None]] = [
     ("POST", "/v1/requests", transfer("m"), frozenset({P})),
     ("POST", "/v1/requests:batch", {"items": [{"idempotency_key": "mb", "request": transfer("mb")}]}, frozenset({P})),
-    ("GET", "/v1/requests/{id}", None, frozenset({P, OP, R, A})),
-    ("GET", "/v1/refs/rp-m/timeline", None, frozenset({P, OP, R, A})),
-    ("GET", "/v1/kinds", None, frozenset({OP, R, A})),
-    ("GET", "/v1/kinds/transfer", None, frozenset({OP, R, A})),
-    ("GET", "/v1/kinds/transfer/policy", None, frozenset({OP, R, A})),
+    ("GET", "/v1/requests/{id}", None, frozenset({P, OP, R, A, V})),
+    ("GET", "/v1/refs/rp-m/timeline", None, frozenset({P, OP, R, A, V})),
+    ("GET", "/v1/kinds", None, frozenset({OP, R, A, V})),
+    ("GET", "/v1/kinds/transfer", None, frozenset({OP, R, A, V})),
+    ("GET", "/v1/kinds/transfer/policy", None, frozenset({OP, R, A, V})),
     ("PUT", "/v1/kinds/transfer/policy", POLICY, frozenset({OP})),
     ("POST", "/v1/kinds/transfer/pause", {"reason": "matrix"}, frozenset({OP})),
     ("POST", "/v1/kinds/transfer/resume", {}, frozenset({OP})),
     ("GET", "/metrics", None, frozenset({OP})),
-    ("GET", "/v1/breakers", None, frozenset({OP, R, A})),
+    ("GET", "/v1/breakers", None, frozenset({OP, R, A, V})),
     ("PUT", "/v1/breakers/payment", {"mode": "auto", "reason": "matrix"}, frozenset({OP})),
-    ("GET", "/v1/downstreams/payment/classification", None, frozenset({OP, R, A})),
+    ("GET", "/v1/downstreams/payment/classification", None, frozenset({OP, R, A, V})),
     ("PUT", "/v1/downstreams/payment/classification", {"downstream": "payment", "rules": []}, frozenset({OP})),
     ("DELETE", "/v1/downstreams/payment/classification", None, frozenset({OP})),
     ("GET", "/healthz", None, None),

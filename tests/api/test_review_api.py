@@ -16,7 +16,7 @@ from compensator.wiring import four_eyes
 from queues import MessageView, Role, State
 from raft_store.testing.inprocess import StoreThread
 
-P, OP, R, A, ADMIN = Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.ADMIN
+P, OP, R, A, V, ADMIN = Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.VIEWER, Role.ADMIN
 
 
 def list_update(key: str, amount_minor: int = 100) -> dict[str, Any]:
@@ -59,10 +59,10 @@ async def test_every_review_endpoint_by_every_role(api: Api) -> None:
         ("POST", f"/v1/review/requests/{edit_id}/edit", {"payload": edited, "reason": "m"}, frozenset({R})),
         ("POST", f"/v1/review/requests/{discard_id}/discard", {"reason_code": "duplicate", "comment": "m"},
          frozenset({R})),
-        ("GET", "/v1/review/proposals", None, frozenset({OP, R, A})),
+        ("GET", "/v1/review/proposals", None, frozenset({OP, R, A, V})),
         ("POST", f"/v1/review/proposals/{to_approve}/approve", {}, frozenset({A})),
         ("POST", f"/v1/review/proposals/{to_reject}/reject", {"reason": "m"}, frozenset({R, A})),
-        ("GET", "/v1/audit", None, frozenset({OP, R, A})),
+        ("GET", "/v1/audit", None, frozenset({OP, R, A, V})),
     ]
     seen = 0
     for method, path, body, allowed in matrix:

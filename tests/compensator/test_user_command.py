@@ -1,0 +1,91 @@
+"""`compensator user` as a process against a running store: its lines, exit codes, and what it
+never prints (a password or a hash)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from queues import QueueClient, RaftClient
+from queues.replicated import machine_factory
+from raft_store.testing.inprocess import StoreThread, running_store
+
+PASSWORD = "correct horse battery"
+
+
+def _user(store: StoreThread, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "compensator", "user", *args], input=stdin, capture_output=True, text=True, timeout=60,
+        env={"COMPENSATOR_STORE__ADDRESSES": store.addresses, "PATH": "/usr/bin:/bin"}, check=False,
+    )  # fmt: skip
+
+
+def _documents(store: StoreThread, namespace: str) -> str:
+    async def read() -> str:
+        queue = QueueClient(RaftClient([store.address]))
+        try:
+            answer = (await queue.documents(namespace)).value
+            return f"version {answer.version}: {answer.documents}"
+        finally:
+            await queue.raft.close()
+
+    return store.run(read())
+
+
+def test_add_list_role_passwd_disable_enable(tmp_path: Path) -> None:
+    with running_store(tmp_path / "store", machine_factory) as store:
+        added = _user(store, "add", "--name", "alice", "--role", "reviewer", stdin=PASSWORD + "\n")
+        assert (added.returncode, added.stdout, added.stderr) == (0, "", "user alice (reviewer) added\n")
+        secret = tmp_path / "pw"
+        secret.write_text("another long password\n")
+        assert _user(store, "add", "--name", "bob", "--role", "viewer", "--password-file", str(secret)).returncode == 0
+
+        listing = _user(store, "list")
+        assert listing.returncode == 0
+        rows = [json.loads(line) for line in listing.stdout.splitlines()]
+        assert [(r["name"], r["role"], r["disabled"], r["last_login_at"]) for r in rows] == [
+            ("alice", "reviewer", False, None), ("bob", "viewer", False, None)]  # fmt: skip
+        assert rows[0]["created_at"].endswith("Z") and rows[0]["created_by"].startswith("cli")
+        hashes = _documents(store, "passwords")
+        assert "$argon2id$" in hashes
+        for output in (listing.stdout + listing.stderr, added.stdout + added.stderr):
+            assert "argon2" not in output and PASSWORD not in output
+
+        role = _user(store, "role", "--name", "alice", "--role", "approver")
+        assert (role.returncode, role.stderr) == (0, "alice is now approver; 0 sessions ended\n")
+        passwd = _user(store, "passwd", "--name", "alice", stdin="a new long password\n")
+        assert (passwd.returncode, passwd.stderr) == (0, "password of alice changed; 0 sessions ended\n")
+        disabled = _user(store, "disable", "--name", "alice", "--reason", "left the team")
+        assert (disabled.returncode, disabled.stderr) == (0, "alice disabled; 0 sessions ended\n")
+        row = json.loads(_user(store, "list").stdout.splitlines()[0])
+        assert (row["role"], row["disabled"], row["disabled_reason"]) == ("approver", True, "left the team")
+        enabled = _user(store, "enable", "--name", "alice")
+        assert (enabled.returncode, enabled.stderr) == (0, "alice enabled\n")
+        assert json.loads(_user(store, "list").stdout.splitlines()[0])["disabled"] is False
+
+
+def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
+    with running_store(tmp_path / "store", machine_factory) as store:
+        assert _user(store, "add", "--name", "alice", "--role", "reviewer", stdin=PASSWORD).returncode == 0
+        before = _documents(store, "users")
+        cases = [
+            (("add", "--name", "alice", "--role", "reviewer"), PASSWORD, 1, "a user named 'alice' exists already"),
+            (("add", "--name", "carol", "--role", "reviewer"), "short", 1, "the password is too short: at least 12"),
+            (("add", "--name", "carol", "--role", "producer"), PASSWORD, 2, "invalid choice: 'producer'"),
+            (("add", "--name", "Carol!", "--role", "viewer"), PASSWORD, 1, "is not a user name"),
+            (("disable", "--name", "nobody", "--reason", "x"), "", 1, "no user named 'nobody'"),
+            (("enable", "--name", "nobody"), "", 1, "no user named 'nobody'"),
+            (("passwd", "--name", "nobody"), PASSWORD, 1, "no user named 'nobody'"),
+            (("passwd", "--name", "alice"), "short", 1, "the password is too short"),
+            (("role", "--name", "nobody", "--role", "viewer"), "", 1, "no user named 'nobody'"),
+            (("add", "--name", "carol", "--role", "viewer", "--password-file", str(tmp_path / "missing")), "", 1,
+             "cannot read"),
+        ]  # fmt: skip
+        for args, stdin, code, words in cases:
+            done = _user(store, *args, stdin=stdin + "\n")
+            assert done.returncode == code, (args, done.stderr)
+            assert len(done.stderr.splitlines()) == 1 and words in done.stderr, (args, done.stderr)
+            assert PASSWORD not in done.stderr + done.stdout
+        assert _documents(store, "users") == before
