@@ -15,6 +15,12 @@ ends and how old the oldest event is, and proposes Purge(limit) only if either i
 while full. An idle set therefore writes nothing: before this, the driver alone wrote about seven
 entries a second to every replica's log, forever.
 
+Redrive jobs (queues/jobs.py): every period it also reads the running and paused jobs (a stale
+read) and proposes StepJob(job_limit) for each running job whose rate allows an item by now
+(`JobView.next_step_ms`), repeated at once while a step comes back full. The machine enforces the
+rate from the entry's leader time, so two drivers stepping one job redrive no more and no sooner
+than one; a job the rate holds back costs a read, not a log entry.
+
 Expiry is not what makes an expired or delayed message leasable again: every Lease expires
 overdue leases first and reads the due index at the leader's now_ms, so a message is leasable as
 soon as it is due and a worker polls. The driver keeps states, counts and the event log current
@@ -33,7 +39,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from queues.client import QueueClient, QueueError
-from queues.model import EVENTS_PURGE_MAX
+from queues.jobs import JOBS_ACTIVE_MAX
+from queues.model import EVENTS_PURGE_MAX, Code, JobState
 from raft_store.client import ClientError, RaftClient
 
 log = logging.getLogger("queues.maintenance")
@@ -47,11 +54,14 @@ class MaintenanceConfig:
     purge_limit: int = 1000
     rounds_max: int = 100
     """Back-to-back full commands at most, before yielding to the next period."""
+    job_limit: int = 300
+    """Items one StepJob redrives at most: each is an audited redrive on every replica, so a step
+    of 300 keeps an entry's apply to some tens of milliseconds."""
 
     def validate(self) -> None:
         if self.expire_every_s <= 0 or self.purge_every_s <= 0:
             raise ValueError("periods must be positive")
-        if not 1 <= self.expire_limit <= 1000 or not 1 <= self.purge_limit <= 1000:
+        if not all(1 <= limit <= 1000 for limit in (self.expire_limit, self.purge_limit, self.job_limit)):
             raise ValueError("limits must be in [1, 1000]")
 
 
@@ -63,6 +73,9 @@ class MaintenanceStats:
     purged: int = 0
     events_purged: int = 0
     errors: int = 0
+    job_steps: int = 0
+    job_items: int = 0
+    """Items the steps of this driver acted on (redriven or refused)."""
     reads: int = 0
     """Reads of what is due (no log entry): most periods end here on an idle set."""
 
@@ -94,6 +107,7 @@ class MaintenanceDriver:
         while True:
             started = loop.time()
             await self._guarded(self.expire_if_due)
+            await self._guarded(self.step_jobs_if_due)
             if loop.time() >= next_purge:
                 next_purge = loop.time() + cfg.purge_every_s
                 await self._guarded(self.purge_if_due)
@@ -114,6 +128,29 @@ class MaintenanceDriver:
         if not (tombstones or events):
             return 0
         return await self.purge_once()
+
+    async def step_jobs_if_due(self) -> int:
+        """Step every running job the rate allows an item by now; returns the items acted on."""
+        read = await self.queue.jobs(active_only=True, limit=JOBS_ACTIVE_MAX, stale_ok=True)
+        self.stats.reads += 1
+        total = 0
+        for job in read.value:
+            if job.state is JobState.RUNNING and job.next_step_ms is not None and job.next_step_ms <= read.now_ms:
+                total += await self.step_job(job.job_id)
+        return total
+
+    async def step_job(self, job_id: int) -> int:
+        """Step one job, repeating while a step comes back full and the job still runs."""
+        total = 0
+        for _ in range(self.config.rounds_max):
+            result = await self.queue.step_job(job_id, self.config.job_limit)
+            done = len(result.redriven) + len(result.refused)
+            self.stats.job_steps += 1
+            self.stats.job_items += done
+            total += done
+            if result.code is not Code.OK or result.state is not JobState.RUNNING or done < self.config.job_limit:
+                break
+        return total
 
     async def _guarded(self, step: Callable[[], Awaitable[int]]) -> None:
         try:
