@@ -19,10 +19,10 @@ from opentelemetry.trace import TracerProvider
 
 from api import openapi, problems
 from api.metrics import MetricsMiddleware
-from api.routers import downstreams, health, kinds, refs, requests, review
+from api.routers import downstreams, health, kinds, refs, requests, review, review_jobs
 from api.services import ApiServices
 from api.tracing import TracingMiddleware
-from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit
+from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit, pages_jobs
 from api.web import sessions as web_sessions
 
 STATIC_DIR: Final = Path(__file__).parent / "static"
@@ -65,9 +65,10 @@ def create_app(services: ApiServices, *, tracer: TracerProvider) -> FastAPI:
 
     problems.install(app)
     web_sessions.install(app)
-    for pages in (pages_dead_letters, pages_detail, pages_edit, pages_approvals, pages_audit):
+    for pages in (pages_dead_letters, pages_detail, pages_edit, pages_approvals, pages_audit, pages_jobs):
         app.router.routes.extend(pages.router.routes)  # the review pages (api/web/), outside the OpenAPI
-    for router in (requests.router, refs.router, kinds.router, downstreams.router, review.router, health.router):
+    for router in (requests.router, refs.router, kinds.router, downstreams.router, review.router, review_jobs.router,
+                   health.router):
         # The routes themselves, not include_router's wrapper: matching through a wrapper per
         # router was 7 % of a submission's CPU (py-spy, 2026-11-23), and nothing here needs a
         # router's prefix or dependencies.

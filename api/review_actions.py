@@ -31,10 +31,13 @@ from queues import (
     DeadLetterFilter,
     Discard,
     EditRedrive,
+    JobAction,
+    JobView,
     MessageView,
     ProposalView,
     QueueError,
     Redrive,
+    RedriveJob,
     ReviewAction,
     ReviewResult,
 )
@@ -43,6 +46,10 @@ T = TypeVar("T")
 Refused = tuple[tuple[int, Code], ...]
 PAGE_MAX: Final = 1000
 """The store's largest dead-letter page: a filter is resolved to ids this many at a time."""
+JOB_SIZE_MAX: Final = 100_000
+"""Dead letters one redrive job may hold (the store's limit, queues' RedriveJob.ids)."""
+JOB_RATE_MAX: Final = 10_000
+"""The fastest rate a job may have (the store's limit, queues' RedriveJob.rate_per_s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,28 @@ class Proposed:
     proposal: ProposalView
     why: str
     refused: Refused = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobStarted:
+    """A redrive job runs; `refused`: ids that were not dead when it started (never redriven)."""
+
+    job: JobView
+    refused: Refused = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """What a redrive would act on, before anyone confirms it: nothing is changed to learn it."""
+
+    count: int
+    by_currency: tuple[tuple[str, int, int], ...]
+    """(currency, count, total amount_minor)."""
+    without_amount: int
+    oldest_dead_ms: int | None
+    oldest_id: int | None
+    needs_approval: str | None
+    """Why four eyes would be needed, or None when it would start at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +154,75 @@ async def matching(services: ApiServices, dead_filter: DeadLetterFilter, limit: 
     if not views:
         raise Problem("not-found", "no dead letter matches the filter")
     return views
+
+
+async def targets(services: ApiServices, ids: Sequence[str] | None, dead_filter: DeadLetterFilter | None) -> list[MessageView]:
+    """A job's dead letters: a selection, or everything a filter matches now (at most a job's size)."""
+    if ids is not None:
+        return await selected(services, ids)
+    assert dead_filter is not None
+    summary = (await store(services, services.queue.dead_letter_summary(dead_filter))).value
+    if summary.count > JOB_SIZE_MAX:
+        raise invalid([{"field": "filter", "message": f"matches {summary.count} dead letters; a job holds at most "
+                                                      f"{JOB_SIZE_MAX}: narrow it"}])  # fmt: skip
+    return await matching(services, dead_filter, JOB_SIZE_MAX)
+
+
+async def dry_run(services: ApiServices, ids: Sequence[str] | None, dead_filter: DeadLetterFilter | None) -> DryRun:
+    """Count, totals per currency and the oldest, for a selection or a filter; and whether four
+    eyes would be needed (decided on the same requests a start would resolve)."""
+    try:
+        views = await targets(services, ids, dead_filter)
+    except Problem as problem:
+        if ids is not None or problem.type.name != "not-found":
+            raise
+        return DryRun(count=0, by_currency=(), without_amount=0, oldest_dead_ms=None, oldest_id=None, needs_approval=None)
+    totals: dict[str, tuple[int, int]] = {}
+    without = 0
+    for view in views:
+        money = amount(view)
+        if money is None:
+            without += 1
+            continue
+        count, total = totals.get(money[1], (0, 0))
+        totals[money[1]] = (count + 1, total + money[0])
+    oldest = min(views, key=lambda v: (v.dead_ms if v.dead_ms is not None else 1 << 62, v.message_id))
+    return DryRun(count=len(views), by_currency=tuple((c, n, a) for c, (n, a) in sorted(totals.items())),
+                  without_amount=without, oldest_dead_ms=oldest.dead_ms, oldest_id=oldest.message_id,
+                  needs_approval=services.four_eyes.needs_approval(views))  # fmt: skip
+
+
+async def start_job(
+    services: ApiServices, actor: str, reason: str, views: Sequence[MessageView], rate_per_s: int | None
+) -> JobStarted | Proposed:
+    """A tracked redrive job of these dead letters, or its proposal (a bulk above the configured
+    count always needs a second person, as do money-moving kinds)."""
+    rate = rate_per_s or services.settings.job_rate_per_s
+    if not 1 <= rate <= JOB_RATE_MAX:
+        raise invalid([{"field": "rate_per_s", "message": f"must be in 1..{JOB_RATE_MAX}"}])
+    action = RedriveJob(actor=actor, reason=reason, ids=tuple(v.message_id for v in views), rate_per_s=rate)
+    why = services.four_eyes.needs_approval(views)
+    if why is not None:
+        return await _propose(services, action, why)
+    result = await store(services, services.queue.start_job(action))
+    raise_for(result, "the job")
+    assert result.job_id is not None
+    return JobStarted(await job(services, result.job_id), refused=result.refused)
+
+
+async def job(services: ApiServices, job_id: int) -> JobView:
+    found = (await store(services, services.queue.jobs(ids=[job_id]))).value
+    if not found:
+        raise Problem("not-found", f"no job {job_id}")
+    return found[0]
+
+
+async def control_job(services: ApiServices, actor: str, job_id: int, action: str, reason: str) -> JobView:
+    """Pause, resume or cancel; a cancel leaves every item not yet redriven dead, listed as such."""
+    await job(services, job_id)
+    result = await store(services, services.queue.control_job(job_id, JobAction(action), actor=actor, reason=reason))
+    raise_for(result, f"the job's {action}")
+    return await job(services, job_id)
 
 
 def amount(view: MessageView) -> tuple[int, str] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, StringConstraints, model_validator
 
 from api.schemas import REF_KEY_PATTERN
 from ledger.kinds import Whole
@@ -26,24 +26,28 @@ class DeadLetterQuery(_Strict):
     ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERN)] | None = None
 
 
-class RedriveBody(_Strict):
-    """`ids` (a selection) or `filter` (everything it matches, oldest first, up to `limit`)."""
+class _Selection(_Strict):
+    """`ids` or `filter`, never both or neither (said in the schema as a oneOf too)."""
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [
         {"required": ["ids"], "properties": {"ids": {"type": "array"}}},
         {"required": ["filter"], "properties": {"filter": {"type": "object"}}},
     ]})  # fmt: skip
 
+    @model_validator(mode="after")
+    def _one_selection(self) -> _Selection:
+        if (getattr(self, "ids", None) is None) == (getattr(self, "filter", None) is None):
+            raise ValueError("give ids or filter, not both or neither")
+        return self
+
+
+class RedriveBody(_Selection):
+    """`ids` (a selection) or `filter` (everything it matches, oldest first, up to `limit`)."""
+
     ids: Annotated[list[Annotated[str, StringConstraints(max_length=40)]], Field(min_length=1, max_length=1000)] | None = None
     filter: DeadLetterQuery | None = None
     limit: Annotated[int, Field(ge=1, le=1000), Whole] = 100
     reason: Reason
-
-    @model_validator(mode="after")
-    def _one_selection(self) -> RedriveBody:
-        if (self.ids is None) == (self.filter is None):
-            raise ValueError("give ids or filter, not both or neither")
-        return self
 
 
 class EditBody(_Strict):
@@ -63,4 +67,43 @@ class ApproveBody(_Strict):
 
 
 class RejectBody(_Strict):
+    reason: Reason
+
+
+# ---- redrive jobs -------------------------------------------------------------------------------
+Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+MinorUnits = Annotated[int, Field(ge=0, le=10**15), Whole]
+Attempts = Annotated[int, Field(ge=0, le=1_000_000), Whole]
+Moment = Annotated[AwareDatetime, Strict(False)]
+"""An RFC 3339 time with its zone (JSON has no time type: the text is the value, strict or not)."""
+
+
+class JobFilter(DeadLetterQuery):
+    """Everything a dead-letter filter can say; amounts in minor units of `currency` (required with
+    an amount range), times with a zone, every range inclusive but `dead_to`."""
+
+    dead_from: Moment | None = None
+    dead_to: Moment | None = None
+    currency: Currency | None = None
+    amount_min_minor: MinorUnits | None = None
+    amount_max_minor: MinorUnits | None = None
+    attempts_min: Attempts | None = None
+    attempts_max: Attempts | None = None
+
+
+class JobSelection(_Selection):
+    """`ids` (a selection) or `filter` (every dead letter it matches now, up to a job's size)."""
+
+    ids: Annotated[list[Annotated[str, StringConstraints(max_length=40)]], Field(min_length=1, max_length=100_000)] | None = None
+    filter: JobFilter | None = None
+
+
+class JobBody(JobSelection):
+    reason: Reason
+    rate_per_s: Annotated[int, Field(ge=1, le=10_000), Whole] | None = Field(
+        default=None, description="Dead letters redriven per second (review.job_rate_per_s when left out)."
+    )
+
+
+class JobControlBody(_Strict):
     reason: Reason

@@ -26,6 +26,8 @@ class ApiSettings:
     body_bytes_max: int = 256 * 1024 + 16 * 1024
     batch_bytes_max: int = 16 * 1024 * 1024
     batch_items_max: int = 1000
+    job_rate_per_s: int = 20
+    """A redrive job's rate unless its starter gives one (review.job_rate_per_s)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

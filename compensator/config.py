@@ -33,6 +33,7 @@ from api.review_policy import DISCARD_REASON_CODES
 from compensator.worker.breaker import BreakerSettings
 from handlers.settings import HandlersSettings
 from outbox import RelaySettings
+from queues.model import JOB_RATE_MAX
 
 ENV_PREFIX: Final = "COMPENSATOR_"
 METRICS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
@@ -250,6 +251,9 @@ class ReviewConfig(_Section, frozen=True):
     """A proposal not approved within this long expires (the store refuses its approval)."""
     discard_reason_codes: tuple[str, ...] = DISCARD_REASON_CODES
     """The reason codes a discard must give one of (with a comment)."""
+    job_rate_per_s: int = 20
+    """Dead letters a redrive job redrives per second unless its starter sets another rate: slow
+    enough that a bulk redrive does not hit a downstream that just recovered with everything at once."""
 
 
 class WebConfig(_Section, frozen=True):
@@ -369,6 +373,7 @@ def _problems(config: Config) -> list[str]:
     review = config.review
     check(review.amount_threshold_minor >= 0, "review.amount_threshold_minor", "must be at least 0")
     check(1 <= review.bulk_count_max <= 1000, "review.bulk_count_max", "must be in 1..1000")
+    check(1 <= review.job_rate_per_s <= JOB_RATE_MAX, "review.job_rate_per_s", f"must be in 1..{JOB_RATE_MAX}")
     check(60 <= review.proposal_ttl_s <= 30 * 86400, "review.proposal_ttl_s", "must be in 60..2592000 (30 days)")
     check(bool(review.discard_reason_codes), "review.discard_reason_codes", "at least one code is needed")
     web = config.web

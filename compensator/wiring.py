@@ -78,6 +78,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             body_bytes_max=config.api.body_bytes_max,
             batch_bytes_max=config.api.batch_bytes_max,
             batch_items_max=config.api.batch_items_max,
+            job_rate_per_s=config.review.job_rate_per_s,
         ),
         four_eyes=four_eyes(config),
         web=WebAuth(queue, web_settings(config), clock_ms=wall_clock_ms),

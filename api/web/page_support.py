@@ -27,6 +27,7 @@ from api.problems import Problem
 from api.review_schemas import NAME_PATTERN
 from api.schemas import REF_KEY_PATTERN
 from api.services import ApiServices
+from api.views import masked_audit
 from api.web.rights import Right, allowed
 from api.web.templating import render
 from ledger.currencies import MINOR_UNIT_DIGITS
@@ -47,6 +48,13 @@ COUNT_MAX: Final = 1_000_000
 def services(request: Request) -> ApiServices:
     found: ApiServices = request.app.state.services
     return found
+
+
+def before_param(request: Request) -> int | None:
+    """A newest-first list's `before` (the last number the page before showed); anything else is
+    the first page."""
+    text = request.query_params.get("before", "")
+    return int(text) if text.isdigit() and 0 < int(text) < (1 << 62) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +173,11 @@ def shown_payload(user: Any, kind: str, document: Mapping[str, Any]) -> dict[str
     if allowed(user.role, Right.VIEW_PERSONAL_DATA):
         return dict(document)
     return mask_payload(kind, document)
+
+
+def shown_audit(user: Any, document: dict[str, Any]) -> dict[str, Any]:
+    """An audit entry (`audit_document`) as this user may see it: an edit's payloads masked."""
+    return document if allowed(user.role, Right.VIEW_PERSONAL_DATA) else masked_audit(document)
 
 
 def row(services: ApiServices, view: Any) -> dict[str, Any]:

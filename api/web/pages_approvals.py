@@ -23,7 +23,7 @@ from api import review_actions as actions
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
-from api.web.page_support import Flash, problem_flash, services
+from api.web.page_support import Flash, before_param, problem_flash, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
@@ -61,8 +61,7 @@ async def describe(found: ApiServices, view: ProposalView) -> dict[str, Any]:
 async def _inbox(request: Request, user: WebUser, flashes: list[Flash], status: int = 200) -> Response:
     found = services(request)
     show_all = request.query_params.get("all") == "1"
-    before_text = request.query_params.get("before", "")
-    before = int(before_text) if before_text.isdigit() and 0 < int(before_text) < (1 << 62) else None
+    before = before_param(request)
     try:
         views = (await actions.store(found, found.queue.proposals(pending_only=not show_all, before_id=before,
                                                                   limit=PAGE_SIZE))).value  # fmt: skip

@@ -18,8 +18,7 @@ from starlette.responses import Response
 from api import review_actions as actions
 from api.problems import Problem
 from api.views import audit_document
-from api.web.page_support import problem_page, services
-from api.web.pages_detail import masked_audit
+from api.web.page_support import before_param, problem_page, services, shown_audit
 from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
 from api.web.templating import render
@@ -34,8 +33,7 @@ _MESSAGE: Final = "message:"
 async def audit(request: Request, user: User) -> Response:
     require(user, Right.VIEW_AUDIT)
     found = services(request)
-    before_text = request.query_params.get("before", "")
-    before = int(before_text) if before_text.isdigit() and 0 < int(before_text) < (1 << 62) else None
+    before = before_param(request)
     try:
         answer = (await actions.store(found, found.queue.audit_log(before=before, limit=PAGE_SIZE))).value
     except Problem as problem:
@@ -47,8 +45,7 @@ async def audit(request: Request, user: User) -> Response:
         request_id = None
         if target.startswith(_MESSAGE) and target[len(_MESSAGE):].isdigit():
             request_id = actions.public(found, int(target[len(_MESSAGE):]))
-        kind = document["after"].get("kind", "") if isinstance(document["after"], dict) else ""
-        entries.append({**masked_audit(user, str(kind), document), "request_id": request_id})
+        entries.append({**shown_audit(user, document), "request_id": request_id})
     older = answer.entries[-1].seq if answer.entries and answer.entries[-1].seq > 1 else None
     return render(request, "audit.html", {"entries": entries, "count": answer.count, "head": answer.head.hex(),
                                           "older": older, "newest": before is None}, user=user)  # fmt: skip

@@ -24,7 +24,15 @@ from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
 from api.views import audit_document, request_document, timeline_entries
-from api.web.page_support import Flash, field_messages, problem_flash, problem_page, services, shown_payload
+from api.web.page_support import (
+    Flash,
+    field_messages,
+    problem_flash,
+    problem_page,
+    services,
+    shown_audit,
+    shown_payload,
+)
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
@@ -70,15 +78,6 @@ async def _versions(found: ApiServices, view: MessageView) -> list[dict[str, Any
     return versions
 
 
-def masked_audit(user: WebUser, kind: str, entry: dict[str, Any]) -> dict[str, Any]:
-    """An audit entry whose before/after hold a payload (an edit's) shows it masked as the page does."""
-    for side in ("before", "after"):
-        text = entry[side].get("payload") if isinstance(entry[side], dict) else None
-        if isinstance(text, str):
-            entry[side] = {**entry[side], "payload": shown_payload(user, kind, _document(text.encode()))}
-    return entry
-
-
 async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> dict[str, Any]:
     view = await actions.request(found, request_id)
     events = (await actions.store(found, found.queue.message_events([view.message_id]))).value
@@ -96,7 +95,7 @@ async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> 
         "attempts": [{**a, "excerpt": (a["error_text"] or "")[:EXCERPT_CHARS]} for a in document["history"]],
         "timeline": timeline_entries(siblings, sibling_events, lambda m: actions.public(found, m)),
         "versions": await _versions(found, view),
-        "audit": [masked_audit(user, view.kind, audit_document(entry)) for entry in audit],
+        "audit": [shown_audit(user, audit_document(entry)) for entry in audit],
         "redrivable": view.state.value in REDRIVABLE,
         "reason_codes": found.four_eyes.discard_reason_codes,
     }  # fmt: skip

@@ -93,3 +93,22 @@ def transfer(key_suffix: str = "1", *, amount_minor: int = 888, **extra: Any) ->
                     "amount_minor": amount_minor, "currency": "CNY"},
         **extra,
     }  # fmt: skip
+
+
+async def dead_letters(api: Api, *bodies: dict[str, Any], error_class: str = "insufficient_funds",
+                       error_text: str = "HTTP 402 from payment: balance too low") -> list[str]:  # fmt: skip
+    """Requests submitted through the API, then dead-lettered by a worker's permanent failure (the
+    other ready requests it leases on the way are released untouched)."""
+    ids = []
+    for index, body in enumerate(bodies):
+        answer = await api.client.post("/v1/requests", json=body,
+                                       headers={**api.auth(Role.PRODUCER), "Idempotency-Key": f"{body['ref_key']}-{index}"})  # fmt: skip
+        assert answer.status_code == 201, answer.text
+        ids.append(answer.json()["id"])
+    ours = {int(request_id.split("-")[1]) for request_id in ids}
+    for grant in (await api.queue.lease("w", count_max=1000, lease_ms=30_000)).grants:
+        if grant.message_id in ours:
+            await api.queue.fail(grant.message_id, grant.token, error_class, error_text, permanent=True)
+        else:
+            await api.queue.release(grant.message_id, grant.token)
+    return ids

@@ -7,6 +7,7 @@ equal."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import string
 import threading
 import time
@@ -77,7 +78,8 @@ def _outside_cross_field_rules(case: Any) -> bool:
     table for the downstream in its path; an edited payload must suit the stored request's kind; a
     discard's reason code must be one the configuration lists): schemathesis would call a request
     that breaks them 'valid data rejected'. For such requests that one check is left out (all the others run), and
-    the rules are tested in test_intake.py, test_operator.py, test_downstreams.py and test_review_api.py."""
+    the rules are tested in test_intake.py, test_operator.py, test_downstreams.py and test_review_api.py; a job
+    filter's ranges must not be empty and an amount range names its currency (test_review_jobs_api.py)."""
     body = case.body if isinstance(case.body, dict) else {}
     low, high = body.get("backoff_min_ms", 1000), body.get("backoff_max_ms", 3_600_000)
     if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
@@ -102,8 +104,25 @@ def _outside_cross_field_rules(case: Any) -> bool:
         return False
     if path.endswith("/discard") and body.get("reason_code") not in DISCARD_REASON_CODES:  # a configured list
         return False
+    chosen = body.get("filter")
+    if isinstance(chosen, dict):  # a job's filter: each range low <= high, an amount range in one currency
+        for low, high in (("amount_min_minor", "amount_max_minor"), ("attempts_min", "attempts_max"),
+                          ("dead_from", "dead_to")):  # fmt: skip
+            if chosen.get(low) is not None and chosen.get(high) is not None and not _ordered(chosen[low], chosen[high]):
+                return False
+        if (chosen.get("amount_min_minor") is not None or chosen.get("amount_max_minor") is not None) and not chosen.get("currency"):
+            return False
     not_before = body.get("not_before")
     return not (isinstance(not_before, str) and not_before[:4].isdigit() and int(not_before[:4]) > 2027)
+
+
+def _ordered(low: Any, high: Any) -> bool:
+    try:
+        if isinstance(low, str) and isinstance(high, str):
+            return dt.datetime.fromisoformat(low) <= dt.datetime.fromisoformat(high)
+        return bool(low <= high)
+    except (TypeError, ValueError):
+        return True  # not comparable: the schema refuses it, which is not this rule's business
 
 
 def _fresh_key(case: Any) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import csv
 import io
 
-from pages_support import dead, list_update, marked_ids, running_pages, transfer
+from api_support import dead_letters as dead
+from pages_support import list_update, marked_ids, running_pages, transfer
 
 from queues import Role
 from raft_store.testing.inprocess import StoreThread
