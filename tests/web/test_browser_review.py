@@ -166,6 +166,7 @@ def filter_dead_letters(page: Page, *, kind: str = "", ref_key: str = "") -> Non
     page.get_by_test_id("filter-kind").select_option(kind)
     page.get_by_test_id("filter-ref-key").fill(ref_key)
     page.get_by_test_id("filter-apply").click()
+    expect(page).to_have_url(re.compile(rf"[?&]ref_key={re.escape(ref_key)}(&|$)"))  # htmx pushes it once swapped
 
 
 def rows(page: Page) -> list[str]:
@@ -179,15 +180,18 @@ def expect_rows(page: Page, ids: list[str]) -> None:
     assert sorted(rows(page)) == sorted(ids)
 
 
-def approve(review: Review, login: Login, target: str, *, action: str, note: str, shot: str = "") -> Page:
-    """The approver's inbox: the pending proposal naming `target` (its screenshot taken as `shot`),
-    approved with a note."""
+def approve(
+    review: Review, login: Login, target: str, *, action: str, note: str, shows: str = "", shot: str = ""
+) -> Page:
+    """The approver's inbox: the pending proposal naming `target` (showing `shows`; its screenshot
+    taken as `shot`), approved with a note."""
     page = log_in(review, login)
     page.get_by_test_id("nav-approvals").click()
     proposal = page.locator(f'[data-test="proposal"][data-action="{action}"][data-state="pending"]').filter(
         has=page.locator(f'[data-test="proposal-targets"] a[href="/review/requests/{target}"]')
     )
     expect(proposal).to_have_count(1)
+    expect(proposal).to_contain_text(shows)
     if shot:
         screenshot(review, page, shot)
     proposal.get_by_test_id("approve-reason").fill(note)
@@ -242,7 +246,13 @@ def test_a_reviewer_edits_a_dead_transfer_an_approver_approves_it_and_the_worker
     log_out(page)
 
     page = approve(
-        review, approver, original, action="edit_redrive", note="checked against the escrow statement", shot="approvals"
+        review,
+        approver,
+        original,
+        action="edit_redrive",
+        note="checked against the escrow statement",
+        shows=f'payer "{PAYER}" → "{BACKUP_PAYER}"',
+        shot="approvals",
     )
     flash(page, "success")
     superseded = review.api.request(original)
@@ -290,6 +300,55 @@ def test_a_discard_needs_a_reason_code_and_a_comment_and_an_approval(review: Rev
     page.context.close()
 
 
+def test_a_bulk_redrive_by_filter_dry_run_proposal_approval_and_per_item_results(review: Review) -> None:
+    started = time.monotonic()
+    targets = review.dead[BULK_REF]
+    page = log_in(review, review.banner.reviewer)
+    filter_dead_letters(page, kind="transfer", ref_key=BULK_REF)
+    expect_rows(page, targets)
+    total = page.locator('[data-test="summary-total"][data-currency="CNY"]')
+    expect(total).to_have_attribute("data-amount-minor", str(sum(BULK_AMOUNTS)))
+    expect(total).to_have_attribute("data-count", str(len(targets)))
+
+    page.get_by_test_id("redrive-filter-dry-run").click()
+    expect(page.get_by_test_id("dry-run-count")).to_have_text(str(len(targets)))
+    dry_total = page.locator('[data-test="dry-run-total"][data-currency="CNY"]')
+    expect(dry_total).to_have_attribute("data-amount-minor", str(sum(BULK_AMOUNTS)))
+    expect(dry_total).to_contain_text(money_cny(sum(BULK_AMOUNTS)))
+    expect(page.get_by_test_id("dry-run-needs-approval")).to_be_visible()
+    assert all(review.api.request(i)["state"] == "dead" for i in targets)  # a dry run does nothing
+    page.get_by_test_id("confirm-reason").fill("escrow topped up: pay the red packet's transfers again")
+    page.get_by_test_id("confirm-submit").click()
+    expect(page.get_by_test_id("proposal-link")).to_be_visible()
+    assert all(review.api.request(i)["state"] == "dead" for i in targets)
+    log_out(page)
+
+    page = approve(review, review.banner.approver, targets[0], action="redrive_job", note="escrow statement checked")
+    flash(page, "success")
+    page.get_by_test_id("nav-jobs").click()
+    job = page.get_by_test_id("job-row").first
+    job.get_by_test_id("job-link").click()
+    expect(page.get_by_test_id("job-state")).to_have_text("done", timeout=PAID_TIMEOUT_S * 1000)  # htmx polls it
+    expect(page.get_by_test_id("job-redriven")).to_have_text(str(len(targets)))
+    expect(page.get_by_test_id("job-total")).to_have_text(str(len(targets)))
+    page.reload()
+    items = page.get_by_test_id("job-item")
+    expect(items).to_have_count(len(targets))
+    assert sorted((item.get_attribute("data-id"), item.get_attribute("data-result")) for item in items.all()) == sorted(
+        (request_id, "redriven") for request_id in targets
+    )
+    for request_id in targets:
+        review.api.wait_state(request_id, "done", timeout_s=PAID_TIMEOUT_S)
+    screenshot(review, page, "job")
+    page.context.close()
+    print(f"\nbulk redrive by filter in the browser: {time.monotonic() - started:.1f} s")
+
+
+def money_cny(amount_minor: int) -> str:
+    """As finance reads it: major units, two decimals for CNY."""
+    return f"{amount_minor // 100:,}.{amount_minor % 100:02d} CNY"
+
+
 def test_a_viewer_sees_account_numbers_masked(review: Review) -> None:
     (target,) = review.dead[DISCARD_REF]
     page = log_in(review, VIEWER)
@@ -299,4 +358,9 @@ def test_a_viewer_sees_account_numbers_masked(review: Review) -> None:
     assert re.search(r"\*+" + PAYER[-4:], payload) and re.search(r"\*+" + PAYEE[-4:], payload), payload
     expect(page.get_by_test_id("edit-link")).to_have_count(0)
     expect(page.get_by_test_id("discard-form")).to_have_count(0)
+    page.get_by_test_id("nav-audit").click()  # the edit's entry has the payload before and after
+    expect(page.get_by_test_id("audit-entry").first).to_be_visible()
+    audit = page.get_by_test_id("audit-table").inner_text()
+    assert not any(account in audit for account in (PAYER, PAYEE, BACKUP_PAYER)), audit
+    assert re.search(r"\*+" + BACKUP_PAYER[-4:], audit), audit  # the entry is there, masked
     page.context.close()
