@@ -37,15 +37,16 @@ read back:
   times, attempts), the breakers they opened, and the stand-ins' counts;
 - ledger: once the projector has every event, the compensation ledger's request count beside the
   store's, and the projector's per-event lag p50/p99 through the run (its histogram);
-- reconcile: four breaks planted into the stand-ins' ledgers after the run (a grant paid twice,
-  one paid the wrong amount, one never paid, a payout of no grant), then `compensator reconcile`
-  for today on the run's three ledgers: its count per class, and whether each planted break was
-  reported under its class (`--no-reconcile` skips both).
+- reconcile: `compensator reconcile` for today on the run's three ledgers as the run left them
+  (`reconcile.run`: its count per class); then four breaks planted into the stand-ins' ledgers (a
+  grant paid twice, one paid the wrong amount, one never paid, a payout of no grant) and the
+  reconciliation again (`reconcile.planted`: its counts, and whether each planted break was
+  reported under its class). `--no-reconcile` skips both.
 
 The command exits 1 when a request is lost, a transfer paid twice, a done request left no effect,
-the ledger does not match the store, the reconciliation finds a transfer paid twice (beyond the
-planted one) or a compensation done without a payment, misses a planted break, or the run could
-not finish. Every process and the directory are removed on exit, Ctrl-C or SIGTERM.
+the ledger does not match the store, the reconciliation of the run finds a transfer paid twice or
+a compensation done without a payment, the second one misses a planted break, or the run could not
+finish. Every process and the directory are removed on exit, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -446,11 +447,11 @@ async def plant_breaks(dsn: str) -> dict[str, str]:
             "missing_in_payment": "planted-unpaid", "missing_in_red_packet": "planted-no-grant"}  # fmt: skip
 
 
-def reconcile_today(stack: Stack, planted: dict[str, str]) -> dict[str, Any]:
+def reconcile_today(stack: Stack, planted: dict[str, str], name: str) -> dict[str, Any]:
     """`compensator reconcile` for today (UTC) on the run's three ledgers: its count per class, and
     whether each planted break was reported, under its class."""
     assert stack.postgres is not None
-    output = stack.root / "reconcile"
+    output = stack.root / "reconcile" / name
     day = time.strftime("%Y-%m-%d", time.gmtime())
     done = subprocess.run(
         [*compensator_command(), "reconcile", "--date", day, "--output-dir", str(output)],
@@ -578,11 +579,12 @@ def checks(result: dict[str, Any], window: Window) -> list[str]:
         problems.append("receive-list versions applied twice or never requested")
     reconciled = result.get("reconcile")
     if reconciled is not None:
-        counts = reconciled.get("counts", {})
-        if reconciled.get("error") or counts.get("duplicate_payout") != 1 or counts.get("compensated_not_in_payment"):
-            problems.append(f"the reconciliation found what a correct run cannot produce (one paid-twice is planted): {reconciled}")
-        if not all(reconciled.get("planted_found", {}).values()):
-            problems.append(f"the reconciliation missed a planted break: {reconciled.get('planted_found')}")
+        run, planted = reconciled["run"], reconciled["planted"]
+        counts = run.get("counts", {})
+        if run.get("error") or counts.get("duplicate_payout") or counts.get("compensated_not_in_payment"):
+            problems.append(f"the reconciliation of the run found what a correct run cannot produce: {run}")
+        if planted.get("error") or not all(planted.get("planted_found", {}).values()):
+            problems.append(f"the reconciliation missed a planted break: {planted}")
     ledger = result.get("ledger")
     if ledger is not None and (ledger["projected"] < ledger["events"] or ledger["ledger_requests"] != ledger["store_requests"]):
         problems.append(f"the compensation ledger does not match the store: {ledger}")
@@ -615,8 +617,9 @@ def run(settings: Settings, root: Path, result: dict[str, Any]) -> list[str]:
         result["standins"] = standin_stats(stack.standin_urls)
         result["ledger"] = asyncio.run(ledger_caught_up(stack))
         if settings.reconcile:
+            run = reconcile_today(stack, {}, "run")
             planted = asyncio.run(plant_breaks(stack.postgres.dsn))
-            result["reconcile"] = reconcile_today(stack, planted)
+            result["reconcile"] = {"run": run, "planted": reconcile_today(stack, planted, "planted")}
         if window.profile is not None:
             result["profile"] = window.profile
         return checks(result, window)
