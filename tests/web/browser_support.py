@@ -13,9 +13,11 @@ import json
 import os
 import queue as queues_
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -187,18 +189,34 @@ class LocalRun:
         for pid in self._children:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # each child leads its own session
-        with contextlib.suppress(Exception):
-            pg.EmbeddedPostgres(self.data_dir / "pg" / "data").stop_any()
+        self._stop_postgres()
         self._reader.join(5)
+
+    def _stop_postgres(self) -> None:
+        """The launcher stops its PostgreSQL; if it could not (it was killed, or pg_ctl, which runs
+        as another user, could not reach the folder), its postmaster is told to shut down fast."""
+        server = pg.EmbeddedPostgres(self.data_dir / "pg" / "data")
+        with contextlib.suppress(Exception):
+            server.stop_any()
+        with contextlib.suppress(Exception):
+            postmaster = server.running_pid()
+            if postmaster is not None:
+                os.kill(postmaster, signal.SIGINT)
+                poll_until(lambda: server.running_pid() is None, timeout_s=30.0, what="PostgreSQL stopped")
 
 
 @contextlib.contextmanager
-def local_run(data_dir: Path) -> Iterator[tuple[LocalRun, Banner]]:
-    run = LocalRun(data_dir)
+def local_run() -> Iterator[tuple[LocalRun, Banner]]:
+    """A launcher with its data in a folder of its own under the system's temporary folder, not
+    pytest's: its PostgreSQL runs as another user, which must traverse every folder above the data,
+    and a pytest session starting meanwhile makes pytest's folder its owner's alone again."""
+    parent = Path(tempfile.mkdtemp(prefix="compensator-browser-"))
+    run = LocalRun(parent / "local")
     try:
         yield run, run.banner()
     finally:
         run.stop()
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 # ---- the API, as the producer and the stand-in see it --------------------------------------------

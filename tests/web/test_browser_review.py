@@ -109,7 +109,7 @@ def review(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Review]:
     shots = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path_factory.mktemp("screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with local_run(tmp_path_factory.mktemp("browser") / "local") as (run, banner):
+    with local_run() as (run, banner):
         api = Api(banner)
         try:
             dead = make_dead_letters(api)
