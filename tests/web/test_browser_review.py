@@ -230,7 +230,9 @@ def test_a_reviewer_edits_a_dead_transfer_an_approver_approves_it_and_the_worker
     payload.fill(_json(edited | {"amount_minor": -5}))
     page.get_by_test_id("edit-reason").fill("escrow account short of funds: pay from the backup escrow")
     page.get_by_test_id("edit-preview").click()
-    expect(page.locator('[data-test="field-error"][data-field="payload.amount_minor"]')).to_be_visible()
+    refused = page.locator('[data-test="field-error"][data-field="payload.amount_minor"]')
+    expect(refused).to_be_visible()
+    expect(refused).to_contain_text("amount_minor")  # named where the person reads it, not only in an attribute
     expect(page.get_by_test_id("edit-submit")).to_have_count(0)
     assert review.api.request(original)["state"] == "dead"
 
