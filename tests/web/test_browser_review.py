@@ -119,6 +119,7 @@ def review(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Review]:
             )
             with sync_playwright() as playwright:
                 playwright.selectors.set_test_id_attribute("data-test")
+                expect.set_options(timeout=EXPECT_TIMEOUT_MS)  # 5 s is short on a busy 2-core machine
                 browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
                 try:
                     origin = banner.review_url.removesuffix("/review")
