@@ -80,6 +80,8 @@ class Role(enum.Enum):
     REVIEWER = "reviewer"
     APPROVER = "approver"
     ADMIN = "admin"
+    VIEWER = "viewer"
+    """Reads the review pages, dead letters and the audit, with personal data masked (ledger/masking.py)."""
 
 
 class Phase(enum.IntEnum):

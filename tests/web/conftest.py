@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))  # api_support, shared with tests/api
 
-from queues.replicated import machine_factory  # noqa: E402
-from raft_store.testing.inprocess import StoreThread, running_store  # noqa: E402
+from queues.replicated import machine_factory
+from raft_store.testing.inprocess import StoreThread, running_store
 
 
 @pytest.fixture
