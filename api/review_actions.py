@@ -133,9 +133,19 @@ async def selected(services: ApiServices, request_ids: Sequence[str]) -> list[Me
     known = [m for m in ids if m is not None]
     if len(known) != len(ids):
         raise Problem("not-found", "some of the requests do not exist")
-    views = list((await store(services, services.queue.get_many(known, with_history=False))).value)
+    views = await views_of(services, known)
     if len(views) != len(set(known)):
         raise Problem("not-found", "some of the requests do not exist")
+    return views
+
+
+async def views_of(services: ApiServices, ids: Sequence[int]) -> list[MessageView]:
+    """The requests with these ids (those that exist), a store query of at most PAGE_MAX ids at a
+    time: a job's selection or a bulk proposal may name up to 100,000."""
+    views: list[MessageView] = []
+    for start in range(0, len(ids), PAGE_MAX):
+        chunk = ids[start:start + PAGE_MAX]
+        views.extend((await store(services, services.queue.get_many(chunk, with_history=False))).value)
     return views
 
 

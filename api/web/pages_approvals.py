@@ -39,7 +39,7 @@ TARGETS_SHOWN: Final = 20
 async def describe(found: ApiServices, view: ProposalView) -> dict[str, Any]:
     """A proposal as the inbox shows it: what it would do, to what, for how much."""
     action = proposal_action(view)
-    targets = list((await actions.store(found, found.queue.get_many(list(view.targets), with_history=False))).value)
+    targets = await actions.views_of(found, view.targets)
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for target in targets:
         money = actions.amount(target)
@@ -62,15 +62,19 @@ async def _inbox(request: Request, user: WebUser, flashes: list[Flash], status: 
     found = services(request)
     show_all = request.query_params.get("all") == "1"
     before = before_param(request)
+    unavailable = False
     try:
         views = (await actions.store(found, found.queue.proposals(pending_only=not show_all, before_id=before,
                                                                   limit=PAGE_SIZE))).value  # fmt: skip
         proposals = [await describe(found, view) for view in views]
     except Problem as problem:
-        proposals, views, flashes = [], (), [*flashes, problem_flash(problem)]
+        # Never "no pending proposal" when the inbox could not be read: the error, and its status.
+        proposals, views, flashes, unavailable = [], (), [*flashes, problem_flash(problem)], True
+        status = status if status >= 400 else problem.type.status
     older = views[-1].proposal_id if len(views) == PAGE_SIZE else None
     return render(request, "approvals.html", {"proposals": proposals, "show_all": show_all, "older": older,
-                                              "flashes": flashes}, user=user, status=status)  # fmt: skip
+                                              "flashes": flashes, "unavailable": unavailable}, user=user,
+                  status=status)  # fmt: skip
 
 
 @router.get("/review/approvals")

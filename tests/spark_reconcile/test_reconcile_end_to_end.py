@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import pyarrow.parquet as pq
 import pytest
+from conftest import BUSINESS_DATE  # this folder's: imported while it is collected, not later
 from pyspark.sql import SparkSession
 from reconcile_http import recording_api
 
@@ -44,8 +45,6 @@ def database(postgres: pg.EmbeddedPostgres, migrated_template: str) -> str:
 
 @pytest.fixture(scope="module")
 def business_params() -> ReconcileParams:
-    from conftest import BUSINESS_DATE
-
     return ReconcileParams(business_date=BUSINESS_DATE)
 
 
