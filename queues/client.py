@@ -44,6 +44,7 @@ from queues.model import (
     AckMany,
     Approve,
     AuditEntry,
+    AuditFilter,
     BatchResult,
     ControlJob,
     DeadLetterFilter,
@@ -503,11 +504,14 @@ class QueueClient:
         return await self._ask(qc.ScrubPayloads(after=after, limit=limit), qc.ScrubAnswer, stale_ok)
 
     async def audit_log(
-        self, *, after: int | None = None, before: int | None = None, limit: int = 100, stale_ok: bool = False
-    ) -> Read[qc.AuditAnswer]:
+        self, *, after: int | None = None, before: int | None = None, limit: int = 100,
+        audit_filter: AuditFilter | None = None, stale_ok: bool = False,
+    ) -> Read[qc.AuditAnswer]:  # fmt: skip
         """A page of the audit chain with its head: forward from `after`, else newest first below
-        `before` (None: the newest)."""
-        return await self._ask(qc.AuditLog(after=after, before=before, limit=limit), qc.AuditAnswer, stale_ok)
+        `before` (None: the newest), of the entries `audit_filter` selects (filtered in the store,
+        so the page is full and `before` = its last seq pages on)."""
+        query = qc.AuditLog(after=after, before=before, limit=limit, filter=audit_filter)
+        return await self._ask(query, qc.AuditAnswer, stale_ok)
 
     async def message_audit(self, ids: Sequence[int], *, stale_ok: bool = False) -> Read[tuple[AuditEntry, ...]]:
         """Every audit entry that concerns these messages, in chain order (a request's timeline)."""

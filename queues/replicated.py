@@ -144,9 +144,9 @@ def answer_query(
             )
         case qc.AuditLog():
             if query.after is not None:
-                entries = audit_chain.entries_after(conn, query.after, limit=query.limit)
+                entries = audit_chain.entries_after(conn, query.after, limit=query.limit, selected=query.filter)
             else:
-                entries = audit_chain.entries_before(conn, query.before, limit=query.limit)
+                entries = audit_chain.entries_before(conn, query.before, limit=query.limit, selected=query.filter)
             head = audit_chain.head(conn)
             return qc.AuditAnswer(entries=tuple(entries), count=head.count, head=head.hash, now_ms=now_ms)
         case qc.MessageAudit():
