@@ -195,15 +195,23 @@ def entries_before(
     return [_entry(row) for row in rows]
 
 
-def message_entries(conn: sqlite3.Connection, message_ids: Sequence[int]) -> list[AuditEntry]:
-    """Every entry that concerns these messages, in chain order: a request's timeline."""
+def message_index(conn: sqlite3.Connection, message_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """(seq, message id) of every entry indexed under these messages, in chain order: which of
+    them each entry concerns (an edit concerns both versions, a proposal each of its targets)."""
     ids = sorted(set(message_ids))
-    seqs: set[int] = set()
+    found: list[tuple[int, int]] = []
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
-        rows = conn.execute(f"SELECT seq FROM audit_messages WHERE message_id IN ({','.join('?' * len(chunk))})", chunk)
-        seqs.update(int(row[0]) for row in rows)
-    ordered = sorted(seqs)
+        rows = conn.execute(
+            f"SELECT seq, message_id FROM audit_messages WHERE message_id IN ({','.join('?' * len(chunk))})", chunk
+        )
+        found.extend((int(seq), int(message_id)) for seq, message_id in rows)
+    return sorted(found)
+
+
+def entries_at(conn: sqlite3.Connection, seqs: Sequence[int]) -> list[AuditEntry]:
+    """The entries with these seqs, in chain order."""
+    ordered = sorted(set(seqs))
     found: list[AuditEntry] = []
     for start in range(0, len(ordered), 500):
         chunk = ordered[start : start + 500]
@@ -212,6 +220,11 @@ def message_entries(conn: sqlite3.Connection, message_ids: Sequence[int]) -> lis
         )
         found.extend(_entry(row) for row in rows)
     return found
+
+
+def message_entries(conn: sqlite3.Connection, message_ids: Sequence[int]) -> list[AuditEntry]:
+    """Every entry that concerns these messages, in chain order: a request's timeline."""
+    return entries_at(conn, [seq for seq, _ in message_index(conn, message_ids)])
 
 
 # ---- verification -----------------------------------------------------------------------------

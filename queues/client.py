@@ -515,8 +515,20 @@ class QueueClient:
 
     async def message_audit(self, ids: Sequence[int], *, stale_ok: bool = False) -> Read[tuple[AuditEntry, ...]]:
         """Every audit entry that concerns these messages, in chain order (a request's timeline)."""
+        read = await self.message_audit_with_ids(ids, stale_ok=stale_ok)
+        return Read(tuple(entry for entry, _ in read.value), read.applied_index, read.now_ms)
+
+    async def message_audit_with_ids(
+        self, ids: Sequence[int], *, stale_ok: bool = False
+    ) -> Read[tuple[tuple[AuditEntry, tuple[int, ...]], ...]]:
+        """The same entries, each with the ids (of those asked) it concerns: a ref key's timeline
+        places an approval of three requests under each of them, an edit under both versions."""
         read = await self._ask(qc.MessageAudit(ids=tuple(ids)), qc.AuditAnswer, stale_ok)
-        return Read(read.value.entries, read.applied_index, read.now_ms)
+        concerns: dict[int, list[int]] = {}
+        for seq, message_id in read.value.concerns:
+            concerns.setdefault(seq, []).append(message_id)
+        entries = tuple((entry, tuple(concerns.get(entry.seq, ()))) for entry in read.value.entries)
+        return Read(entries, read.applied_index, read.now_ms)
 
     async def proposals(
         self,

@@ -356,6 +356,9 @@ class AuditAnswer(_Answer, frozen=True, tag="audit"):
     """Entries in the chain (the newest one's seq), as the head records it."""
     head: bytes = b""
     """The newest entry's hash, as the head records it."""
+    concerns: tuple[tuple[int, int], ...] = ()
+    """For `MessageAudit`: (seq, message id) for each asked message an entry is indexed under,
+    in chain order (empty from a node from before it was answered)."""
 
 
 class ProposalsAnswer(_Answer, frozen=True, tag="proposals"):

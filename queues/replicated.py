@@ -150,7 +150,9 @@ def answer_query(
             head = audit_chain.head(conn)
             return qc.AuditAnswer(entries=tuple(entries), count=head.count, head=head.hash, now_ms=now_ms)
         case qc.MessageAudit():
-            return qc.AuditAnswer(entries=tuple(audit_chain.message_entries(conn, query.ids)), now_ms=now_ms)
+            index = audit_chain.message_index(conn, query.ids)
+            entries = audit_chain.entries_at(conn, [seq for seq, _ in index])
+            return qc.AuditAnswer(entries=tuple(entries), concerns=tuple(index), now_ms=now_ms)
         case qc.Proposals():
             if query.ids:
                 listed = proposals.get(conn, query.ids, now_ms=now_ms)
