@@ -120,6 +120,8 @@ def field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[d
     changes = []
     for name, change in diff(*_aligned(before, after)).items():
         old, new = _shown(change["before"]), _shown(change["after"])
+        if old == new:  # a field absent on one side and null on the other: nothing a reader would call a change
+            continue
         fold = any(value is not None and len(value) > FOLD_CHARS for value in (old, new))
         changes.append({"field": name, "before": old, "after": new, "fold": fold})
     return changes
