@@ -178,14 +178,19 @@ class RequestView(BaseModel):
 
 class TimelineEntry(BaseModel):
     at: dt.datetime
-    request_id: str
-    kind: str
+    request_id: str | None = Field(description="The request the step is about (an audit entry's first one).")
+    kind: str | None
     type: Literal[
         "intake", "attempt_started", "attempt_succeeded", "attempt_failed", "attempt_expired", "dead_lettered",
-        "redriven", "discarded",
-    ]  # fmt: skip
+        "redriven", "discarded", "audit",
+    ] = Field(description="`audit`: an operator's action, from the audit chain (kept for ever); `redriven` and "
+                          "`discarded` only for an action from before the chain.")  # fmt: skip
     attempt: int | None = None
     detail: dict[str, Any] = {}
+    requests: list[str] | None = Field(None, description="An audit entry's requests of this ref key (an approval "
+                                                         "of several, both versions of an edit).")  # fmt: skip
+    audit: dict[str, Any] | None = Field(None, description="The audit entry, as GET /v1/audit gives it: seq, at, "
+                                                           "actor, action, target, reason, before, after, hash.")  # fmt: skip
 
 
 class Timeline(BaseModel):

@@ -14,7 +14,7 @@ readers (the producer is shown as its own field).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from api.ids import RequestId
@@ -136,33 +136,78 @@ def request_document(
 
 
 _ATTEMPT_END: Final = {"succeeded": "attempt_succeeded", "failed": "attempt_failed", "expired": "attempt_expired"}
+_REPLACED_BY_AUDIT: Final = frozenset({EventType.REDRIVEN, EventType.DISCARDED})
+AuditWithIds = tuple[AuditEntry, tuple[int, ...]]
+"""An audit entry and the messages it concerns (`QueueClient.message_audit_with_ids`)."""
 
 
-def timeline_entries(views: Sequence[MessageView], events: Iterable[Event], public_id: Callable[[int], str]) -> list[dict[str, Any]]:
+def _audit_requests(entry: AuditEntry, concerned: Sequence[int], present: Mapping[int, MessageView]) -> list[int]:
+    """The requests of this timeline an entry is about: its target first (the edited original),
+    then the others it is indexed under; a node that did not say which, the target alone."""
+    target = int(entry.target[8:]) if entry.target.startswith("message:") and entry.target[8:].isdigit() else None
+    ordered = [target] if target is not None else []
+    ordered += sorted(m for m in concerned if m != target)
+    return [m for m in ordered if m in present]
+
+
+def timeline_entries(
+    views: Sequence[MessageView], events: Iterable[Event], public_id: Callable[[int], str],
+    audit: Iterable[AuditWithIds] = (),
+) -> list[dict[str, Any]]:  # fmt: skip
     """Every step of these requests in time order; at one millisecond, in the order they happened
-    to one request (intake, then attempts by number), and operator events by log sequence."""
-    entries: list[tuple[int, int, int, dict[str, Any]]] = []
+    to one request (intake, then attempts by number), operator actions in log order, and an edited
+    version's intake after the edit that made it.
+
+    An operator action is its audit entry (type `audit`, the entry as `GET /v1/audit` gives it):
+    entries are kept for ever, events only for their retention, so a request's actions stay on
+    its timeline after its events are purged. The redriven and discarded events an audited
+    action also wrote (same log entry, same request) are left out, so no action shows twice; one
+    from before the audit chain has no entry and shows as its event."""
+    entries: list[tuple[int, int, int, int, dict[str, Any]]] = []
     for view in views:
         rid = public_id(view.message_id)
         base = {"request_id": rid, "kind": view.kind}
         intake = {"error_class": view.headers.get(HEADER_FAILURE_CLASS)} if HEADER_FAILURE_CLASS in view.headers else {}
-        entries.append((view.created_ms, 0, 0, {**base, "at": utc(view.created_ms), "type": "intake", "detail": intake}))
+        rank = 0 if view.previous_id is None else 4  # an edit's new version: after the edit, made in its apply
+        entries.append((view.created_ms, rank, 0, 0, {**base, "at": utc(view.created_ms), "type": "intake",
+                                                       "detail": intake}))  # fmt: skip
         for a in view.history:
-            entries.append((a.leased_ms, 1, a.attempt, {**base, "at": utc(a.leased_ms), "type": "attempt_started",
-                                                         "attempt": a.attempt, "detail": {"worker": a.worker_id}}))
+            entries.append((a.leased_ms, 1, a.attempt, 0, {**base, "at": utc(a.leased_ms), "type": "attempt_started",
+                                                            "attempt": a.attempt, "detail": {"worker": a.worker_id}}))
             if a.ended_ms is not None and a.outcome is not None:
                 detail = {k: v for k, v in (("error_class", a.error_class), ("error_text", a.error_text)) if v}
-                entries.append((a.ended_ms, 2, a.attempt, {**base, "at": utc(a.ended_ms),
-                                                            "type": _ATTEMPT_END.get(a.outcome, "attempt_failed"),
-                                                            "attempt": a.attempt, "detail": detail}))
-    kinds = {view.message_id: view.kind for view in views}
+                entries.append((a.ended_ms, 2, a.attempt, 0, {**base, "at": utc(a.ended_ms),
+                                                               "type": _ATTEMPT_END.get(a.outcome, "attempt_failed"),
+                                                               "attempt": a.attempt, "detail": detail}))
+    present = {view.message_id: view for view in views}
+    audited: set[tuple[int, int]] = set()
+    for entry, concerned in audit:
+        requests = _audit_requests(entry, concerned, present)
+        audited.update((entry.log_index, m) for m in requests)
+        first = present[requests[0]] if requests else None
+        entries.append((entry.ts_ms, 3, entry.log_index, 1, {
+            "request_id": None if first is None else public_id(first.message_id),
+            "kind": None if first is None else first.kind, "at": utc(entry.ts_ms), "type": "audit",
+            "requests": [public_id(m) for m in requests], "audit": audit_document(entry),
+        }))  # fmt: skip
     for event in events:
-        if event.type in (EventType.DEAD_LETTERED, EventType.REDRIVEN, EventType.DISCARDED):
+        if event.type in _REPLACED_BY_AUDIT and (event.log_index, event.message_id) in audited:
+            continue
+        if event.type in (EventType.DEAD_LETTERED, *_REPLACED_BY_AUDIT):
             action = operator_action(event)
             detail = dict(action["detail"], actor=action["actor"], reason=action["reason"])
-            entries.append((event.ts_ms, 3, event.seq, {"request_id": public_id(event.message_id),
-                                                         "kind": kinds.get(event.message_id, event.kind),
-                                                         "at": action["at"], "type": event.type.value,
-                                                         "detail": detail}))
-    entries.sort(key=lambda entry: entry[:3])
-    return [entry[3] for entry in entries]
+            kind = present[event.message_id].kind if event.message_id in present else event.kind
+            entries.append((event.ts_ms, 3, event.log_index, 0, {"request_id": public_id(event.message_id),
+                                                                  "kind": kind, "at": action["at"],
+                                                                  "type": event.type.value, "detail": detail}))
+    entries.sort(key=lambda entry: entry[:4])
+    return [entry[4] for entry in entries]
+
+
+def masked_timeline(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A timeline as a viewer reads it: payloads in audit entries and operator events masked."""
+    return [
+        {**entry, "audit": masked_audit(entry["audit"])} if "audit" in entry
+        else {**entry, "detail": _masked_detail(entry.get("detail", {}))}
+        for entry in entries
+    ]  # fmt: skip

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from queues.model import AuditEntry, EventValue
+from queues.model import AuditEntry, AuditFilter, EventValue
 
 GENESIS: Final = bytes(32)
 """The previous hash of the first entry."""
@@ -142,30 +142,76 @@ def _entry(row: Any) -> AuditEntry:
     )  # fmt: skip
 
 
-def entries_after(conn: sqlite3.Connection, seq: int, *, limit: int = AUDIT_PAGE_MAX) -> list[AuditEntry]:
-    """Entries with seq above `seq`, oldest first: the global view pages forward with this."""
+def _selection(selected: AuditFilter | None) -> tuple[str, list[object]]:
+    """The filter as SQL conditions (ANDed after the page's seq bound) and their parameters.
+
+    Prefixes are compared with `substr`, not LIKE: a target holds `_` and `%` as plain characters."""
+    if selected is None:
+        return "", []
+    clauses: list[str] = []
+    params: list[object] = []
+    for clause, value in (("actor = ?", selected.actor), ("target = ?", selected.target),
+                          ("ts_ms >= ?", selected.from_ms), ("ts_ms < ?", selected.to_ms),
+                          ("seq IN (SELECT seq FROM audit_messages WHERE message_id = ?)", selected.message_id)):  # fmt: skip
+        if value is not None:
+            clauses.append(clause)
+            params.append(value)
+    if selected.actions:
+        clauses.append(f"action IN ({','.join('?' * len(selected.actions))})")
+        params.extend(selected.actions)
+    if selected.target_prefix is not None:
+        clauses.append("substr(target, 1, ?) = ?")
+        params.extend((len(selected.target_prefix), selected.target_prefix))
+    for prefix in selected.exclude_target_prefixes:
+        clauses.append("substr(target, 1, ?) != ?")
+        params.extend((len(prefix), prefix))
+    return "".join(f" AND {clause}" for clause in clauses), params
+
+
+def entries_after(
+    conn: sqlite3.Connection, seq: int, *, limit: int = AUDIT_PAGE_MAX, selected: AuditFilter | None = None
+) -> list[AuditEntry]:
+    """Entries with seq above `seq` that the filter selects, oldest first: a verifier pages forward
+    with this (unfiltered)."""
     assert 0 < limit <= AUDIT_PAGE_MAX
-    rows = conn.execute(f"SELECT {_COLUMNS} FROM audit WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+    where, params = _selection(selected)
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM audit WHERE seq > ?{where} ORDER BY seq LIMIT ?", (seq, *params, limit)
+    )
     return [_entry(row) for row in rows]
 
 
-def entries_before(conn: sqlite3.Connection, seq: int | None, *, limit: int = AUDIT_PAGE_MAX) -> list[AuditEntry]:
-    """Entries with seq below `seq` (None: the newest), newest first: the global view's pages."""
+def entries_before(
+    conn: sqlite3.Connection, seq: int | None, *, limit: int = AUDIT_PAGE_MAX, selected: AuditFilter | None = None
+) -> list[AuditEntry]:
+    """Entries with seq below `seq` (None: the newest) that the filter selects, newest first: the
+    global view's pages, which pass the last seq shown back as `seq`."""
     assert 0 < limit <= AUDIT_PAGE_MAX
     bound = seq if seq is not None else (1 << 62)
-    rows = conn.execute(f"SELECT {_COLUMNS} FROM audit WHERE seq < ? ORDER BY seq DESC LIMIT ?", (bound, limit))
+    where, params = _selection(selected)
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM audit WHERE seq < ?{where} ORDER BY seq DESC LIMIT ?", (bound, *params, limit)
+    )
     return [_entry(row) for row in rows]
 
 
-def message_entries(conn: sqlite3.Connection, message_ids: Sequence[int]) -> list[AuditEntry]:
-    """Every entry that concerns these messages, in chain order: a request's timeline."""
+def message_index(conn: sqlite3.Connection, message_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """(seq, message id) of every entry indexed under these messages, in chain order: which of
+    them each entry concerns (an edit concerns both versions, a proposal each of its targets)."""
     ids = sorted(set(message_ids))
-    seqs: set[int] = set()
+    found: list[tuple[int, int]] = []
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
-        rows = conn.execute(f"SELECT seq FROM audit_messages WHERE message_id IN ({','.join('?' * len(chunk))})", chunk)
-        seqs.update(int(row[0]) for row in rows)
-    ordered = sorted(seqs)
+        rows = conn.execute(
+            f"SELECT seq, message_id FROM audit_messages WHERE message_id IN ({','.join('?' * len(chunk))})", chunk
+        )
+        found.extend((int(seq), int(message_id)) for seq, message_id in rows)
+    return sorted(found)
+
+
+def entries_at(conn: sqlite3.Connection, seqs: Sequence[int]) -> list[AuditEntry]:
+    """The entries with these seqs, in chain order."""
+    ordered = sorted(set(seqs))
     found: list[AuditEntry] = []
     for start in range(0, len(ordered), 500):
         chunk = ordered[start : start + 500]
@@ -174,6 +220,11 @@ def message_entries(conn: sqlite3.Connection, message_ids: Sequence[int]) -> lis
         )
         found.extend(_entry(row) for row in rows)
     return found
+
+
+def message_entries(conn: sqlite3.Connection, message_ids: Sequence[int]) -> list[AuditEntry]:
+    """Every entry that concerns these messages, in chain order: a request's timeline."""
+    return entries_at(conn, [seq for seq, _ in message_index(conn, message_ids)])
 
 
 # ---- verification -----------------------------------------------------------------------------

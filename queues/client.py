@@ -44,6 +44,7 @@ from queues.model import (
     AckMany,
     Approve,
     AuditEntry,
+    AuditFilter,
     BatchResult,
     ControlJob,
     DeadLetterFilter,
@@ -503,16 +504,31 @@ class QueueClient:
         return await self._ask(qc.ScrubPayloads(after=after, limit=limit), qc.ScrubAnswer, stale_ok)
 
     async def audit_log(
-        self, *, after: int | None = None, before: int | None = None, limit: int = 100, stale_ok: bool = False
-    ) -> Read[qc.AuditAnswer]:
+        self, *, after: int | None = None, before: int | None = None, limit: int = 100,
+        audit_filter: AuditFilter | None = None, stale_ok: bool = False,
+    ) -> Read[qc.AuditAnswer]:  # fmt: skip
         """A page of the audit chain with its head: forward from `after`, else newest first below
-        `before` (None: the newest)."""
-        return await self._ask(qc.AuditLog(after=after, before=before, limit=limit), qc.AuditAnswer, stale_ok)
+        `before` (None: the newest), of the entries `audit_filter` selects (filtered in the store,
+        so the page is full and `before` = its last seq pages on)."""
+        query = qc.AuditLog(after=after, before=before, limit=limit, filter=audit_filter)
+        return await self._ask(query, qc.AuditAnswer, stale_ok)
 
     async def message_audit(self, ids: Sequence[int], *, stale_ok: bool = False) -> Read[tuple[AuditEntry, ...]]:
         """Every audit entry that concerns these messages, in chain order (a request's timeline)."""
+        read = await self.message_audit_with_ids(ids, stale_ok=stale_ok)
+        return Read(tuple(entry for entry, _ in read.value), read.applied_index, read.now_ms)
+
+    async def message_audit_with_ids(
+        self, ids: Sequence[int], *, stale_ok: bool = False
+    ) -> Read[tuple[tuple[AuditEntry, tuple[int, ...]], ...]]:
+        """The same entries, each with the ids (of those asked) it concerns: a ref key's timeline
+        places an approval of three requests under each of them, an edit under both versions."""
         read = await self._ask(qc.MessageAudit(ids=tuple(ids)), qc.AuditAnswer, stale_ok)
-        return Read(read.value.entries, read.applied_index, read.now_ms)
+        concerns: dict[int, list[int]] = {}
+        for seq, message_id in read.value.concerns:
+            concerns.setdefault(seq, []).append(message_id)
+        entries = tuple((entry, tuple(concerns.get(entry.seq, ()))) for entry in read.value.entries)
+        return Read(entries, read.applied_index, read.now_ms)
 
     async def proposals(
         self,

@@ -21,6 +21,7 @@ from queues import model
 from queues.model import (
     KINDS_PER_LEASE_MAX,
     AuditEntry,
+    AuditFilter,
     DeadLetterFilter,
     DocumentView,
     Event,
@@ -167,13 +168,16 @@ class MaintenanceDue(_Query, frozen=True, tag="maintenance_due"):
     written: the maintenance driver proposes ExpireLeases and Purge only once one is due."""
 
 
-class AuditLog(_Query, frozen=True, tag="audit"):
+class AuditLog(_Query, frozen=True, tag="audit", omit_defaults=True):
     """A page of the operator audit chain (queues/audit_chain.py) with its head: forward from
-    `after` (a verifier walks the chain so), else newest first below `before` (None: the newest)."""
+    `after` (a verifier walks the chain so), else newest first below `before` (None: the newest),
+    of the entries `filter` selects. Defaults are left out of the encoding, so a query without a
+    filter is the same bytes as before filters existed and any node answers it."""
 
     after: Annotated[int, msgspec.Meta(ge=0)] | None = None
     before: Annotated[int, msgspec.Meta(ge=1)] | None = None
     limit: PageLimit = 100
+    filter: AuditFilter | None = None
 
 
 class MessageAudit(_Query, frozen=True, tag="message_audit"):
@@ -352,6 +356,9 @@ class AuditAnswer(_Answer, frozen=True, tag="audit"):
     """Entries in the chain (the newest one's seq), as the head records it."""
     head: bytes = b""
     """The newest entry's hash, as the head records it."""
+    concerns: tuple[tuple[int, int], ...] = ()
+    """For `MessageAudit`: (seq, message id) for each asked message an entry is indexed under,
+    in chain order (empty from a node from before it was answered)."""
 
 
 class ProposalsAnswer(_Answer, frozen=True, tag="proposals"):

@@ -144,13 +144,15 @@ def answer_query(
             )
         case qc.AuditLog():
             if query.after is not None:
-                entries = audit_chain.entries_after(conn, query.after, limit=query.limit)
+                entries = audit_chain.entries_after(conn, query.after, limit=query.limit, selected=query.filter)
             else:
-                entries = audit_chain.entries_before(conn, query.before, limit=query.limit)
+                entries = audit_chain.entries_before(conn, query.before, limit=query.limit, selected=query.filter)
             head = audit_chain.head(conn)
             return qc.AuditAnswer(entries=tuple(entries), count=head.count, head=head.hash, now_ms=now_ms)
         case qc.MessageAudit():
-            return qc.AuditAnswer(entries=tuple(audit_chain.message_entries(conn, query.ids)), now_ms=now_ms)
+            index = audit_chain.message_index(conn, query.ids)
+            entries = audit_chain.entries_at(conn, [seq for seq, _ in index])
+            return qc.AuditAnswer(entries=tuple(entries), concerns=tuple(index), now_ms=now_ms)
         case qc.Proposals():
             if query.ids:
                 listed = proposals.get(conn, query.ids, now_ms=now_ms)

@@ -6,12 +6,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import openapi
-from api.auth import Reader
+from api.auth import Reader, masks_personal_data
 from api.http import json_response
 from api.problems import Problem
 from api.schemas import Timeline
 from api.services import ApiServices
-from api.views import timeline_entries
+from api.views import masked_timeline, timeline_entries
 from queues import ClientError, QueueError, Role
 
 router = APIRouter(tags=["refs"])
@@ -23,8 +23,9 @@ router = APIRouter(tags=["refs"])
 )  # fmt: skip
 async def timeline(request: Request, ref_key: str, principal: Reader) -> Response:
     """Every request of this ref key (a producer sees only its own), and in time order: intake,
-    each attempt with the downstream's answer, dead-lettering, and each operator action with who
-    and why."""
+    each attempt with the downstream's answer, dead-lettering, and each operator action as its
+    audit entry (who, what, why, before -> after; kept after the events' retention). A viewer
+    reads payloads masked."""
     services: ApiServices = request.app.state.services
     try:
         views = (await services.queue.by_ref_key(ref_key)).value
@@ -32,11 +33,14 @@ async def timeline(request: Request, ref_key: str, principal: Reader) -> Respons
             views = tuple(v for v in views if principal.owns(v.idempotency_key))
         if not views:
             raise Problem("not-found", f"no requests with ref key {ref_key!r}")
-        events = (await services.queue.message_events([v.message_id for v in views])).value
+        ids = [v.message_id for v in views]
+        events = (await services.queue.message_events(ids)).value
+        audit = (await services.queue.message_audit_with_ids(ids)).value
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None
     public = services.intake.public_id
+    entries = timeline_entries(views, events, public, audit)
     return json_response({
         "ref_key": ref_key, "requests": [public(v.message_id) for v in views],
-        "entries": timeline_entries(views, events, public),
+        "entries": masked_timeline(entries) if masks_personal_data(principal) else entries,
     })  # fmt: skip

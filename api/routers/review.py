@@ -18,10 +18,12 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import StringConstraints
 from starlette.responses import Response
 
 from api import openapi
 from api import review_actions as actions
+from api.audit_view import ACTION_PATTERN, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
 from api.auth import Observer, Principal, masks_personal_data, requires
 from api.http import json_response
 from api.problems import invalid
@@ -138,11 +140,11 @@ def _amount(view: MessageView) -> dict[str, Any] | None:
     return None if money is None else {"amount_minor": money[0], "currency": money[1]}
 
 
-def _ms(moment: dt.datetime | None) -> int | None:
+def _ms(moment: dt.datetime | None, field: str = "dead_from/dead_to") -> int | None:
     if moment is None:
         return None
     if moment.tzinfo is None:
-        raise invalid([{"field": "dead_from/dead_to", "message": "give a time zone (e.g. Z)"}])
+        raise invalid([{"field": field, "message": "give a time zone (e.g. Z)"}])
     return max(0, min(TIME_MS_MAX, int(moment.timestamp() * 1000)))  # nothing is dead outside the store's times
 
 
@@ -214,14 +216,31 @@ async def reject(request: Request, proposal_id: ProposalIdPath, body: RejectBody
 
 
 # ---- the audit chain ----------------------------------------------------------------------------
-@router.get("/v1/audit", summary="The operator audit chain, newest first", responses=openapi.problems(401, 403, 422, 503))
+@router.get("/v1/audit", summary="The operator audit chain, newest first, filtered",
+            responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
 async def audit(
     request: Request, principal: Observer, before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    actor: Annotated[str | None, Query(pattern=ACTOR_PATTERN, description="Who acted, exactly.")] = None,
+    action: Annotated[list[Annotated[str, StringConstraints(pattern=ACTION_PATTERN)]], Query(max_length=32, description="Any of these actions (repeat the parameter): "
+                                       "edit_redrive, redriven, discarded, propose, approve, reject, redrive_job, "
+                                       "document_put, ...")] = [],  # noqa: B006 (FastAPI copies the default)
+    target: Annotated[str | None, Query(pattern=TARGET_PATTERN, description=(
+        "A request id (1-42: every entry that concerns it), `proposal:7`, `job:3`, any exact target, or the start "
+        "of targets ending in / or * (`document:users/`)."))] = None,
+    since: Annotated[dt.datetime | None, Query(description="Entries at or after this time (with a time zone).")] = None,
+    until: Annotated[dt.datetime | None, Query(description="Entries before this time (with a time zone).")] = None,
+    sign_ins: Annotated[bool, Query(description="false leaves out the session and login records (logins, logouts, "
+                                                "failed logins); users and passwords stay.")] = True,
 ) -> Response:  # fmt: skip
-    """Who did what, when, why, and before -> after; `before` pages back (the last seq seen)."""
+    """Who did what, when, why, and before -> after, of the entries the filter selects (filtered in
+    the store: a page is full, and `before` = the last seq seen pages on). The head is the whole
+    chain's."""
     services = _services(request)
-    answer = (await actions.store(services, services.queue.audit_log(before=before, limit=limit))).value
+    selected = audit_filter(set_id=services.settings.set_id, actor=actor, actions=action, target=target,
+                            since_ms=_ms(since, "since"), until_ms=_ms(until, "until"), sign_ins=sign_ins)  # fmt: skip
+    read = services.queue.audit_log(before=before, limit=limit, audit_filter=selected)
+    answer = (await actions.store(services, read)).value
     entries = [audit_document(e) for e in answer.entries]
     if masks_personal_data(principal):
         entries = [masked_audit(entry) for entry in entries]

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from api import review_actions as actions
+from api.audit_view import field_changes, links
 from api.problems import Problem
 from api.review_schemas import NAME_PATTERN
 from api.schemas import REF_KEY_PATTERN
@@ -78,12 +79,24 @@ class FilterForm:
         return urlencode({**{k: v for k, v in self.values.items() if v}, **extra})
 
 
-def _time_ms(text: str) -> int:
+def time_ms(text: str) -> int:
     """A date or a date and time (the browser's datetime-local), read as UTC unless it says otherwise."""
     moment = dt.datetime.fromisoformat(text)
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return max(0, min(TIME_MS_MAX, int(moment.timestamp() * 1000)))
+
+
+def typed_times(values: Mapping[str, str], names: tuple[str, ...], errors: dict[str, str]) -> dict[str, int]:
+    """The time fields given, in milliseconds; one that does not parse is named in `errors`."""
+    found: dict[str, int] = {}
+    for name in names:
+        if values[name]:
+            try:
+                found[name] = time_ms(values[name])
+            except ValueError:
+                errors[name] = "a date (2026-11-20) or a date and time (2026-11-20T14:30), UTC"
+    return found
 
 
 def minor_units(text: str, currency: str) -> int:
@@ -122,12 +135,7 @@ def parse_filter(source: Mapping[str, Any]) -> FilterForm:
         if currency not in MINOR_UNIT_DIGITS:
             errors["currency"] = "not an active ISO 4217 code"
         typed["currency"] = currency
-    for name in ("dead_from", "dead_to"):
-        if values[name]:
-            try:
-                typed[f"{name}_ms"] = _time_ms(values[name])
-            except ValueError:
-                errors[name] = "a date (2026-11-20) or a date and time (2026-11-20T14:30), UTC"
+    typed.update({f"{name}_ms": ms for name, ms in typed_times(values, ("dead_from", "dead_to"), errors).items()})
     for name in ("amount_min", "amount_max"):
         if values[name] and "currency" not in errors:
             if not currency:
@@ -178,6 +186,14 @@ def shown_payload(user: Any, kind: str, document: Mapping[str, Any]) -> dict[str
 def shown_audit(user: Any, document: dict[str, Any]) -> dict[str, Any]:
     """An audit entry (`audit_document`) as this user may see it: an edit's payloads masked."""
     return document if allowed(user.role, Right.VIEW_PERSONAL_DATA) else masked_audit(document)
+
+
+def shown_entry(services: ApiServices, user: Any, document: dict[str, Any]) -> dict[str, Any]:
+    """An audit entry (`audit_document`) as the pages show it: masked for this user first, then
+    its changes field by field (so a masked value is what the diff compares) and what it links to."""
+    document = shown_audit(user, document)
+    return {**document, "changes": field_changes(document["before"], document["after"]),
+            **links(document, lambda message_id: actions.public(services, message_id))}  # fmt: skip
 
 
 def row(services: ApiServices, view: Any) -> dict[str, Any]:

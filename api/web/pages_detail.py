@@ -3,9 +3,10 @@ with it; and its single-request actions, redrive and discard.
 
 The page puts side by side what a reviewer otherwise gathers from four places: the payload (masked
 for a viewer), the original failure and trace headers, every attempt with the downstream's answer,
-the whole timeline of its business id (the same entries `GET /v1/refs/{ref_key}/timeline` gives),
-its earlier and later versions with what each edit changed, and the audit entries of the actions
-taken on it.
+the whole timeline of its business id (the same entries `GET /v1/refs/{ref_key}/timeline` gives:
+lifecycle steps and, interleaved by time, the audit entries of every operator action on any of
+its requests, kept after the events' retention), and its earlier and later versions with what
+each edit changed. The audit entries are in the timeline only: a separate list would repeat them.
 
 Must never: show an action's success unless the store did it (a proposal says it waits for an
 approver; a refusal says nothing was done).
@@ -23,17 +24,17 @@ from api import review_actions as actions
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
-from api.views import audit_document, request_document, timeline_entries
+from api.views import masked_timeline, request_document, timeline_entries
 from api.web.page_support import (
     Flash,
     field_messages,
     problem_flash,
     problem_page,
     services,
-    shown_audit,
+    shown_entry,
     shown_payload,
 )
-from api.web.rights import Right
+from api.web.rights import Right, allowed
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
 from queues import MessageView
@@ -54,8 +55,9 @@ def _document(payload: bytes | None) -> dict[str, Any]:
     return document if isinstance(document, dict) else {"value": document}
 
 
-async def _versions(found: ApiServices, view: MessageView) -> list[dict[str, Any]]:
-    """Every version of this request, first to last, each with what its edit changed."""
+async def _versions(found: ApiServices, user: WebUser, view: MessageView) -> list[dict[str, Any]]:
+    """Every version of this request, first to last, each with what its edit changed (as this user
+    may see the payloads: a changed account of a viewer's is two masked values)."""
     chain = [view]
     while chain[0].previous_id is not None and len(chain) < VERSIONS_SHOWN:
         earlier = (await actions.store(found, found.queue.get(chain[0].previous_id))).value
@@ -71,20 +73,34 @@ async def _versions(found: ApiServices, view: MessageView) -> list[dict[str, Any
         return []
     versions = []
     for before, after in zip([None, *chain], chain, strict=False):
-        changes = {} if before is None else diff(_document(current_payload(before)), _document(current_payload(after)))
+        changes = {} if before is None else diff(shown_payload(user, before.kind, _document(current_payload(before))),
+                                                 shown_payload(user, after.kind, _document(current_payload(after))))  # fmt: skip
         versions.append({"id": actions.public(found, after.message_id), "version": after.version,
                          "state": after.state.value, "created_ms": after.created_ms, "changes": changes,
                          "current": after.message_id == view.message_id})  # fmt: skip
     return versions
 
 
+def _timeline(found: ApiServices, user: WebUser, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ref key's timeline as this user may read it: audit entries masked, with their changes
+    and links (`shown_entry`), operator events from before the chain with their payloads masked."""
+    personal = allowed(user.role, Right.VIEW_PERSONAL_DATA)
+    shown = []
+    for entry in entries:
+        if "audit" in entry:  # masked once, by shown_entry: a masked value masked again loses its last four
+            shown.append({**entry, "audit": shown_entry(found, user, entry["audit"])})
+        else:
+            shown.append(entry if personal else masked_timeline([entry])[0])
+    return shown
+
+
 async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> dict[str, Any]:
     view = await actions.request(found, request_id)
-    events = (await actions.store(found, found.queue.message_events([view.message_id]))).value
-    audit = (await actions.store(found, found.queue.message_audit([view.message_id]))).value
-    document = request_document(view, request_id, events, audit)
     siblings = (await actions.store(found, found.queue.by_ref_key(view.ref_key))).value
-    sibling_events = (await actions.store(found, found.queue.message_events([v.message_id for v in siblings]))).value
+    ids = [v.message_id for v in siblings]
+    events = (await actions.store(found, found.queue.message_events(ids))).value
+    audit = (await actions.store(found, found.queue.message_audit_with_ids(ids))).value
+    document = request_document(view, request_id, events)
     money = actions.amount(view)
     return {
         "request": document, "view": view,
@@ -93,9 +109,8 @@ async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> 
         else shown_payload(user, view.kind, document["edited_payload"]),
         "amount_minor": None if money is None else money[0], "currency": None if money is None else money[1],
         "attempts": [{**a, "excerpt": (a["error_text"] or "")[:EXCERPT_CHARS]} for a in document["history"]],
-        "timeline": timeline_entries(siblings, sibling_events, lambda m: actions.public(found, m)),
-        "versions": await _versions(found, view),
-        "audit": [shown_audit(user, audit_document(entry)) for entry in audit],
+        "timeline": _timeline(found, user, timeline_entries(siblings, events, lambda m: actions.public(found, m), audit)),
+        "versions": await _versions(found, user, view),
         "redrivable": view.state.value in REDRIVABLE,
         "reason_codes": found.four_eyes.discard_reason_codes,
     }  # fmt: skip

@@ -1,9 +1,13 @@
 """The review endpoints: every endpoint x every role, four eyes (a proposer approving their own is
-refused), edits validated and shown as a diff, discards with a reason code, and the audit view."""
+refused), edits validated and shown as a diff, discards with a reason code, the audit view and its
+filters, and the ref timeline's audit entries."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,8 +17,9 @@ from api_support import Api, running_api, transfer
 from api.review_policy import FourEyes, diff
 from compensator import config as configuration
 from compensator.wiring import four_eyes
-from queues import MessageView, Role, State
-from raft_store.testing.inprocess import StoreThread
+from queues import MessageView, QueueConfig, Role, State
+from queues.replicated import DB_NAME, ReplicatedQueueMachine
+from raft_store.testing.inprocess import StoreThread, running_store
 
 P, OP, R, A, V, ADMIN = Role.PRODUCER, Role.OPERATOR, Role.REVIEWER, Role.APPROVER, Role.VIEWER, Role.ADMIN
 
@@ -180,3 +185,96 @@ def test_the_four_eyes_rules_come_from_configuration() -> None:
     with pytest.raises(configuration.ConfigError) as refused:
         configuration.load(None, {"COMPENSATOR_REVIEW__BULK_COUNT_MAX": "0"})
     assert refused.value.problems == ["review.bulk_count_max: must be in 1..1000"]
+
+
+async def test_the_audit_view_is_filtered_in_the_store_and_refuses_bad_filters(api: Api) -> None:
+    for namespace, name, reason in (("sessions", "f00d", "login"), ("logins", "ann", "login"), ("users", "ann", "user added")):
+        await api.queue.put_document(namespace, name, b'{"role":"viewer"}', actor="ann", reason=reason)
+    (request_id,) = await dead(api, list_update("af"))
+    edited = await post(api, R, f"/v1/review/requests/{request_id}/edit",
+                        {"payload": {**list_update("af")["payload"], "amount_minor": 150}, "reason": "typo"})  # fmt: skip
+    assert edited.status_code == 200, edited.text
+
+    async def audit(**params: Any) -> list[dict[str, Any]]:
+        answer = await api.client.get("/v1/audit", params=params, headers=api.auth(OP))
+        assert answer.status_code == 200, answer.text
+        return list(answer.json()["entries"])
+
+    everything = {e["target"] for e in await audit()}  # the JSON view keeps the whole chain unless asked
+    assert {"document:sessions/f00d", "document:logins/ann", "document:users/ann"} <= everything
+    assert {e["target"] for e in await audit(sign_ins="false")} == everything - {"document:sessions/f00d",
+                                                                                 "document:logins/ann"}  # fmt: skip
+    assert [(e["actor"], e["action"]) for e in await audit(actor="reviewer")] == [("reviewer", "edit_redrive")]
+    assert {e["action"] for e in await audit(action=["edit_redrive", "document_put"])} == {"edit_redrive", "document_put"}
+    (entry,) = await audit(target=request_id)
+    assert entry["action"] == "edit_redrive" and json.loads(entry["after"]["payload"])["amount_minor"] == 150
+    assert [e["target"] for e in await audit(target="document:users/")] == ["document:users/ann"]
+    assert await audit(target="document:users/*") == await audit(target="document:users/ann")
+    assert await audit(since="2999-01-01T00:00:00Z") == []
+    assert len(await audit(until="2999-01-01T00:00:00Z", limit=2, sign_ins="false")) == 2
+    for params, field in (({"since": "2026-01-01T00:00:00"}, "since"), ({"since": "2026-01-02T00:00:00Z",
+                          "until": "2026-01-01T00:00:00Z"}, "until"), ({"action": "Drop Table"}, "action[0]"),
+                          ({"target": "999-1"}, "target"), ({"actor": "a\x01"}, "actor"), ({"sign_ins": "maybe"}, "sign_ins"),
+                          ({"since": "yesterday"}, "since")):  # fmt: skip
+        refused = await api.client.get("/v1/audit", params=params, headers=api.auth(OP))
+        assert refused.status_code == 422, (params, refused.text)
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        assert [e["field"] for e in refused.json()["errors"]] == [field], (params, refused.json())
+
+
+@pytest.fixture
+def short_events(tmp_path: Path) -> Iterator[StoreThread]:
+    """A store whose event retention may be set as short as 100 ms (the floor is a day by default)."""
+
+    def factory(data_dir: Path) -> ReplicatedQueueMachine:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return ReplicatedQueueMachine(str(data_dir / DB_NAME), QueueConfig(retention_floor_ms=100))
+
+    with running_store(tmp_path / "store", factory) as thread:
+        yield thread
+
+
+async def test_the_ref_timeline_interleaves_audit_entries_keeps_them_past_the_events_and_masks_them(
+    short_events: StoreThread,
+) -> None:
+    async with running_api(short_events) as api:
+        body = transfer("tl")
+        body["payload"]["payee"] = "acct-6222020087654321"
+        (original,) = await dead(api, body)
+        edit = {"payload": {**body["payload"], "payee": "acct-6222020099990000"}, "reason": "wrong payee"}
+        proposed = await post(api, R, f"/v1/review/requests/{original}/edit", edit)
+        assert proposed.status_code == 202, proposed.text
+        approved = await post(api, A, f"/v1/review/proposals/{proposed.json()['proposal']['id']}/approve", {})
+        (new,) = approved.json()["new_ids"]
+        (grant,) = (await api.queue.lease("w", count_max=10, lease_ms=30_000)).grants
+        await api.queue.fail(grant.message_id, grant.token, "insufficient_funds", permanent=True)
+
+        async def timeline(role: Role) -> list[dict[str, Any]]:
+            answer = await api.client.get("/v1/refs/rp-tl/timeline", headers=api.auth(role))
+            assert answer.status_code == 200, answer.text
+            return list(answer.json()["entries"])
+
+        entries = await timeline(OP)
+        steps = [(e["type"], e["audit"]["action"] if e["type"] == "audit" else e["request_id"]) for e in entries]
+        assert steps == [
+            ("intake", original), ("attempt_started", original), ("attempt_failed", original),
+            ("dead_lettered", original), ("audit", "propose"), ("audit", "approve"), ("audit", "edit_redrive"),
+            ("intake", new), ("attempt_started", new), ("attempt_failed", new), ("dead_lettered", new),
+        ], steps  # fmt: skip
+        assert [e["at"] for e in entries] == sorted(e["at"] for e in entries)  # by time, whatever their source
+        assert not [e for e in entries if e["type"] == "discarded"]  # the superseded original's event: its entry says it
+        (edit_entry,) = [e for e in entries if e["type"] == "audit" and e["audit"]["action"] == "edit_redrive"]
+        assert edit_entry["requests"] == [original, new] and edit_entry["audit"]["actor"] == "reviewer"
+        assert edit_entry["audit"]["reason"] == "wrong payee"
+        assert "acct-6222020099990000" in json.dumps(edit_entry)
+
+        seen_by_viewer = json.dumps(await timeline(V))
+        assert "acct-6222020087654321" not in seen_by_viewer and "acct-6222020099990000" not in seen_by_viewer
+        assert "****0000" in seen_by_viewer and "****4321" in seen_by_viewer
+
+        await api.queue.set_retention(actor="tests", reason="purge now", event_retention_ms=100)
+        await asyncio.sleep(0.3)
+        assert (await api.queue.purge()).events_purged > 0
+        after = await timeline(OP)
+        assert not [e for e in after if e["type"] == "dead_lettered"]  # events are gone...
+        assert [e["audit"]["action"] for e in after if e["type"] == "audit"] == ["propose", "approve", "edit_redrive"]

@@ -22,6 +22,7 @@ from queues.model import (
     Ack,
     Approve,
     AuditEntry,
+    AuditFilter,
     BatchResult,
     Code,
     DeadLetterFilter,
@@ -353,6 +354,59 @@ def test_queries_answer_the_audit_log_a_message_timeline_and_proposals() -> None
     assert isinstance(later, qc.ProposalsAnswer) and later.proposals[0].state is ProposalState.EXPIRED
     key = ask(qc.ByIdempotencyKeys(keys=("a" * 128 + "#v2",)))
     assert isinstance(key, qc.MessagesAnswer) and key.messages == ()
+
+
+def test_the_audit_log_is_filtered_in_the_store_and_its_pages_stay_full() -> None:
+    node = Node.over(ReplicatedQueueMachine(":memory:"))
+    ids = dead(node, "a", "b", "c")
+    for name in ("s1", "s2", "s3"):  # what every login writes: a session and the login record
+        node.apply(PutDocument(namespace="sessions", name=name, body=b"{}", actor="ann", reason="login"))
+        node.apply(PutDocument(namespace="logins", name="ann", body=b"{}", actor="ann", reason="login"))
+    node.apply(PutDocument(namespace="users", name="bob", body=b"{}", actor="admin", reason="user added"))
+    node.now_ms += HOUR_MS
+    later = node.now_ms
+    review(node, Propose(action=Discard(message_id=ids[0], actor="ann", reason="r", reason_code="other"),
+                         ttl_ms=HOUR_MS))  # fmt: skip
+    review(node, Approve(proposal_id=1, approver="bob"))
+    node.apply(Redrive(actor="ann", reason="r", ids=(ids[1], ids[2])))
+    conn = node.machine.connection
+    sign_ins = ("document:sessions/", "document:logins/")
+
+    def page(before: int | None = None, limit: int = 100, **fields: object) -> list[tuple[int, str, str, str]]:
+        query = qc.AuditLog(before=before, limit=limit, filter=AuditFilter(**fields))  # type: ignore[arg-type]
+        answer = qc.decode_answer(qc.encode_answer(answer_query(conn, query, node.now_ms)))
+        assert isinstance(answer, qc.AuditAnswer) and answer.count == 12
+        return [(e.seq, e.actor, e.action, e.target) for e in answer.entries]
+
+    assert len(page()) == 12
+    ann = page(actor="ann", exclude_target_prefixes=sign_ins)
+    assert [(a, b, c) for _, a, b, c in ann] == [
+        ("ann", "redriven", f"message:{ids[2]}"), ("ann", "redriven", f"message:{ids[1]}"),
+        ("ann", "discarded", f"message:{ids[0]}"), ("ann", "propose", "proposal:1")]  # the approved action is ann's
+    assert [e[2] for e in page(actor="ann")].count("document_put") == 6  # sign-ins shown when asked
+    assert [e[2:] for e in page(exclude_target_prefixes=sign_ins, limit=2)] == [
+        ("redriven", f"message:{ids[2]}"), ("redriven", f"message:{ids[1]}")]  # fmt: skip
+    first = page(exclude_target_prefixes=sign_ins, limit=2)
+    rest = page(before=first[-1][0], exclude_target_prefixes=sign_ins, limit=3)  # full, not thinned by the filter
+    assert [e[2:] for e in rest] == [("discarded", f"message:{ids[0]}"), ("approve", "proposal:1"),
+                                     ("propose", "proposal:1")]  # fmt: skip
+    assert [e[2] for e in page(actions=("approve", "propose"))] == ["approve", "propose"]
+    assert [e[3] for e in page(target="proposal:1")] == ["proposal:1", "proposal:1"]
+    assert [e[3] for e in page(target_prefix="document:users/")] == ["document:users/bob"]
+    assert [e[2] for e in page(target_prefix="document:logins/")] == ["document_put"] * 3
+    assert [e[2] for e in page(message_id=ids[0])] == ["discarded", "approve", "propose"]
+    assert len(page(from_ms=later)) == 5 and len(page(to_ms=later)) == 7
+    assert page(from_ms=later, to_ms=later + 1, actor="bob") == page(actor="bob")[:1]
+
+    # the wire: an unfiltered query is the bytes it was before filters, and an old client's decodes the same
+    old = b"\x01" + msgspec.msgpack.encode({"q": "audit", "now_ms": None, "after": None, "before": None, "limit": 5})
+    assert qc.decode_query(old) == qc.AuditLog(limit=5)
+    assert msgspec.msgpack.decode(qc.encode_query(qc.AuditLog(limit=5))[1:]) == {"q": "audit", "limit": 5}
+    unknown = b"\x01" + msgspec.msgpack.encode({"q": "audit", "filter": {"actor": "ann", "colour": "red"}})
+    empty = b"\x01" + msgspec.msgpack.encode({"q": "audit", "filter": {"from_ms": 5, "to_ms": 5}})
+    for refused in (unknown, empty):
+        answer = qc.decode_query(refused)
+        assert isinstance(answer, qc.QueryError) and answer.code is qc.QueryErrorCode.INVALID, answer
 
 
 def test_the_codec_round_trips_the_review_commands_and_refuses_bad_ones() -> None:
