@@ -16,6 +16,7 @@ from api.metrics import ApiMetrics
 from api.problems import Problem
 from api.quotas import Quotas
 from api.review_policy import FourEyes
+from api.summaries import SummaryReads
 from api.web.sessions import WebAuth
 from queues import ClientError, QueueClient, QueueError
 
@@ -42,6 +43,11 @@ class ApiServices:
     four_eyes: FourEyes = dataclasses.field(default_factory=FourEyes)
     web: WebAuth | None = None
     """Users and sessions of the review pages (api/web/sessions.py); None: every page asks for a login."""
+    summaries: SummaryReads = dataclasses.field(init=False)
+    """The dead-letter list's counts and totals: one read of a filter at a time, shared."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "summaries", SummaryReads(self.queue))
 
     async def start(self) -> None:
         await self.tokens.start()

@@ -2,7 +2,8 @@
 currency, a page at a time, with a selection to redrive; and its CSV export.
 
 The totals come from one aggregate in the store (`dead_letter_summary`), not from the page shown,
-so "412 dead letters, 1,234,567.89 CNY" is the whole filter's. The export streams every page of
+so "412 dead letters, 1,234,567.89 CNY" is the whole filter's; asks of one filter share
+reads (api/summaries.py: one at a time, each started after the ask), and the page says when. The export streams every page of
 the same filter; it is masked as the page is for a role without personal-data rights, and every
 text cell that a spreadsheet would read as a formula is quoted.
 
@@ -63,10 +64,12 @@ async def dead_letters(request: Request, user: User) -> Response:
     try:
         page = (await actions.store(found, found.queue.dead_letters(form.dead_filter, cursor=cursor,
                                                                     limit=PAGE_SIZE))).value  # fmt: skip
-        summary = (await actions.store(found, found.queue.dead_letter_summary(form.dead_filter))).value
+        totals = await actions.store(found, found.summaries.get(form.dead_filter))
     except Problem as problem:
         return problem_page(request, user, problem)
+    summary = totals.value
     context.update(rows=[row(found, view) for view in page.items], summary=summary, next_cursor=page.next_cursor,
+                   summary_read_ms=int(totals.read_at_s * 1000),
                    oldest_id=None if summary.oldest_id is None else actions.public(found, summary.oldest_id))  # fmt: skip
     return render(request, "dead_letters.html", context, user=user)
 
