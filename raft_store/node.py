@@ -4,7 +4,10 @@ One asyncio task owns the core and runs the Ready contract (see core.py) in orde
 leader's appends, write and fsync the WAL in a dedicated thread (group commit: everything that
 arrived while the previous fsync ran goes into the next one), send replies, apply committed
 commands in the apply thread, answer clients, advance. Client commands arriving at the leader in
-one loop iteration share one log entry, one WAL record and one fsync.
+one loop iteration share one log entry, one WAL record and one fsync. Client reads are answered
+in the apply thread too, a batch at a time between applies, never on the loop: a query may take
+hundreds of milliseconds (a summary over a large dead-letter tier), longer than the election
+timeout, and the loop must keep ticking, heartbeating and appending meanwhile.
 
 Failure policy: a failed fsync or a corrupt WAL stops the node (never retried and ignored).
 """
@@ -64,6 +67,10 @@ INLINE_PERSIST_BYTES_MAX = 32 << 10
 IDLE_COMMIT_S = 0.05
 """A group-committing machine with applied but uncommitted entries is committed once its apply
 pipeline has been idle this long (under load it commits by size, in the apply thread)."""
+READ_JOB_BUDGET_S = 0.01
+"""A read job stops taking further queries of its batch after this long (the rest go first into
+the next job): applies queued behind it then wait for at most one slow query plus this, however
+many reviewers ask at once."""
 
 
 class Queryable(Protocol):
@@ -170,6 +177,10 @@ class Node:
         self._persist_running = False
         self._apply_queue: list[list[Entry]] = []
         self._apply_running = False
+        """An apply or a commit is on the apply thread (or queued there behind a read job), or a
+        snapshot is being installed: the machine is not the loop's to use."""
+        self._reading = False
+        """A read job is on the apply thread: no inline apply, no second read job, no loop query."""
         self._snapshotting = False
         self._bytes_since_snapshot = 0
         self.stopped = asyncio.Event()
@@ -311,13 +322,15 @@ class Node:
     @property
     def applying(self) -> bool:
         """Whether the machine is in use on the apply thread right now (`query_applied` waits it out)."""
-        return self._apply_running
+        return self._apply_running or self._reading
 
     def query_applied(self, query: bytes) -> bytes | None:
         """This replica's answer to `query` from its applied state, for callers on the node's own
-        loop (its metrics endpoint). None while an apply runs: the machine is then in use on the
-        apply thread, and a caller must not wait on the loop for it."""
-        if self._apply_running:
+        loop (its metrics endpoint), which cannot await the apply thread. None while an apply or a
+        read job runs: the connection is then in use on the apply thread, and a caller must not
+        wait on the loop for it (so under back-to-back slow client queries a scrape may find no
+        gap and go without the machine's gauges)."""
+        if self._apply_running or self._reading:
             return None
         machine: Any = self.machine
         answer: bytes = machine.query(query)
@@ -466,7 +479,13 @@ class Node:
             self._send(m)
         if rd.snapshot is not None:
             await self._drain_pipelines()
-            await asyncio.get_running_loop().run_in_executor(self._io, self._install_snapshot, rd.snapshot.meta)
+            # The restore replaces the machine's connection on the WAL thread: mark the machine
+            # busy so that no read job, idle commit or loop query touches it meanwhile.
+            self._apply_running = True
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._io, self._install_snapshot, rd.snapshot.meta)
+            finally:
+                self._apply_running = False
         for state in rd.read_states:
             for conn, read in self._reads.pop(state.context, []):
                 self._ready_reads.append((state.index, conn, read))
@@ -553,9 +572,10 @@ class Node:
             return
         batch = [entry for committed in self._apply_queue for entry in committed]
         self._apply_queue = []
-        if not self._snapshotting and sum(len(e.data) for e in batch) <= INLINE_APPLY_BYTES_MAX:
+        if not self._snapshotting and not self._reading and sum(len(e.data) for e in batch) <= INLINE_APPLY_BYTES_MAX:
             # A small batch costs less to apply here than a round trip through the apply
-            # thread; nothing else touches the machine meanwhile (no snapshot is running).
+            # thread; nothing else touches the machine meanwhile (no snapshot, no read job).
+            # During a read job the batch queues behind it on the apply thread instead.
             try:
                 results = self._apply(batch)
             except Exception as exc:
@@ -577,9 +597,11 @@ class Node:
         assert core is not None
         self._answer(batch, results)
         core.on_applied(batch[-1].index, batch)
+        # Reads that waited for this apply go first; entries committed meanwhile queue behind
+        # them on the apply thread, so neither starves the other under load.
+        self._serve_reads()
         self._kick_apply()
         self._arm_idle_commit()
-        self._serve_reads()
         self._bytes_since_snapshot += sum(len(e.data) for e in batch)
         if not self._snapshotting and (
             core.log.applied - core.log.snapshot_index >= self.config.snapshot_every_entries
@@ -595,6 +617,7 @@ class Node:
         if (
             self._idle_commit is None
             and not self._apply_running
+            and not self._reading
             and isinstance(machine, GroupCommittingMachine)
             and machine.uncommitted
         ):
@@ -605,7 +628,7 @@ class Node:
         machine = self.machine
         if self._stopping or not isinstance(machine, GroupCommittingMachine) or not machine.uncommitted:
             return
-        if self._apply_running or self._apply_queue:
+        if self._apply_running or self._apply_queue or self._reading:
             self._arm_idle_commit()  # busy again: the apply thread commits by size meanwhile
             return
         self._apply_running = True  # the commit runs in the apply thread, one user at a time
@@ -620,7 +643,7 @@ class Node:
         future.add_done_callback(done)
 
     async def _drain_pipelines(self) -> None:
-        while self._persist_running or self._persist_queue or self._apply_running or self._apply_queue:
+        while self._persist_running or self._persist_queue or self._apply_running or self._apply_queue or self._reading:
             await asyncio.sleep(0.001)
             if self._failure is not None:
                 raise self._failure
@@ -685,9 +708,14 @@ class Node:
             waiter.conn.send(FrameType.RESULT, codec.encode_result(result))
 
     def _serve_reads(self) -> None:
-        """Answer reads whose read index is applied. Queries run on the event loop between
-        applies (SQLite reads of one row are microseconds), so they see a consistent state."""
-        if not self._ready_reads or self._apply_running:
+        """Answer the reads whose read index is applied, in one job on the apply thread.
+
+        Queries once ran here on the loop, between applies; a dead-letter summary over 100,000
+        dead letters takes ~300 ms, the election timeout, and stalled heartbeats and appends for
+        that long. On the apply thread a query is still serialized with applies on the same
+        connection (it sees one applied state), while the loop goes on. One job takes every
+        ready read (one thread hop per batch); answers are sent from the loop when it ends."""
+        if not self._ready_reads or self._apply_running or self._reading or self._stopping:
             return
         core = self.core
         assert core is not None
@@ -696,11 +724,54 @@ class Node:
         if not ready:
             return
         self._ready_reads = [r for r in self._ready_reads if r[0] > applied]
+        self._reading = True
+        queries = [read.query for _, _, read in ready]
+        future = asyncio.get_running_loop().run_in_executor(self._apply_pool, self._query_batch, queries)
+        future.add_done_callback(lambda f: self._read_done(f, ready))
+
+    def _query_batch(self, queries: list[bytes]) -> tuple[int, list[tuple[Status, bytes]]]:
+        """Apply thread: answers to a prefix of `queries` (all of them unless the job ran past
+        READ_JOB_BUDGET_S), with the applied index they all reflect, taken from the machine here
+        (exact: nothing applies while this runs). A query that raises answers ERROR: a bad read
+        must neither stop the node nor leave its client waiting."""
         machine: Any = self.machine
-        for _, conn, read in ready:
-            answer = machine.query(read.query)
-            result = codec.Result(read.request_id, Status.OK, core.leader, (answer, applied.to_bytes(8, "big")))
-            conn.send(FrameType.RESULT, codec.encode_result(result))
+        applied = int(machine.applied_index())
+        deadline = time.perf_counter() + READ_JOB_BUDGET_S
+        answers: list[tuple[Status, bytes]] = []
+        for query in queries:
+            if answers and time.perf_counter() >= deadline:
+                break
+            try:
+                answers.append((Status.OK, machine.query(query)))
+            except Exception as exc:
+                log.exception("node %d: a query failed", self.config.node_id)
+                answers.append((Status.ERROR, f"query failed: {exc!r}"[:500].encode()))
+        return applied, answers
+
+    def _read_done(
+        self,
+        future: asyncio.Future[tuple[int, list[tuple[Status, bytes]]]],
+        ready: list[tuple[int, ClientConnection, codec.Read]],
+    ) -> None:
+        self._reading = False
+        hint = self.core.leader if self.core is not None else 0
+        if future.cancelled() or future.exception() is not None:
+            exc = None if future.cancelled() else future.exception()
+            log.error("node %d: a read job failed: %r", self.config.node_id, exc)
+            answers: list[tuple[Status, bytes]] = [(Status.ERROR, f"read failed: {exc!r}".encode())] * len(ready)
+            applied = 0
+        else:
+            applied, answers = future.result()
+        for (_, conn, read), (status, answer) in zip(ready, answers, strict=False):
+            results = (answer, applied.to_bytes(8, "big")) if status is Status.OK else (answer,)
+            conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, status, hint, results)))
+        # What the budget left unanswered goes first into the next job, after any apply queued
+        # behind this one. Reads that arrived meanwhile are served by that job too.
+        self._ready_reads[:0] = ready[len(answers) :]
+        self._serve_reads()
+        self._kick_apply()
+        self._arm_idle_commit()
+        self._wake.set()
 
     def _after_role_change(self) -> None:
         core = self.core

@@ -13,6 +13,9 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
+from raft_store.client import ClientError, RaftClient, RequestRefused
 from raft_store.codec import Status
 from raft_store.core import Role
 from raft_store.machines import CounterMachine
@@ -20,14 +23,27 @@ from raft_store.node import Node, NodeConfig
 from raft_store.testing.processes import free_ports
 
 
+class SlowQueries(CounterMachine):
+    """b"slow" takes half a second (five election timeouts at these ticks), b"boom" raises."""
+
+    def query(self, data: bytes) -> bytes:
+        if data == b"boom":
+            raise RuntimeError("the query broke")
+        if data == b"slow":
+            time.sleep(0.5)
+        return super().query(data)
+
+
 @contextlib.asynccontextmanager
-async def two_nodes(tmp_path: Path, *, election_ticks: int) -> AsyncIterator[tuple[Node, Node]]:
+async def two_nodes(
+    tmp_path: Path, *, election_ticks: int, machine: type[CounterMachine] = CounterMachine
+) -> AsyncIterator[tuple[Node, Node]]:
     """(leader, follower) of a new two-voter cluster: with two voters an entry needs both."""
     ports = free_ports(2)
     peers = {1: ("127.0.0.1", ports[0]), 2: ("127.0.0.1", ports[1])}
     nodes = [
         Node(NodeConfig(node_id=n, data_dir=tmp_path / f"node{n}", listen=peers[n], peers=peers,
-                        initial_voters=frozenset(peers), tick_ms=10, election_ticks=election_ticks), CounterMachine())
+                        initial_voters=frozenset(peers), tick_ms=10, election_ticks=election_ticks), machine())
         for n in peers
     ]
     for node in nodes:
@@ -78,3 +94,46 @@ async def test_a_leader_stopped_with_a_command_in_its_log_is_in_doubt(tmp_path: 
         assert not stranded.done()
         await leader.stop()
         assert stranded.result().status is Status.IN_DOUBT
+
+
+async def test_a_slow_query_leaves_the_loop_leading_and_a_failing_one_answers_an_error(tmp_path: Path) -> None:
+    """Queries run on the apply thread: while one takes five election timeouts the leader keeps
+    its term and commits, and a query that raises answers ERROR with the node still serving."""
+    async with two_nodes(tmp_path, election_ticks=10, machine=SlowQueries) as (leader, _):
+        assert leader.core is not None
+        term = leader.core.term
+        client = RaftClient([leader.config.listen], attempt_timeout_s=5.0, deadline_s=5.0)
+        try:
+            slow = asyncio.ensure_future(client.read(b"slow", linearizable=False))
+            await asyncio.sleep(0.05)  # the slow query is on the apply thread now
+            assert leader.applying and leader.query_applied(b"") is None  # the loop keeps off the machine
+            committed = leader.core.log.committed
+            proposals = [asyncio.ensure_future(leader.propose_local([(0, 0, b"x")])) for _ in range(5)]
+            while leader.core.log.committed < committed + 1:  # replicated and fsynced by both meanwhile
+                await asyncio.sleep(0.005)
+            assert not slow.done()  # committed while the query ran (applied after it: one connection)
+            answer, applied = await slow
+            assert all(result.status is Status.OK for result in await asyncio.gather(*proposals))
+            assert applied >= 1 and b'"applied"' in answer
+            with pytest.raises(RequestRefused, match="the query broke"):
+                await client.read(b"boom", linearizable=False)
+            answer, applied = await client.read(b"fine")  # linearizable, after all five commands
+            assert b'"count": 5' in answer and applied == leader.core.log.applied
+            assert leader.core.term == term and leader.core.role is Role.LEADER
+        finally:
+            await client.close()
+
+
+async def test_a_node_stopped_during_a_slow_query_does_not_leave_its_client_waiting(tmp_path: Path) -> None:
+    async with two_nodes(tmp_path, election_ticks=10, machine=SlowQueries) as (leader, _):
+        client = RaftClient([leader.config.listen], attempt_timeout_s=5.0, deadline_s=2.0)
+        try:
+            slow = asyncio.ensure_future(client.read(b"slow", linearizable=False))
+            await asyncio.sleep(0.05)
+            await leader.stop()
+            began = time.perf_counter()
+            with contextlib.suppress(ClientError):  # answered before the close, or told it cannot be
+                await asyncio.wait_for(slow, 3.0)
+            assert time.perf_counter() - began < 3.0
+        finally:
+            await client.close()
