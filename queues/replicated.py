@@ -4,13 +4,16 @@
 
 Owns: `machine_factory(data_dir)` (the `module:factory` hook of raft_store's CLI) and
 `ReplicatedQueueMachine.query(bytes) -> bytes`, which the node calls after a ReadIndex
-(linearizable reads, on the leader) or at once (stale reads, on any replica), between applies.
+(linearizable reads, on the leader) or at once (stale reads, on any replica), in its apply thread
+between applies (never on its event loop: a summary over a large dead tier takes longer than the
+election timeout).
 
 Queries are not applied: they change nothing and are not replicated, so reading a clock here is
 allowed (unlike in apply). The clock decides only "delayed versus ready" in the views, and the
 caller may pin it with `now_ms`.
 
-Must never: raise out of `query` (the node's event loop calls it), or write.
+Must never: raise out of `query` (the node would answer a bare ERROR, not a `QueryError` the
+client can read), or write.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class ReplicatedQueueMachine(QueueMachine):
         now_ms = decoded.now_ms if decoded.now_ms is not None else self._clock_ms()
         try:
             answer = answer_query(self.connection, decoded, now_ms, self.config)
-        except Exception as error:  # the node's event loop must never see a raise from a query
+        except Exception as error:  # a QueryError the client can read, not the node's bare ERROR
             answer = qc.QueryError(code=qc.QueryErrorCode.FAILED, detail=str(error)[:200], now_ms=now_ms)
         return qc.encode_answer(answer)
 
