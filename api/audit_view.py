@@ -69,6 +69,8 @@ def audit_filter(
     Sign-ins are left out unless `sign_ins`, or unless the target asked for is itself a session
     or a login record (asking for `document:logins/ann` means wanting them)."""
     fields = target_fields(target, set_id) if target else {}
+    if since_ms == 0:  # the epoch, or a time before it clamped there: no entry is older, so no bound
+        since_ms = None
     if since_ms is not None and until_ms is not None and since_ms >= until_ms:
         raise invalid([{"field": "until", "message": "must be after since"}])
     asked = fields.get("target") or fields.get("target_prefix") or ""

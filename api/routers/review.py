@@ -227,9 +227,9 @@ async def audit(
                                        "document_put, ...")] = [],  # noqa: B006 (FastAPI copies the default)
     target: Annotated[str | None, Query(pattern=TARGET_PATTERN, description=(
         "A request id (1-42: every entry that concerns it), `proposal:7`, `job:3`, any exact target, or the start "
-        "of targets ending in / or * (`document:users/`)."))] = None,
+        "of targets ending in / or * (`document:users/`). A request id must be one of this set's."))] = None,
     since: Annotated[dt.datetime | None, Query(description="Entries at or after this time (with a time zone).")] = None,
-    until: Annotated[dt.datetime | None, Query(description="Entries before this time (with a time zone).")] = None,
+    until: Annotated[dt.datetime | None, Query(description="Entries before this time (with a time zone); after `since` when both are given.")] = None,
     sign_ins: Annotated[bool, Query(description="false leaves out the session and login records (logins, logouts, "
                                                 "failed logins); users and passwords stay.")] = True,
 ) -> Response:  # fmt: skip

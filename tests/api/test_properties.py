@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from api.http import check_key
+from api.ids import RequestId
 from api.problems import Problem
 from api.review_policy import DISCARD_REASON_CODES
 from compensator.wiring import api_app
@@ -79,7 +80,8 @@ def _outside_cross_field_rules(case: Any) -> bool:
     discard's reason code must be one the configuration lists): schemathesis would call a request
     that breaks them 'valid data rejected'. For such requests that one check is left out (all the others run), and
     the rules are tested in test_intake.py, test_operator.py, test_downstreams.py and test_review_api.py; a job
-    filter's ranges must not be empty and an amount range names its currency (test_review_jobs_api.py)."""
+    filter's ranges must not be empty and an amount range names its currency (test_review_jobs_api.py); the audit
+    filter's `until` is after its `since` and its `target` names no other set's request (test_review_api.py)."""
     body = case.body if isinstance(case.body, dict) else {}
     low, high = body.get("backoff_min_ms", 1000), body.get("backoff_max_ms", 3_600_000)
     if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
@@ -112,15 +114,24 @@ def _outside_cross_field_rules(case: Any) -> bool:
                 return False
         if (chosen.get("amount_min_minor") is not None or chosen.get("amount_max_minor") is not None) and not chosen.get("currency"):
             return False
+    query = case.query if isinstance(getattr(case, "query", None), dict) else {}
+    if path.endswith("/v1/audit"):  # the audit filter: since before until; a request id of this set
+        since, until = query.get("since"), query.get("until")
+        if isinstance(since, str) and isinstance(until, str) and not _ordered(since, until, strict=True):
+            return False
+        request = RequestId.parse(str(query.get("target", "")))
+        if request is not None and request.set_id != 1:
+            return False
     not_before = body.get("not_before")
     return not (isinstance(not_before, str) and not_before[:4].isdigit() and int(not_before[:4]) > 2027)
 
 
-def _ordered(low: Any, high: Any) -> bool:
+def _ordered(low: Any, high: Any, *, strict: bool = False) -> bool:
+    """low <= high (low < high when `strict`)."""
     try:
         if isinstance(low, str) and isinstance(high, str):
-            return dt.datetime.fromisoformat(low) <= dt.datetime.fromisoformat(high)
-        return bool(low <= high)
+            low, high = dt.datetime.fromisoformat(low), dt.datetime.fromisoformat(high)
+        return bool(low < high) if strict else bool(low <= high)
     except (TypeError, ValueError):
         return True  # not comparable: the schema refuses it, which is not this rule's business
 

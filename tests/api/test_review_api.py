@@ -211,6 +211,8 @@ async def test_the_audit_view_is_filtered_in_the_store_and_refuses_bad_filters(a
     assert [e["target"] for e in await audit(target="document:users/")] == ["document:users/ann"]
     assert await audit(target="document:users/*") == await audit(target="document:users/ann")
     assert await audit(since="2999-01-01T00:00:00Z") == []
+    assert await audit(since="0351-01-01T00:00:00Z", until="0500-01-01T00:00:00Z") == []  # before the store's times
+    assert await audit(since="1960-01-01T00:00:00Z") == await audit()
     assert len(await audit(until="2999-01-01T00:00:00Z", limit=2, sign_ins="false")) == 2
     for params, field in (({"since": "2026-01-01T00:00:00"}, "since"), ({"since": "2026-01-02T00:00:00Z",
                           "until": "2026-01-01T00:00:00Z"}, "until"), ({"action": "Drop Table"}, "action[0]"),
