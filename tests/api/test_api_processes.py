@@ -861,7 +861,11 @@ def test_one_request_is_one_trace_from_the_api_to_the_stand_in(tmp_path: Path) -
             if not posts:
                 return None
             trace_spans = [s for s in list(receiver.spans) if s.trace_id == posts[0].trace_id]
-            return trace_spans if any(s.role == "standins" for s in trace_spans) else None
+            # Whole once the stand-in's span is in and every parent named is too: each process
+            # exports on its own schedule, and a CLIENT span ends (and leaves) after its SERVER.
+            ids = {s.span_id for s in trace_spans}
+            closed = all(not s.parent_id or s.parent_id == "0" * 16 or s.parent_id in ids for s in trace_spans)
+            return trace_spans if closed and any(s.role == "standins" for s in trace_spans) else None
 
         poll_until(lambda: whole() is not None, 15.0)
         spans = whole()
