@@ -12,6 +12,7 @@ front end renders its own way); count as done what the store refused.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ from api.services import ApiServices
 from api.submissions import field_errors
 from ledger.kinds import PAYLOAD_MODELS, Kind, decode_payload, encode_payload, money_of
 from queues import (
+    JOB_IDS_MAX,
+    JOB_RATE_MAX,
+    TIME_MS_MAX,
     ClientError,
     Code,
     DeadLetterFilter,
@@ -46,10 +50,6 @@ T = TypeVar("T")
 Refused = tuple[tuple[int, Code], ...]
 PAGE_MAX: Final = 1000
 """The store's largest dead-letter page: a filter is resolved to ids this many at a time."""
-JOB_SIZE_MAX: Final = 100_000
-"""Dead letters one redrive job may hold (the store's limit, queues' RedriveJob.ids)."""
-JOB_RATE_MAX: Final = 10_000
-"""The fastest rate a job may have (the store's limit, queues' RedriveJob.rate_per_s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +107,12 @@ async def store(services: ApiServices, call: Awaitable[T]) -> T:
         return await call
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None
+
+
+def store_ms(moment: dt.datetime) -> int:
+    """An aware time as the store's milliseconds, clamped to its range: nothing is dead, or
+    audited, outside the store's times, so a bound beyond them selects the same as the edge."""
+    return max(0, min(TIME_MS_MAX, int(moment.timestamp() * 1000)))
 
 
 def public(services: ApiServices, message_id: int) -> str:
@@ -172,10 +178,10 @@ async def targets(services: ApiServices, ids: Sequence[str] | None, dead_filter:
         return await selected(services, ids)
     assert dead_filter is not None
     summary = (await store(services, services.queue.dead_letter_summary(dead_filter))).value
-    if summary.count > JOB_SIZE_MAX:
+    if summary.count > JOB_IDS_MAX:
         raise invalid([{"field": "filter", "message": f"matches {summary.count} dead letters; a job holds at most "
-                                                      f"{JOB_SIZE_MAX}: narrow it"}])  # fmt: skip
-    return await matching(services, dead_filter, JOB_SIZE_MAX)
+                                                      f"{JOB_IDS_MAX}: narrow it"}])  # fmt: skip
+    return await matching(services, dead_filter, JOB_IDS_MAX)
 
 
 async def dry_run(services: ApiServices, ids: Sequence[str] | None, dead_filter: DeadLetterFilter | None) -> DryRun:
@@ -187,19 +193,29 @@ async def dry_run(services: ApiServices, ids: Sequence[str] | None, dead_filter:
         if ids is not None or problem.type.name != "not-found":
             raise
         return DryRun(count=0, by_currency=(), without_amount=0, oldest_dead_ms=None, oldest_id=None, needs_approval=None)
-    totals: dict[str, tuple[int, int]] = {}
+    return dry_run_of(services, views)
+
+
+def dry_run_of(services: ApiServices, views: Sequence[MessageView]) -> DryRun:
+    """The dry run's figures for requests already read (at least one)."""
+    by_currency, without = totals(views)
+    oldest = min(views, key=lambda v: (v.dead_ms if v.dead_ms is not None else 1 << 62, v.message_id))
+    return DryRun(count=len(views), by_currency=by_currency, without_amount=without, oldest_dead_ms=oldest.dead_ms,
+                  oldest_id=oldest.message_id, needs_approval=services.four_eyes.needs_approval(views))  # fmt: skip
+
+
+def totals(views: Sequence[MessageView]) -> tuple[tuple[tuple[str, int, int], ...], int]:
+    """(currency, count, amount_minor total) per currency, sorted, and how many have no amount."""
+    by_currency: dict[str, tuple[int, int]] = {}
     without = 0
     for view in views:
         money = amount(view)
         if money is None:
             without += 1
             continue
-        count, total = totals.get(money[1], (0, 0))
-        totals[money[1]] = (count + 1, total + money[0])
-    oldest = min(views, key=lambda v: (v.dead_ms if v.dead_ms is not None else 1 << 62, v.message_id))
-    return DryRun(count=len(views), by_currency=tuple((c, n, a) for c, (n, a) in sorted(totals.items())),
-                  without_amount=without, oldest_dead_ms=oldest.dead_ms, oldest_id=oldest.message_id,
-                  needs_approval=services.four_eyes.needs_approval(views))  # fmt: skip
+        count, total = by_currency.get(money[1], (0, 0))
+        by_currency[money[1]] = (count + 1, total + money[0])
+    return tuple((c, n, a) for c, (n, a) in sorted(by_currency.items())), without
 
 
 async def start_job(

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Final
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, StringConstraints, model_validator
 
 from api.schemas import REF_KEY_PATTERN
-from ledger.kinds import Whole
+from ledger.kinds import AMOUNT_MINOR_MAX, Whole
+from queues import JOB_IDS_MAX, JOB_RATE_MAX
 
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 NAME_PATTERN: Final = r"^[a-z][a-z0-9_.-]{0,63}$"
@@ -72,7 +73,7 @@ class RejectBody(_Strict):
 
 # ---- redrive jobs -------------------------------------------------------------------------------
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
-MinorUnits = Annotated[int, Field(ge=0, le=10**15), Whole]
+MinorUnits = Annotated[int, Field(ge=0, le=AMOUNT_MINOR_MAX), Whole]
 Attempts = Annotated[int, Field(ge=0, le=1_000_000), Whole]
 Moment = Annotated[AwareDatetime, Strict(False)]
 """An RFC 3339 time with its zone (JSON has no time type: the text is the value, strict or not)."""
@@ -94,13 +95,13 @@ class JobFilter(DeadLetterQuery):
 class JobSelection(_Selection):
     """`ids` (a selection) or `filter` (every dead letter it matches now, up to a job's size)."""
 
-    ids: Annotated[list[Annotated[str, StringConstraints(max_length=40)]], Field(min_length=1, max_length=100_000)] | None = None
+    ids: Annotated[list[Annotated[str, StringConstraints(max_length=40)]], Field(min_length=1, max_length=JOB_IDS_MAX)] | None = None
     filter: JobFilter | None = None
 
 
 class JobBody(JobSelection):
     reason: Reason
-    rate_per_s: Annotated[int, Field(ge=1, le=10_000), Whole] | None = Field(
+    rate_per_s: Annotated[int, Field(ge=1, le=JOB_RATE_MAX), Whole] | None = Field(
         default=None, description="Dead letters redriven per second (review.job_rate_per_s when left out)."
     )
 

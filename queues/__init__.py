@@ -10,6 +10,8 @@ from queues.client import EventsPurged, QueueClient, QueueError, Read
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
     BUILTIN_KINDS,
+    JOB_IDS_MAX,
+    JOB_RATE_MAX,
     PAYLOAD_BYTES_MAX,
     TIME_MS_MAX,
     AttemptView,
@@ -52,6 +54,8 @@ from raft_store.client import ClientError, OutcomeUnknown, RaftClient, Unavailab
 
 __all__ = [
     "BUILTIN_KINDS",
+    "JOB_IDS_MAX",
+    "JOB_RATE_MAX",
     "PAYLOAD_BYTES_MAX",
     "TIME_MS_MAX",
     "AttemptView",

@@ -33,7 +33,6 @@ from api.services import ApiServices
 from api.views import audit_document, masked_audit
 from ledger.masking import mask_any_payload
 from queues import (
-    TIME_MS_MAX,
     ClientError,
     DeadLetterFilter,
     Discard,
@@ -145,7 +144,7 @@ def _ms(moment: dt.datetime | None, field: str = "dead_from/dead_to") -> int | N
         return None
     if moment.tzinfo is None:
         raise invalid([{"field": field, "message": "give a time zone (e.g. Z)"}])
-    return max(0, min(TIME_MS_MAX, int(moment.timestamp() * 1000)))  # nothing is dead outside the store's times
+    return actions.store_ms(moment)
 
 
 @router.get("/v1/review/dead-letters", summary="Dead letters, oldest first, a page at a time",

@@ -13,6 +13,7 @@ admin may do everything.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -27,7 +28,7 @@ from api.review_schemas import JobBody, JobControlBody, JobFilter, JobSelection
 from api.routers.review import PROPOSED, proposed_response
 from api.schemas import utc
 from api.services import ApiServices
-from queues import TIME_MS_MAX, DeadLetterFilter, ItemResult, JobItem, JobView, Role
+from queues import DeadLetterFilter, ItemResult, JobItem, JobView, Role
 
 router = APIRouter(tags=["review"])
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
@@ -40,8 +41,8 @@ def _services(request: Request) -> ApiServices:
 
 
 def dead_filter(query: JobFilter) -> DeadLetterFilter:
-    def ms(moment: Any) -> int | None:
-        return None if moment is None else max(0, min(TIME_MS_MAX, int(moment.timestamp() * 1000)))
+    def ms(moment: dt.datetime | None) -> int | None:
+        return None if moment is None else actions.store_ms(moment)
 
     return actions.filter_of(
         kind=query.kind, error_class=query.error_class, ref_key=query.ref_key, dead_from_ms=ms(query.dead_from),

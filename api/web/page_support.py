@@ -32,9 +32,9 @@ from api.views import masked_audit
 from api.web.rights import Right, allowed
 from api.web.templating import render
 from ledger.currencies import MINOR_UNIT_DIGITS
-from ledger.kinds import Kind
+from ledger.kinds import AMOUNT_MINOR_MAX, Kind
 from ledger.masking import mask_payload
-from queues import TIME_MS_MAX, DeadLetterFilter
+from queues import DeadLetterFilter
 
 FILTER_FIELDS: Final = ("kind", "error_class", "ref_key", "dead_from", "dead_to", "currency", "amount_min",
                         "amount_max", "attempts_min", "attempts_max")  # fmt: skip
@@ -84,7 +84,7 @@ def time_ms(text: str) -> int:
     moment = dt.datetime.fromisoformat(text)
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
-    return max(0, min(TIME_MS_MAX, int(moment.timestamp() * 1000)))
+    return actions.store_ms(moment)
 
 
 def typed_times(values: Mapping[str, str], names: tuple[str, ...], errors: dict[str, str]) -> dict[str, int]:
@@ -106,7 +106,7 @@ def minor_units(text: str, currency: str) -> int:
     except decimal.InvalidOperation:
         raise ValueError("an amount in major units, e.g. 12.50") from None
     minor = amount.scaleb(MINOR_UNIT_DIGITS[currency])
-    if not amount.is_finite() or minor != minor.to_integral_value() or not 0 <= minor <= TIME_MS_MAX:
+    if not amount.is_finite() or minor != minor.to_integral_value() or not 0 <= minor <= AMOUNT_MINOR_MAX:
         raise ValueError(f"a non-negative amount with at most {MINOR_UNIT_DIGITS[currency]} decimals")
     return int(minor)
 

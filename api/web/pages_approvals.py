@@ -13,7 +13,6 @@ anyway), or show a refused target as done.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Request
@@ -27,7 +26,7 @@ from api.web.page_support import Flash, before_param, problem_flash, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
-from queues import Discard, EditRedrive, ProposalView, proposal_action
+from queues import Discard, EditRedrive, ProposalView, RedriveJob, proposal_action
 
 router = APIRouter(include_in_schema=False)
 User = Annotated[WebUser, Depends(current_user)]
@@ -40,16 +39,10 @@ async def describe(found: ApiServices, view: ProposalView) -> dict[str, Any]:
     """A proposal as the inbox shows it: what it would do, to what, for how much."""
     action = proposal_action(view)
     targets = await actions.views_of(found, view.targets)
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for target in targets:
-        money = actions.amount(target)
-        if money is not None:
-            totals[money[1]][0] += 1
-            totals[money[1]][1] += money[0]
     described: dict[str, Any] = {
         "view": view, "targets": [actions.public(found, t) for t in view.targets[:TARGETS_SHOWN]],
-        "target_count": len(view.targets), "totals": sorted((c, n, a) for c, (n, a) in totals.items()),
-        "changes": None, "reason_code": None, "job": getattr(action, "rate_per_s", None) is not None,
+        "target_count": len(view.targets), "totals": list(actions.totals(targets)[0]),
+        "changes": None, "reason_code": None, "job": isinstance(action, RedriveJob),
     }  # fmt: skip
     if isinstance(action, EditRedrive) and targets:
         described["changes"] = diff(json.loads(current_payload(targets[0])), json.loads(action.payload))

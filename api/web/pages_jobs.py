@@ -96,9 +96,9 @@ async def start(request: Request, user: PostingUser) -> Response:
     if isinstance(outcome, actions.Proposed):
         flash = Flash("proposed", f"Proposal {outcome.proposal.proposal_id} created: no job runs until an approver "
                                   f"approves it ({outcome.why}).")  # fmt: skip
-        return render(request, "dry_run.html", {**_dry_run_context(found, await actions.dry_run(
-            found, [actions.public(found, m) for m in outcome.proposal.targets], None), carried),
-            "flashes": [flash], "proposal_id": outcome.proposal.proposal_id}, user=user)  # fmt: skip
+        context = _dry_run_context(found, actions.dry_run_of(found, views), carried)
+        return render(request, "dry_run.html", {**context, "flashes": [flash], "proposal_id": outcome.proposal.proposal_id},
+                      user=user)  # fmt: skip
     return RedirectResponse(f"/review/jobs/{outcome.job.job_id}?started=1", status_code=303)
 
 
