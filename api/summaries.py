@@ -48,7 +48,7 @@ class SummaryReads:
         self._wall = wall
         self._flights: dict[DeadLetterFilter, _Flights] = {}
         self.reads = 0
-        """Summaries asked of the store by this process (a metric for tests and operators)."""
+        """Summaries asked of the store by this process (tests read it to see reads shared)."""
 
     async def get(self, dead_filter: DeadLetterFilter) -> Summary:
         flights = self._flights.setdefault(dead_filter, _Flights())
