@@ -13,11 +13,12 @@ against any older checkout again, for instance after a change of semantics lands
 the new core: re-record there, then make the new core pass `test_store_equivalence.py`.
 
 What is recorded (msgpack, gzip):
-  * `entries`: (index, now_ms, [(client_id, seq, data)] or None for a no-op entry), in log order:
+  * `entries`: (index, now_ms, [(client_id, seq, data)] or None for a no-op entry, respond), in log
+    order (respond: the apply of the node that proposed the entry, else a follower's):
     a scripted random workload over every command (sessions, retries, garbage bytes, clocks that
     go back, review, jobs, tokens, documents), then the committed log of two queue simulation
     seeds, each on a machine of its own (`logs`);
-  * `results`: the result bytes of every command;
+  * `results`: a digest of the result bytes of every command;
   * `checks`: at points in each log, the canonical state (`canonical_state`) and the answer bytes
     of a battery of queries with a pinned now_ms.
 """
@@ -253,13 +254,12 @@ class Script:
     def entry(self, commands: list[tuple[int, int, bytes]] | None, now_ms: int | None = None) -> list[bytes]:
         self.index += 1
         stamp = self.now_ms if now_ms is None else now_ms
-        self.entries.append([self.index, stamp, commands])
+        respond = self.rng.random() < 0.8  # else a follower's apply: nobody reads the results
+        self.entries.append([self.index, stamp, commands, respond])
         if commands is None:
             self.machine.note_applied(self.index)
             return []
-        results = self.machine.apply_batch(
-            self.index, stamp, [Command(c, s, d) for c, s, d in commands], respond=self.rng.random() < 0.8
-        )
+        results = self.machine.apply_batch(self.index, stamp, [Command(c, s, d) for c, s, d in commands], respond=respond)
         self.results.extend(results)
         for data in results:
             if data[:1] == b"\x01":  # not the sessions' stale answer
@@ -531,9 +531,9 @@ def simulation_log(seed: int) -> dict[str, Any]:
 
             if entry.kind is EntryKind.NORMAL:
                 now_ms, commands = decode_batch(entry.data)
-                seen[entry.index] = [entry.index, now_ms, [(c.client_id, c.seq, c.data) for c in commands]]
+                seen[entry.index] = [entry.index, now_ms, [(c.client_id, c.seq, c.data) for c in commands], True]
             else:
-                seen[entry.index] = [entry.index, 0, None]
+                seen[entry.index] = [entry.index, 0, None, True]
         original(self, node, entry)
 
     sim.QueueCluster._apply_entry = tap  # type: ignore[method-assign]
@@ -548,7 +548,7 @@ def simulation_log(seed: int) -> dict[str, Any]:
     machine = QueueMachine(":memory:", config)
     results: list[bytes] = []
     checks = []
-    for n, (index, now_ms, commands) in enumerate(entries, 1):
+    for n, (index, now_ms, commands, _) in enumerate(entries, 1):
         if commands is None:
             machine.note_applied(index)
         else:
