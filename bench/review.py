@@ -55,7 +55,7 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.now_ms = START_MS
-        self.machine = ReplicatedQueueMachine(str(root / "queue.sqlite"), clock_ms=lambda: self.now_ms)
+        self.machine = ReplicatedQueueMachine(str(root / "queue.lmdb"), clock_ms=lambda: self.now_ms, threaded=False)
         self.index = 0
 
     def apply(self, commands: list[Any]) -> list[Any]:

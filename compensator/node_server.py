@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from compensator.config import parse_address
 from compensator.node_metrics import MetricsServer, NodeCollector
-from queues.replicated import DB_NAME, ReplicatedQueueMachine
+from queues.replicated import machine_factory
+from queues.stores import StoreError
 from raft_store import cli as raft_cli
 from raft_store.node import Node
 
@@ -51,7 +52,10 @@ def serve(args: argparse.Namespace) -> int:
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     raft_cli.prepare_node_process()
-    machine = ReplicatedQueueMachine(str(data_dir / DB_NAME))
+    try:
+        machine = machine_factory(data_dir)
+    except StoreError as error:
+        raise NodeCommandError(str(error)) from None
     beside = None if metrics_address is None else functools.partial(_metrics, address=metrics_address)
     return asyncio.run(raft_cli.run_node(config, machine, beside))
 
