@@ -10,6 +10,7 @@ import asyncio
 import datetime as dt
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,8 @@ from pyspark.sql import SparkSession
 from ledger import migrate, pg
 from spark_reconcile import session
 from spark_reconcile.params import JDBC_JAR, ReconcileParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "web"))  # browser_support: `compensator run`, shared
 
 BUSINESS_DATE = dt.date(2026, 11, 20)
 
