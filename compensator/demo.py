@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -99,8 +100,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "demo", help="grant a red packet's shares at the red-packet service and submit their failed transfers"
     )
     add_config_argument(demo)
-    demo.add_argument("--transfers", type=_count, default=10, help=f"receivers of the red packet (1..{TRANSFERS_MAX})")
-    demo.add_argument("--amount-minor", type=_count, default=888, help="about each share, in minor units")
+    demo.add_argument("--transfers", type=_whole(TRANSFERS_MAX), default=10,
+                      help=f"receivers of the red packet (1..{TRANSFERS_MAX})")  # fmt: skip
+    demo.add_argument("--amount-minor", type=_whole(10**12), default=888, help="about each share, in minor units")
     demo.add_argument("--currency", default="CNY")
     demo.add_argument("--api-url", help="the compensation API (default: the configuration's)")
     demo.add_argument("--red-packet-url", help="the red-packet service (default: handlers.red_packet.base_url)")
@@ -108,19 +110,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     demo.set_defaults(handler=run)
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 10**12:
-        raise argparse.ArgumentTypeError(f"{value} is out of range")
-    return value
+def _whole(most: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(f"{value} is not within 1..{most}")
+        return value
+
+    return parse
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.transfers > TRANSFERS_MAX:
-        raise DemoError(f"--transfers {args.transfers}: at most {TRANSFERS_MAX}")
     config = load(args)
     api_url = (args.api_url or config.api_url).rstrip("/")
     red_packet_url = (args.red_packet_url or config.handlers.red_packet.base_url).rstrip("/")
