@@ -48,6 +48,8 @@ T = TypeVar("T")
 COMMIT_EVERY_CHANGES: Final = 16_384
 """Rows written between two commits of the group's transaction. A commit writes (no fsync) every
 page the group dirtied, once: a page shared by many inserts is written once per group."""
+SYNC_EVERY_S: Final = 0.5
+"""How often the syncer fsyncs what was committed since its last fsync (see _Syncer)."""
 MAP_SIZE: Final = 1 << 40
 """The address space reserved for the file (1 TiB: virtual, not allocated; the file grows as written)."""
 _NAMES: Final = tuple(table.name.lower().encode() for table in Table)
@@ -105,48 +107,102 @@ class _Tx:
         return found
 
 
-class _Worker:
-    """A thread of the store's own: tasks run one at a time, in order; `after` runs once a task's
-    caller has its answer (the group commit)."""
+class _Owner:
+    """The thread that begins, commits and aborts the group's write transaction.
+
+    LMDB's writer lock is a process-shared mutex that only the thread which took it may release,
+    and the node calls its machine from more than one thread. So the group's transaction is begun
+    and ended here, and everything else (each entry's nested transaction, every read) runs on the
+    caller's thread, with no hand-off per entry. A commit runs here after the entry that filled
+    the group has returned: its page writes overlap the node's answers and the next replication,
+    and the next write waits for it only if it comes first."""
 
     def __init__(self, name: str) -> None:
         self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.after: Callable[[], None] | None = None
-        self.failure: BaseException | None = None
         self._thread.start()
 
-    def run(self, fn: Callable[[], T]) -> T:
-        if threading.current_thread() is self._thread:
-            return fn()
-        if self.failure is not None:
-            raise StoreError(f"the store failed: {self.failure!r}") from self.failure
+    def start(self, fn: Callable[[], Any]) -> tuple[list[Any], threading.Event]:
         box: list[Any] = []
         done = threading.Event()
         self._tasks.put((fn, box, done))
-        done.wait()
-        ok, value = box
-        if not ok:
-            raise value
-        return value  # type: ignore[no-any-return]
+        return box, done
+
+    def run(self, fn: Callable[[], T]) -> T:
+        box, done = self.start(fn)
+        return _result(box, done)  # type: ignore[no-any-return]
 
     def _run(self) -> None:
         while (task := self._tasks.get()) is not None:
             fn, box, done = task
             try:
                 box.extend((True, fn()))
-            except BaseException as error:  # handed to the caller, who decides
+            except BaseException as error:  # handed to whoever waits for it
                 box.extend((False, error))
             done.set()
-            if self.after is not None and self.failure is None:
-                try:
-                    self.after()
-                except BaseException as error:  # a failed commit: every later call raises
-                    self.failure = error
 
     def stop(self) -> None:
         self._tasks.put(None)
         self._thread.join()
+
+
+def _result(box: list[Any], done: threading.Event) -> Any:
+    done.wait()
+    ok, value = box
+    if not ok:
+        raise value
+    return value
+
+
+class _Syncer:
+    """fdatasyncs the store's file every SYNC_EVERY_S while commits are made, and completes
+    checkpoints. Without it the kernel writes the file back in bursts of hundreds of megabytes,
+    and a checkpoint's fsync then stalls the Raft log's own fsyncs on the same disk for as long."""
+
+    def __init__(self, store: LmdbStore) -> None:
+        self._store = store
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stop = threading.Event()
+        self._synced_txnid = -1
+        self._thread = threading.Thread(target=self._run, name=f"lmdb-sync-{os.path.basename(store.path)}", daemon=True)
+        self._thread.start()
+
+    def kick(self) -> None:
+        self._idle.clear()
+        self._wake.set()
+
+    def wait_idle(self) -> None:
+        """Until the sync asked for (if any) has returned."""
+        self._idle.wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        store = self._store
+        while not self._stop.is_set():
+            self._wake.wait(SYNC_EVERY_S)
+            self._wake.clear()
+            try:
+                with store._env_lock:
+                    if self._stop.is_set():
+                        break
+                    candidate = store._candidate
+                    txnid = int(store._env.info()["last_txnid"])
+                    if txnid != self._synced_txnid or candidate is not None:
+                        store._env.sync(True)
+                        self._synced_txnid = txnid
+                    store._synced(candidate)
+            except BaseException as error:  # an fsync that failed: the store refuses every checkpoint
+                store._sync_failure = error
+            finally:
+                if not self._wake.is_set():
+                    self._idle.set()
+        self._idle.set()
 
 
 class LmdbStore:
@@ -160,17 +216,25 @@ class LmdbStore:
         self.commit_every = commit_every
         self._readonly = readonly
         self._txn: lmdb.Transaction | None = None
-        self._owner: int | None = None
+        self._thread_id: int | None = None
+        """Without an owner thread: the thread whose group transaction is open."""
+        self._pending: tuple[list[Any], threading.Event] | None = None
+        """A commit handed to the owner thread and not yet waited for."""
+        self._failure: BaseException | None = None
         self._reader: lmdb.Transaction | None = None
         self._changes = 0
         self._durable: tuple[lmdb.Transaction, ckpt.Checkpoint] | None = None
         """The reader pinned on the newest durable state, and that state's checkpoint record."""
-        self._syncing: threading.Thread | None = None
+        self._candidate: tuple[lmdb.Transaction, ckpt.Checkpoint] | None = None
+        """A state pinned for the next checkpoint, durable once the syncer's next fsync returns."""
         self._sync_failure: BaseException | None = None
-        self._worker = _Worker(f"lmdb-{os.path.basename(self.path)}") if threaded else None
-        self._env, self._dbs = self.call(self._open)
-        if self._worker is not None:
-            self._worker.after = self._commit_if_grown
+        self._owner = _Owner(f"lmdb-{os.path.basename(self.path)}") if threaded else None
+        self._env_lock = threading.Lock()
+        """Held by the syncer while it uses the environment, and while the environment is replaced or closed."""
+        self._env, self._dbs = self._open()
+        self._syncer = _Syncer(self)
+        if readonly:
+            self._syncer.stop()
 
     def _open(self, *, recover: bool = True) -> tuple[lmdb.Environment, tuple[Any, ...]]:
         _refuse_foreign(self.path)
@@ -210,21 +274,14 @@ class LmdbStore:
 
     # ---- Store ------------------------------------------------------------------------------
     def call(self, fn: Callable[..., T], *args: object) -> T:
-        if self._worker is not None:
-            return self._worker.run(lambda: fn(*args))
         result = fn(*args)
         self._commit_if_grown()
         return result
 
     @contextlib.contextmanager
     def write(self) -> Iterator[KvWrite]:
-        if self._txn is None:
-            self._drop_reader()
-            self._txn = self._env.begin(write=True)
-            self._owner = threading.get_ident()
-        else:
-            self._check_owner()
-        child = self._env.begin(write=True, parent=self._txn)
+        parent = self._group()
+        child = self._env.begin(write=True, parent=parent)
         tx = _Tx(child, self._dbs)
         try:
             yield tx
@@ -235,6 +292,7 @@ class LmdbStore:
         self._changes += tx.changes
 
     def read(self) -> KvRead:
+        self._settle()
         if self._txn is not None:
             return _Tx(self._txn, self._dbs)
         if self._reader is None:
@@ -243,63 +301,111 @@ class LmdbStore:
 
     @property
     def uncommitted(self) -> bool:
-        return self._txn is not None
+        return self._txn is not None or self._pending is not None
 
     def commit(self) -> None:
+        self._settle()
         if self._txn is not None:
-            self._check_owner()
-            txn, self._txn, self._owner, self._changes = self._txn, None, None, 0
-            txn.commit()
+            txn, self._txn, self._changes = self._txn, None, 0
+            self._owned(txn.commit)
 
     def _commit_if_grown(self) -> None:
-        if self._changes >= self.commit_every:
-            self.commit()
+        """Commit a group grown past `commit_every` rows: on the owner thread, after the caller has
+        its answer (the next use of the store waits for it)."""
+        if self._changes < self.commit_every or self._txn is None:
+            return
+        txn, self._txn, self._changes = self._txn, None, 0
+        if self._owner is None:
+            self._owned(txn.commit)
+        else:
+            self._pending = self._owner.start(txn.commit)
+
+    def _group(self) -> lmdb.Transaction:
+        """The group's write transaction, begun (on the owner thread) if none is open."""
+        self._settle()
+        if self._txn is None:
+            self._drop_reader()
+            self._txn = self._owned(lambda: self._env.begin(write=True))
+        return self._txn
+
+    def _settle(self) -> None:
+        """Wait for a commit handed to the owner thread; a failed one fails every later use."""
+        if self._failure is not None:
+            raise StoreError(f"{self.path}: a commit failed: {self._failure!r}") from self._failure
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                _result(*pending)
+            except BaseException as error:
+                self._failure = error
+                raise
+
+    def _owned(self, fn: Callable[[], T]) -> T:
+        """Run a begin, commit or abort of the group's transaction where LMDB allows it: on the
+        owner thread; without one, on the thread that began the group (else a StoreError, which
+        is better than the deadlock LMDB's mutex would give)."""
+        if self._owner is not None:
+            return self._owner.run(fn)
+        here = threading.get_ident()
+        if self._thread_id not in (None, here):
+            raise StoreError(
+                "the store's write transaction was opened on another thread: build it with threaded=True "
+                "when more than one thread calls it"
+            )
+        result = fn()
+        self._thread_id = here if isinstance(result, lmdb.Transaction) else None
+        return result
 
     def checkpoint(self, index_of: Callable[[KvRead], int]) -> int:
-        """Start making the state of this moment durable (fsync on a thread of its own) and answer
-        the applied index of the newest state already durable. The first answer waits for its sync
-        (the node takes 0 for "this store cannot"), later ones never do: the log is kept one
-        checkpoint longer instead of the applies waiting for an fsync."""
+        """Start making the last committed state durable and answer the applied index of the
+        newest state already durable: the syncer thread fsyncs, saves the state's checkpoint record
+        and moves the pinned reader to it. Nothing here waits for an fsync (the log is kept one
+        checkpoint longer instead), but the first time: 0 would tell the node "this store cannot"."""
         if self._sync_failure is not None:
             raise StoreError(f"{self.path}: a checkpoint's fsync failed: {self._sync_failure!r}")
-        syncing = self._syncing
-        if syncing is None or not syncing.is_alive():
-            pinned = self.call(self._pin_for_checkpoint, index_of)
-            thread = threading.Thread(target=self._sync, args=pinned, name="lmdb-checkpoint", daemon=True)
-            self._syncing = thread
-            thread.start()
-            if self._durable is None or self._durable[1].index == 0:
-                thread.join()
+        first = self._durable is None or self._durable[1].index == 0
+        if first:
+            self.commit()
+        if self._candidate is None:
+            self._candidate = self._pin_committed(index_of)
+        self._syncer.kick()
+        if first:
+            self._syncer.wait_idle()
+            if self._sync_failure is not None:
+                raise StoreError(f"{self.path}: a checkpoint's fsync failed: {self._sync_failure!r}")
         durable = self._durable
         assert durable is not None
         return durable[1].index
 
-    def _pin_for_checkpoint(self, index_of: Callable[[KvRead], int]) -> tuple[lmdb.Transaction, ckpt.Checkpoint]:
-        """On the writer's thread: commit, and pin a reader on the state just committed."""
-        self.commit()
-        reader = self._env.begin()
-        txnid = int(reader.id())
-        page = ckpt.read_meta(self.path, int(self._env.stat()["psize"]), txnid)
-        return reader, ckpt.Checkpoint(txnid, index_of(_Tx(reader, self._dbs)), page)
+    def _pin_committed(self, index_of: Callable[[KvRead], int]) -> tuple[lmdb.Transaction, ckpt.Checkpoint]:
+        """A reader on the last committed state, with that state's checkpoint record."""
+        page_size = int(self._env.stat()["psize"])
+        while True:
+            reader = self._env.begin()
+            txnid = int(reader.id())
+            try:
+                page = ckpt.read_meta(self.path, page_size, txnid)
+            except StoreError:  # two commits since the reader began overwrote its meta slot: again
+                reader.abort()
+                continue
+            return reader, ckpt.Checkpoint(txnid, index_of(_Tx(reader, self._dbs)), page)
 
-    def _sync(self, reader: lmdb.Transaction, checkpoint: ckpt.Checkpoint) -> None:
-        try:
-            self._env.sync(True)
-            ckpt.save(self.path, checkpoint)
-        except BaseException as error:
-            reader.abort()
-            self._sync_failure = error
+    def _synced(self, candidate: tuple[lmdb.Transaction, ckpt.Checkpoint] | None) -> None:
+        """The syncer thread, after an fsync that began after `candidate`'s commit: it is durable."""
+        if candidate is None:
             return
-        previous, self._durable = self._durable, (reader, checkpoint)
+        ckpt.save(self.path, candidate[1])
+        previous, self._durable = self._durable, candidate
+        if self._candidate is candidate:
+            self._candidate = None
         if previous is not None:
             previous[0].abort()  # its pages may be reused now: the newer state is the one to roll back to
 
     def _make_durable(self) -> None:
         """At open, synchronously: the state in the file becomes the checkpoint."""
-        pinned = self._pin_for_checkpoint(lambda view: 0)
-        self._sync(*pinned)
-        if self._sync_failure is not None:
-            raise StoreError(f"{self.path}: cannot make the store durable: {self._sync_failure!r}")
+        candidate = self._pin_committed(lambda view: 0)
+        self._env.sync(True)
+        self._synced(candidate)
 
     def sync(self) -> bool:
         """Commit and fsync now (a clean stop, tests): the current state is durable."""
@@ -321,7 +427,13 @@ class LmdbStore:
     def restore(self, path: Path) -> None:
         """Replace the state by a copy (`pin`): the copy, fsynced, becomes the checkpoint."""
         _refuse_foreign(str(path), required=True)
-        self._wait_for_sync()
+        self._env_lock.acquire()
+        try:
+            self._restore_locked(path)
+        finally:
+            self._env_lock.release()
+
+    def _restore_locked(self, path: Path) -> None:
         self._discard()
         self._release_durable()
         self._env.close()
@@ -337,23 +449,20 @@ class LmdbStore:
         self._env, self._dbs = self._open(recover=False)
 
     def close(self) -> None:
-        def close() -> None:
-            self._wait_for_sync()
-            if not self._readonly:
-                self.sync()
-                self._release_durable()
-                self._drop_reader()
-                self._env.close()
-                with open(ckpt.clean_path(self.path), "wb") as marker:
-                    os.fsync(marker.fileno())
-                ckpt.fsync_dir(self.path)
-            else:
-                self._drop_reader()
-                self._env.close()
-
-        self.call(close)
-        if self._worker is not None:
-            self._worker.stop()
+        self._syncer.stop()
+        if not self._readonly:
+            self.sync()
+            self._release_durable()
+            self._drop_reader()
+            self._env.close()
+            with open(ckpt.clean_path(self.path), "wb") as marker:
+                os.fsync(marker.fileno())
+            ckpt.fsync_dir(self.path)
+        else:
+            self._drop_reader()
+            self._env.close()
+        if self._owner is not None:
+            self._owner.stop()
 
     def discard(self) -> None:
         """Undo every write since the last commit."""
@@ -362,40 +471,28 @@ class LmdbStore:
     def abandon(self) -> None:
         """Stop as a kill -9 would (crash tests): nothing more is committed or synced, and no clean
         marker is left, so the next open rolls back to the last checkpoint."""
-
-        def abandon() -> None:
-            self._wait_for_sync()
-            self._discard()
-            self._release_durable()
-            self._env.close()
-
-        self.call(abandon)
-        if self._worker is not None:
-            self._worker.stop()
+        self._syncer.stop()
+        self._discard()
+        self._release_durable()
+        self._env.close()
+        if self._owner is not None:
+            self._owner.stop()
 
     # ---- internals ------------------------------------------------------------------------------
-    def _wait_for_sync(self) -> None:
-        if self._syncing is not None:
-            self._syncing.join()
-            self._syncing = None
-
     def _release_durable(self) -> None:
-        if self._durable is not None:
-            self._durable[0].abort()
-            self._durable = None
-
-    def _check_owner(self) -> None:
-        if self._owner != threading.get_ident():
-            raise StoreError(
-                "the store's write transaction was opened on another thread: build it with threaded=True "
-                "when more than one thread calls it"
-            )
+        for pinned in (self._durable, self._candidate):
+            if pinned is not None:
+                pinned[0].abort()
+        self._durable = self._candidate = None
 
     def _discard(self) -> None:
+        try:
+            self._settle()
+        except BaseException:  # a failed commit: its transaction is gone; so is the group
+            self._failure = None
         if self._txn is not None:
-            self._check_owner()
-            txn, self._txn, self._owner, self._changes = self._txn, None, None, 0
-            txn.abort()
+            txn, self._txn, self._changes = self._txn, None, 0
+            self._owned(txn.abort)
         self._drop_reader()
 
     def _drop_reader(self) -> None:
