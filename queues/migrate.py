@@ -54,6 +54,7 @@ TARGET: Final = "queue.lmdb"
 _OPERATOR: Final = frozenset(t.value for t in OPERATOR_EVENT_TYPES)
 _ACTIVE_JOBS: Final = frozenset({"running", "paused"})
 _RESULT_BYTE: Final = {result.value: bytes((n,)) for n, result in enumerate(ItemResult)}
+"""As queues.core.jobs keys JOB_ITEMS_BY_RESULT."""
 
 
 class MigrationError(RuntimeError):

@@ -25,7 +25,7 @@ from queues import codec
 from queues.core import audit_chain, keys
 from queues.core.config import QueueConfig
 from queues.core.port import KvRead, KvWrite, Table
-from queues.core.records import EventRow, Meta, encode, int_decoder, meta_decoder
+from queues.core.records import Meta, encode, int_decoder, meta_decoder
 from queues.model import OPERATOR_EVENT_TYPES, EventType, EventValue, Phase
 
 _OPERATOR_TYPES: Final = frozenset(t.value for t in OPERATOR_EVENT_TYPES)
@@ -108,12 +108,13 @@ class Entry:
 
     def move(self, kind: str, before: Phase | None, after: Phase | None) -> None:
         """One message of `kind` leaves phase `before` (None: new) for `after` (None: purged)."""
+        moved = self.moved
         if before is not None:
-            key = (kind, int(before))
-            self.moved[key] = self.moved.get(key, 0) - 1
+            key = (kind, before._value_)  # the plain int: an enum member hashes in Python
+            moved[key] = moved.get(key, 0) - 1
         if after is not None:
-            key = (kind, int(after))
-            self.moved[key] = self.moved.get(key, 0) + 1
+            key = (kind, after._value_)
+            moved[key] = moved.get(key, 0) + 1
 
     def finish(self) -> None:
         """Write what the entry's commands counted: the phase counts and the counters."""
@@ -137,7 +138,8 @@ class Entry:
         seq = meta.next_event_seq
         meta.next_event_seq = seq + 1
         name: str = type_._value_  # the plain attribute: `.value` is a descriptor call per event
-        row = EventRow(self.index, self.now_ms, name, message_id, kind, codec.encode_event_data(data))
+        # The EventRow layout as a plain tuple (array-like: the same bytes, without the object).
+        row = (self.index, self.now_ms, name, message_id, kind, codec.encode_event_data(data))
         self.tx.put(Table.EVENTS, keys.u64(seq), encode(row), append=True)
         if name in _OPERATOR_TYPES:
             self.tx.put(Table.OPERATOR_EVENTS, keys.pair(message_id, seq), b"")

@@ -64,7 +64,8 @@ JOBS_PAGE_MAX: Final = 1000
 ITEMS_PAGE_MAX: Final = 1000
 CANCELLED: Final = "cancelled"
 """The code of an item a cancel left not redriven."""
-_RESULT_BYTE: Final = {result: bytes((n,)) for n, result in enumerate(ItemResult)}
+_RESULT_BYTE: Final = {result.value: bytes((n,)) for n, result in enumerate(ItemResult)}
+"""An item's result in the JOB_ITEMS_BY_RESULT key, by the result's stored name."""
 _ACTIVE: Final = frozenset({JobState.RUNNING.value, JobState.PAUSED.value})
 
 Detail = dict[str, EventValue]
@@ -121,17 +122,17 @@ def _save(tx: KvWrite, job_id: int, row: JobRow) -> None:
 def _item(tx: KvWrite, job_id: int, message_id: int, row: JobItemRow, before: JobItemRow | None = None) -> None:
     tx.put(Table.JOB_ITEMS, keys.pair(job_id, message_id), encode(row))
     if before is not None:
-        tx.delete(Table.JOB_ITEMS_BY_RESULT, _by_result(job_id, ItemResult(before.result), message_id))
-    tx.put(Table.JOB_ITEMS_BY_RESULT, _by_result(job_id, ItemResult(row.result), message_id), b"")
+        tx.delete(Table.JOB_ITEMS_BY_RESULT, _by_result(job_id, before.result, message_id))
+    tx.put(Table.JOB_ITEMS_BY_RESULT, _by_result(job_id, row.result, message_id), b"")
 
 
-def _by_result(job_id: int, result: ItemResult, message_id: int = 0) -> bytes:
+def _by_result(job_id: int, result: str, message_id: int = 0) -> bytes:
     return keys.u64(job_id) + _RESULT_BYTE[result] + keys.u64(message_id)
 
 
 def _pending(view: KvRead, job_id: int, limit: int | None) -> list[int]:
     """The job's pending items, in message-id order."""
-    prefix = keys.u64(job_id) + _RESULT_BYTE[ItemResult.PENDING]
+    prefix = keys.u64(job_id) + _RESULT_BYTE[ItemResult.PENDING.value]
     found: list[int] = []
     for key, _ in view.scan(Table.JOB_ITEMS_BY_RESULT, prefix, keys.after(prefix)):
         found.append(keys.u64_of(key, 9))
@@ -325,7 +326,7 @@ def items(
             if len(found) == limit:
                 break
         return found
-    prefix = keys.u64(job_id) + _RESULT_BYTE[result]
+    prefix = keys.u64(job_id) + _RESULT_BYTE[result.value]
     for key, _ in view.scan(Table.JOB_ITEMS_BY_RESULT, prefix + keys.u64(after_message_id + 1), keys.after(prefix)):
         message_id = keys.u64_of(key, 9)
         stored = view.get(Table.JOB_ITEMS, keys.pair(job_id, message_id))

@@ -95,23 +95,26 @@ def save(entry: Entry, before: MessageRecord, after: MessageRecord) -> None:
     tx = entry.tx
     message_id = after.id
     tx.put(Table.MESSAGES, keys.u64(message_id), encode(after))
-    if before.phase is not after.phase:
-        entry.move(after.kind, before.phase, after.phase)
-    if before.phase is WAITING:
-        if after.phase is not WAITING or after.due_ms != before.due_ms:
-            tx.delete(Table.DUE, keys.kind_prefix(before.kind) + keys.pair(before.due_ms, message_id))
-            if after.phase is WAITING:
-                tx.put(Table.DUE, keys.kind_prefix(after.kind) + keys.pair(after.due_ms, message_id), b"")
-    elif after.phase is WAITING:
-        tx.put(Table.DUE, keys.kind_prefix(after.kind) + keys.pair(after.due_ms, message_id), b"")
-    deadline_before = before.lease_deadline_ms if before.phase is LEASED else None
-    deadline_after = after.lease_deadline_ms if after.phase is LEASED else None
-    if deadline_before != deadline_after:
-        if deadline_before is not None:
-            tx.delete(Table.LEASES, keys.pair(deadline_before, message_id))
-        if deadline_after is not None:
-            tx.put(Table.LEASES, keys.pair(deadline_after, message_id), b"")
-    if before.phase is DEAD or after.phase is DEAD:
+    was, now = before.phase, after.phase
+    if was is not now:
+        entry.move(after.kind, was, now)
+    if was is WAITING or now is WAITING:
+        due_before = before.due_ms if was is WAITING else None
+        due_after = after.due_ms if now is WAITING else None
+        if due_before != due_after:
+            if due_before is not None:
+                tx.delete(Table.DUE, keys.kind_prefix(before.kind) + keys.pair(due_before, message_id))
+            if due_after is not None:
+                tx.put(Table.DUE, keys.kind_prefix(after.kind) + keys.pair(due_after, message_id), b"")
+    if was is LEASED or now is LEASED:
+        deadline_before = before.lease_deadline_ms if was is LEASED else None
+        deadline_after = after.lease_deadline_ms if now is LEASED else None
+        if deadline_before != deadline_after:
+            if deadline_before is not None:
+                tx.delete(Table.LEASES, keys.pair(deadline_before, message_id))
+            if deadline_after is not None:
+                tx.put(Table.LEASES, keys.pair(deadline_after, message_id), b"")
+    if was is DEAD or now is DEAD:
         _move_dead(tx, entry, before, after)
     if before.purge_ms != after.purge_ms:
         if before.purge_ms is not None:
