@@ -42,6 +42,8 @@ Token = Annotated[int, msgspec.Meta(ge=1)]
 TimeMs = Annotated[int, msgspec.Meta(ge=0, le=TIME_MS_MAX)]
 DelayMs = Annotated[int, msgspec.Meta(ge=0, le=DELAY_MAX_MS)]
 LeaseMs = Annotated[int, msgspec.Meta(ge=1, le=LEASE_MS_MAX)]
+InDoubtMs = Annotated[int, msgspec.Meta(ge=0, le=LEASE_MS_MAX)]
+"""A delivery's requests are in doubt at most until its lease's deadline: never longer than a lease."""
 CountMax = Annotated[int, msgspec.Meta(ge=1, le=LEASE_COUNT_MAX)]
 BatchLimit = Annotated[int, msgspec.Meta(ge=1, le=BATCH_IDS_MAX)]
 
@@ -247,6 +249,12 @@ class Fail(_Command, frozen=True, tag="fail"):
     permanent: bool = False
     not_before_ms: TimeMs | None = None
     """The downstream's Retry-After as an absolute time: the retry is not due before it."""
+    in_doubt_ms: InDoubtMs | None = None
+    """How long a request this delivery sent may still take effect downstream, as a duration the
+    store adds to its own clock (capped at the lease's deadline): the retry is not due before then,
+    and the next grant carries what remains (`Grant.in_doubt_ms`). 0: nothing it sent is in doubt.
+    None: not reported; the store then assumes the lease's deadline for the next grant, and leaves
+    the due time to the policy."""
 
 
 class Release(_Command, frozen=True, tag="release"):
@@ -258,6 +266,9 @@ class Release(_Command, frozen=True, tag="release"):
     interrupted: bool = False
     """The attempt had started and was cut off (the drain's grace ran out): its outcome downstream
     is unknown, so the next delivery is told so (`ERROR_CLASS_INTERRUPTED`) and checks first."""
+    in_doubt_ms: InDoubtMs | None = None
+    """As `Fail.in_doubt_ms`, for an interrupted attempt: ready once its requests can no longer take
+    effect, rather than at once. Ignored unless `interrupted` (an attempt not started sent nothing)."""
 
 
 class ExpireLeases(_Command, frozen=True, tag="expire"):
@@ -516,6 +527,16 @@ class Grant(msgspec.Struct, frozen=True, kw_only=True):
     previous_error_class: str | None = None
     """How the delivery before this one ended (a fail's class, or lease_expired), None before the
     first: a handler checks downstream before repeating an effect whose outcome is unknown."""
+    in_doubt_ms: int | None = None
+    """How long, from this grant by the store's clock, a request sent by an earlier delivery may
+    still take effect downstream: the latest in-doubt deadline the store knows of (what workers
+    reported, else their leases' deadlines), minus the grant's time; negative once it has passed
+    (by that much). None: no earlier delivery ended while it may have sent a request. A handler of
+    a downstream that enforces expiry looks a request up only after this (plus the clock-skew
+    bound) has passed on its own monotonic clock, counted from when the grant arrived."""
+    budget_attempt: int = 1
+    """This delivery's number within its attempt budget: 1 after an enqueue or a redrive (the
+    first delivery finance released), 2 for the next, ... (a release does not count)."""
 
 
 class LeaseResult(_Result, frozen=True, tag="lease"):
