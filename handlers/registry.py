@@ -22,7 +22,7 @@ from handlers.classification import ClassificationTable
 from handlers.contract import Handler
 from handlers.gateway import Gateway
 from handlers.list_update import ListUpdateHandler
-from handlers.settings import DownstreamSettings, HandlersSettings
+from handlers.settings import DownstreamSettings, Guarantee, HandlersSettings
 from handlers.signing import Secret
 from handlers.tables import CALLBACK, DEFAULT_TABLES, PAYMENT, RED_PACKET
 from handlers.transfer import TransferGuarantee, TransferHandler
@@ -109,6 +109,6 @@ def build_registry(
 
 def transfer_guarantee(settings: DownstreamSettings) -> TransferGuarantee:
     return TransferGuarantee(
-        guarantee=settings.guarantee, clock_skew_s=settings.clock_skew_ms / 1000, horizon_s=settings.in_flight_horizon_s,
+        guarantee=Guarantee(settings.guarantee), clock_skew_s=settings.clock_skew_ms / 1000, horizon_s=settings.in_flight_horizon_s,
         request_ttl_s=settings.gateway.attempt_timeout_s,
     )  # fmt: skip

@@ -109,9 +109,9 @@ class HandlersSettings(_Settings, frozen=True):
         for name, downstream in (("payment", self.payment), ("red_packet", self.red_packet)):
             found += [f"{name}.base_url: {p}" for p in url_problems(downstream.base_url, base=True)]
             found += [f"{name}.gateway: {p}" for p in downstream.gateway.problems()]
-            if downstream.dedup_window_s is not None and downstream.guarantee is not Guarantee.DEDUP:
+            if downstream.dedup_window_s is not None and downstream.guarantee != Guarantee.DEDUP:
                 found.append(f"{name}.dedup_window_s: applies to guarantee dedup only (this one is {downstream.guarantee})")
-        if self.red_packet.guarantee is not Guarantee.DEDUP:
+        if self.red_packet.guarantee != Guarantee.DEDUP:
             found.append("red_packet.guarantee: a list update carries its version, which the red-packet service applies"
                          " only forward: that is its deduplication, so only dedup describes it")  # fmt: skip
         found += [f"callback.gateway: {p}" for p in self.callback.gateway.problems()]
