@@ -268,7 +268,8 @@ class TransferHandler:
         horizon_s = self._guarantee.horizon_s
         since_ms = attempt.in_doubt_ms if attempt.in_doubt_ms is not None else 0
         remaining_s = since_ms / 1000 + horizon_s - lease.elapsed_s()
-        after = f"after {attempt.previous_error_class}"
+        previous = attempt.previous_error_class
+        after = "still, past the horizon" if previous == UNKNOWN_OUTCOME else f"after {previous}"
         if remaining_s > 0:
             self._events("unknown_outcome_pending")
             return Retryable(

@@ -208,6 +208,10 @@ _MESSAGE_INSERT: Final = (
     " VALUES (?,?,?,?,?,?,?,?,?,0,0,?,0,0,?)"
 )
 
+_IN_DOUBT_SET: Final = "in_doubt_until_ms = iif(? IS NULL, in_doubt_until_ms, max(coalesce(in_doubt_until_ms, ?), ?))"
+"""A delivery's in-doubt deadline (three parameters, all the same: None leaves it as it was) folded
+into the message's: the later of the two."""
+
 _OPERATOR_EVENT_NAMES: Final = ", ".join(f"'{t.value}'" for t in OPERATOR_EVENT_TYPES)
 _OPERATOR_EVENTS_INDEX: Final = (
     "CREATE INDEX IF NOT EXISTS events_operator ON events (message_id, seq)"
@@ -995,8 +999,7 @@ class _Apply:
             self.conn.execute(
                 "UPDATE messages SET phase = ?, token_open = ?, lease_worker = NULL,"
                 " lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?, dead_ms = ?,"
-                " dead_reason = ?, dead_error_class = ?, in_doubt_until_ms = max(coalesce(in_doubt_until_ms, ?), ?)"
-                " WHERE id = ?",
+                f" dead_reason = ?, dead_error_class = ?, {_IN_DOUBT_SET} WHERE id = ?",
                 (
                     Phase.DEAD,
                     token_open,
@@ -1005,6 +1008,7 @@ class _Apply:
                     self.now_ms,
                     decision.reason.value,
                     error_class,
+                    in_doubt_until,
                     in_doubt_until,
                     in_doubt_until,
                     row.id,
@@ -1022,12 +1026,12 @@ class _Apply:
             assert State.DEAD in allowed
             return Outcome(code=Code.OK, message_id=row.id, state=State.DEAD)
         self.batch.move(row.kind, row.phase, Phase.WAITING)
-        due_ms = decision.due_ms if in_doubt_ms is None else max(decision.due_ms, in_doubt_until)
+        due_ms = decision.due_ms if in_doubt_ms is None or in_doubt_until is None else max(decision.due_ms, in_doubt_until)
         self.conn.execute(
             "UPDATE messages SET phase = ?, due_ms = ?, token_open = ?, lease_worker = NULL,"
-            " lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?,"
-            " in_doubt_until_ms = max(coalesce(in_doubt_until_ms, ?), ?) WHERE id = ?",
-            (Phase.WAITING, due_ms, token_open, error_class, error_text, in_doubt_until, in_doubt_until, row.id),
+            f" lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?, {_IN_DOUBT_SET} WHERE id = ?",
+            (Phase.WAITING, due_ms, token_open, error_class, error_text, in_doubt_until, in_doubt_until, in_doubt_until,
+             row.id),
         )
         data["due_ms"] = due_ms
         self.emit(EventType.LEASE_EXPIRED if expired else EventType.ATTEMPT_FAILED, row.id, row.kind, data)
@@ -1035,9 +1039,12 @@ class _Apply:
         assert state in allowed
         return Outcome(code=Code.OK, message_id=row.id, state=state, due_ms=due_ms)
 
-    def in_doubt_until(self, row: _Row, in_doubt_ms: int | None) -> int:
+    def in_doubt_until(self, row: _Row, in_doubt_ms: int | None) -> int | None:
         """Until when a request of this (leased) delivery may take effect: what its worker said,
-        never later than its lease's deadline, which is the answer when it said nothing."""
+        never later than its lease's deadline, which is the answer when it said nothing; None when
+        it said nothing of it is in doubt (0: every request it sent was answered, or none was sent)."""
+        if in_doubt_ms == 0:
+            return None
         deadline = row.lease_deadline_ms if row.lease_deadline_ms is not None else self.now_ms
         return deadline if in_doubt_ms is None else min(deadline, self.now_ms + in_doubt_ms)
 
@@ -1152,13 +1159,13 @@ class _Apply:
         due_ms, in_doubt_until = self.now_ms, None
         if command.interrupted:  # it may have sent: in doubt as a failed attempt is
             in_doubt_until = self.in_doubt_until(row, command.in_doubt_ms)
-            if command.in_doubt_ms is not None:
+            if command.in_doubt_ms is not None and in_doubt_until is not None:
                 due_ms = max(due_ms, in_doubt_until)
         # budget_attempts + 1: the next delivery is judged by the policy as if this one never was.
         self.conn.execute(
             "UPDATE messages SET phase = ?, due_ms = ?, token_open = 0, lease_worker = NULL, lease_deadline_ms = NULL,"
-            " budget_attempts = budget_attempts + 1, last_error_class = iif(?, ?, last_error_class),"
-            " in_doubt_until_ms = iif(? IS NULL, in_doubt_until_ms, max(coalesce(in_doubt_until_ms, ?), ?)) WHERE id = ?",
+            f" budget_attempts = budget_attempts + 1, last_error_class = iif(?, ?, last_error_class), {_IN_DOUBT_SET}"
+            " WHERE id = ?",
             (Phase.WAITING, due_ms, command.interrupted, ERROR_CLASS_INTERRUPTED, in_doubt_until, in_doubt_until,
              in_doubt_until, row.id),
         )

@@ -204,11 +204,12 @@ def test_a_reported_in_doubt_time_holds_the_retry_back_and_reaches_the_next_gran
     node.now_ms += 1
     (again,) = node.lease().grants
     assert again.in_doubt_ms == 0
-    # A known outcome (0) never moves the deadline back; an unreported one assumes the lease's end.
+    # A known outcome (0) moves the deadline neither back nor on; an unreported one assumes the lease's end.
+    node.now_ms += 50
     node.apply(Fail(message_id=message_id, token=again.token, error_class="rate_limited", in_doubt_ms=0))
     node.now_ms += 100
     (third,) = node.lease().grants
-    assert third.in_doubt_ms == -100
+    assert third.in_doubt_ms == -150
     node.apply(Fail(message_id=message_id, token=third.token, error_class="timeout"))
     node.now_ms += 100
     (fourth,) = node.lease().grants
