@@ -71,7 +71,6 @@ import re
 import resource
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -87,6 +86,7 @@ import httpx
 from api.tokens import new_token
 from bench import e2e_figures as figures
 from bench import e2e_load as load
+from bench import e2e_reconcile as reconciliation
 from bench.harness import (
     MACHINE,
     PRODUCER,
@@ -453,59 +453,6 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
     )
 
 
-async def plant_breaks(dsn: str) -> dict[str, str]:
-    """Breaks the reconciliation must find, written into the stand-ins' ledgers after the run, as
-    a misbehaving payment system would: two payouts of one grant, a payout of the wrong amount, a
-    grant never paid, and a payout of no grant. Returns the business id planted for each class."""
-    connection = await asyncpg.connect(dsn)
-    try:
-        grants = await connection.fetch(
-            "SELECT g.grant_id, g.amount_minor, g.currency FROM red_packet_grants g WHERE NOT EXISTS"
-            " (SELECT 1 FROM payment_transfers t WHERE t.business_id = g.grant_id) ORDER BY g.grant_id LIMIT 2")
-        if len(grants) < 2:
-            raise BenchError("the run left fewer than two unpaid grants to plant breaks on")
-        paid_twice, wrong_amount = grants
-        async with connection.transaction():
-            insert = ("INSERT INTO payment_transfers (transfer_id, business_id, payer, payee, amount_minor, currency,"
-                      " status, created_at) VALUES ($1, $2, 'planted', 'planted', $3, $4, 'SUCCEEDED', now())")  # fmt: skip
-            for n in (1, 2):
-                await connection.execute(insert, f"planted-twice-{n}", paid_twice["grant_id"], paid_twice["amount_minor"],
-                                         paid_twice["currency"])  # fmt: skip
-            await connection.execute(insert, "planted-amount", wrong_amount["grant_id"], wrong_amount["amount_minor"] + 1,
-                                     wrong_amount["currency"])  # fmt: skip
-            await connection.execute(insert, "planted-orphan", "planted-no-grant", 500, "CNY")
-            await connection.execute(
-                "INSERT INTO red_packet_grants (grant_id, red_packet_id, recipient, amount_minor, currency, state,"
-                " granted_at) VALUES ('planted-unpaid', 'planted', 'planted', 700, 'CNY', 'GRANTED', now())")
-    finally:
-        await connection.close()
-    return {"duplicate_payout": paid_twice["grant_id"], "amount_or_currency_mismatch": wrong_amount["grant_id"],
-            "missing_in_payment": "planted-unpaid", "missing_in_red_packet": "planted-no-grant"}  # fmt: skip
-
-
-def reconcile_today(stack: Stack, planted: dict[str, str], name: str) -> dict[str, Any]:
-    """`compensator reconcile` for today (UTC) on the run's three ledgers: its count per class, and
-    whether each planted break was reported, under its class."""
-    assert stack.postgres is not None
-    output = stack.root / "reconcile" / name
-    day = time.strftime("%Y-%m-%d", time.gmtime())
-    done = subprocess.run(
-        [*compensator_command(), "reconcile", "--date", day, "--output-dir", str(output)],
-        env=child_environment(COMPENSATOR_PG_DSN=stack.postgres.dsn), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
-    summary = json.loads((output / f"date={day}" / "summary.json").read_text())
-    import pyarrow.parquet as pq
-
-    found = pq.read_table(output / f"date={day}" / "discrepancies", columns=["discrepancy_class", "business_id"])
-    reported = set(zip(found.column("discrepancy_class").to_pylist(), found.column("business_id").to_pylist(), strict=True))
-    return {
-        "counts": {name: counts["count"] for name, counts in summary["classes"].items()},
-        "planted_found": {name: (name, business_id) in reported for name, business_id in planted.items()},
-    }
-
-
 async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
     """Once the projector has every event: the ledger's request count beside the store's, and the
     projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
@@ -655,9 +602,10 @@ def run(settings: Settings, root: Path, result: dict[str, Any]) -> list[str]:
         result["standins"] = standin_stats(stack.standin_urls)
         result["ledger"] = asyncio.run(ledger_caught_up(stack))
         if settings.reconcile:
-            run = reconcile_today(stack, {}, "run")
-            planted = asyncio.run(plant_breaks(stack.postgres.dsn))
-            result["reconcile"] = {"run": run, "planted": reconcile_today(stack, planted, "planted")}
+            dsn, output = stack.postgres.dsn, stack.root / "reconcile"
+            run = reconciliation.reconcile_today(dsn, output / "run", {})
+            planted = asyncio.run(reconciliation.plant_breaks(dsn))
+            result["reconcile"] = {"run": run, "planted": reconciliation.reconcile_today(dsn, output / "planted", planted)}
         if window.profile is not None:
             result["profile"] = window.profile
         return checks(result, window)

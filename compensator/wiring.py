@@ -11,6 +11,7 @@ Must never: run anything at import, or be imported by the packages it wires.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -31,6 +32,7 @@ from api.review_policy import FourEyes
 from api.services import ApiServices, ApiSettings
 from api.web.sessions import WebAuth, WebSettings
 from compensator import config as configuration
+from compensator import guarantees
 from compensator.config import Config
 from compensator.projector.metrics import ProjectorMetrics
 from compensator.projector.runner import Projector, ProjectorSettings
@@ -79,7 +81,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             batch_bytes_max=config.api.batch_bytes_max,
             batch_items_max=config.api.batch_items_max,
             job_rate_per_s=config.review.job_rate_per_s,
-            policy_problems=config.handlers.policy_problems,
+            policy_problems=functools.partial(guarantees.policy_problems, config.handlers),
         ),
         four_eyes=four_eyes(config),
         web=WebAuth(queue, web_settings(config), clock_ms=wall_clock_ms),

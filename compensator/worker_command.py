@@ -6,8 +6,8 @@ also runs the queue's maintenance driver, which reads before it writes, so every
 
 Before it leases, it reads the retry policies from the store (they are set at runtime, not in
 the configuration) and refuses to start when one would break what a downstream is declared to
-guarantee (handlers/settings.py `policy_problems`: a re-send past a deduplication window, a second
-lookup that would come before the in-flight horizon).
+guarantee (compensator/guarantees.py: a re-send past a deduplication window, a second lookup that
+would come before the in-flight horizon).
 
 Must never: start on a configuration that did not validate, or print a secret.
 """
@@ -63,7 +63,9 @@ async def _check_policies(config: Any, running: Any, stop: asyncio.Event) -> Non
                 await asyncio.wait_for(stop.wait(), 1.0)
             if stop.is_set():
                 return
-    problems = [p for view in kinds for p in config.handlers.policy_problems(view.kind, view.policy)]
+    from compensator.guarantees import policy_problems
+
+    problems = [p for view in kinds for p in policy_problems(config.handlers, view.kind, view.policy)]
     if problems:
         raise WorkerCommandError(f"{problems[0]} (set the policy with PUT /v1/kinds/{{kind}}/policy, or change"
                                  " the downstream's declaration)")  # fmt: skip

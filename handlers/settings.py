@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from delay.policy import RetryPolicy, horizon_ms
 from handlers.gateway import GatewaySettings
 from ledger.kinds import TARGET_PATTERN
 
@@ -123,37 +122,6 @@ class HandlersSettings(_Settings, frozen=True):
         for target in self.callback.targets:
             found += [f"callback.targets.{target.name}.url: {p}" for p in url_problems(target.url, base=False)]
         return found
-
-
-    def downstream_of(self, kind: str) -> tuple[str, DownstreamSettings] | None:
-        """The downstream a kind's handler calls, when it is one with a declared guarantee."""
-        return {"transfer": ("payment", self.payment), "list_update": ("red_packet", self.red_packet)}.get(kind)
-
-    def policy_problems(self, kind: str, policy: RetryPolicy) -> list[str]:
-        """What a retry policy of `kind` would break of its downstream's declared guarantee: a worker
-        refuses to start with such a policy in the store, and the API refuses to set one."""
-        found = self.downstream_of(kind)
-        if found is None:
-            return []
-        name, downstream = found
-        where = f"the {kind} retry policy"
-        problems: list[str] = []
-        if downstream.guarantee == Guarantee.DEDUP and downstream.dedup_window_s is not None:
-            # Each attempt may look the request up and then send it: two calls' deadlines.
-            attempt_ms = int(2 * downstream.gateway.attempt_timeout_s * 1000)
-            longest_s = horizon_ms(policy, attempt_ms=attempt_ms) / 1000
-            if longest_s > downstream.dedup_window_s:
-                problems.append(
-                    f"{where} can re-send up to {longest_s:.0f} s after the first attempt (each delay at its"
-                    f" longest, a Retry-After up to retry_after_max_ms included), beyond handlers.{name}.dedup_window_s"
-                    f" ({downstream.dedup_window_s} s): lower attempts_max or retry_after_max_ms, or set age_max_ms"
-                )  # fmt: skip
-        if downstream.guarantee == Guarantee.NONE and policy.retry_after_max_ms < downstream.in_flight_horizon_s * 1000:
-            problems.append(
-                f"{where} caps a Retry-After at {policy.retry_after_max_ms} ms, under handlers.{name}.in_flight_horizon_s"
-                f" ({downstream.in_flight_horizon_s:g} s): the second lookup after an unknown outcome would come early"
-            )  # fmt: skip
-        return problems
 
 
 def url_problems(url: str, *, base: bool) -> list[str]:

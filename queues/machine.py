@@ -35,13 +35,12 @@ from typing import Any, Final
 import msgspec
 
 from delay.policy import DAY_MS, DEFAULT_POLICY, DELAY_MAX_MS, DeadLetter, RetryPolicy, decide
-from queues import access, audit_chain, codec, documents, due_index, jobs, proposals, review
-from queues.lifecycle import TERMINAL, Action, transition
+from queues import access, audit_chain, codec, documents, due_index, in_doubt, jobs, proposals, purging, review
+from queues.lifecycle import Action, transition
 from queues.model import (
     BUILTIN_KINDS,
     ERROR_CLASS_INTERRUPTED,
     ERROR_CLASS_LEASE_EXPIRED,
-    EVENTS_PURGE_MAX,
     LEASE_RESULT_BYTES_MAX,
     OPERATOR_EVENT_TYPES,
     Ack,
@@ -207,10 +206,6 @@ _MESSAGE_INSERT: Final = (
     " attempts, budget_attempts, budget_start_ms, token, token_open, request_id)"
     " VALUES (?,?,?,?,?,?,?,?,?,0,0,?,0,0,?)"
 )
-
-_IN_DOUBT_SET: Final = "in_doubt_until_ms = iif(? IS NULL, in_doubt_until_ms, max(coalesce(in_doubt_until_ms, ?), ?))"
-"""A delivery's in-doubt deadline (three parameters, all the same: None leaves it as it was) folded
-into the message's: the later of the two."""
 
 _OPERATOR_EVENT_NAMES: Final = ", ".join(f"'{t.value}'" for t in OPERATOR_EVENT_TYPES)
 _OPERATOR_EVENTS_INDEX: Final = (
@@ -638,7 +633,7 @@ class _Apply:
             case SetPolicy():
                 return self.set_policy(command)
             case Purge():
-                return self.purge(command)
+                return purging.purge(self, command)
             case SetRetention():
                 return self.set_retention(command)
             case PutToken():
@@ -962,11 +957,8 @@ class _Apply:
         expired: bool,
         in_doubt_ms: int | None,
     ) -> Outcome:
-        """Run the retry policy for the attempt that just failed (or expired) and record it.
-
-        The message's in-doubt deadline becomes the later of what it was and this delivery's: what
-        its worker reported (`in_doubt_ms`, never past the lease's deadline), else the lease's
-        deadline. A reported one also holds the retry back until it has passed."""
+        """Run the retry policy for the attempt that just failed (or expired) and record it, with
+        its in-doubt deadline (queues/in_doubt.py; a reported one also holds the retry back)."""
         allowed = transition(State.LEASED, Action.EXPIRE if expired else Action.FAIL)
         assert not isinstance(allowed, Code)
         attempt = row.attempts - row.budget_attempts
@@ -993,13 +985,14 @@ class _Apply:
         }
         # An expired token stays open for a late ack; an explicit fail consumes it.
         token_open = 1 if expired else 0
-        in_doubt_until = self.in_doubt_until(row, in_doubt_ms)
+        in_doubt_until = in_doubt.until(lease_deadline_ms=row.lease_deadline_ms, now_ms=self.now_ms,
+                                        in_doubt_ms=in_doubt_ms)
         if isinstance(decision, DeadLetter):
             self.batch.move(row.kind, row.phase, Phase.DEAD)
             self.conn.execute(
                 "UPDATE messages SET phase = ?, token_open = ?, lease_worker = NULL,"
                 " lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?, dead_ms = ?,"
-                f" dead_reason = ?, dead_error_class = ?, {_IN_DOUBT_SET} WHERE id = ?",
+                f" dead_reason = ?, dead_error_class = ?, {in_doubt.SET} WHERE id = ?",
                 (
                     Phase.DEAD,
                     token_open,
@@ -1008,9 +1001,7 @@ class _Apply:
                     self.now_ms,
                     decision.reason.value,
                     error_class,
-                    in_doubt_until,
-                    in_doubt_until,
-                    in_doubt_until,
+                    *in_doubt.params(in_doubt_until),
                     row.id,
                 ),
             )
@@ -1029,9 +1020,8 @@ class _Apply:
         due_ms = decision.due_ms if in_doubt_ms is None or in_doubt_until is None else max(decision.due_ms, in_doubt_until)
         self.conn.execute(
             "UPDATE messages SET phase = ?, due_ms = ?, token_open = ?, lease_worker = NULL,"
-            f" lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?, {_IN_DOUBT_SET} WHERE id = ?",
-            (Phase.WAITING, due_ms, token_open, error_class, error_text, in_doubt_until, in_doubt_until, in_doubt_until,
-             row.id),
+            f" lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?, {in_doubt.SET} WHERE id = ?",
+            (Phase.WAITING, due_ms, token_open, error_class, error_text, *in_doubt.params(in_doubt_until), row.id),
         )
         data["due_ms"] = due_ms
         self.emit(EventType.LEASE_EXPIRED if expired else EventType.ATTEMPT_FAILED, row.id, row.kind, data)
@@ -1039,14 +1029,6 @@ class _Apply:
         assert state in allowed
         return Outcome(code=Code.OK, message_id=row.id, state=state, due_ms=due_ms)
 
-    def in_doubt_until(self, row: _Row, in_doubt_ms: int | None) -> int | None:
-        """Until when a request of this (leased) delivery may take effect: what its worker said,
-        never later than its lease's deadline, which is the answer when it said nothing; None when
-        it said nothing of it is in doubt (0: every request it sent was answered, or none was sent)."""
-        if in_doubt_ms == 0:
-            return None
-        deadline = row.lease_deadline_ms if row.lease_deadline_ms is not None else self.now_ms
-        return deadline if in_doubt_ms is None else min(deadline, self.now_ms + in_doubt_ms)
 
     # ---- per-message commands from workers --------------------------------------------------
     def check_token(self, row: _Row | None, token: int, action: Action) -> Outcome | None:
@@ -1158,16 +1140,16 @@ class _Apply:
         self.batch.move(row.kind, row.phase, Phase.WAITING)
         due_ms, in_doubt_until = self.now_ms, None
         if command.interrupted:  # it may have sent: in doubt as a failed attempt is
-            in_doubt_until = self.in_doubt_until(row, command.in_doubt_ms)
+            in_doubt_until = in_doubt.until(lease_deadline_ms=row.lease_deadline_ms, now_ms=self.now_ms,
+                                            in_doubt_ms=command.in_doubt_ms)
             if command.in_doubt_ms is not None and in_doubt_until is not None:
                 due_ms = max(due_ms, in_doubt_until)
         # budget_attempts + 1: the next delivery is judged by the policy as if this one never was.
         self.conn.execute(
             "UPDATE messages SET phase = ?, due_ms = ?, token_open = 0, lease_worker = NULL, lease_deadline_ms = NULL,"
-            f" budget_attempts = budget_attempts + 1, last_error_class = iif(?, ?, last_error_class), {_IN_DOUBT_SET}"
+            f" budget_attempts = budget_attempts + 1, last_error_class = iif(?, ?, last_error_class), {in_doubt.SET}"
             " WHERE id = ?",
-            (Phase.WAITING, due_ms, command.interrupted, ERROR_CLASS_INTERRUPTED, in_doubt_until, in_doubt_until,
-             in_doubt_until, row.id),
+            (Phase.WAITING, due_ms, command.interrupted, ERROR_CLASS_INTERRUPTED, *in_doubt.params(in_doubt_until), row.id),
         )
         outcome = "interrupted" if command.interrupted else "released"
         self.conn.execute(
@@ -1340,33 +1322,3 @@ class _Apply:
              "event_retention_ms": after[1], "retention_ms_before": before[0], "event_retention_ms_before": before[1]},
         )  # fmt: skip
         return RetentionResult(code=Code.OK, retention_ms=after[0], event_retention_ms=after[1])
-
-    def purge(self, command: Purge) -> QueueResult:
-        rows = self.conn.execute(
-            "SELECT id, kind, idempotency_key, phase FROM messages INDEXED BY messages_purge"
-            " WHERE purge_ms <= ? ORDER BY purge_ms, id LIMIT ?",
-            (self.now_ms, command.limit),
-        ).fetchall()
-        for message_id, kind, key, phase in rows:
-            assert state_of(Phase(phase), 0, self.now_ms) in TERMINAL
-            self.batch.move(kind, _PHASE_OF[phase], None)
-            self.conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
-            self.conn.execute("DELETE FROM bodies WHERE id = ?", (message_id,))
-            self.conn.execute("DELETE FROM attempts WHERE message_id = ?", (message_id,))
-            self.conn.execute("DELETE FROM idempotency WHERE key = ? AND message_id = ?", (key, message_id))
-            self.emit(EventType.PURGED, message_id, kind, {})
-        return BatchResult(code=Code.OK, ids=tuple(int(row[0]) for row in rows), events_purged=self.purge_events())
-
-    def purge_events(self) -> int:
-        """Delete the oldest events past their retention, at most EVENTS_PURGE_MAX: a prefix of the
-        log, so a reader's gap is always at its start. O(EVENTS_PURGE_MAX): the stamped clock never
-        goes backwards, so the events past their retention are the first ones by seq."""
-        cutoff = self.now_ms - self.machine.retention(self.conn)[1]
-        last = None
-        for seq, ts_ms in self.conn.execute("SELECT seq, ts_ms FROM events ORDER BY seq LIMIT ?", (EVENTS_PURGE_MAX,)):
-            if ts_ms > cutoff:
-                break
-            last = seq
-        if last is None:
-            return 0
-        return self.conn.execute("DELETE FROM events WHERE seq <= ?", (last,)).rowcount

@@ -16,6 +16,10 @@ from typing import Annotated, Final
 import msgspec
 
 from delay.policy import DELAY_MAX_MS, ErrorClass, RetryPolicy
+from queues.events import OPERATOR_EVENT_TYPES as OPERATOR_EVENT_TYPES
+from queues.events import Event as Event
+from queues.events import EventType as EventType
+from queues.events import EventValue as EventValue
 
 PAYLOAD_BYTES_MAX: Final = 256 * 1024
 """RocketMQ's and QMQ's message size limit: a compensation request is a small instruction."""
@@ -665,49 +669,6 @@ QueueResult = (
     EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | TokenResult
     | DocumentResult | ReviewResult | JobStepResult | ErrorResult
 )
-
-
-# ---- events ---------------------------------------------------------------------------------
-class EventType(enum.Enum):
-    ENQUEUED = "enqueued"
-    LEASED = "leased"
-    LEASE_EXTENDED = "lease_extended"
-    SUCCEEDED = "succeeded"
-    ATTEMPT_FAILED = "attempt_failed"
-    LEASE_EXPIRED = "lease_expired"
-    DEAD_LETTERED = "dead_lettered"
-    REDRIVEN = "redriven"
-    DISCARDED = "discarded"
-    PURGED = "purged"
-    PAUSED = "paused"
-    RESUMED = "resumed"
-    POLICY_SET = "policy_set"
-    RETENTION_SET = "retention_set"
-    RELEASED = "released"
-    TOKEN_PUT = "token_put"
-    TOKEN_REVOKED = "token_revoked"
-    QUOTA_SET = "quota_set"
-    DOCUMENT_PUT = "document_put"
-
-
-OPERATOR_EVENT_TYPES: Final = (EventType.DEAD_LETTERED, EventType.REDRIVEN, EventType.DISCARDED)
-"""The events of a message that its row and attempt history do not already tell (who redrove or
-discarded it, and why it went dead each time): indexed by message, for its timeline."""
-
-
-EventValue = str | int | bool | None
-
-
-class Event(msgspec.Struct, frozen=True, kw_only=True):
-    seq: int
-    """Dense, starting at 1: a projection saves the last seq it wrote, in its own transaction."""
-    log_index: int
-    ts_ms: int
-    type: EventType
-    message_id: int
-    """0 for kind-level events (pause, resume, policy)."""
-    kind: str
-    data: dict[str, EventValue]
 
 
 # ---- query views ----------------------------------------------------------------------------

@@ -380,31 +380,17 @@ class Worker:
         if isinstance(decision, Succeeded):
             self.completions.ack(grant.message_id, grant.token, grant.kind, decision.detail)
             return
-        text = decision.detail
-        if decision.status is not None and f"HTTP {decision.status}" not in text:
-            text = f"{text} [HTTP {decision.status}]"
-        if decision.excerpt:
-            text = f"{text} {decision.excerpt}"
         not_before_ms = None
         if isinstance(decision, Retryable) and decision.retry_after_s is not None:
             not_before_ms = self._wall_ms() + int(decision.retry_after_s * 1000)
         self.completions.fail(
-            grant.message_id, grant.token, grant.kind, error_class=decision.error_class, error_text=text,
+            grant.message_id, grant.token, grant.kind, error_class=decision.error_class, error_text=_failure_text(decision),
             permanent=isinstance(decision, Permanent), not_before_ms=not_before_ms,
             in_doubt_ms=_in_doubt_ms(lease),
         )  # fmt: skip
 
     def _settled(self, completion: Completion, code: Code) -> None:
-        if code in (Code.OK, Code.ALREADY_ACKED):
-            result = "ok"
-        elif code is Code.DONE_ELSEWHERE:
-            result = "done_elsewhere"
-        elif code in FENCED:
-            result = "fenced"
-        else:
-            result = code.name.lower()
-            log.warning("%s of message %d refused: %s", completion.action, completion.message_id, code.name)
-        self._metrics.settled.labels(completion.action, result).inc()
+        self._metrics.settled.labels(completion.action, _settlement(completion, code)).inc()
 
     # ---- drain ---------------------------------------------------------------------------------
     async def _drain(self) -> None:
@@ -429,6 +415,27 @@ class Worker:
 
 
 _FAILURES: Final = frozenset(DOWNSTREAM_FAILURES)
+
+
+def _failure_text(decision: Retryable | Permanent) -> str:
+    """What the attempt's history and the review pages show of a failure: the detail, the status,
+    the downstream's words."""
+    text = decision.detail
+    if decision.status is not None and f"HTTP {decision.status}" not in text:
+        text = f"{text} [HTTP {decision.status}]"
+    return f"{text} {decision.excerpt}" if decision.excerpt else text
+
+
+def _settlement(completion: Completion, code: Code) -> str:
+    """The store's answer to a settlement, as the metric's result label."""
+    if code in (Code.OK, Code.ALREADY_ACKED):
+        return "ok"
+    if code is Code.DONE_ELSEWHERE:
+        return "done_elsewhere"
+    if code in FENCED:
+        return "fenced"
+    log.warning("%s of message %d refused: %s", completion.action, completion.message_id, code.name)
+    return code.name.lower()
 
 
 def _in_doubt_ms(lease: LeaseTime) -> int | None:
