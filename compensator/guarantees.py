@@ -6,15 +6,20 @@ a worker refuses to start, and the API refuses to set a policy, when a kind's po
 what its downstream's declaration relies on (docs/worker.md, "Startup checks"):
 - `dedup` with a window: a re-send later than the window would be a new payment
   (delay/policy.py `horizon_ms`, with two calls' deadlines per attempt: a lookup and a send);
-- `none`: a Retry-After cap under the in-flight horizon would bring the second lookup early.
+- `none`: a Retry-After cap under the in-flight horizon would bring the second lookup early, and
+  fewer than three attempts would end an unknown outcome as a timeout rather than unknown_outcome.
 
 Must never: read the configuration or the store itself (the caller hands both in).
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 from delay.policy import RetryPolicy, horizon_ms
 from handlers.settings import DownstreamSettings, Guarantee, HandlersSettings
+
+ATTEMPTS_NONE_MIN: Final = 3
 
 
 def downstream_of(handlers: HandlersSettings, kind: str) -> tuple[str, DownstreamSettings] | None:
@@ -39,6 +44,11 @@ def policy_problems(handlers: HandlersSettings, kind: str, policy: RetryPolicy) 
                 f" longest, a Retry-After up to retry_after_max_ms included), beyond handlers.{name}.dedup_window_s"
                 f" ({downstream.dedup_window_s} s): lower attempts_max or retry_after_max_ms, or set age_max_ms"
             )  # fmt: skip
+    if downstream.guarantee == Guarantee.NONE and policy.attempts_max < ATTEMPTS_NONE_MIN:
+        problems.append(
+            f"{where} allows {policy.attempts_max} attempts: handlers.{name}.guarantee none needs {ATTEMPTS_NONE_MIN} (a"
+            " send, a lookup, a lookup after the horizon) for an unknown outcome to end as unknown_outcome"
+        )  # fmt: skip
     if downstream.guarantee == Guarantee.NONE and policy.retry_after_max_ms < downstream.in_flight_horizon_s * 1000:
         problems.append(
             f"{where} caps a Retry-After at {policy.retry_after_max_ms} ms, under handlers.{name}.in_flight_horizon_s"

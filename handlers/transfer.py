@@ -256,6 +256,8 @@ class TransferHandler:
             return Retryable(error_class=LOOKUP_FAILED, status=decision.status, retry_after_s=after,
                              detail=f"the lookup before a re-send got {decision.detail}", excerpt=decision.excerpt)  # fmt: skip
         previous = attempt.previous_error_class or "timeout"
+        if self._guarantee.guarantee is Guarantee.NONE:  # should the budget run out looking, it is parked as unknown
+            previous = UNKNOWN_OUTCOME
         return Retryable(
             error_class=previous, outcome_unknown=True, status=decision.status, retry_after_s=after,
             detail=f"still unknown whether it was transferred: the lookup got {decision.detail}",

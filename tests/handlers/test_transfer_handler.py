@@ -297,3 +297,13 @@ async def test_every_resend_looks_first_even_after_a_known_outcome(standins: Sta
     again = await handler.handle(attempt_of(PAYLOAD, number=2, previous="rate_limited"))
     assert shape(again) == ("succeeded", "already transferred", 200)
     assert (await standins.stats("payment"))["by_outcome"] == {"created": 1, "found": 1}
+
+
+async def test_without_a_guarantee_a_lookup_that_fails_keeps_the_transfer_unknown(no_dedup: Standins) -> None:
+    """So that a budget spent looking ends as unknown_outcome, never as a timeout finance might redrive blind."""
+    async with build_registry(handler_settings(no_dedup, gateway=QUICK, guarantee="none"), secrets=SECRETS) as unguarded:
+        await no_dedup.faults("payment", error_rate=1.0)
+        looked = await unguarded.handler(Kind.TRANSFER).handle(attempt_of(PAYLOAD, number=2, previous="timeout",
+                                                                          in_doubt_ms=0, lease=lease_from(wall_ms())))  # fmt: skip
+    assert shape(looked) == ("retryable", "unknown_outcome", 503, None, True)
+    assert await transfers(no_dedup) == []
