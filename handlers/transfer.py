@@ -271,19 +271,19 @@ class TransferHandler:
         since_ms = attempt.in_doubt_ms if attempt.in_doubt_ms is not None else 0
         remaining_s = since_ms / 1000 + horizon_s - lease.elapsed_s()
         previous = attempt.previous_error_class
-        after = "still, past the horizon" if previous == UNKNOWN_OUTCOME else f"after {previous}"
+        unknown = "outcome still unknown" if previous == UNKNOWN_OUTCOME else f"outcome unknown after {previous}"
         if remaining_s > 0:
             self._events("unknown_outcome_pending")
             return Retryable(
                 error_class=UNKNOWN_OUTCOME, outcome_unknown=True, retry_after_s=math.ceil(remaining_s),
-                detail=f"outcome unknown {after}; the payment system does not deduplicate, so it is not sent again."
+                detail=f"{unknown}; the payment system does not deduplicate, so it is not sent again."
                        f" Lookup: {looked.evidence}. Looking again in {math.ceil(remaining_s)} s, once the in-flight"
                        f" horizon ({horizon_s:g} s) has passed since its requests' deadline",
             )  # fmt: skip
         self._events("unknown_outcome")
         return Permanent(
             error_class=UNKNOWN_OUTCOME,
-            detail=f"outcome unknown {after}, never found: {looked.evidence}, {horizon_s - remaining_s:.0f} s after its"
+            detail=f"{unknown}, never found: {looked.evidence}, {horizon_s - remaining_s:.0f} s after its"
                    f" requests' deadline (in-flight horizon {horizon_s:g} s; the earlier lookup is in the previous"
                    " attempt). The payment system does not deduplicate: redrive sends the transfer again,"
                    " discard leaves it unpaid",
