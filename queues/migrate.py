@@ -69,11 +69,13 @@ def _message_records(conn: sqlite3.Connection) -> Iterator[tuple[MessageRecord, 
     history: dict[int, list[Attempt]] = {}
     for row in _rows(conn, "SELECT * FROM attempts ORDER BY message_id, attempt"):
         history.setdefault(int(row[0]), []).append(Attempt(*row[1:]))
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+    in_doubt = "in_doubt_until_ms" if "in_doubt_until_ms" in columns else "NULL"  # a store from before it: none
     for r in _rows(conn, (
         "SELECT m.id, kind, idempotency_key, ref_key, content_hash, edited_payload, headers, created_ms, phase,"
         " due_ms, attempts, budget_attempts, budget_start_ms, last_error_class, last_error_text, token, token_open,"
         " lease_worker, lease_deadline_ms, dead_ms, dead_reason, dead_error_class, terminal_ms, purge_ms,"
-        " request_id, edited_hash, version, previous_id, superseded_by, b.payload"
+        f" request_id, edited_hash, version, previous_id, superseded_by, b.payload, {in_doubt}"
         " FROM messages m LEFT JOIN bodies b ON b.id = m.id ORDER BY m.id"
     )):  # fmt: skip
         if r[29] is None:
@@ -89,7 +91,8 @@ def _message_records(conn: sqlite3.Connection) -> Iterator[tuple[MessageRecord, 
             last_error_text=r[14], lease_worker=r[17], lease_deadline_ms=r[18], dead_ms=r[19], dead_reason=r[20],
             dead_error_class=r[21], terminal_ms=r[22], purge_ms=r[23], edited=edited is not None,
             edited_hash=None if r[25] is None else bytes(r[25]), version=r[26], previous_id=r[27],
-            superseded_by=r[28], amount=amount, currency=currency, history=tuple(history.get(int(r[0]), ())),
+            superseded_by=r[28], in_doubt_until_ms=r[30], amount=amount, currency=currency,
+            history=tuple(history.get(int(r[0]), ())),
         )  # fmt: skip
         yield record, body, edited
 

@@ -47,7 +47,7 @@ def _message_row(view: KvRead, record: MessageRecord) -> list[Any]:
         record.budget_start_ms, record.last_error_class, record.last_error_text, record.token, int(record.token_open),
         record.lease_worker, record.lease_deadline_ms, record.dead_ms, record.dead_reason, record.dead_error_class,
         record.terminal_ms, record.purge_ms, record.request_id, record.edited_hash, record.version,
-        record.previous_id, record.superseded_by, view.get(Table.BODIES, key),
+        record.previous_id, record.superseded_by, record.in_doubt_until_ms, view.get(Table.BODIES, key),
     ]  # fmt: skip
 
 

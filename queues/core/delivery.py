@@ -29,7 +29,7 @@ import msgspec
 
 from delay.policy import DeadLetter, RetryPolicy, decide
 from queues import codec
-from queues.core import messages
+from queues.core import in_doubt, messages
 from queues.core.entry import Entry, holders
 from queues.core.records import Attempt, MessageRecord
 from queues.lifecycle import Action, transition
@@ -122,11 +122,14 @@ def pick_fair(entry: Entry, kinds: list[str], count_max: int) -> list[int]:
 
 def grant_of(entry: Entry, record: MessageRecord, *, token: int, attempt: int, deadline_ms: int) -> Grant:
     payload_hash = (record.edited_hash or b"") if record.edited else record.content_hash
+    in_doubt_until = record.in_doubt_until_ms
     return Grant(
         message_id=record.id, token=token, kind=record.kind, idempotency_key=record.idempotency_key,
         ref_key=record.ref_key, payload=messages.payload(entry.tx, record), headers=codec.decode_headers(record.headers),
         attempt=attempt, due_ms=record.due_ms, deadline_ms=deadline_ms, payload_hash=payload_hash,
         previous_error_class=record.last_error_class,
+        in_doubt_ms=None if in_doubt_until is None else in_doubt_until - entry.now_ms,
+        budget_attempt=attempt - record.budget_attempts,
     )  # fmt: skip
 
 
@@ -193,14 +196,15 @@ def expire_due(entry: Entry, limit: int) -> list[int]:
 def expire_one(entry: Entry, record: MessageRecord) -> MessageRecord:
     assert record.phase is LEASED
     return fail_attempt(entry, record, error_class=ERROR_CLASS_LEASE_EXPIRED, error_text="lease deadline passed",
-                        permanent=False, not_before_ms=None, expired=True)[1]  # fmt: skip
+                        permanent=False, not_before_ms=None, expired=True, in_doubt_ms=None)[1]  # fmt: skip
 
 
 def fail_attempt(
     entry: Entry, record: MessageRecord, *, error_class: str, error_text: str, permanent: bool,
-    not_before_ms: int | None, expired: bool,
+    not_before_ms: int | None, expired: bool, in_doubt_ms: int | None,
 ) -> tuple[Outcome, MessageRecord]:  # fmt: skip
-    """Run the retry policy for the attempt that just failed (or expired) and record it."""
+    """Run the retry policy for the attempt that just failed (or expired) and record it, with its
+    in-doubt deadline (queues/core/in_doubt.py; a reported one also holds the retry back)."""
     allowed = transition(State.LEASED, Action.EXPIRE if expired else Action.FAIL)
     assert not isinstance(allowed, Code)
     now_ms = entry.now_ms
@@ -214,12 +218,14 @@ def fail_attempt(
     data: dict[str, EventValue] = {"token": record.token, "attempt": record.attempts, "error_class": error_class,
                                    "permanent": permanent}  # fmt: skip
     event = EventType.LEASE_EXPIRED if expired else EventType.ATTEMPT_FAILED
+    delivery_until = in_doubt.until(lease_deadline_ms=record.lease_deadline_ms, now_ms=now_ms, in_doubt_ms=in_doubt_ms)
+    in_doubt_until = in_doubt.fold(record.in_doubt_until_ms, delivery_until)
     # An expired token stays open for a late ack; an explicit fail consumes it.
     if isinstance(decision, DeadLetter):
         after = _replace(
             record, phase=DEAD, token_open=expired, lease_worker=None, lease_deadline_ms=None,
             last_error_class=error_class, last_error_text=error_text, dead_ms=now_ms, dead_reason=decision.reason.value,
-            dead_error_class=error_class, history=history,
+            dead_error_class=error_class, history=history, in_doubt_until_ms=in_doubt_until,
         )  # fmt: skip
         after = messages.with_money(entry.tx, after)
         messages.save(entry, record, after)
@@ -228,16 +234,19 @@ def fail_attempt(
                    {"reason": decision.reason.value, "attempt": record.attempts})  # fmt: skip
         assert State.DEAD in allowed
         return Outcome(code=Code.OK, message_id=record.id, state=State.DEAD), after
+    due_ms = decision.due_ms
+    if in_doubt_ms is not None and delivery_until is not None:  # a reported deadline holds the retry back
+        due_ms = max(due_ms, delivery_until)
     after = _replace(
-        record, phase=WAITING, due_ms=decision.due_ms, token_open=expired, lease_worker=None, lease_deadline_ms=None,
-        last_error_class=error_class, last_error_text=error_text, history=history,
+        record, phase=WAITING, due_ms=due_ms, token_open=expired, lease_worker=None, lease_deadline_ms=None,
+        last_error_class=error_class, last_error_text=error_text, history=history, in_doubt_until_ms=in_doubt_until,
     )  # fmt: skip
     messages.save(entry, record, after)
-    data["due_ms"] = decision.due_ms
+    data["due_ms"] = due_ms
     entry.emit(event, record.id, record.kind, data)
-    state = state_of(WAITING, decision.due_ms, now_ms)
+    state = state_of(WAITING, due_ms, now_ms)
     assert state in allowed
-    return Outcome(code=Code.OK, message_id=record.id, state=state, due_ms=decision.due_ms), after
+    return Outcome(code=Code.OK, message_id=record.id, state=state, due_ms=due_ms), after
 
 
 # ---- per-message commands from workers ----------------------------------------------------------------
@@ -332,7 +341,8 @@ def fail(entry: Entry, command: Fail) -> QueueResult:
         return refusal
     assert record is not None
     return fail_attempt(entry, record, error_class=command.error_class, error_text=command.error_text,
-                        permanent=command.permanent, not_before_ms=command.not_before_ms, expired=False)[0]  # fmt: skip
+                        permanent=command.permanent, not_before_ms=command.not_before_ms, expired=False,
+                        in_doubt_ms=command.in_doubt_ms)[0]  # fmt: skip
 
 
 def release(entry: Entry, command: Release) -> QueueResult:
@@ -342,15 +352,22 @@ def release(entry: Entry, command: Release) -> QueueResult:
         return refusal
     assert record is not None
     now_ms = entry.now_ms
+    due_ms, delivery_until = now_ms, None
+    if command.interrupted:  # it may have sent: in doubt as a failed attempt is
+        delivery_until = in_doubt.until(lease_deadline_ms=record.lease_deadline_ms, now_ms=now_ms,
+                                        in_doubt_ms=command.in_doubt_ms)  # fmt: skip
+        if command.in_doubt_ms is not None and delivery_until is not None:
+            due_ms = max(due_ms, delivery_until)
     # budget_attempts + 1: the next delivery is judged by the policy as if this one never was.
     after = _replace(
-        record, phase=WAITING, due_ms=now_ms, token_open=False, lease_worker=None, lease_deadline_ms=None,
+        record, phase=WAITING, due_ms=due_ms, token_open=False, lease_worker=None, lease_deadline_ms=None,
         budget_attempts=record.budget_attempts + 1,
         last_error_class=ERROR_CLASS_INTERRUPTED if command.interrupted else record.last_error_class,
         history=_ended(record.history, record.attempts, ended_ms=now_ms,
                        outcome="interrupted" if command.interrupted else "released"),
+        in_doubt_until_ms=in_doubt.fold(record.in_doubt_until_ms, delivery_until),
     )  # fmt: skip
     messages.save(entry, record, after)
     entry.emit(EventType.RELEASED, record.id, record.kind,
                {"token": record.token, "attempt": record.attempts, "interrupted": command.interrupted})  # fmt: skip
-    return Outcome(code=Code.OK, message_id=record.id, state=State.READY, due_ms=now_ms)
+    return Outcome(code=Code.OK, message_id=record.id, state=state_of(WAITING, due_ms, now_ms), due_ms=due_ms)

@@ -64,6 +64,8 @@ class MessageRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
     version: int | None = None
     previous_id: int | None = None
     superseded_by: int | None = None
+    in_doubt_until_ms: int | None = None
+    """Until when a request an earlier delivery sent may still take effect (queues/core/in_doubt.py)."""
     amount: int | None = None
     """While dead: the current payload's integer `amount_minor` (queues.core.money), else None."""
     currency: str | None = None

@@ -36,7 +36,7 @@ OLD_SCHEMA: Final = (
         last_error_text TEXT, token INTEGER NOT NULL, token_open INTEGER NOT NULL, lease_worker TEXT,
         lease_deadline_ms INTEGER, dead_ms INTEGER, dead_reason TEXT, dead_error_class TEXT, terminal_ms INTEGER,
         purge_ms INTEGER, request_id INTEGER, edited_hash BLOB, version INTEGER, previous_id INTEGER,
-        superseded_by INTEGER)""",
+        superseded_by INTEGER, in_doubt_until_ms INTEGER)""",
     "CREATE TABLE bodies (id INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
     "CREATE TABLE idempotency (key TEXT PRIMARY KEY, message_id INTEGER NOT NULL) WITHOUT ROWID",
     """CREATE TABLE attempts (message_id INTEGER NOT NULL, attempt INTEGER NOT NULL, token INTEGER NOT NULL,
@@ -101,8 +101,8 @@ def old_store(path: Path, state: dict[str, Any], *, without_counts: bool = False
         for statement in OLD_SCHEMA:
             conn.execute(statement)
         for row in state["messages"]:
-            conn.execute(f"INSERT INTO messages VALUES ({','.join('?' * 29)})", row[:29])
-            conn.execute("INSERT INTO bodies VALUES (?, ?)", (row[0], row[29]))
+            conn.execute(f"INSERT INTO messages VALUES ({','.join('?' * 30)})", row[:30])
+            conn.execute("INSERT INTO bodies VALUES (?, ?)", (row[0], row[30]))
         for part, table in _ROWS.items():
             for row in state[part]:
                 conn.execute(f"INSERT INTO {table} VALUES ({','.join('?' * len(row))})", row)

@@ -1,11 +1,12 @@
 """Record a log, and what the SQL queue machine made of it, for the store equivalence test.
 
-The queue's rules moved out of the SQLite machine (queues/machine.py as of commit bc0d106) into a
+The queue's rules moved out of the SQLite machine (queues/machine.py as of commit 9597459: bc0d106
+and issue 20's in-doubt deadlines) into a
 pure core over a storage port. That change must not change what any replica computes: for the
 same log, the same result bytes for every command, the same answers to the same queries, and the
 same state. This script records all three from the *old* machine:
 
-    git worktree add /tmp/old-queue bc0d106 && ln -s /work/main/.venv /tmp/old-queue/.venv
+    git worktree add /tmp/old-queue 9597459 && ln -s /work/main/.venv /tmp/old-queue/.venv
     cd /tmp/old-queue && PYTHONPATH=/tmp/old-queue .venv/bin/python /path/to/record.py --out recorded.msgpack.gz
 
 It is self-contained (it imports only what the old machine's modules export) so that it can be run
@@ -114,7 +115,7 @@ def canonical_state(conn: sqlite3.Connection) -> dict[str, Any]:
             "SELECT m.id, kind, idempotency_key, ref_key, content_hash, edited_payload, headers, created_ms, phase,"
             " due_ms, attempts, budget_attempts, budget_start_ms, last_error_class, last_error_text, token, token_open,"
             " lease_worker, lease_deadline_ms, dead_ms, dead_reason, dead_error_class, terminal_ms, purge_ms,"
-            " request_id, edited_hash, version, previous_id, superseded_by, b.payload"
+            " request_id, edited_hash, version, previous_id, superseded_by, in_doubt_until_ms, b.payload"
             " FROM messages m LEFT JOIN bodies b ON b.id = m.id ORDER BY m.id"
         )),
         "attempts": _rows(conn, "SELECT * FROM attempts ORDER BY message_id, attempt"),
@@ -373,11 +374,13 @@ class Script:
             elif kind < 0.8:
                 command = Fail(message_id=message_id, token=token, error_class=rng.choice(ERRORS),
                                error_text="boom" * rng.randint(0, 3), permanent=rng.random() < 0.35,
-                               not_before_ms=rng.choice((None, None, self.now_ms + 1_000, self.now_ms + 10**10)))  # fmt: skip
+                               not_before_ms=rng.choice((None, None, self.now_ms + 1_000, self.now_ms + 10**10)),
+                               in_doubt_ms=rng.choice((None, None, 0, 400, 20_000)))  # fmt: skip
             elif kind < 0.9:
                 command = ExtendLease(message_id=message_id, token=token, lease_ms=rng.choice((100, 5_000)))
             else:
-                command = Release(message_id=message_id, token=token, interrupted=rng.random() < 0.5)
+                command = Release(message_id=message_id, token=token, interrupted=rng.random() < 0.5,
+                                  in_doubt_ms=rng.choice((None, 0, 1_500)))
             self.session_send(rng.randint(1, 4), codec.encode_command(command))
         elif op < 0.48:
             acks = tuple(Ack(message_id=m, token=t) for m, t in (self.some_grant() for _ in range(rng.randint(1, 8))))
