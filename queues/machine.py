@@ -41,7 +41,11 @@ def open_store(path: str | Path, *, threaded: bool | None = None) -> Store:
     unless `threaded=False` (a caller that uses it from one thread only)."""
     if str(path) == MEMORY:
         return SqliteStore(MEMORY)
-    return LmdbStore(path, threaded=True if threaded is None else threaded)
+    return LmdbStore(path, threaded=True if threaded is None else threaded, index_of=_applied_index)
+
+
+def _applied_index(view: KvRead) -> int:
+    return load_meta(view).applied_index
 
 
 class _Copy:
@@ -147,7 +151,7 @@ class QueueMachine:
 
     def checkpoint(self) -> int:
         """An applied index whose state is durable (0: this store cannot make one; copy instead)."""
-        return self._store.checkpoint(lambda view: load_meta(view).applied_index)
+        return self._store.checkpoint(_applied_index)
 
     def open_copy(self) -> _Copy | None:
         """Pin the state as it is now, for a copy written beside later applies (a follower's snapshot)."""

@@ -49,4 +49,14 @@ def money_of(payload: bytes) -> tuple[int | None, str | None]:
         amount = int(amount)
     elif not isinstance(amount, int) or not _INT64_MIN <= amount <= _INT64_MAX:
         amount = None
-    return amount, currency if isinstance(currency, str) else None
+    return amount, currency if isinstance(currency, str) and _unicode(currency) else None
+
+
+def _unicode(text: str) -> bool:
+    """Not a lone surrogate (`"\\ud800"` in the JSON): text that has no UTF-8, which no key or
+    record could hold (SQLite stored such bytes, and its reads then failed on them)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -15,6 +15,14 @@ the next one, and answers the newest state already durable. After an unclean sto
 back to that state, and the node replays the log from it: the log is only ever compacted up to a
 durable checkpoint.
 
+The reader on the checkpoint is what makes the rollback possible (LMDB never reuses a page a
+reader can still see), and what it costs: every page freed since that state stays allocated, and
+with random-keyed indexes a group's commit frees thousands (each insert copies its leaf). Held for
+a snapshot interval of the node's (64 MiB of log), that was most of the file. So a store given
+`index_of` (the machine's: where a state keeps its applied index) moves its checkpoint on its own:
+each fsync of the syncer makes the last committed state durable, and the pages pinned are those
+of about a second of applies. `checkpoint` then only answers the newest one.
+
 Threads: LMDB's write transaction belongs to the thread that began it (its writer lock is a
 process-shared mutex), and the node calls its machine from more than one thread (the apply thread,
 the event loop for small batches, the I/O thread for a snapshot install). With `threaded=True` the
@@ -31,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +49,7 @@ import lmdb
 from queues.core.port import KvRead, KvWrite, Table
 from queues.stores import StoreError
 from queues.stores import lmdb_checkpoint as ckpt
+from queues.stores.owner_thread import OwnerThread, result_of
 
 T = TypeVar("T")
 
@@ -107,66 +115,35 @@ class _Tx:
         return found
 
 
-class _Owner:
-    """The thread that begins, commits and aborts the group's write transaction.
-
-    LMDB's writer lock is a process-shared mutex that only the thread which took it may release,
-    and the node calls its machine from more than one thread. So the group's transaction is begun
-    and ended here, and everything else (each entry's nested transaction, every read) runs on the
-    caller's thread, with no hand-off per entry. A commit runs here after the entry that filled
-    the group has returned: its page writes overlap the node's answers and the next replication,
-    and the next write waits for it only if it comes first."""
-
-    def __init__(self, name: str) -> None:
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def start(self, fn: Callable[[], Any]) -> tuple[list[Any], threading.Event]:
-        box: list[Any] = []
-        done = threading.Event()
-        self._tasks.put((fn, box, done))
-        return box, done
-
-    def run(self, fn: Callable[[], T]) -> T:
-        box, done = self.start(fn)
-        return _result(box, done)  # type: ignore[no-any-return]
-
-    def _run(self) -> None:
-        while (task := self._tasks.get()) is not None:
-            fn, box, done = task
-            try:
-                box.extend((True, fn()))
-            except BaseException as error:  # handed to whoever waits for it
-                box.extend((False, error))
-            done.set()
-
-    def stop(self) -> None:
-        self._tasks.put(None)
-        self._thread.join()
-
-
-def _result(box: list[Any], done: threading.Event) -> Any:
-    done.wait()
-    ok, value = box
-    if not ok:
-        raise value
-    return value
+Pin = tuple[lmdb.Transaction, ckpt.Checkpoint]
+"""A reader on a committed state, and that state's checkpoint record."""
 
 
 class _Syncer:
-    """fdatasyncs the store's file every SYNC_EVERY_S while commits are made, and completes
-    checkpoints. Without it the kernel writes the file back in bursts of hundreds of megabytes,
-    and a checkpoint's fsync then stalls the Raft log's own fsyncs on the same disk for as long."""
+    """fdatasyncs the store's file every SYNC_EVERY_S while commits are made, and keeps the
+    checkpoints: the reader on the newest durable state (the one an unclean stop rolls back to)
+    and the candidate its next fsync makes durable. Without it the kernel writes the file back in
+    bursts of hundreds of megabytes, and a checkpoint's fsync then stalls the Raft log's own fsyncs
+    on the same disk for as long."""
 
-    def __init__(self, store: LmdbStore) -> None:
+    def __init__(self, store: LmdbStore, index_of: Callable[[KvRead], int] | None) -> None:
         self._store = store
+        self.index_of = index_of
+        """Given: each fsync makes the last committed state the checkpoint (the module docstring)."""
+        self.durable: Pin | None = None
+        self.candidate: Pin | None = None
+        self.failure: BaseException | None = None
+        """An fsync that failed: the store refuses every checkpoint from then on."""
+        self._pins = threading.Lock()
+        """Held while `candidate` or `durable` changes: this thread and a checkpoint's caller both do."""
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
         self._stop = threading.Event()
         self._synced_txnid = -1
         self._thread = threading.Thread(target=self._run, name=f"lmdb-sync-{os.path.basename(store.path)}", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def kick(self) -> None:
@@ -180,7 +157,8 @@ class _Syncer:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _run(self) -> None:
         store = self._store
@@ -191,18 +169,78 @@ class _Syncer:
                 with store._env_lock:
                     if self._stop.is_set():
                         break
-                    candidate = store._candidate
+                    candidate = self.candidate
                     txnid = int(store._env.info()["last_txnid"])
                     if txnid != self._synced_txnid or candidate is not None:
                         store._env.sync(True)
                         self._synced_txnid = txnid
-                    store._synced(candidate)
-            except BaseException as error:  # an fsync that failed: the store refuses every checkpoint
-                store._sync_failure = error
+                    self.synced(candidate)
+                    self._advance()
+            except BaseException as error:
+                self.failure = error
             finally:
                 if not self._wake.is_set():
                     self._idle.set()
         self._idle.set()
+
+    # ---- the checkpoints --------------------------------------------------------------------------
+    def propose(self, index_of: Callable[[KvRead], int]) -> None:
+        """The last committed state, unless one waits already, is the next fsync's candidate."""
+        with self._pins:
+            if self.candidate is None:
+                self.candidate = self._pin(index_of)
+
+    def _pin(self, index_of: Callable[[KvRead], int]) -> Pin:
+        """A reader on the last committed state, with that state's checkpoint record."""
+        env, path = self._store._env, self._store.path
+        page_size = int(env.stat()["psize"])
+        while True:
+            reader = env.begin()
+            txnid = int(reader.id())
+            try:
+                page = ckpt.read_meta(path, page_size, txnid)
+            except StoreError:  # two commits since the reader began overwrote its meta slot: again
+                reader.abort()
+                continue
+            return reader, ckpt.Checkpoint(txnid, index_of(_Tx(reader, self._store._dbs)), page)
+
+    def synced(self, candidate: Pin | None) -> None:
+        """After an fsync that began after `candidate`'s commit: it is durable."""
+        if candidate is None:
+            return
+        ckpt.save(self._store.path, candidate[1])
+        with self._pins:
+            previous, self.durable = self.durable, candidate
+            if self.candidate is candidate:
+                self.candidate = None
+        if previous is not None:
+            previous[0].abort()  # its pages may be reused now: the newer state is the one to roll back to
+
+    def _advance(self) -> None:
+        """With `index_of`: the last committed state, if newer than the checkpoint, becomes the
+        candidate that the next fsync makes durable."""
+        if self.index_of is None:
+            return
+        with self._pins:
+            durable = self.durable
+            if self.candidate is not None or durable is None:
+                return
+            if int(self._store._env.info()["last_txnid"]) <= durable[1].txnid:
+                return
+            self.candidate = self._pin(self.index_of)
+
+    def make_durable(self) -> None:
+        """At open, synchronously: the state in the file becomes the checkpoint."""
+        candidate = self._pin(self.index_of or (lambda view: 0))
+        self._store._env.sync(True)
+        self.synced(candidate)
+
+    def release(self) -> None:
+        with self._pins:
+            pinned, self.durable, self.candidate = (self.durable, self.candidate), None, None
+        for held in pinned:
+            if held is not None:
+                held[0].abort()
 
 
 class LmdbStore:
@@ -211,7 +249,7 @@ class LmdbStore:
     durable = True
 
     def __init__(self, path: str | Path, *, threaded: bool = False, commit_every: int = COMMIT_EVERY_CHANGES,
-                 readonly: bool = False) -> None:  # fmt: skip
+                 readonly: bool = False, index_of: Callable[[KvRead], int] | None = None) -> None:  # fmt: skip
         self.path = str(path)
         self.commit_every = commit_every
         self._readonly = readonly
@@ -223,18 +261,13 @@ class LmdbStore:
         self._failure: BaseException | None = None
         self._reader: lmdb.Transaction | None = None
         self._changes = 0
-        self._durable: tuple[lmdb.Transaction, ckpt.Checkpoint] | None = None
-        """The reader pinned on the newest durable state, and that state's checkpoint record."""
-        self._candidate: tuple[lmdb.Transaction, ckpt.Checkpoint] | None = None
-        """A state pinned for the next checkpoint, durable once the syncer's next fsync returns."""
-        self._sync_failure: BaseException | None = None
-        self._owner = _Owner(f"lmdb-{os.path.basename(self.path)}") if threaded else None
+        self._owner = OwnerThread(f"lmdb-{os.path.basename(self.path)}") if threaded else None
         self._env_lock = threading.Lock()
         """Held by the syncer while it uses the environment, and while the environment is replaced or closed."""
+        self._syncer = _Syncer(self, index_of)
         self._env, self._dbs = self._open()
-        self._syncer = _Syncer(self)
-        if readonly:
-            self._syncer.stop()
+        if not readonly:
+            self._syncer.start()
 
     def _open(self, *, recover: bool = True) -> tuple[lmdb.Environment, tuple[Any, ...]]:
         _refuse_foreign(self.path)
@@ -255,7 +288,7 @@ class LmdbStore:
                 raise StoreError(f"{self.path} is not a queue store of this version: {error}") from None
         dbs = tuple(env.open_db(name) for name in _NAMES)
         self._env, self._dbs = env, dbs
-        self._make_durable()  # what is in the file now is the state to roll back to
+        self._syncer.make_durable()  # what is in the file now is the state to roll back to
         return env, dbs
 
     def _recover(self) -> None:
@@ -335,7 +368,7 @@ class LmdbStore:
         pending, self._pending = self._pending, None
         if pending is not None:
             try:
-                _result(*pending)
+                result_of(*pending)
             except BaseException as error:
                 self._failure = error
                 raise
@@ -361,51 +394,21 @@ class LmdbStore:
         newest state already durable: the syncer thread fsyncs, saves the state's checkpoint record
         and moves the pinned reader to it. Nothing here waits for an fsync (the log is kept one
         checkpoint longer instead), but the first time: 0 would tell the node "this store cannot"."""
-        if self._sync_failure is not None:
-            raise StoreError(f"{self.path}: a checkpoint's fsync failed: {self._sync_failure!r}")
-        first = self._durable is None or self._durable[1].index == 0
+        syncer = self._syncer
+        if syncer.failure is not None:
+            raise StoreError(f"{self.path}: a checkpoint's fsync failed: {syncer.failure!r}")
+        first = syncer.durable is None or syncer.durable[1].index == 0
         if first:
             self.commit()
-        if self._candidate is None:
-            self._candidate = self._pin_committed(index_of)
-        self._syncer.kick()
+        syncer.propose(index_of)
+        syncer.kick()
         if first:
-            self._syncer.wait_idle()
-            if self._sync_failure is not None:
-                raise StoreError(f"{self.path}: a checkpoint's fsync failed: {self._sync_failure!r}")
-        durable = self._durable
+            syncer.wait_idle()
+            if syncer.failure is not None:
+                raise StoreError(f"{self.path}: a checkpoint's fsync failed: {syncer.failure!r}")
+        durable = syncer.durable
         assert durable is not None
         return durable[1].index
-
-    def _pin_committed(self, index_of: Callable[[KvRead], int]) -> tuple[lmdb.Transaction, ckpt.Checkpoint]:
-        """A reader on the last committed state, with that state's checkpoint record."""
-        page_size = int(self._env.stat()["psize"])
-        while True:
-            reader = self._env.begin()
-            txnid = int(reader.id())
-            try:
-                page = ckpt.read_meta(self.path, page_size, txnid)
-            except StoreError:  # two commits since the reader began overwrote its meta slot: again
-                reader.abort()
-                continue
-            return reader, ckpt.Checkpoint(txnid, index_of(_Tx(reader, self._dbs)), page)
-
-    def _synced(self, candidate: tuple[lmdb.Transaction, ckpt.Checkpoint] | None) -> None:
-        """The syncer thread, after an fsync that began after `candidate`'s commit: it is durable."""
-        if candidate is None:
-            return
-        ckpt.save(self.path, candidate[1])
-        previous, self._durable = self._durable, candidate
-        if self._candidate is candidate:
-            self._candidate = None
-        if previous is not None:
-            previous[0].abort()  # its pages may be reused now: the newer state is the one to roll back to
-
-    def _make_durable(self) -> None:
-        """At open, synchronously: the state in the file becomes the checkpoint."""
-        candidate = self._pin_committed(lambda view: 0)
-        self._env.sync(True)
-        self._synced(candidate)
 
     def sync(self) -> bool:
         """Commit and fsync now (a clean stop, tests): the current state is durable."""
@@ -435,7 +438,7 @@ class LmdbStore:
 
     def _restore_locked(self, path: Path) -> None:
         self._discard()
-        self._release_durable()
+        self._syncer.release()
         self._env.close()
         # The old checkpoint record goes first: a crash before the copy's own is saved leaves a
         # file without one, which the next open discards (the node then rejoins), never a record
@@ -452,7 +455,7 @@ class LmdbStore:
         self._syncer.stop()
         if not self._readonly:
             self.sync()
-            self._release_durable()
+            self._syncer.release()
             self._drop_reader()
             self._env.close()
             with open(ckpt.clean_path(self.path), "wb") as marker:
@@ -473,18 +476,12 @@ class LmdbStore:
         marker is left, so the next open rolls back to the last checkpoint."""
         self._syncer.stop()
         self._discard()
-        self._release_durable()
+        self._syncer.release()
         self._env.close()
         if self._owner is not None:
             self._owner.stop()
 
     # ---- internals ------------------------------------------------------------------------------
-    def _release_durable(self) -> None:
-        for pinned in (self._durable, self._candidate):
-            if pinned is not None:
-                pinned[0].abort()
-        self._durable = self._candidate = None
-
     def _discard(self) -> None:
         try:
             self._settle()

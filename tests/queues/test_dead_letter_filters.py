@@ -139,6 +139,16 @@ def test_the_summary_counts_sums_per_currency_and_names_the_oldest() -> None:
     assert isinstance(wire, qc.DeadLetterSummaryAnswer) and wire.summary.count == 3
 
 
+def test_a_currency_with_no_utf8_is_no_currency_and_never_stops_the_apply() -> None:
+    """A lone surrogate in the JSON (`"\\ud800"`) is text no key or record can hold: a payload
+    that spells its currency so must enter the tier as one without a currency, not fail the entry
+    on every replica."""
+    node = Node()
+    (dead,) = dead_with(node, b'{"amount_minor": 5, "currency": "\\ud800"}')
+    summary = queries.dead_letter_summary(node.machine.view, DeadLetterFilter())
+    assert (summary.count, summary.by_currency, summary.without_amount, summary.oldest_id) == (1, (), 1, dead)
+
+
 def test_old_encodings_decode_the_same_and_empty_ranges_are_refused_at_decode() -> None:
     old = {"t": "redrive", "actor": "o", "reason": "r", "filter": {"kind": "transfer", "ref_key": None}, "limit": 10}
     decoded = codec.decode_command(bytes([codec.CODEC_VERSION]) + msgspec.msgpack.encode(old))

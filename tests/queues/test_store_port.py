@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from queues.core.keys import after, pair, text, u64
-from queues.core.port import Table
+from queues.core.port import KvRead, Table
 from queues.stores import Store, StoreError
 from queues.stores import lmdb_checkpoint as ckpt
 from queues.stores.lmdb_store import LmdbStore
@@ -276,6 +276,51 @@ def test_a_clean_stop_keeps_everything_and_checkpoints_are_answered_without_wait
     reopened = LmdbStore(path)
     assert list(reopened.read().scan(Table.KINDS)) == [(b"a", b"1"), (b"b", b"2")]
     reopened.close()
+
+
+def _sync_cycle(store: LmdbStore) -> None:
+    """One round of the syncer, now: its fsync, and what follows it."""
+    store._syncer.kick()
+    store._syncer.wait_idle()
+
+
+def test_a_store_that_knows_its_index_moves_its_checkpoint_on_its_own(tmp_path: Path) -> None:
+    """With `index_of`, each fsync of the syncer makes the last committed state the one an
+    unclean stop rolls back to: nobody calls `checkpoint`, and the rollback loses at most a
+    second or two of commits (the log has them)."""
+    path = tmp_path / "queue.lmdb"
+    store = LmdbStore(path, index_of=lambda view: len(_states_of(view)))
+    _put(store, Table.MESSAGES, *((u64(n), b"first") for n in range(10)))
+    store.commit()
+    _sync_cycle(store)  # pins the committed state as the candidate
+    _sync_cycle(store)  # its fsync makes it durable
+    _put(store, Table.MESSAGES, (u64(99), b"not committed"))
+    assert store.checkpoint(lambda view: -1) == 10  # answers the durable state's own index
+    store.abandon()
+    reopened = LmdbStore(path)
+    assert sorted(_states(reopened)) == list(range(10))
+    reopened.close()
+
+
+def test_the_pages_a_checkpoint_frees_are_reused_once_it_moves_on(tmp_path: Path) -> None:
+    """Churn (every value rewritten, commit after commit) does not grow the file while the
+    checkpoint moves: the pages the old checkpoint pinned are free again. Without `index_of`,
+    and no `checkpoint` call, it would grow by the churn."""
+    sizes = {}
+    for moving in (True, False):
+        path = tmp_path / f"queue-{moving}.lmdb"
+        store = LmdbStore(path, index_of=(lambda view: 1) if moving else None)
+        for round_ in range(60):
+            _put(store, Table.MESSAGES, *((u64(n), f"{round_}".encode() * 400) for n in range(200)))
+            store.commit()
+            _sync_cycle(store)
+        sizes[moving] = path.stat().st_size
+        store.close()
+    assert sizes[True] * 4 < sizes[False], sizes
+
+
+def _states_of(view: KvRead) -> dict[int, bytes]:
+    return {int.from_bytes(key, "big"): value for key, value in view.scan(Table.MESSAGES)}
 
 
 def test_a_write_from_another_thread_is_refused_not_deadlocked(tmp_path: Path) -> None:
