@@ -33,6 +33,7 @@ from typing import Any, Final
 from api.tokens import token_hash
 from compensator import config as configuration
 from queues import Code, QueueClient, RaftClient, Role
+from raft_store.testing.credentials import service_settings
 from raft_store.testing.processes import ProcessCluster
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[1]
@@ -143,7 +144,7 @@ def compensator_command() -> list[str]:
 
 def api_server(cluster: ProcessCluster, root: Path, *, port: int, workers: int) -> Server:
     env = child_environment(**{
-        f"{configuration.ENV_PREFIX}STORE__ADDRESSES": ",".join(f"{h}:{p}" for h, p in cluster.addresses()),
+        **service_settings(cluster.addresses(), cluster.auth),
         f"{configuration.ENV_PREFIX}API__HOST": "127.0.0.1",
         f"{configuration.ENV_PREFIX}API__PORT": str(port),
         f"{configuration.ENV_PREFIX}API__WORKERS": str(workers),
@@ -259,7 +260,7 @@ class Profiler:
 # ---- the store and the run -----------------------------------------------------------------------
 async def create_producer(cluster: ProcessCluster, token: str, *, reason: str) -> None:
     """The producer `PRODUCER` with `token`, and a quota that never holds a request."""
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     try:
         await cluster.wait_leader(raft)
         queue = QueueClient(raft)

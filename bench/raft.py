@@ -39,7 +39,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def throughput(cluster: ProcessCluster, concurrency: int, seconds: float, payload_bytes: int) -> dict[str, Any]:
-    client = RaftClient(cluster.addresses(), deadline_s=30)
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=30)
     leader = await cluster.wait_leader(client)
     payload = os.urandom(payload_bytes)
     latencies: list[float] = []
@@ -93,7 +93,7 @@ async def throughput(cluster: ProcessCluster, concurrency: int, seconds: float, 
 
 
 async def failover(cluster: ProcessCluster, workers: int = 16) -> dict[str, Any]:
-    client = RaftClient(cluster.addresses(), deadline_s=30, attempt_timeout_s=1.0)
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=30, attempt_timeout_s=1.0)
     leader = await cluster.wait_leader(client)
     acked: dict[int, list[int]] = {w: [] for w in range(workers)}
     first_new_commit: list[float] = []

@@ -41,6 +41,8 @@ METRICS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONFIG_PATH_ENV: Final = "COMPENSATOR_CONFIG"
 """The file to read when the command line names none (how uvicorn's worker processes find it)."""
 LOCAL_ADDRESSES: Final = ("127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103")
+LOCAL_SECRET_NAME: Final = "cluster.secret"
+"""The cluster secret `make run` makes in `local.data_dir`, where clients look when `store.secret_file` is empty."""
 OTHER_VARIABLES: Final = {
     CONFIG_PATH_ENV: "The TOML file to read when the command line names none.",
     "COMPENSATOR_PG_DSN": "The PostgreSQL of the compensation ledger (projector, reconciliation, stand-ins), as "
@@ -75,6 +77,16 @@ class StoreConfig(_Section, frozen=True):
     """One try at one node; past it the client tries the next (the outcome of a write may then be unknown)."""
     deadline_s: float = 5.0
     """How long one store call may retry (leader changes, redirects) before the API answers 503."""
+    secret_file: str = ""
+    """The cluster secret every node and every client of the store proves it holds (mode 0600; one
+    secret per line, the first presented, all accepted: docs/security.md). Empty: `local.data_dir`/cluster.secret,
+    which `make run` makes."""
+    tls_ca: str = ""
+    """A PEM CA that the nodes' and clients' certificates chain to: set it, `tls_cert` and `tls_key` for TLS to the store."""
+    tls_cert: str = ""
+    """This process's PEM certificate for TLS to the store (the nodes take theirs as `compensator node --tls-cert`)."""
+    tls_key: str = ""
+    """The PEM private key of `tls_cert` (mode 0600)."""
 
 
 class ApiConfig(_Section, frozen=True):
@@ -335,6 +347,11 @@ class Config(_Section, frozen=True):
     def api_url(self) -> str:
         return self.api.public_url or f"http://{self.api.host}:{self.api.port}"
 
+    @property
+    def secret_path(self) -> Path:
+        """The cluster secret's file: `store.secret_file`, else the local run's."""
+        return Path(self.store.secret_file or Path(self.local.data_dir) / LOCAL_SECRET_NAME)
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message has one line per problem."""
@@ -370,6 +387,8 @@ def _problems(config: Config) -> list[str]:
     check(1 <= store.set_id <= 65535, "store.set_id", "must be in 1..65535")
     check(0 < store.attempt_timeout_s <= store.deadline_s, "store.attempt_timeout_s", "must be in (0, deadline_s]")
     check(store.deadline_s <= 60, "store.deadline_s", "must be at most 60 s (callers wait this long for a 503)")
+    tls = [store.tls_ca, store.tls_cert, store.tls_key]
+    check(all(tls) or not any(tls), "store.tls_ca", "TLS needs all three of tls_ca, tls_cert and tls_key")
     review = config.review
     check(review.amount_threshold_minor >= 0, "review.amount_threshold_minor", "must be at least 0")
     check(1 <= review.bulk_count_max <= 1000, "review.bulk_count_max", "must be in 1..1000")

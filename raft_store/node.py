@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from raft_store import codec
+from raft_store.auth import StoreAuth
 from raft_store.codec import FrameType, Status
 from raft_store.core import Config as CoreConfig
 from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
+from raft_store.files import make_private
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
@@ -100,8 +102,12 @@ class NodeConfig:
     client_addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Node id -> the address clients use for that node, advertised in the status answer. Peers
     may talk on a network clients cannot reach, so clients never use `peers` addresses."""
+    auth: StoreAuth | None = None
+    """The cluster secrets (and TLS) every connection to and from this node must prove; required."""
 
     def validate(self) -> None:
+        if self.auth is None:
+            raise ValueError("a node needs the cluster secret (auth): it serves no connection without one")
         if self.node_id <= 0:
             raise ValueError("node_id must be positive")
         if self.tick_ms <= 0:
@@ -125,6 +131,12 @@ class _Waiter:
     future: asyncio.Future[codec.Result] | None = None
 
 
+def _required(auth: StoreAuth | None) -> StoreAuth:
+    if auth is None:
+        raise ValueError("a node needs the cluster secret (auth)")
+    return auth
+
+
 class NodeStopped(Exception):
     """The node stopped itself: storage failed or was found corrupt."""
 
@@ -145,6 +157,7 @@ class Node:
             self._on_peer_frame,
             self._on_client_frame,
             TransportConfig(cluster_id=config.cluster_id),
+            auth=_required(config.auth),
         )
         self.transport.on_unreachable = self._on_unreachable
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"wal-{config.node_id}")
@@ -188,7 +201,7 @@ class Node:
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.config.data_dir)  # 0700 and 0600 throughout, also what older versions left
         self.core = await loop.run_in_executor(self._io, self._recover)
         await self.transport.start()
         self._tasks = [
@@ -1046,4 +1059,5 @@ class Node:
             "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.config.client_addresses.items())},
             "failure": repr(self._failure) if self._failure else None,
             "metrics": self.metrics.as_dict(),
+            "refused": dict(self.transport.refused),
         }

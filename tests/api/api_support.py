@@ -22,6 +22,7 @@ from compensator import config as configuration
 from compensator.wiring import api_app
 from queues import QueueClient, RaftClient, Role
 from queues.replicated import machine_factory
+from raft_store.testing.credentials import service_settings
 from raft_store.testing.inprocess import StoreThread
 
 ROLES = tuple(Role)
@@ -34,7 +35,7 @@ def queue_store(data_dir: Path) -> StoreThread:
 def settings(store: StoreThread, **overrides: str) -> configuration.Config:
     """The service's configuration for this store, with `section__field` overrides as the
     environment would give them (e.g. ``quota__rate_per_s="5"``)."""
-    environ = {"COMPENSATOR_STORE__ADDRESSES": store.addresses, "COMPENSATOR_STORE__DEADLINE_S": "3",
+    environ = {**service_settings([store.address], store.auth), "COMPENSATOR_STORE__DEADLINE_S": "3",
                "COMPENSATOR_AUTH__REFRESH_INTERVAL_S": "0.2"}  # fmt: skip
     environ.update({f"COMPENSATOR_{name.upper()}": value for name, value in overrides.items()})
     return configuration.load(None, environ)
@@ -42,7 +43,7 @@ def settings(store: StoreThread, **overrides: str) -> configuration.Config:
 
 async def put_tokens(store: StoreThread, roles: tuple[Role, ...] = ROLES, prefix: str = "") -> dict[Role, str]:
     """A live token per role, named after it (``producer``, ``operator``, ...)."""
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     tokens: dict[Role, str] = {}
     try:
         for role in roles:
@@ -72,7 +73,7 @@ async def running_api(store: StoreThread, **overrides: str) -> AsyncIterator[Api
     tokens = await put_tokens(store)
     spans = InMemorySpanExporter()
     app = api_app(settings(store, **overrides), span_exporter=spans)
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:

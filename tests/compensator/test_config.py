@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from compensator.config import Config, ConfigError, load
+from raft_store.testing.credentials import cluster_auth, service_settings
 
 
 def test_defaults_are_a_valid_local_configuration() -> None:
@@ -74,7 +75,7 @@ def test_the_command_line_answers_bad_input_in_one_line_per_problem(tmp_path: Pa
         "compensator api: config: api.port: must be in 1..65535",
         "compensator api: config: api.workers: must be in 1..64",
     ]
-    unreachable = _compensator("token", "list", env={"COMPENSATOR_STORE__ADDRESSES": "127.0.0.1:9",
+    unreachable = _compensator("token", "list", env={**service_settings([("127.0.0.1", 9)], cluster_auth(tmp_path)),
                                                       "COMPENSATOR_STORE__DEADLINE_S": "1"})  # fmt: skip
     assert unreachable.returncode == 1 and len(unreachable.stderr.splitlines()) == 1
     assert unreachable.stderr.startswith("compensator token: error: the store at 127.0.0.1:9 did not answer")

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from queues import QueueClient, RaftClient
+from queues import QueueClient, RaftClient, StoreAuth
 from queues.model import Enqueue
+from raft_store.testing.credentials import cluster_auth
 from raft_store.testing.processes import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +26,8 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
 
 
-async def _enqueue(port: int) -> None:
-    queue = QueueClient(RaftClient([("127.0.0.1", port)], deadline_s=10))
+async def _enqueue(port: int, auth: StoreAuth) -> None:
+    queue = QueueClient(RaftClient([("127.0.0.1", port)], auth=auth, deadline_s=10))
     try:
         await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key=f"k{i}", ref_key=f"r{i}", payload=b"p")
                                   for i in range(5)])  # fmt: skip
@@ -36,10 +37,12 @@ async def _enqueue(port: int) -> None:
 
 def test_a_node_serves_its_raft_and_queue_metrics(tmp_path: Path) -> None:
     port, metrics_port = free_ports(2)
+    auth = cluster_auth(tmp_path)
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     node = subprocess.Popen(
         [sys.executable, "-m", "compensator", "node", "--id", "1", "--peer", f"1=127.0.0.1:{port}",
-         "--data", str(tmp_path / "node1"), "--metrics-address", f"127.0.0.1:{metrics_port}"],
+         "--data", str(tmp_path / "node1"), "--metrics-address", f"127.0.0.1:{metrics_port}",
+         "--secret-file", str(auth.secrets.path)],
         cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -54,7 +57,7 @@ def test_a_node_serves_its_raft_and_queue_metrics(tmp_path: Path) -> None:
                 pass
             assert time.monotonic() < deadline and node.poll() is None, node.stderr
             time.sleep(0.05)
-        asyncio.run(_enqueue(port))
+        asyncio.run(_enqueue(port, auth))
         answer = httpx.get(url)
         other = httpx.get(f"http://127.0.0.1:{metrics_port}/")
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from queues import QueueClient, RaftClient
 from queues.replicated import machine_factory
+from raft_store.testing.credentials import service_settings
 from raft_store.testing.inprocess import StoreThread, running_store
 
 PASSWORD = "correct horse battery"
@@ -18,13 +19,13 @@ PASSWORD = "correct horse battery"
 def _user(store: StoreThread, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "compensator", "user", *args], input=stdin, capture_output=True, text=True, timeout=60,
-        env={"COMPENSATOR_STORE__ADDRESSES": store.addresses, "PATH": "/usr/bin:/bin"}, check=False,
+        env={**service_settings([store.address], store.auth), "PATH": "/usr/bin:/bin"}, check=False,
     )  # fmt: skip
 
 
 def _documents(store: StoreThread, namespace: str) -> str:
     async def read() -> str:
-        queue = QueueClient(RaftClient([store.address]))
+        queue = QueueClient(RaftClient([store.address], auth=store.auth))
         try:
             answer = (await queue.documents(namespace)).value
             return f"version {answer.version}: {answer.documents}"

@@ -20,6 +20,7 @@ from compensator import config as configuration
 from compensator.wiring import api_app
 from ledger import pg
 from queues import EventType, QueueClient, RaftClient, Role
+from raft_store.testing.credentials import service_settings
 from raft_store.testing.inprocess import StoreThread
 
 PRODUCER = "outbox-producer"
@@ -58,7 +59,7 @@ class ApiServer:
 
     async def up(self) -> None:
         environ = {
-            "COMPENSATOR_STORE__ADDRESSES": self.store.addresses, "COMPENSATOR_STORE__DEADLINE_S": "3",
+            **service_settings([self.store.address], self.store.auth), "COMPENSATOR_STORE__DEADLINE_S": "3",
             "COMPENSATOR_AUTH__REFRESH_INTERVAL_S": "0.2",
             **{f"COMPENSATOR_{name.upper()}": value for name, value in self.overrides.items()},
         }  # fmt: skip
@@ -85,7 +86,7 @@ class ApiServer:
 @contextlib.asynccontextmanager
 async def producer_token(store: StoreThread) -> AsyncIterator[str]:
     token = new_token()
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     try:
         await queue.put_token(PRODUCER, Role.PRODUCER, token_hash(token), actor="tests")
         yield token
@@ -95,7 +96,7 @@ async def producer_token(store: StoreThread) -> AsyncIterator[str]:
 
 async def enqueued_keys(store: StoreThread) -> list[str]:
     """The idempotency key of every ENQUEUED event in the store's log, in order (duplicates kept)."""
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     keys: list[str] = []
     try:
         seq = 0

@@ -49,6 +49,7 @@ from ledger.kinds import CallbackPayload, ListUpdatePayload, Payload, TransferPa
 from queues import ClientError, Code, EventType, QueueClient, RaftClient, State
 from queues.model import Enqueue, Event, MessageView
 from queues.query_codec import IDS_PER_QUERY_MAX
+from raft_store.testing.credentials import service_settings
 from raft_store.testing.processes import ProcessCluster, free_ports
 
 pytestmark = pytest.mark.slow
@@ -208,7 +209,7 @@ def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
 
 @contextlib.asynccontextmanager
 async def store_queue(cluster: ProcessCluster) -> AsyncIterator[QueueClient]:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=STORE_DEADLINE_S)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=STORE_DEADLINE_S)
     try:
         await cluster.wait_leader(raft, timeout_s=30.0)
         yield QueueClient(raft)
@@ -240,7 +241,7 @@ def worker_env(cluster: ProcessCluster, standins: Standins, *, read_timeout_s: f
     timeouts = gateway(read_timeout_s=read_timeout_s, attempt_timeout_s=attempt_timeout_s)
     callback_url = f"{standins.urls['callback']}/callbacks/{TARGET}"
     env = {
-        "COMPENSATOR_STORE__ADDRESSES": ",".join(f"{host}:{port}" for host, port in cluster.addresses()),
+        **service_settings(cluster.addresses(), cluster.auth),
         "COMPENSATOR_HANDLERS__PAYMENT": json.dumps({"base_url": standins.urls["payment"], "gateway": timeouts}),
         "COMPENSATOR_HANDLERS__RED_PACKET": json.dumps({"base_url": standins.urls["red_packet"], "gateway": timeouts}),
         "COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"gateway": timeouts,
