@@ -8,6 +8,8 @@ a node's side of the handshake on a stream, for test doubles that play a node.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,3 +51,27 @@ def service_settings(addresses: Sequence[tuple[str, int]], auth: StoreAuth) -> d
         settings.update(COMPENSATOR_STORE__TLS_CA=str(auth.tls.ca), COMPENSATOR_STORE__TLS_CERT=str(auth.tls.cert),
                         COMPENSATOR_STORE__TLS_KEY=str(auth.tls.key))  # fmt: skip
     return settings
+
+
+def certificates(folder: Path, name: str = "store") -> TlsFiles:
+    """A fresh CA and, signed by it, one certificate for 127.0.0.1 and localhost that serves as the
+    nodes' and the clients' (the `openssl` command line makes them; keys are 0600). Another call
+    with another `name` makes another CA, whose certificates the first one's holders refuse."""
+    if shutil.which("openssl") is None:
+        raise RuntimeError("the TLS tests need the openssl command line (Debian package openssl)")
+    folder.mkdir(parents=True, exist_ok=True)
+    ca_key, ca, key, request, cert = (folder / f"{name}-{part}" for part in
+                                      ("ca.key", "ca.pem", "key.pem", "csr.pem", "cert.pem"))  # fmt: skip
+    extensions = folder / f"{name}-extensions.cnf"
+    extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    for command in (
+        ["req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", f"/CN={name} test CA"],
+        ["req", *curve, "-keyout", key, "-out", request, "-subj", f"/CN={name} node"],
+        ["x509", "-req", "-in", request, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
+         "-extfile", extensions],
+    ):
+        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True, timeout=60)
+    for private in (ca_key, key):
+        private.chmod(0o600)
+    return TlsFiles(ca=ca, cert=cert, key=key)
