@@ -19,6 +19,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstrai
 
 from delay.policy import DELAY_MAX_MS
 from ledger.kinds import CallbackPayload, ListUpdatePayload, TransferPayload, Whole
+from queues import HOLDER_PATTERN
 
 DELAY_MAX_S: Final = DELAY_MAX_MS // 1000
 """Two years (and a day per year): the furthest a request may be scheduled."""
@@ -228,8 +229,9 @@ class KindDetail(KindSummary):
 
 
 class PauseCommand(_Strict):
-    holder: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
-        None, description="Who holds the pause (default: the caller's token name); each holder releases its own."
+    holder: Annotated[str, StringConstraints(pattern=HOLDER_PATTERN)] | None = Field(
+        None, description="Who holds the pause (default: the caller's token name), a name like a token's, optionally"
+        " qualified (`ops:alice`); each holder releases its own."
     )
     reason: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 

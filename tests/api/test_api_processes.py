@@ -574,7 +574,7 @@ def ledger_dsn(data_dir: Path) -> str:
         return None
 
     poll_until(lambda: port() is not None, timeout_s=30.0)
-    address = pg.ServerAddress(host=pg.HOST, port=port() or 0)
+    address = pg.ServerAddress(host=pg.HOST, port=port() or 0, password=pg.EmbeddedPostgres(data_dir).password())
     pg.wait_until_accepting(address)
     return address.dsn
 

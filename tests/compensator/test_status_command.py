@@ -149,3 +149,33 @@ def test_a_projector_without_a_database_is_named_not_fatal(
     assert code == 0
     (projector,) = json.loads(out)["followers"]
     assert projector["cursor"] is None and "COMPENSATOR_PG_DSN" in projector["error"]
+
+
+def test_what_others_typed_is_printed_escaped_never_raw(
+    store: StoreThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A holder and a reason with terminal escape codes and a bidi override (stored before holders
+    were checked, or by anything that reaches the store): `status` shows them escaped, as text and
+    as JSON that still parses to the stored value."""
+    holder, reason = "\x1b]0;owned\x07\x1b[2Jops\u202eecila", "disk \x9b31m full\u200b"
+
+    async def pause() -> None:
+        queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
+        try:
+            await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key="t", ref_key="r", payload=b"p")])
+            await queue.pause("transfer", holder, reason)
+            await queue.pause("callback", "breaker:callback", reason)
+        finally:
+            await queue.raft.close()
+
+    store.run(pause())
+    code, out, err = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
+    assert code == 0 and err == ""
+    raw = [c for c in out if c not in "\n\t" and (ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c in "\u202e\u200b")]
+    assert raw == []
+    assert "\\u001b]0;owned\\u0007\\u001b[2Jops\\u202eecila" in out and "disk \\u009b31m full\\u200b" in out
+    code, out, err = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
+    assert code == 0 and "\x1b" not in out and "\u202e" not in out and "\x9b" not in out
+    report = json.loads(out)
+    assert report["paused"]["transfer"] == [holder]
+    assert next(b for b in report["breakers"] if b["downstream"] == "callback")["reason"] == reason
