@@ -94,9 +94,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return handler(arguments)
     except _EXPECTED_ERRORS as error:
         lines = str(error).splitlines() or [type(error).__name__]
-        if isinstance(error, ConfigError):  # one line per problem, each a complete sentence
+        if isinstance(error, ConfigError):  # one line per problem, each naming its file or variable and field
             for line in lines:
-                print(f"compensator {arguments.command}: config: {line}", file=sys.stderr)
+                print(f"compensator {arguments.command}: {line}", file=sys.stderr)
             return 1
         print(f"compensator {arguments.command}: error: {lines[0]}", file=sys.stderr)
         return 1

@@ -530,40 +530,88 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]
 
 
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """The file (if any) overlaid with the environment, validated as a whole."""
+    """The file (if any) overlaid with the environment, validated as a whole: every problem is
+    found, each one line that starts with where the value came from (the file, or the variable)
+    and names the field."""
     environ = os.environ if environ is None else environ
+    where = str(path) if path is not None else "defaults"
     document: dict[str, Any] = {}
     if path is not None:
         try:
             document = tomllib.loads(path.read_text())
         except OSError as error:
             raise ConfigError([f"{path}: cannot read: {error.strerror or error}"]) from None
-        except tomllib.TOMLDecodeError as error:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
             raise ConfigError([f"{path}: not valid TOML: {error}"]) from None
+    origins = {(section, name): where for section, fields in document.items() if isinstance(fields, dict)
+               for name in fields}  # fmt: skip
     overrides, problems = _env_overrides(environ)
     for section, fields in overrides.items():
         target = document.setdefault(section, {})
         if isinstance(target, dict):
             target.update(fields)
-    if problems:
-        raise ConfigError(problems)
-    try:
-        config = msgspec.convert(document, Config, strict=False)
-    except msgspec.ValidationError as error:
-        origin = f"{path}" if path is not None else "environment"
-        raise ConfigError([f"{origin}: {_readable(str(error))}"]) from None
-    problems = _problems(config)
+            origins.update({(section, name): _env_name(section, name) for name in fields})
+    checked, found = _typed(document, origins, where)
+    problems += found
+    config = msgspec.convert(checked, Config, strict=False)  # each field was converted on its own above
+    problems += [_located(problem, origins, where) for problem in _problems(config)]
     if problems:
         raise ConfigError(problems)
     return config
 
 
-def _readable(message: str) -> str:
-    """msgspec says ``... - at `$.api.port` ``; people read ``api.port: ...``."""
-    text, sep, where = message.rpartition(" - at `$.")
+def _env_name(section: str, name: str) -> str:
+    return f"{ENV_PREFIX}{section.upper()}__{name.upper()}"
+
+
+def _typed(document: dict[str, Any], origins: dict[tuple[str, str], str], where: str) -> tuple[dict[str, Any], list[str]]:
+    """The document without the fields whose values do not have their type, and a problem for each
+    of those and for each unknown section and field: msgspec stops at the first, people want all."""
+    sections = {field.name: field.type for field in msgspec.structs.fields(Config)}
+    checked: dict[str, Any] = {}
+    problems: list[str] = []
+    for section, fields in document.items():
+        if section not in sections:
+            problems.append(f"{where}: [{section}]: no such section (the sections: {', '.join(sections)})")
+            continue
+        if not isinstance(fields, dict):
+            problems.append(f"{where}: {section}: must be a table ([{section}])")
+            continue
+        types = {field.name: field.type for field in msgspec.structs.fields(sections[section])}
+        kept: dict[str, Any] = {}
+        for name, value in fields.items():
+            origin = origins.get((section, name), where)
+            if name not in types:
+                problems.append(f"{origin}: {section}.{name}: no such setting")
+                continue
+            try:
+                msgspec.convert(value, types[name], strict=False)
+            except msgspec.ValidationError as error:
+                problems.append(f"{origin}: {_readable(str(error), f'{section}.{name}')}")
+                continue
+            kept[name] = value
+        checked[section] = kept
+    return checked, problems
+
+
+def _located(problem: str, origins: dict[tuple[str, str], str], where: str) -> str:
+    """A check's `section.field: message` with where that value came from; a check of a whole
+    section (`section: message`) names the file when the file set any of it, else the environment."""
+    head = problem.split(":", 1)[0]
+    section, _, name = head.partition(".")
+    origin = origins.get((section, name.split(".")[0]))
+    if origin is None:
+        set_by = {found for (known, _), found in origins.items() if known == section}
+        origin = where if where in set_by or not set_by else "environment"
+    return f"{origin}: {problem}"
+
+
+def _readable(message: str, field: str) -> str:
+    """msgspec says ``... - at `$.port` ``; people read ``api.port: ...``."""
+    text, sep, at = message.rpartition(" - at `$")
     if not sep:
-        return message
-    return f"{where.rstrip('`')}: {text}"
+        return f"{field}: {message}"
+    return f"{field}{at.rstrip('`').replace('[', '.').replace(']', '')}: {text}"
 
 
 def load_from_environment(environ: Mapping[str, str] | None = None) -> Config:

@@ -39,15 +39,15 @@ def test_every_problem_is_one_line_naming_the_field(tmp_path: Path) -> None:
         load(None, environ)
     problems = raised.value.problems
     assert problems == [
-        "store.addresses: 'nohost' is not host:port",
-        "store.addresses: an address is listed twice",
-        "api.port: must be in 1..65535",
-        "quota.hold_max_ms: must be in 0..10000",
-        "telemetry.sample_ratio: must be in 0..1",
+        "COMPENSATOR_STORE__ADDRESSES: store.addresses: 'nohost' is not host:port",
+        "COMPENSATOR_STORE__ADDRESSES: store.addresses: an address is listed twice",
+        "COMPENSATOR_API__PORT: api.port: must be in 1..65535",
+        "COMPENSATOR_QUOTA__HOLD_MAX_MS: quota.hold_max_ms: must be in 0..10000",
+        "COMPENSATOR_TELEMETRY__SAMPLE_RATIO: telemetry.sample_ratio: must be in 0..1",
     ]
     with pytest.raises(ConfigError, match=r"COMPENSATOR_API__PROT: no such setting \(api.prot\)"):
         load(None, {"COMPENSATOR_API__PROT": "1"})
-    with pytest.raises(ConfigError, match=r"api.workers: Expected `int`, got `str`"):
+    with pytest.raises(ConfigError, match=r"COMPENSATOR_API__WORKERS: api.workers: Expected `int`, got `str`"):
         load(None, {"COMPENSATOR_API__WORKERS": "two"})
     bad = tmp_path / "bad.toml"
     bad.write_text("[api\nport = 1")
@@ -55,7 +55,7 @@ def test_every_problem_is_one_line_naming_the_field(tmp_path: Path) -> None:
         load(bad, {})
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[api]\nlisten = 1\n")
-    with pytest.raises(ConfigError, match="unknown field `listen`"):
+    with pytest.raises(ConfigError, match=r"unknown.toml: api.listen: no such setting"):
         load(unknown, {})
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "missing.toml", {})
@@ -72,8 +72,8 @@ def test_the_command_line_answers_bad_input_in_one_line_per_problem(tmp_path: Pa
     answer = _compensator("api", "--config", str(bad))
     assert answer.returncode == 1 and answer.stdout == ""
     assert answer.stderr.splitlines() == [
-        "compensator api: config: api.port: must be in 1..65535",
-        "compensator api: config: api.workers: must be in 1..64",
+        f"compensator api: {bad}: api.port: must be in 1..65535",
+        f"compensator api: {bad}: api.workers: must be in 1..64",
     ]
     unreachable = _compensator("token", "list", env={**service_settings([("127.0.0.1", 9)], cluster_auth(tmp_path)),
                                                       "COMPENSATOR_STORE__DEADLINE_S": "1"})  # fmt: skip
@@ -94,11 +94,13 @@ def test_the_kafka_section_is_checked_field_by_field() -> None:
     with pytest.raises(ConfigError) as raised:
         load(None, environ)
     assert raised.value.problems == [
-        "kafka.bootstrap_servers: 'broker' is not host:port",
-        "kafka.events_topic: must be 1-128 of A-Z a-z 0-9 . _ -",
-        "kafka.rejects_topic: must differ from ingest_topic",
-        "kafka.ingest_producer: must be a principal name: 1-32 of a-z 0-9 _ . - starting with a letter or digit",
-        "kafka.heartbeat_interval_ms: must be positive and under session_timeout_ms",
+        "COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS: kafka.bootstrap_servers: 'broker' is not host:port",
+        "COMPENSATOR_KAFKA__EVENTS_TOPIC: kafka.events_topic: must be 1-128 of A-Z a-z 0-9 . _ -",
+        "COMPENSATOR_KAFKA__REJECTS_TOPIC: kafka.rejects_topic: must differ from ingest_topic",
+        "COMPENSATOR_KAFKA__INGEST_PRODUCER: kafka.ingest_producer: must be a principal name: 1-32 of a-z 0-9 _ . -"
+        " starting with a letter or digit",
+        "COMPENSATOR_KAFKA__HEARTBEAT_INTERVAL_MS: kafka.heartbeat_interval_ms: must be positive and under"
+        " session_timeout_ms",
     ]
     kafka = load(None, {"COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS": "k1:9092,k2:9092"}).kafka
     assert kafka.bootstrap_servers == ("k1:9092", "k2:9092")
