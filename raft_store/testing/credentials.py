@@ -58,7 +58,8 @@ def certificates(folder: Path, name: str = "store") -> TlsFiles:
     nodes' and the clients' (the `openssl` command line makes them; keys are 0600). Another call
     with another `name` makes another CA, whose certificates the first one's holders refuse."""
     if shutil.which("openssl") is None:
-        raise RuntimeError("the TLS tests need the openssl command line (Debian package openssl)")
+        raise RuntimeError("the TLS tests need the openssl command line: Debian package openssl"
+                           " (deploy/install-system-packages.sh installs it)")
     folder.mkdir(parents=True, exist_ok=True)
     ca_key, ca, key, request, cert = (folder / f"{name}-{part}" for part in
                                       ("ca.key", "ca.pem", "key.pem", "csr.pem", "cert.pem"))  # fmt: skip
