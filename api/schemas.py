@@ -19,7 +19,6 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstrai
 
 from delay.policy import DELAY_MAX_MS
 from ledger.kinds import CallbackPayload, ListUpdatePayload, TransferPayload, Whole
-from queues import HOLDER_PATTERN
 
 DELAY_MAX_S: Final = DELAY_MAX_MS // 1000
 """Two years (and a day per year): the furthest a request may be scheduled."""
@@ -226,6 +225,12 @@ class KindSummary(BaseModel):
 
 class KindDetail(KindSummary):
     policy: dict[str, Any]
+
+
+HOLDER_PATTERN: Final = r"^[a-z0-9][a-z0-9_.-]{0,31}(:[a-z0-9][a-z0-9_.-]{0,31})?$"
+"""A new pause's holder: a principal name, optionally qualified (`breaker:payment`, `ops:alice`).
+Checked where pauses come in (here, and the command line), not by the store's machine: an older
+log may hold other holders, and replaying it must give what it gave."""
 
 
 class PauseCommand(_Strict):

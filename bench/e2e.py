@@ -97,7 +97,6 @@ from ledger import pg
 from ledger.kinds import Kind
 from queues import Code, MessageView, QueueClient, RaftClient
 from queues.query_codec import IDS_PER_QUERY_MAX
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.processes import ProcessCluster, free_ports
 
 REQUESTS_DEFAULT: Final = 5_000
@@ -198,7 +197,7 @@ class Stack:
         (metrics_port,) = free_ports(1)
         self.projector_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         env = child_environment(
-            **service_settings(self.cluster.addresses(), self.cluster.auth),
+            **self.cluster.service_settings(),
             COMPENSATOR_PG_DSN=self.postgres.dsn, COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port),
         )  # fmt: skip
         projector = self.projector = Server("compensator project", [*compensator_command(), "project", "--id", "e2e"],
@@ -266,7 +265,7 @@ def worker_server(
     `breaker` "off" makes the breakers trip only when every attempt of their window failed."""
     target = {"name": CALLBACK_TARGET, "url": f"{urls['callback']}/callbacks/{CALLBACK_TARGET}"}
     env = child_environment(
-        **service_settings(cluster.addresses(), cluster.auth),
+        **cluster.service_settings(),
         COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"]}),
         COMPENSATOR_HANDLERS__RED_PACKET=json.dumps({"base_url": urls["red_packet"]}),
         COMPENSATOR_HANDLERS__CALLBACK=json.dumps({"targets": [target]}),

@@ -33,7 +33,6 @@ from typing import Any, Final
 from api.tokens import token_hash
 from compensator import config as configuration
 from queues import Code, QueueClient, RaftClient, Role
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.processes import ProcessCluster
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[1]
@@ -144,7 +143,7 @@ def compensator_command() -> list[str]:
 
 def api_server(cluster: ProcessCluster, root: Path, *, port: int, workers: int) -> Server:
     env = child_environment(**{
-        **service_settings(cluster.addresses(), cluster.auth),
+        **cluster.service_settings(),
         f"{configuration.ENV_PREFIX}API__HOST": "127.0.0.1",
         f"{configuration.ENV_PREFIX}API__PORT": str(port),
         f"{configuration.ENV_PREFIX}API__WORKERS": str(workers),

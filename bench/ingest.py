@@ -33,7 +33,6 @@ from bench.harness import MACHINE, child_environment, code_revision, compensator
 from compensator.kafka.broker import BrokerSettings, ensure_topics
 from ledger.pg import free_tcp_port
 from queues import QueueClient, RaftClient
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.processes import ProcessCluster
 
 MALFORMED_EVERY = 100
@@ -117,7 +116,7 @@ async def measure(cluster: ProcessCluster, bootstrap: str, root: Path, args: arg
     malformed = await produce(bootstrap, args.records)
     produce_s = time.perf_counter() - produce_started
     env = child_environment(
-        **service_settings(cluster.addresses(), cluster.auth),
+        **cluster.service_settings(),
         COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS=bootstrap, COMPENSATOR_KAFKA__INGEST_TOPIC="requests",
         COMPENSATOR_KAFKA__REJECTS_TOPIC="rejects", COMPENSATOR_KAFKA__INGEST_BATCH_MAX=str(args.batch),
         COMPENSATOR_KAFKA__SESSION_TIMEOUT_MS="6000", COMPENSATOR_KAFKA__HEARTBEAT_INTERVAL_MS="1000",

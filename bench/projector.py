@@ -38,7 +38,6 @@ from compensator.wiring import projector as build_projector
 from ledger import migrate, pg
 from queues import QueueClient, RaftClient
 from queues.model import Enqueue
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.processes import ProcessCluster
 
 BATCH = 500
@@ -75,7 +74,7 @@ def lag_buckets(built: Projector) -> list[tuple[float, float]]:
 
 
 async def measure(cluster: ProcessCluster, dsn: str, args: argparse.Namespace) -> dict[str, Any]:
-    config = configuration.load(None, {**service_settings(cluster.addresses(), cluster.auth),
+    config = configuration.load(None, {**cluster.service_settings(),
                                        "COMPENSATOR_STORE__DEADLINE_S": "30"})  # fmt: skip
     queue = QueueClient(RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=30))
     try:

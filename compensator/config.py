@@ -19,7 +19,6 @@ line); the packages it configures take typed values, never this module or os.env
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tomllib
@@ -30,6 +29,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from api.review_policy import DISCARD_REASON_CODES
+from compensator import config_sources as sources
 from compensator.worker.breaker import BreakerSettings
 from handlers.settings import HandlersSettings
 from outbox import RelaySettings
@@ -506,35 +506,6 @@ def worker_breaker(worker: WorkerConfig) -> BreakerSettings:
     )  # fmt: skip
 
 
-def _env_value(text: str, field_type: Any) -> Any:
-    """An environment string as the field's type: JSON when it parses, else the string itself,
-    and a comma-separated list for a tuple field."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = text
-    if getattr(field_type, "__origin__", None) is tuple and isinstance(value, str):
-        value = [item.strip() for item in value.split(",") if item.strip()]
-    return value
-
-
-def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    sections = {field.name: field.type for field in msgspec.structs.fields(Config)}
-    found: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        section, _, field = name[len(ENV_PREFIX) :].lower().partition("__")
-        section_type = sections.get(section)
-        fields = {} if section_type is None else {f.name: f.type for f in msgspec.structs.fields(section_type)}
-        if field not in fields:
-            problems.append(f"{name}: no such setting ({section}.{field})")
-            continue
-        found.setdefault(section, {})[field] = _env_value(environ[name], fields[field])
-    return found, problems
-
-
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """The file (if any) overlaid with the environment, validated as a whole: every problem is
     found, each one line that starts with where the value came from (the file, or the variable)
@@ -551,73 +522,19 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
             raise ConfigError([f"{path}: not valid TOML: {error}"]) from None
     origins = {(section, name): where for section, fields in document.items() if isinstance(fields, dict)
                for name in fields}  # fmt: skip
-    overrides, problems = _env_overrides(environ)
+    overrides, problems = sources.env_overrides(environ, Config, ENV_PREFIX)
     for section, fields in overrides.items():
         target = document.setdefault(section, {})
         if isinstance(target, dict):
             target.update(fields)
-            origins.update({(section, name): _env_name(section, name) for name in fields})
-    checked, found = _typed(document, origins, where)
+            origins.update({(section, name): f"{ENV_PREFIX}{section.upper()}__{name.upper()}" for name in fields})
+    checked, found = sources.typed(document, origins, where, Config)
     problems += found
     config = msgspec.convert(checked, Config, strict=False)  # each field was converted on its own above
-    problems += [_located(problem, origins, where) for problem in _problems(config)]
+    problems += [sources.located(problem, origins, where) for problem in _problems(config)]
     if problems:
         raise ConfigError(problems)
     return config
-
-
-def _env_name(section: str, name: str) -> str:
-    return f"{ENV_PREFIX}{section.upper()}__{name.upper()}"
-
-
-def _typed(document: dict[str, Any], origins: dict[tuple[str, str], str], where: str) -> tuple[dict[str, Any], list[str]]:
-    """The document without the fields whose values do not have their type, and a problem for each
-    of those and for each unknown section and field: msgspec stops at the first, people want all."""
-    sections = {field.name: field.type for field in msgspec.structs.fields(Config)}
-    checked: dict[str, Any] = {}
-    problems: list[str] = []
-    for section, fields in document.items():
-        if section not in sections:
-            problems.append(f"{where}: [{section}]: no such section (the sections: {', '.join(sections)})")
-            continue
-        if not isinstance(fields, dict):
-            problems.append(f"{where}: {section}: must be a table ([{section}])")
-            continue
-        types = {field.name: field.type for field in msgspec.structs.fields(sections[section])}
-        kept: dict[str, Any] = {}
-        for name, value in fields.items():
-            origin = origins.get((section, name), where)
-            if name not in types:
-                problems.append(f"{origin}: {section}.{name}: no such setting")
-                continue
-            try:
-                msgspec.convert(value, types[name], strict=False)
-            except msgspec.ValidationError as error:
-                problems.append(f"{origin}: {_readable(str(error), f'{section}.{name}')}")
-                continue
-            kept[name] = value
-        checked[section] = kept
-    return checked, problems
-
-
-def _located(problem: str, origins: dict[tuple[str, str], str], where: str) -> str:
-    """A check's `section.field: message` with where that value came from; a check of a whole
-    section (`section: message`) names the file when the file set any of it, else the environment."""
-    head = problem.split(":", 1)[0]
-    section, _, name = head.partition(".")
-    origin = origins.get((section, name.split(".")[0]))
-    if origin is None:
-        set_by = {found for (known, _), found in origins.items() if known == section}
-        origin = where if where in set_by or not set_by else "environment"
-    return f"{origin}: {problem}"
-
-
-def _readable(message: str, field: str) -> str:
-    """msgspec says ``... - at `$.port` ``; people read ``api.port: ...``."""
-    text, sep, at = message.rpartition(" - at `$")
-    if not sep:
-        return f"{field}: {message}"
-    return f"{field}{at.rstrip('`').replace('[', '.').replace(']', '')}: {text}"
 
 
 def load_from_environment(environ: Mapping[str, str] | None = None) -> Config:

@@ -73,7 +73,7 @@ class NodeCollector(Collector):
             " (unknown_secret, bad_proof), TLS, a wrong cluster or protocol, garbage, a handshake that timed out or"
             " was abandoned.", labels=["node", "reason"],
         )  # fmt: skip
-        for reason, count in sorted(status.get("refused", {}).items()):
+        for reason, count in sorted(status["metrics"].get("refused", {}).items()):
             refused.add_metric([node, reason], float(count))
         yield refused
         yield from self._storage(node, status["metrics"])

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from compensator.api_server import add_config_argument, load
-from queues.model import HOLDER_PATTERN
 
 TOKEN_ENV: Final = "COMPENSATOR_API_TOKEN"
 TIMEOUT_S: Final = 10.0
@@ -148,6 +147,8 @@ def _kind(api: Api, args: argparse.Namespace) -> Any:
     if args.action == "show":
         return api.call("GET", f"/v1/kinds/{args.kind}")
     if args.action == "pause":
+        from api.schemas import HOLDER_PATTERN
+
         if args.holder is not None and re.match(HOLDER_PATTERN, args.holder) is None:
             raise OperatorError("--holder must be a name like a token's (a-z 0-9 _ . -, up to 32), optionally"
                                 " qualified: ops:alice")  # fmt: skip

@@ -10,7 +10,6 @@ from queues.client import EventsPurged, QueueClient, QueueError, Read
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
     BUILTIN_KINDS,
-    HOLDER_PATTERN,
     JOB_IDS_MAX,
     JOB_RATE_MAX,
     PAYLOAD_BYTES_MAX,
@@ -56,7 +55,6 @@ from raft_store.client import AuthenticationFailed, ClientError, OutcomeUnknown,
 
 __all__ = [
     "BUILTIN_KINDS",
-    "HOLDER_PATTERN",
     "JOB_IDS_MAX",
     "JOB_RATE_MAX",
     "PAYLOAD_BYTES_MAX",

@@ -51,10 +51,6 @@ DOCUMENT_BYTES_MAX: Final = 64 * 1024
 Namespace = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 PrincipalName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,31}$")]
 """Who holds a token: a calling service ("red-packet"), an operator or a process ("reconcile")."""
-HOLDER_PATTERN: Final = r"^[a-z0-9][a-z0-9_.-]{0,31}(:[a-z0-9][a-z0-9_.-]{0,31})?$"
-"""A new pause's holder: a principal name, optionally qualified (`breaker:payment`, `ops:alice`).
-Checked where pauses come in (the API, the command line), not by the machine: an older log may
-hold other holders, and replaying it must give what it gave."""
 SecretHash = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
 RatePerS = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
 Burst = Annotated[int, msgspec.Meta(ge=1, le=10_000_000)]

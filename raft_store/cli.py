@@ -26,7 +26,8 @@ from raft_store.auth import AuthConfigError, StoreAuth
 from raft_store.client import RaftClient
 from raft_store.files import private_dir
 from raft_store.machines import CounterMachine, KvMachine
-from raft_store.node import Node, NodeConfig
+from raft_store.node import Node
+from raft_store.node_config import NodeConfig
 from raft_store.state_machine import StateMachine
 from raft_store.wal import GroupCommitPolicy
 

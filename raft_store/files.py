@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -47,6 +48,14 @@ def private_file(path: Path) -> None:
     (SQLite, and its -wal and -shm files, which take the database file's mode) keeps it private."""
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE))
+
+
+def private_copy(source: Path, target: Path) -> None:
+    """`source` copied to `target`, made anew with mode 0600 (a file already at `target` is replaced)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)
+    private_file(target)
+    shutil.copyfile(source, target)
 
 
 def make_private(tree: Path) -> None:

@@ -24,18 +24,18 @@ import random
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from raft_store import codec
-from raft_store.auth import StoreAuth
 from raft_store.codec import FrameType, Status
 from raft_store.core import Config as CoreConfig
 from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
 from raft_store.files import make_private
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
+from raft_store.node_config import NodeConfig
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
     BatchFormatError,
@@ -59,7 +59,7 @@ from raft_store.types import (
     Snapshot,
     SnapshotMeta,
 )
-from raft_store.wal import GroupCommitPolicy, Wal
+from raft_store.wal import Wal
 
 log = logging.getLogger("raft_store.node")
 
@@ -79,62 +79,12 @@ class Queryable(Protocol):
     def query(self, data: bytes) -> bytes: ...
 
 
-@dataclass(frozen=True, slots=True)
-class NodeConfig:
-    node_id: int
-    data_dir: Path
-    listen: tuple[str, int]
-    peers: dict[int, tuple[str, int]]
-    initial_voters: frozenset[int] = frozenset()
-    cluster_id: int = 1
-    tick_ms: int = 30
-    election_ticks: int = 10
-    heartbeat_ticks: int = 2
-    batch_commands_max: int = 8192
-    group_commit: GroupCommitPolicy = field(
-        default_factory=lambda: GroupCommitPolicy(max_entries=8192, max_delay_ms=0.0)
-    )
-    snapshot_every_entries: int = 20_000
-    # Entries carry batches of commands, so bound the log kept in memory by bytes too.
-    snapshot_every_bytes: int = 64 << 20
-    volatile_until_fsync: bool = False
-    segment_bytes: int = 64 << 20
-    client_addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
-    """Node id -> the address clients use for that node, advertised in the status answer. Peers
-    may talk on a network clients cannot reach, so clients never use `peers` addresses."""
-    auth: StoreAuth | None = None
-    """The cluster secrets (and TLS) every connection to and from this node must prove; required."""
-
-    def validate(self) -> None:
-        if self.auth is None:
-            raise ValueError("a node needs the cluster secret (auth): it serves no connection without one")
-        if self.node_id <= 0:
-            raise ValueError("node_id must be positive")
-        if self.tick_ms <= 0:
-            raise ValueError("tick_ms must be positive")
-        if self.initial_voters and self.node_id not in self.initial_voters and self.node_id not in self.peers:
-            log.info("node %d starts outside the initial voters: it waits to be added", self.node_id)
-        self.group_commit.validate()
-        for node, (host, port) in self.client_addresses.items():
-            if node <= 0 or not host or not 0 < port < 65536:
-                raise ValueError(f"client address {host}:{port} of node {node} is not a node id and host:port")
-        for node in self.initial_voters:
-            if node != self.node_id and node not in self.peers:
-                raise ValueError(f"initial voter {node} has no address in peers")
-
-
 @dataclass(slots=True)
 class _Waiter:
     conn: ClientConnection | None
     request_id: int
     count: int
     future: asyncio.Future[codec.Result] | None = None
-
-
-def _required(auth: StoreAuth | None) -> StoreAuth:
-    if auth is None:
-        raise ValueError("a node needs the cluster secret (auth)")
-    return auth
 
 
 class NodeStopped(Exception):
@@ -156,8 +106,7 @@ class Node:
             {n: a for n, a in config.peers.items() if n != config.node_id},
             self._on_peer_frame,
             self._on_client_frame,
-            TransportConfig(cluster_id=config.cluster_id),
-            auth=_required(config.auth),
+            TransportConfig(cluster_id=config.cluster_id), auth=config.auth, refused=self.metrics.refused,
         )
         self.transport.on_unreachable = self._on_unreachable
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"wal-{config.node_id}")
@@ -1059,5 +1008,4 @@ class Node:
             "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.config.client_addresses.items())},
             "failure": repr(self._failure) if self._failure else None,
             "metrics": self.metrics.as_dict(),
-            "refused": dict(self.transport.refused),
         }

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
-from raft_store.files import private_file
+from raft_store.files import private_copy, private_file
 from raft_store.state_machine import Command
 
 SESSION_RESULT_STALE = b"\x00stale-session"
@@ -219,10 +218,7 @@ class SqliteStateMachine:
                 if extra.exists():
                     extra.unlink()
             tmp = self._path + ".restore"
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            private_file(Path(tmp))
-            shutil.copyfile(path, tmp)
+            private_copy(path, Path(tmp))
             os.replace(tmp, self._path)
             self._conn = self._connect(self._path)
         self._init_schema()

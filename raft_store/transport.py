@@ -274,6 +274,7 @@ class Transport:
         config: TransportConfig | None = None,
         *,
         auth: StoreAuth,
+        refused: Counter[str] | None = None,
     ) -> None:
         self.node_id = node_id
         self.auth = auth
@@ -288,7 +289,7 @@ class Transport:
         self._links: dict[int, _PeerLink] = {}
         self._server: asyncio.Server | None = None
         self._inbound: set[_Inbound] = set()
-        self.refused: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter() if refused is None else refused
         """Connections refused before they were let in, by reason (the node's metrics export it)."""
 
     def refuse(self, peer: object, reason: str, message: str) -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from raft_store.client import RaftClient
-from raft_store.node import Node, NodeConfig
+from raft_store.node import Node
+from raft_store.node_config import NodeConfig
 from raft_store.state_machine import StateMachine
-from raft_store.testing.credentials import cluster_auth
+from raft_store.testing.credentials import cluster_auth, service_settings
 from raft_store.testing.processes import free_ports
 
 T = TypeVar("T")
@@ -70,6 +71,10 @@ class StoreThread:
             self.node.machine.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+
+    def service_settings(self) -> dict[str, str]:
+        """This store as the service's configuration names it (COMPENSATOR_STORE__ variables)."""
+        return service_settings([self.address], self.auth)
 
     @property
     def addresses(self) -> str:

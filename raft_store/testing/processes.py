@@ -20,7 +20,7 @@ from pathlib import Path
 
 from raft_store.auth import StoreAuth, TlsFiles
 from raft_store.client import RaftClient
-from raft_store.testing.credentials import SECRET_NAME, cluster_auth
+from raft_store.testing.credentials import SECRET_NAME, cluster_auth, service_settings
 
 
 def free_ports(count: int) -> list[int]:
@@ -52,6 +52,10 @@ class ProcessCluster:
             self.ports = free_ports(self.size)
         self.auth = cluster_auth(self.root, tls=self.tls)
         self.secret_file = self.root / SECRET_NAME
+
+    def service_settings(self) -> dict[str, str]:
+        """This cluster as the service's configuration names it (COMPENSATOR_STORE__ variables)."""
+        return service_settings(self.addresses(), self.auth)
 
     def auth_args(self) -> list[str]:
         """The options that give a node or a command line this cluster's secret (and TLS files)."""

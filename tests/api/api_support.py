@@ -22,7 +22,6 @@ from compensator import config as configuration
 from compensator.wiring import api_app
 from queues import QueueClient, RaftClient, Role
 from queues.replicated import machine_factory
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.inprocess import StoreThread
 
 ROLES = tuple(Role)
@@ -35,7 +34,7 @@ def queue_store(data_dir: Path) -> StoreThread:
 def settings(store: StoreThread, **overrides: str) -> configuration.Config:
     """The service's configuration for this store, with `section__field` overrides as the
     environment would give them (e.g. ``quota__rate_per_s="5"``)."""
-    environ = {**service_settings([store.address], store.auth), "COMPENSATOR_STORE__DEADLINE_S": "3",
+    environ = {**store.service_settings(), "COMPENSATOR_STORE__DEADLINE_S": "3",
                "COMPENSATOR_AUTH__REFRESH_INTERVAL_S": "0.2"}  # fmt: skip
     environ.update({f"COMPENSATOR_{name.upper()}": value for name, value in overrides.items()})
     return configuration.load(None, environ)

@@ -42,7 +42,6 @@ from api.tokens import new_token, token_hash, well_formed
 from ledger import pg
 from queues import EventType, QueueClient, RaftClient, Role
 from queues.query_codec import IDS_PER_QUERY_MAX
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.processes import ProcessCluster, free_ports
 
 pytestmark = pytest.mark.slow
@@ -196,7 +195,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         try:
             tokens = asyncio.run(create_tokens(cluster))
             port = free_ports(1)[0]
-            store_env = service_settings(cluster.addresses(), cluster.auth)
+            store_env = cluster.service_settings()
             env = child_env({
                 **store_env, "COMPENSATOR_STORE__DEADLINE_S": str(STORE_DEADLINE_S),
                 "COMPENSATOR_STORE__ATTEMPT_TIMEOUT_S": "1", "COMPENSATOR_API__PORT": str(port),

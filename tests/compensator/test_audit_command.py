@@ -58,7 +58,7 @@ def test_verify_passes_on_the_store_and_its_copy_and_names_the_entry_altered_in_
     data = tmp_path / "node"
     with running_store(data, machine_factory) as store:
         store.run(_review(store))
-        clean = _compensator("audit", "verify", env=service_settings([store.address], store.auth))
+        clean = _compensator("audit", "verify", env=store.service_settings())
         assert clean.returncode == 0, clean.stderr
         assert json.loads(clean.stdout)["entries"] == 6 and json.loads(clean.stdout)["verified"] is True
     copy, altered = tmp_path / "copy.sqlite", tmp_path / "altered.sqlite"

@@ -19,7 +19,7 @@ PASSWORD = "correct horse battery"
 def _user(store: StoreThread, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "compensator", "user", *args], input=stdin, capture_output=True, text=True, timeout=60,
-        env={**service_settings([store.address], store.auth), "PATH": "/usr/bin:/bin"}, check=False,
+        env={**store.service_settings(), "PATH": "/usr/bin:/bin"}, check=False,
     )  # fmt: skip
 
 
@@ -117,5 +117,5 @@ def test_without_the_cluster_secret_no_token_or_user_is_made(tmp_path: Path) -> 
                 assert ("cannot read" in line) if case == "no secret" else ("refused" in line), line
         assert _documents(store, "users") == before
         tokens = subprocess.run([sys.executable, "-m", "compensator", "token", "list"], capture_output=True, text=True,
-                                timeout=60, env={**service_settings([store.address], store.auth), "PATH": "/usr/bin:/bin"})  # fmt: skip
+                                timeout=60, env={**store.service_settings(), "PATH": "/usr/bin:/bin"})  # fmt: skip
         assert tokens.returncode == 0 and "mallory" not in tokens.stdout

@@ -26,7 +26,6 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from delay.policy import RetryPolicy
 from ledger.pg import free_tcp_port
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.inprocess import StoreThread
 
 ROOT: Final = Path(__file__).resolve().parents[2]
@@ -131,7 +130,7 @@ def child_env(overrides: Mapping[str, str]) -> dict[str, str]:
 
 
 def kafka_env(bootstrap: str, store: StoreThread, **kafka: Any) -> dict[str, str]:
-    env = {**service_settings([store.address], store.auth), "COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+    env = {**store.service_settings(), "COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
            "COMPENSATOR_KAFKA__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
            "COMPENSATOR_KAFKA__HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_INTERVAL_MS)}  # fmt: skip
     env.update({f"COMPENSATOR_KAFKA__{name.upper()}": json.dumps(value) for name, value in kafka.items()})

@@ -20,7 +20,6 @@ from compensator import config as configuration
 from compensator.wiring import api_app
 from ledger import pg
 from queues import EventType, QueueClient, RaftClient, Role
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.inprocess import StoreThread
 
 PRODUCER = "outbox-producer"
@@ -59,7 +58,7 @@ class ApiServer:
 
     async def up(self) -> None:
         environ = {
-            **service_settings([self.store.address], self.store.auth), "COMPENSATOR_STORE__DEADLINE_S": "3",
+            **self.store.service_settings(), "COMPENSATOR_STORE__DEADLINE_S": "3",
             "COMPENSATOR_AUTH__REFRESH_INTERVAL_S": "0.2",
             **{f"COMPENSATOR_{name.upper()}": value for name, value in self.overrides.items()},
         }  # fmt: skip

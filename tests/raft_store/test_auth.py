@@ -47,7 +47,7 @@ async def _committing(client: RaftClient, cluster: ProcessCluster) -> None:
 async def _refused(cluster: ProcessCluster, node: int) -> dict[str, int]:
     client = RaftClient([cluster.address(node)], auth=cluster.auth, deadline_s=5)
     try:
-        refused: dict[str, int] = (await client.status(cluster.address(node)))["refused"]
+        refused: dict[str, int] = (await client.status(cluster.address(node)))["metrics"]["refused"]
         return refused
     finally:
         await client.close()
@@ -176,7 +176,7 @@ async def test_tls_carries_clients_and_peers_and_refuses_who_has_no_certificate_
         with pytest.raises(ClientError):
             await stranger.propose(b"x")
         await stranger.close()
-        refused = (await client.status(cluster.address(1)))["refused"]
+        refused = (await client.status(cluster.address(1)))["metrics"]["refused"]
         assert refused.get("tls", 0) >= 2, refused
         await _committing(client, cluster)
     finally:

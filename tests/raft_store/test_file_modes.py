@@ -17,7 +17,8 @@ import pytest
 from queues import QueueClient, RaftClient
 from queues.model import Enqueue
 from raft_store.machines import KvMachine
-from raft_store.node import Node, NodeConfig
+from raft_store.node import Node
+from raft_store.node_config import NodeConfig
 from raft_store.testing.credentials import cluster_auth
 from raft_store.testing.processes import free_ports
 

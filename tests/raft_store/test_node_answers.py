@@ -19,7 +19,8 @@ from raft_store.client import ClientError, RaftClient, RequestRefused
 from raft_store.codec import Status
 from raft_store.core import Role
 from raft_store.machines import CounterMachine
-from raft_store.node import Node, NodeConfig
+from raft_store.node import Node
+from raft_store.node_config import NodeConfig
 from raft_store.testing.credentials import cluster_auth
 from raft_store.testing.processes import free_ports
 

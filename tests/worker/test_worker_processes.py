@@ -45,11 +45,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from delay.policy import RetryPolicy
+from ledger import pg
 from ledger.kinds import CallbackPayload, ListUpdatePayload, Payload, TransferPayload, encode_payload
 from queues import ClientError, Code, EventType, QueueClient, RaftClient, State
 from queues.model import Enqueue, Event, MessageView
 from queues.query_codec import IDS_PER_QUERY_MAX
-from raft_store.testing.credentials import service_settings
 from raft_store.testing.processes import ProcessCluster, free_ports
 
 pytestmark = pytest.mark.slow
@@ -159,7 +159,7 @@ def wait_serving(process: subprocess.Popen[bytes], urls: Mapping[str, str], pg_d
             if all(httpx.get(f"{url}/_faults", timeout=2.0).status_code == 200 for url in urls.values()):
                 found = postmaster(pg_data)
                 assert found is not None, "the stand-ins serve, but their PostgreSQL left no postmaster.pid"
-                return f"postgresql://postgres@127.0.0.1:{found[1]}/postgres"
+                return pg.ServerAddress(host=pg.HOST, port=found[1], password=pg.EmbeddedPostgres(pg_data).password()).dsn
         time.sleep(0.2)
     raise AssertionError(f"the stand-ins did not serve within {START_TIMEOUT_S} s: {log.read_text()[-2000:]}")
 
@@ -241,7 +241,7 @@ def worker_env(cluster: ProcessCluster, standins: Standins, *, read_timeout_s: f
     timeouts = gateway(read_timeout_s=read_timeout_s, attempt_timeout_s=attempt_timeout_s)
     callback_url = f"{standins.urls['callback']}/callbacks/{TARGET}"
     env = {
-        **service_settings(cluster.addresses(), cluster.auth),
+        **cluster.service_settings(),
         "COMPENSATOR_HANDLERS__PAYMENT": json.dumps({"base_url": standins.urls["payment"], "gateway": timeouts}),
         "COMPENSATOR_HANDLERS__RED_PACKET": json.dumps({"base_url": standins.urls["red_packet"], "gateway": timeouts}),
         "COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"gateway": timeouts,
