@@ -107,7 +107,10 @@ class Child:
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            process.kill()
+            print(f"{self.name} did not stop within {timeout_s:.0f} s of SIGTERM; killing it and its process group",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own session (start_new_session): its children too
             process.wait()
 
 
