@@ -63,6 +63,9 @@ TYPES: Final = _types(
                 "This key was used before with a different request body. Nothing was created. Use a new key for"
                 " a new request, or send the original body again to read the original request."),
     ProblemType("malformed-body", 400, "Body is not valid JSON", "The body could not be parsed as JSON."),
+    ProblemType("body-too-deep", 400, "Body nested too deep",
+                "The body is JSON nested deeper than this API reads (200 levels for a submission); nothing was"
+                " stored. Flatten the document."),
     ProblemType("invalid-request", 422, "The request is invalid",
                 "One or more fields are missing or invalid; `errors` names every one, as a dotted path."),
     ProblemType("body-too-large", 413, "Body too large",

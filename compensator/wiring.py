@@ -69,6 +69,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             set_id=config.store.set_id,
             clock_ms=wall_clock_ms,
             tracer=provider.get_tracer("compensator.api"),
+            callback_targets=frozenset(target.name for target in config.handlers.callback.targets),
             observe_store_s=metrics.observe_store,
         ),
         readiness=Readiness(queue, tokens, lag_max=config.api.ready_lag_entries_max),

@@ -25,7 +25,7 @@ from api.problems import Problem, document, invalid, msgspec_error, problem_of
 from api.quotas import Throttled
 from api.schemas import Accepted, BatchResult, RequestView
 from api.services import ApiServices
-from api.submissions import Invalid, parse_submission
+from api.submissions import Invalid, parse_submission, too_deep
 from api.views import masked_request, request_document
 from queues import ClientError, QueueError, Role
 
@@ -96,6 +96,8 @@ def _items(body: bytes, items_max: int) -> list[Item | Problem]:
         raise invalid([msgspec_error(error)]) from None
     except msgspec.DecodeError:
         raise Problem("malformed-body", "the body is not valid JSON") from None
+    except RecursionError:
+        raise problem_of(too_deep()) from None
     if not 1 <= len(envelope.items) <= items_max:
         raise invalid([{"field": "items", "message": f"send 1 to {items_max} items"}])
     parsed: list[Item | Problem] = []
@@ -105,6 +107,8 @@ def _items(body: bytes, items_max: int) -> list[Item | Problem]:
             parsed.append(Item(check_key(item.idempotency_key), parse(bytes(item.request))))
         except msgspec.ValidationError as error:
             parsed.append(invalid([msgspec_error(error, f"items[{index}]")]))
+        except RecursionError:
+            parsed.append(problem_of(too_deep()))
         except Problem as problem:
             parsed.append(problem)
     return parsed
