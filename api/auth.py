@@ -202,7 +202,9 @@ def requires(*roles: Role) -> Callable[..., Awaitable[Principal]]:
     async def authenticated(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Principal:
-        return await authenticate(request, allowed)
+        principal = await authenticate(request, allowed)
+        request.state.personal_data = not masks_personal_data(principal)  # api.services.of reads it
+        return principal
 
     return authenticated
 

@@ -17,7 +17,7 @@ from api.auth import Observer, Operator
 from api.http import json_response, read_body, require_json, whole_numbers
 from api.problems import Problem, invalid, msgspec_error
 from api.schemas import KindDetail, KindSummary, PauseCommand, PolicyChange, ResumeCommand, utc
-from api.services import ApiServices
+from api.services import ApiServices, of
 from delay.policy import RetryPolicy
 from queues import ClientError, Code, KindView, QueueError
 
@@ -61,14 +61,14 @@ async def _kind(services: ApiServices, kind: str) -> tuple[KindView, dict[str, A
 @router.get("/v1/kinds", response_model=list[KindSummary], summary="Every kind: depth, oldest due age, pauses",
             responses=openapi.problems(401, 403, 503))  # fmt: skip
 async def list_kinds(request: Request, principal: Observer) -> Response:
-    kinds, counts, oldest = await _views(request.app.state.services)
+    kinds, counts, oldest = await _views(of(request))
     return json_response([_summary(view, counts, oldest) for view in kinds])
 
 
 @router.get("/v1/kinds/{kind}", response_model=KindDetail, summary="One kind, with its retry policy",
             responses=openapi.problems(401, 403, 404, 503))  # fmt: skip
 async def get_kind(request: Request, kind: KindPath, principal: Observer) -> Response:
-    view, summary = await _kind(request.app.state.services, kind)
+    view, summary = await _kind(of(request), kind)
     return json_response({**summary, "policy": _policy(view.policy)})
 
 
@@ -85,7 +85,7 @@ async def _command(services: ApiServices, call: Any) -> Any:
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
 async def pause(request: Request, kind: KindPath, command: PauseCommand, principal: Operator) -> Response:
     """Workers stop leasing the kind while any holder holds it. Holding twice is 409."""
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     holder = command.holder or principal.name
     result = await _command(services, services.queue.pause(kind, holder, command.reason, actor=principal.name))
     if result.code is Code.UNKNOWN_KIND:
@@ -101,7 +101,7 @@ async def pause(request: Request, kind: KindPath, command: PauseCommand, princip
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
 async def resume(request: Request, kind: KindPath, command: ResumeCommand, principal: Operator) -> Response:
     """The kind runs again once no holder holds it (a breaker's pause outlives an operator's)."""
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     holder = command.holder or principal.name
     result = await _command(services, services.queue.resume(kind, holder, actor=principal.name))
     if result.code is Code.UNKNOWN_KIND:
@@ -114,7 +114,7 @@ async def resume(request: Request, kind: KindPath, command: ResumeCommand, princ
 @router.get("/v1/kinds/{kind}/policy", summary="A kind's retry policy", responses=openapi.problems(401, 403, 404, 503),
             response_model=dict[str, Any])  # fmt: skip
 async def get_policy(request: Request, kind: KindPath, principal: Observer) -> Response:
-    view, _ = await _kind(request.app.state.services, kind)
+    view, _ = await _kind(of(request), kind)
     return json_response(_policy(view.policy))
 
 
@@ -127,7 +127,7 @@ async def get_policy(request: Request, kind: KindPath, principal: Observer) -> R
 async def set_policy(request: Request, kind: KindPath, principal: Operator) -> Response:
     """The whole policy, validated (fields and the relations between them); answered with the
     policy before and after. The change applies to each request's next failure."""
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     require_json(request)
     body = await read_body(request, 64 * 1024)
     try:

@@ -27,7 +27,7 @@ from api.problems import Problem, invalid
 from api.review_policy import current_payload
 from api.schemas import utc
 from api.services import ApiServices
-from api.web.page_support import CURRENCIES, KINDS, FilterForm, parse_filter, problem_page, row, services, shown_payload
+from api.web.page_support import CURRENCIES, KINDS, FilterForm, parse_filter, problem_page, row, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
 from api.web.templating import render
@@ -102,7 +102,7 @@ async def _csv_lines(found: ApiServices, user: WebUser, dead_filter: DeadLetterF
                 payload = json.loads(current_payload(view))
             except ValueError:
                 payload = {}
-            shown = shown_payload(user, view.kind, payload if isinstance(payload, dict) else {})
+            shown = payload if isinstance(payload, dict) else {}
             amount = "" if item["amount_minor"] is None else major_units(item["amount_minor"], item["currency"])
             yield line([item["id"], item["kind"], item["ref_key"], "" if item["dead_ms"] is None else utc(item["dead_ms"]), item["attempts"],
                         item["error_class"] or "", item["error_text"], item["dead_reason"], amount,

@@ -306,6 +306,7 @@ async def current_user(request: Request) -> WebUser:
         user = None  # the mirror answers from memory; only a miss reads, and a failed read is no user
     if user is None:
         raise LoginRequired
+    request.state.personal_data = allowed(user.role, Right.VIEW_PERSONAL_DATA)  # api.services.of reads it
     return user
 
 
