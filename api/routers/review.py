@@ -27,6 +27,7 @@ from api import review_actions as actions
 from api.audit_view import ACTION_PATTERN, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
 from api.auth import Observer, Principal, requires
 from api.http import json_response
+from api.ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from api.money_view import WhatIsPaid, money_document, money_of_payload, paid_document
 from api.problems import invalid
 from api.review_policy import current_payload
@@ -54,8 +55,8 @@ PAYMENTS_SHOWN: Final = 100
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
 Approver = Annotated[Principal, Depends(requires(Role.APPROVER))]
 Decider = Annotated[Principal, Depends(requires(Role.REVIEWER, Role.APPROVER))]
-RequestIdPath = Annotated[str, Path(max_length=40, description="A request id, e.g. 1-42.")]
-ProposalIdPath = Annotated[int, Path(ge=1, le=(1 << 62), description="A proposal's number.")]
+RequestIdPath = Annotated[str, Path(max_length=PUBLIC_ID_LENGTH_MAX, description="A request id, e.g. 1-42.")]
+ProposalIdPath = Annotated[int, Path(ge=1, le=NUMBER_MAX, description="A proposal's number.")]
 
 
 def _services(request: Request) -> ApiServices:
@@ -201,7 +202,7 @@ async def dead_letters(
             responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
 async def list_proposals(
     request: Request, principal: Observer, pending: bool = False,
-    before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[int | None, Query(ge=1, le=NUMBER_MAX)] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:  # fmt: skip
     services = _services(request)
     views = (await actions.store(services, services.queue.proposals(pending_only=pending, before_id=before, limit=limit))).value
@@ -236,7 +237,7 @@ async def reject(request: Request, proposal_id: ProposalIdPath, body: RejectBody
 @router.get("/v1/audit", summary="The operator audit chain, newest first, filtered",
             responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
 async def audit(
-    request: Request, principal: Observer, before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None,
+    request: Request, principal: Observer, before: Annotated[int | None, Query(ge=1, le=NUMBER_MAX)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     actor: Annotated[str | None, Query(pattern=ACTOR_PATTERN, description="Who acted, exactly.")] = None,
     action: Annotated[list[Annotated[str, StringConstraints(pattern=ACTION_PATTERN)]], Query(max_length=32, description="Any of these actions (repeat the parameter): "

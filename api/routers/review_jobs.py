@@ -23,6 +23,7 @@ from api import openapi
 from api import review_actions as actions
 from api.auth import Observer, Principal, requires
 from api.http import json_response
+from api.ids import NUMBER_MAX
 from api.money_view import totals_document
 from api.problems import invalid
 from api.review_schemas import JobBody, JobControlBody, JobFilter, JobSelection
@@ -33,7 +34,7 @@ from queues import DeadLetterFilter, ItemResult, JobItem, JobView, Role
 
 router = APIRouter(tags=["review"])
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
-JobIdPath = Annotated[int, Path(ge=1, le=(1 << 62), description="A redrive job's number.")]
+JobIdPath = Annotated[int, Path(ge=1, le=NUMBER_MAX, description="A redrive job's number.")]
 
 
 def _services(request: Request) -> ApiServices:
@@ -104,7 +105,7 @@ async def start(request: Request, body: JobBody, principal: Reviewer) -> Respons
 @router.get("/v1/review/jobs", summary="Redrive jobs, newest first", responses=openapi.problems(401, 403, 422, 503))
 async def list_jobs(
     request: Request, principal: Observer, active: bool = False,
-    before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[int | None, Query(ge=1, le=NUMBER_MAX)] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:  # fmt: skip
     services = _services(request)
     jobs = (await actions.store(services, services.queue.jobs(active_only=active, before_id=before, limit=limit))).value

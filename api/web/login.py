@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from typing import Annotated, Final
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import Depends, Form, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from api.web import sessions
 from api.web.accounts import AccountError
+from api.web.headers import page_router
 from api.web.templating import render
 from queues import ClientError, QueueError
 
-router = APIRouter()
+router = page_router()
 FAILED: Final = "Wrong name or password, or the account is locked for a while. Try again, or ask an admin."
 
 

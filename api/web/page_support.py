@@ -18,14 +18,16 @@ import decimal
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Final
 from urllib.parse import urlencode
 
+from fastapi import Path
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from api import review_actions as actions
 from api.audit_view import field_changes, links
+from api.ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from api.problems import Problem
 from api.review_schemas import NAME_PATTERN
 from api.schemas import REF_KEY_PATTERN
@@ -46,6 +48,12 @@ _REF_KEY: Final = re.compile(REF_KEY_PATTERN)
 COUNT_MAX: Final = 1_000_000
 
 
+RequestIdPath = Annotated[str, Path(max_length=PUBLIC_ID_LENGTH_MAX)]
+"""A page's request id: longer is no id (a 422); one that is not this set's is a 404 page."""
+NumberPath = Annotated[int, Path(ge=1, le=NUMBER_MAX)]
+"""A page's proposal or job number, range-checked at the edge: 2**64 is a 422, never an overflow."""
+
+
 def services(request: Request) -> ApiServices:
     """The services as the logged-in user may use them: a store read masked unless their role may
     see personal data (api/masked_reads.py, the one place that masks)."""
@@ -56,7 +64,7 @@ def before_param(request: Request) -> int | None:
     """A newest-first list's `before` (the last number the page before showed); anything else is
     the first page."""
     text = request.query_params.get("before", "")
-    return int(text) if text.isdigit() and 0 < int(text) < (1 << 62) else None
+    return int(text) if text.isdigit() and len(text) <= 19 and 0 < int(text) <= NUMBER_MAX else None
 
 
 @dataclass(frozen=True, slots=True)

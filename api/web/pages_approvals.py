@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import Response
 
 from api import review_actions as actions
@@ -26,13 +26,14 @@ from api.money_view import WhatIsPaid, diff_rows
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
-from api.web.page_support import Flash, before_param, problem_flash, services
+from api.web.headers import page_router
+from api.web.page_support import Flash, NumberPath, before_param, problem_flash, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
 from queues import Discard, EditRedrive, MessageView, ProposalView, RedriveJob, proposal_action
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PostingUser = Annotated[WebUser, Depends(checked_csrf)]
 PAGE_SIZE: Final = 50
@@ -91,7 +92,7 @@ async def _reason(request: Request) -> str:
 
 
 @router.post("/review/approvals/{proposal_id}/approve")
-async def approve(request: Request, proposal_id: int, user: PostingUser) -> Response:
+async def approve(request: Request, proposal_id: NumberPath, user: PostingUser) -> Response:
     require(user, Right.APPROVE)
     found = services(request)
     try:
@@ -122,13 +123,13 @@ async def _decline(request: Request, user: WebUser, proposal_id: int, *, withdra
 
 
 @router.post("/review/approvals/{proposal_id}/reject")
-async def reject(request: Request, proposal_id: int, user: PostingUser) -> Response:
+async def reject(request: Request, proposal_id: NumberPath, user: PostingUser) -> Response:
     require(user, Right.REJECT)
     return await _decline(request, user, proposal_id, withdraw=False)
 
 
 @router.post("/review/approvals/{proposal_id}/withdraw")
-async def withdraw(request: Request, proposal_id: int, user: PostingUser) -> Response:
+async def withdraw(request: Request, proposal_id: NumberPath, user: PostingUser) -> Response:
     """The proposer takes their own proposal back (anyone else is refused: that is a rejection)."""
     require(user, Right.VIEW)
     return await _decline(request, user, proposal_id, withdraw=True)

@@ -18,20 +18,21 @@ from dataclasses import dataclass, field
 from typing import Annotated, Final
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import Response
 
 from api import review_actions as actions
 from api.audit_view import ACTION_PATTERN, ACTIONS, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
 from api.problems import Problem
 from api.views import audit_document
+from api.web.headers import page_router
 from api.web.page_support import before_param, field_messages, problem_page, services, shown_entry, typed_times
 from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
 from api.web.templating import render
 from queues import AuditFilter
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PAGE_SIZE: Final = 50
 FORM_FIELDS: Final = ("actor", "action", "target", "since", "until", "sign_ins")

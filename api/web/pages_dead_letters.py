@@ -19,7 +19,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from api import review_actions as actions
@@ -27,6 +27,7 @@ from api.problems import Problem, invalid
 from api.review_policy import current_payload
 from api.schemas import utc
 from api.services import ApiServices
+from api.web.headers import page_router
 from api.web.page_support import CURRENCIES, KINDS, FilterForm, parse_filter, problem_page, row, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
@@ -34,7 +35,7 @@ from api.web.templating import render
 from ledger.currencies import major_units
 from queues import DeadLetterFilter
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PAGE_SIZE: Final = 50
 EXPORT_PAGE: Final = 1000

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import Response
 
 from api import review_actions as actions
@@ -26,8 +26,10 @@ from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
 from api.views import request_document, timeline_entries
+from api.web.headers import page_router
 from api.web.page_support import (
     Flash,
+    RequestIdPath,
     field_messages,
     problem_flash,
     problem_page,
@@ -39,7 +41,7 @@ from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
 from queues import MessageView
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PostingUser = Annotated[WebUser, Depends(checked_csrf)]
 VERSIONS_SHOWN: Final = 20
@@ -107,7 +109,7 @@ async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> 
 
 
 @router.get("/review/requests/{request_id}")
-async def detail(request: Request, request_id: str, user: User) -> Response:
+async def detail(request: Request, request_id: RequestIdPath, user: User) -> Response:
     require(user, Right.VIEW)
     try:
         context = await detail_context(services(request), user, request_id)
@@ -150,7 +152,7 @@ async def _after_action(
 
 
 @router.post("/review/requests/{request_id}/redrive")
-async def redrive_one(request: Request, request_id: str, user: PostingUser) -> Response:
+async def redrive_one(request: Request, request_id: RequestIdPath, user: PostingUser) -> Response:
     """One request, through the direct path (no job): done at once or proposed."""
     require(user, Right.REDRIVE)
     found = services(request)
@@ -167,7 +169,7 @@ async def redrive_one(request: Request, request_id: str, user: PostingUser) -> R
 
 
 @router.post("/review/requests/{request_id}/discard")
-async def discard(request: Request, request_id: str, user: PostingUser) -> Response:
+async def discard(request: Request, request_id: RequestIdPath, user: PostingUser) -> Response:
     """A listed reason code and a comment, both required: the audit says why, for ever."""
     require(user, Right.DISCARD)
     found = services(request)

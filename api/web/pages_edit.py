@@ -15,21 +15,22 @@ import hashlib
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import Response
 
 from api import review_actions as actions
 from api.money_view import diff_rows, money_of_payload
 from api.problems import Problem, invalid
 from api.review_policy import current_payload
-from api.web.page_support import Flash, field_messages, problem_flash, problem_page, services
+from api.web.headers import page_router
+from api.web.page_support import Flash, RequestIdPath, field_messages, problem_flash, problem_page, services
 from api.web.pages_detail import outcome_flash
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import pretty, render
 from queues import MessageView
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PostingUser = Annotated[WebUser, Depends(checked_csrf)]
 
@@ -40,7 +41,7 @@ def _context(view: MessageView, request_id: str, text: str, reason: str) -> dict
 
 
 @router.get("/review/requests/{request_id}/edit")
-async def edit_form(request: Request, request_id: str, user: User) -> Response:
+async def edit_form(request: Request, request_id: RequestIdPath, user: User) -> Response:
     require(user, Right.EDIT)
     try:
         view = await actions.request(services(request), request_id)
@@ -51,7 +52,7 @@ async def edit_form(request: Request, request_id: str, user: User) -> Response:
 
 
 @router.post("/review/requests/{request_id}/edit")
-async def edit(request: Request, request_id: str, user: PostingUser) -> Response:
+async def edit(request: Request, request_id: RequestIdPath, user: PostingUser) -> Response:
     """`step=preview` checks and shows the diff; `step=submit` stores what the preview showed."""
     require(user, Right.EDIT)
     found = services(request)

@@ -60,6 +60,7 @@ from api.web.accounts import (
     session_name,
     verify_password,
 )
+from api.web.headers import secure
 from api.web.rights import Right, allowed
 from queues import ClientError, QueueClient, QueueError, Role
 
@@ -380,15 +381,15 @@ def install(app: FastAPI) -> None:
     async def login_required(request: Request, error: Exception) -> Response:
         target = login_url(_return_path(request))
         if request.headers.get("hx-request") == "true":
-            return Response(status_code=401, headers={"HX-Redirect": target})
+            return secure(Response(status_code=401, headers={"HX-Redirect": target}))
         response = RedirectResponse(target, status_code=303)
         if COOKIE in request.cookies:
             clear_cookie(response)
-        return response
+        return secure(response)
 
     async def forbidden(request: Request, error: Exception) -> Response:
         assert isinstance(error, Forbidden)
-        return login.forbidden_page(request, error.detail)
+        return secure(login.forbidden_page(request, error.detail))
 
     app.add_exception_handler(LoginRequired, login_required)
     app.add_exception_handler(Forbidden, forbidden)
