@@ -26,7 +26,7 @@ from api import openapi
 from api import review_actions as actions
 from api.audit_view import ACTION_PATTERN, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
 from api.auth import Observer, Principal, requires
-from api.http import json_response
+from api.http import json_response, known_query
 from api.ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from api.money_view import WhatIsPaid, money_document, money_of_payload, paid_document
 from api.problems import invalid
@@ -48,7 +48,7 @@ from queues import (
     proposal_action,
 )
 
-router = APIRouter(tags=["review"])
+router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 PROPOSED: dict[int | str, dict[str, Any]] = {202: {"description": "Proposed: four eyes are needed; the proposal waits for an approver."}}
 PAYMENTS_SHOWN: Final = 100
 """A proposal's targets listed one by one with what each pays (its totals are of all of them)."""

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from api import openapi
 from api import review_actions as actions
 from api.auth import Observer, Principal, requires
-from api.http import json_response
+from api.http import json_response, known_query
 from api.ids import NUMBER_MAX
 from api.money_view import totals_document
 from api.problems import invalid
@@ -32,7 +32,7 @@ from api.schemas import utc
 from api.services import ApiServices, of
 from queues import DeadLetterFilter, ItemResult, JobItem, JobView, Role
 
-router = APIRouter(tags=["review"])
+router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
 JobIdPath = Annotated[int, Path(ge=1, le=NUMBER_MAX, description="A redrive job's number.")]
 
