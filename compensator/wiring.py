@@ -92,7 +92,7 @@ def web_settings(config: Config) -> WebSettings:
     parts = urlsplit(config.api_url)
     return WebSettings(
         idle_timeout_s=web.idle_timeout_s, lifetime_s=web.lifetime_s, cookie_secure=web.cookie_secure,
-        lockout_failures=web.lockout_failures, lockout_s=web.lockout_s,
+        lockout_failures=web.lockout_failures, lockout_s=web.lockout_s, client_failures_max=web.client_failures_max,
         refresh_interval_s=config.auth.refresh_interval_s, public_origin=f"{parts.scheme}://{parts.netloc}",
     )  # fmt: skip
 
