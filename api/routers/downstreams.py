@@ -135,7 +135,7 @@ async def get_classification(request: Request, downstream: Downstream, principal
 
 @router.put(
     "/v1/downstreams/{downstream}/classification", response_model=dict[str, Any],
-    summary="Replace a downstream's classification table", responses=openapi.problems(400, 401, 403, 415, 422, 503),
+    summary="Replace a downstream's classification table", responses=openapi.problems(400, 401, 403, 413, 415, 422, 503),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                        "schema": {"$ref": "#/components/schemas/ClassificationTable"}}}},
                    "parameters": [{"name": "X-Reason", "in": "header", "required": True, "description": "Why (recorded).",

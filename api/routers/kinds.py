@@ -15,9 +15,10 @@ from starlette.responses import Response
 from api import openapi
 from api.auth import Observer, Operator
 from api.http import json_response, read_body, require_json, whole_numbers
-from api.problems import Problem, invalid, msgspec_error
+from api.problems import Problem, invalid, msgspec_error, problem_of
 from api.schemas import KindDetail, KindSummary, PauseCommand, PolicyChange, ResumeCommand, utc
 from api.services import ApiServices, of
+from api.submissions import too_deep
 from delay.policy import RetryPolicy
 from queues import ClientError, Code, KindView, QueueError
 
@@ -120,7 +121,7 @@ async def get_policy(request: Request, kind: KindPath, principal: Observer) -> R
 
 @router.put(
     "/v1/kinds/{kind}/policy", response_model=PolicyChange, summary="Replace a kind's retry policy",
-    responses=openapi.problems(400, 401, 403, 404, 415, 422, 503),
+    responses=openapi.problems(400, 401, 403, 404, 413, 415, 422, 503),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/RetryPolicy"}}}}},
 )  # fmt: skip
@@ -136,6 +137,8 @@ async def set_policy(request: Request, kind: KindPath, principal: Operator) -> R
         raise invalid([msgspec_error(error)]) from None
     except msgspec.DecodeError:
         raise Problem("malformed-body", "the body is not valid JSON") from None
+    except RecursionError:
+        raise problem_of(too_deep()) from None
     problems = policy.problems()
     if problems:
         raise invalid([{"field": "policy", "message": problem} for problem in problems])
