@@ -20,27 +20,38 @@ What is masked, by answer:
   a viewer can follow the chain's links, not recompute an entry);
 - an event: a payload in its data.
 
-Every other answer holds no personal data (counts, summaries, jobs and their items, kinds,
-policies, documents of the API's own namespaces, ...); `PASSED` lists them, and a new answer type
-is refused until it is listed here or masked (tests/api/test_masked_reads.py checks both ways).
+These four values are masked wherever they are in an answer (`masked_answer` walks it), so a new
+answer that carries them is masked without anyone listing it; every other value the store answers
+holds no personal data (counts, summaries, jobs and their items, kinds, policies, documents of the
+API's own namespaces, token hashes), and tests/api/test_masked_reads.py fails when a new one holds
+a payload-like field nobody decided about.
 
 Must never: write to the store (a viewer changes nothing; a write through this client raises), or
-let an answer type through that nobody has classified.
+read it other than through `QueueClient`'s public reads.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from ledger.kinds import canonical_json
 from ledger.masking import MASK, mask_any_payload, mask_identifier, mask_payload
-from queues import AuditEntry, Event, MessageView, ProposalView, QueueClient, QueueError, Read, codec
-from queues import query_codec as qc
-from queues.model import EditRedrive, QueueCommand, QueueResult
+from queues import (
+    AuditEntry,
+    EditRedrive,
+    Event,
+    MessageView,
+    ProposalView,
+    QueueClient,
+    QueueError,
+    Read,
+    proposal_action,
+    proposal_with_action,
+)
 
 SCRUBBED_LENGTH_MIN: Final = 4
 """A personal string this long or longer is masked wherever it appears in a message's free text
@@ -129,12 +140,12 @@ def masked_proposal(view: ProposalView) -> ProposalView:
     """An edit's proposed payload masked inside the proposal's body (the command as proposed)."""
     if not view.body:
         return view
-    action = codec.decode_command(view.body)
+    action = proposal_action(view)
     if not isinstance(action, EditRedrive):
         return view
     document = _document(action.payload)
     payload = canonical_json(MASK if document is None else mask_any_payload(document))
-    return msgspec.structs.replace(view, body=codec.encode_command(msgspec.structs.replace(action, payload=payload)))
+    return proposal_with_action(view, msgspec.structs.replace(action, payload=payload))
 
 
 def _masked_text(text: str) -> str:
@@ -168,32 +179,45 @@ def masked_event(event: Event) -> Event:
     return msgspec.structs.replace(event, data=masked_detail(event.data))
 
 
-Masker = Callable[[Any], Any]
-MASKED: Final[Mapping[type[Any], Masker]] = {
-    qc.MessagesAnswer: lambda a: msgspec.structs.replace(a, messages=tuple(map(masked_view, a.messages))),
-    qc.DeadLettersAnswer: lambda a: msgspec.structs.replace(a, items=tuple(map(masked_view, a.items))),
-    qc.ProposalsAnswer: lambda a: msgspec.structs.replace(a, proposals=tuple(map(masked_proposal, a.proposals))),
-    qc.AuditAnswer: lambda a: msgspec.structs.replace(a, entries=tuple(map(masked_entry, a.entries))),
-    qc.MessageEventsAnswer: lambda a: msgspec.structs.replace(a, events=tuple(map(masked_event, a.events))),
-    qc.EventsAnswer: lambda a: msgspec.structs.replace(a, events=tuple(map(masked_event, a.events))),
-}
-"""The answers that hold payloads, and how each is masked."""
-PASSED: Final = frozenset({
-    qc.DeadLetterSummaryAnswer, qc.CountsAnswer, qc.OldestDueAnswer, qc.RetentionAnswer, qc.DigestAnswer,
-    qc.ScrubAnswer, qc.KindsAnswer, qc.TokensAnswer, qc.WorkDueAnswer, qc.MaintenanceDueAnswer, qc.DocumentsAnswer,
-    qc.JobsAnswer, qc.JobItemsAnswer, qc.QueryError,
-})  # fmt: skip
-"""The answers that hold no payload and no personal value: passed as they are."""
+MASKED_TYPES: Final = (MessageView, ProposalView, AuditEntry, Event)
+"""The values of the store's answers that hold payloads: each masked wherever it is in an answer."""
 
 
-def masked_answer(answer: qc.QueryAnswer) -> qc.QueryAnswer:
-    masker = MASKED.get(type(answer))
-    if masker is not None:
-        masked: qc.QueryAnswer = masker(answer)
-        return masked
-    if type(answer) not in PASSED:
-        raise QueueError(f"{type(answer).__name__} is not classified for masking (api/masked_reads.py)")
+def masked_answer(answer: Any, versions: Mapping[int, Mapping[str, str]] | None = None) -> Any:
+    """Any answer of the store with every value that holds a payload masked, wherever it is in it
+    (a new answer that carries messages is masked without anyone listing it); `versions`: each
+    edited message's other versions' personal values."""
+    if isinstance(answer, MessageView):
+        return masked_view(answer, (versions or {}).get(answer.message_id))
+    if isinstance(answer, ProposalView):
+        return masked_proposal(answer)
+    if isinstance(answer, AuditEntry):
+        return masked_entry(answer)
+    if isinstance(answer, Event):
+        return masked_event(answer)
+    if isinstance(answer, tuple | list):
+        items = [masked_answer(item, versions) for item in answer]
+        return answer if all(a is b for a, b in zip(items, answer, strict=True)) else type(answer)(items)
+    if isinstance(answer, msgspec.Struct):
+        changed = {}
+        for name in answer.__struct_fields__:
+            value = getattr(answer, name)
+            masked = masked_answer(value, versions)
+            if masked is not value:
+                changed[name] = masked
+        return msgspec.structs.replace(answer, **changed) if changed else answer
     return answer
+
+
+def messages_in(answer: Any) -> Iterator[MessageView]:
+    if isinstance(answer, MessageView):
+        yield answer
+    elif isinstance(answer, tuple | list):
+        for item in answer:
+            yield from messages_in(item)
+    elif isinstance(answer, msgspec.Struct):
+        for name in answer.__struct_fields__:
+            yield from messages_in(getattr(answer, name))
 
 
 def _chain(view: MessageView, known: Mapping[int, MessageView]) -> list[MessageView]:
@@ -215,17 +239,13 @@ class MaskedQueueClient(QueueClient):
 
     def __init__(self, queue: QueueClient) -> None:
         super().__init__(queue.raft, reader=queue.reader, coalesce=False)
+        self._plain = queue
 
-    async def query(self, query: qc.QueueQuery, *, stale_ok: bool = False) -> Read[qc.QueryAnswer]:
+    async def query(self, query: Any, *, stale_ok: bool = False) -> Read[Any]:
         read = await super().query(query, stale_ok=stale_ok)
-        answer = read.value
-        if isinstance(answer, qc.MessagesAnswer | qc.DeadLettersAnswer):
-            field = "messages" if isinstance(answer, qc.MessagesAnswer) else "items"
-            views: tuple[MessageView, ...] = getattr(answer, field)
-            versions = await self._versions(views, stale_ok)
-            masked = tuple(masked_view(view, versions.get(view.message_id)) for view in views)
-            return Read(msgspec.structs.replace(answer, **{field: masked}), read.applied_index, read.now_ms)
-        return Read(masked_answer(answer), read.applied_index, read.now_ms)
+        views = list(messages_in(read.value))
+        versions = await self._versions(views, stale_ok) if views else {}
+        return Read(masked_answer(read.value, versions), read.applied_index, read.now_ms)
 
     async def _versions(self, views: Sequence[MessageView], stale_ok: bool) -> dict[int, dict[str, str]]:
         """For each edited message, the personal values of its other versions: an edit keeps the
@@ -238,13 +258,9 @@ class MaskedQueueClient(QueueClient):
             wanted -= known.keys()
             if not wanted:
                 break
-            asked = qc.GetMessages(ids=tuple(sorted(wanted)), with_history=False)
-            found = await super().query(asked, stale_ok=stale_ok)
-            if not isinstance(found.value, qc.MessagesAnswer):
-                break
-            known.update((view.message_id, view) for view in found.value.messages)
-            wanted = {link for view in found.value.messages for link in (view.previous_id, view.superseded_by)
-                      if link is not None}  # fmt: skip
+            found = (await self._plain.get_many(sorted(wanted), with_history=False, stale_ok=stale_ok)).value
+            known.update((view.message_id, view) for view in found)
+            wanted = {link for view in found for link in (view.previous_id, view.superseded_by) if link is not None}
         values: dict[int, dict[str, str]] = {}
         for view in views:
             if view.previous_id is None and view.superseded_by is None:
@@ -254,8 +270,8 @@ class MaskedQueueClient(QueueClient):
             )
         return values
 
-    async def submit(self, command: QueueCommand) -> QueueResult:
+    async def submit(self, command: Any) -> Any:
         raise QueueError("a caller without personal-data rights reads through this client, and writes nothing")
 
-    async def submit_many(self, commands: Sequence[QueueCommand]) -> list[QueueResult]:
+    async def submit_many(self, commands: Sequence[Any]) -> list[Any]:
         raise QueueError("a caller without personal-data rights reads through this client, and writes nothing")

@@ -83,6 +83,7 @@ from bench.harness import (
     Profiler,
     Server,
     api_server,
+    callback_targets,
     child_environment,
     code_revision,
     compensator_command,
@@ -177,8 +178,7 @@ class Stack:
         for worker in self.workers:
             worker.wait_line(WORKER_READY)
         (port,) = free_ports(1)
-        api = self.api = api_server(cluster, self.root, port=port, workers=settings.api_workers,
-                                    extra_env={"COMPENSATOR_HANDLERS__CALLBACK": callback_targets(self.standin_urls)})
+        api = self.api = api_server(cluster, self.root, port=port, workers=settings.api_workers, extra_env={"COMPENSATOR_HANDLERS__CALLBACK": callback_targets(self.standin_urls["callback"], CALLBACK_TARGET)})
         self.cleanups.append(api.stop)
         api.start()
         self.api_url = f"http://127.0.0.1:{port}"
@@ -258,11 +258,6 @@ class Stack:
                 "machine_busy": machine_busy_cpu_s()}  # fmt: skip
 
 
-def callback_targets(urls: dict[str, str]) -> str:
-    """handlers.callback: the demo target, for the workers (which deliver) and the API (which checks)."""
-    return json.dumps({"targets": [{"name": CALLBACK_TARGET, "url": f"{urls['callback']}/callbacks/{CALLBACK_TARGET}"}]})
-
-
 def worker_server(
     cluster: ProcessCluster, root: Path, number: int, urls: dict[str, str], secrets_file: Path, *, breaker: str,
     metrics_port: int,
@@ -273,7 +268,7 @@ def worker_server(
         COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in cluster.addresses()),
         COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"]}),
         COMPENSATOR_HANDLERS__RED_PACKET=json.dumps({"base_url": urls["red_packet"]}),
-        COMPENSATOR_HANDLERS__CALLBACK=callback_targets(urls),
+        COMPENSATOR_HANDLERS__CALLBACK=callback_targets(urls["callback"], CALLBACK_TARGET),
         COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE=str(secrets_file),
         COMPENSATOR_WORKER__METRICS_PORT=str(metrics_port),
         **({"COMPENSATOR_WORKER__BREAKER_FAILURE_RATIO": "1.0"} if breaker == "off" else {}),

@@ -15,6 +15,7 @@ settings to a child.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -139,6 +140,12 @@ def compensator_command() -> list[str]:
     """The installed `compensator` command beside this interpreter, else `python -m compensator`."""
     script = Path(sys.executable).parent / "compensator"
     return [str(script)] if script.exists() else [sys.executable, "-m", "compensator"]
+
+
+def callback_targets(standin_url: str, name: str) -> str:
+    """handlers.callback with one target at the callback stand-in: for the workers, which deliver
+    to it, and the API, which refuses a callback naming any other."""
+    return json.dumps({"targets": [{"name": name, "url": f"{standin_url}/callbacks/{name}"}]})
 
 
 def api_server(

@@ -1,11 +1,13 @@
-"""The login and logout pages: GET/POST /review/login, POST /review/logout.
+"""The login and logout pages: GET/POST /review/login, POST /review/logout, and what a page
+answers without a session (a redirect here) or without the right (the forbidden page): `install`.
 
 A failed login answers the same page, with the same words and status, whether the name is
 unknown, the password wrong, the user disabled or locked: which names exist is not for anyone who
 can reach the page to learn. A client address that failed too often lately is answered 429 with
-`Retry-After` before anything is tried (api/web/throttle.py), whatever the name. The login form is not CSRF-protected by a token (there is no session
-yet to bind one to); its Origin and Sec-Fetch-Site are checked instead, which is what stops a
-site from logging a browser in as the attacker.
+`Retry-After` before anything is tried (api/web/throttle.py), whatever the name. The login form is
+not CSRF-protected by a token (there is no session yet to bind one to); its Origin and
+Sec-Fetch-Site are checked instead, which is what stops a site from logging a browser in as the
+attacker.
 
 Must never: echo the password back into the page, or redirect anywhere but a path on this site.
 """
@@ -14,19 +16,17 @@ from __future__ import annotations
 
 from typing import Annotated, Final
 
-from fastapi import Depends, Form, Request
+from fastapi import Depends, FastAPI, Form, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from api.web import sessions
 from api.web.accounts import AccountError
-from api.web.headers import page_router
+from api.web.headers import page_router, secure
 from api.web.templating import render
 from queues import ClientError, QueueError
 
 router = page_router()
 FAILED: Final = "Wrong name or password, or the account is locked for a while. Try again, or ask an admin."
-
-
 THROTTLED: Final = "Too many failed logins from your address. Try again in {minutes} minute{s}, or ask an admin."
 
 
@@ -94,3 +94,29 @@ async def logout(request: Request, user: Annotated[sessions.WebUser, Depends(ses
     response = RedirectResponse(sessions.LOGIN_PATH, status_code=303)
     sessions.clear_cookie(response)
     return response
+
+
+def install(app: FastAPI) -> None:
+    """The answers to LoginRequired and Forbidden, and the login and logout routes. Here, not in
+    sessions.py: the sessions are what this page builds on, never the other way round."""
+
+    async def login_required(request: Request, error: Exception) -> Response:
+        target = sessions.login_url(sessions.return_path(request))
+        if request.headers.get("hx-request") == "true":
+            return secure(Response(status_code=401, headers={"HX-Redirect": target}))
+        response = RedirectResponse(target, status_code=303)
+        if sessions.COOKIE in request.cookies:
+            sessions.clear_cookie(response)
+        return secure(response)
+
+    async def forbidden(request: Request, error: Exception) -> Response:
+        assert isinstance(error, sessions.Forbidden)
+        return secure(forbidden_page(request, error.detail))
+
+    async def unreachable(request: Request, error: Exception) -> Response:
+        return secure(unavailable_page(request))
+
+    app.add_exception_handler(sessions.LoginRequired, login_required)
+    app.add_exception_handler(sessions.Forbidden, forbidden)
+    app.add_exception_handler(sessions.StoreUnreachable, unreachable)
+    app.router.routes.extend(router.routes)
