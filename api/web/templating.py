@@ -46,11 +46,23 @@ def pretty(document: Any) -> str:
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
 
 
+class Editable(str):
+    """A form field's value (`|editable`): given back to the browser exactly as it was typed or
+    stored, so that sending the form again sends the same text (HTML-escaped all the same)."""
+
+
+def editable(value: Any) -> Editable:
+    return Editable("" if value is None else value)
+
+
 def shown(value: Any) -> Any:
     """Every value a template prints, before it is HTML-escaped: control and format characters
     written as their escapes (``rp-\\u202eevil``, never "rp-live": ledger/text.py), whatever the
     value is and wherever it came from (a ref key stored before intake refused them, an error
-    text, a memo). Newlines and tabs stay: a pretty-printed payload keeps its lines."""
+    text, a memo). Newlines and tabs stay: a pretty-printed payload keeps its lines. A form field's
+    value (`Editable`) is given back as it was: escaping it would change what the form sends."""
+    if isinstance(value, Editable):
+        return str(value)
     if isinstance(value, str):
         text = escaped(value, keep_layout=True)
         return type(value)(text) if isinstance(value, Markup) else text
@@ -62,7 +74,7 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
         trim_blocks=True, lstrip_blocks=True, finalize=shown,
     )  # fmt: skip
-    environment.filters.update(money=money, when=when, pretty=pretty)
+    environment.filters.update(money=money, when=when, pretty=pretty, editable=editable)
     environment.globals["Right"] = Right
     return environment
 

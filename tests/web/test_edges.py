@@ -13,7 +13,7 @@ from pages_support import Pages, running_pages
 from starlette.routing import Route
 
 from api.web.headers import PAGE_HEADERS
-from queues import Role
+from queues import Enqueue, Role
 from raft_store.testing.inprocess import StoreThread
 
 R = Role.REVIEWER
@@ -84,3 +84,21 @@ async def test_every_review_page_is_sent_uncached_unsniffed_unframed_with_a_csp(
         assert "frame-ancestors 'none'" in csp and "unsafe" not in csp and "http" not in csp
         page = (await pages.get(R, "/review/dead-letters")).text
         assert "<script>" not in page and "style=" not in page and "<style" not in page  # nothing inline to allow
+
+
+async def test_a_hidden_character_stored_before_intake_refused_it_is_shown_escaped(store: StoreThread) -> None:
+    """A ref key stored with a right-to-left override reads "rp-live" if printed as it is: every page
+    prints it as its escape, and a form gives back exactly what it was given."""
+    async with running_pages(store) as pages:
+        queue = pages.api.queue
+        payload = b'{"red_packet_id":"rp-1","receiver":"u-1","version":1,"amount_minor":1,"currency":"CNY"}'
+        (stored,) = await queue.enqueue_many([Enqueue(kind="list_update", idempotency_key="producer:old",
+                                                      ref_key="rp-\u202eevil", payload=payload)])  # fmt: skip
+        (grant,) = (await queue.lease("w", count_max=1, lease_ms=30_000)).grants
+        await queue.fail(grant.message_id, grant.token, "closed", "gone\u200b", permanent=True)
+        for path in ("/review/dead-letters", f"/review/requests/1-{stored.message_id}"):
+            page = (await pages.get(R, path)).text
+            assert "rp-\\u202eevil" in page and "\u202e" not in page and "\u200b" not in page, path
+        typed = await pages.get(R, "/review/dead-letters", params={"ref_key": "rp-\u202eevil"})
+        assert 'value="rp-\u202eevil"' in typed.text  # the filter as typed, to send again
+        assert 'data-test="dead-letter-row"' in typed.text
