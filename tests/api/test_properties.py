@@ -38,11 +38,12 @@ from api.http import check_key
 from api.ids import RequestId
 from api.problems import Problem
 from api.review_policy import DISCARD_REASON_CODES
+from api.web.accounts import Accounts
 from compensator.wiring import api_app
 from handlers.classification import decode_table
 from ledger.currencies import MINOR_UNIT_DIGITS
 from ledger.kinds import AMOUNT_MINOR_MAX, VERSION_MAX
-from queues import Role
+from queues import QueueClient, RaftClient, Role
 from raft_store.testing.processes import free_ports
 
 EDGE_IDS = (2**64, 2**63, -(2**63) - 1, 0, "1e3", "1-18446744073709551616")
@@ -69,7 +70,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tokens = store.run(put_tokens(store))
     (port,) = free_ports(1)
     app = api_app(settings(store))
-    store.run(app.state.services.web.accounts.add(PAGE_USER, Role.ADMIN, PAGE_PASSWORD, actor="tests"))
+    store.run(_add_page_user(store))
     config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="asyncio", log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -85,6 +86,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         server.should_exit = True
         thread.join(15)
         store.stop()
+
+
+async def _add_page_user(store: Any) -> None:
+    """The pages' user, through a client of its own (the app's belongs to uvicorn's event loop)."""
+    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    try:
+        await Accounts(queue, clock_ms=lambda: time.time_ns() // 1_000_000).add(PAGE_USER, Role.ADMIN, PAGE_PASSWORD,
+                                                                              actor="tests")  # fmt: skip
+    finally:
+        await queue.raft.close()
 
 
 def _outside_cross_field_rules(case: Any) -> bool:
