@@ -179,3 +179,12 @@ def test_make_secrets_makes_each_file_once_private_and_a_cluster_secret_the_node
     again = subprocess.run([str(ROOT / "deploy" / "make-secrets"), str(folder)], capture_output=True, text=True,
                            env=environ, timeout=60, check=True)  # fmt: skip
     assert "nothing made" in again.stdout and (folder / "cluster_secret").read_text() == before
+
+
+def test_every_intake_knows_the_callback_targets_the_workers_deliver_to(compose: dict[str, Any]) -> None:
+    """The API and the Kafka ingest refuse a callback to a target that is not registered: they must
+    read the same targets as the workers, or every callback would be refused (or die unsent)."""
+    services = compose["services"]
+    targets = {name: services[name]["environment"].get("COMPENSATOR_HANDLERS__CALLBACK")
+               for name in ("api", "worker", "kafka-ingest")}  # fmt: skip
+    assert targets["worker"] and len(set(targets.values())) == 1, targets
