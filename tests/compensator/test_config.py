@@ -130,9 +130,10 @@ def test_each_downstream_declares_its_guarantee_with_the_bounds_it_needs(tmp_pat
                                                       ' "dedup_window_s": 60}',
                     "COMPENSATOR_HANDLERS__RED_PACKET": '{"base_url": "http://x:2", "guarantee": "none"}'})  # fmt: skip
     assert raised.value.problems == [
-        "handlers.payment.dedup_window_s: applies to guarantee dedup only (this one is expiry)",
-        "handlers.red_packet.guarantee: a list update carries its version, which the red-packet service applies only"
-        " forward: that is its deduplication, so only dedup describes it",
+        "COMPENSATOR_HANDLERS__PAYMENT: handlers.payment.dedup_window_s: applies to guarantee dedup only (this one is"
+        " expiry)",
+        "COMPENSATOR_HANDLERS__RED_PACKET: handlers.red_packet.guarantee: a list update carries its version, which the"
+        " red-packet service applies only forward: that is its deduplication, so only dedup describes it",
     ]
     with pytest.raises(ConfigError, match=r"handlers.payment.guarantee: Invalid enum value 'maybe'"):
         load(None, {"COMPENSATOR_HANDLERS__PAYMENT": '{"base_url": "http://x:1", "guarantee": "maybe"}'})
