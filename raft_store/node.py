@@ -339,6 +339,9 @@ class Node:
     def _client_read(self, conn: ClientConnection, read: codec.Read) -> None:
         core = self.core
         assert core is not None
+        if read.wait_ms > 0:
+            self._client_waiting_read(conn, read)
+            return
         if not read.linearizable:
             self._ready_reads.append((0, conn, read))
             return
@@ -346,6 +349,26 @@ class Node:
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
             return
         self._read_batch.append((conn, read))
+
+    def _client_waiting_read(self, conn: ClientConnection, read: codec.Read) -> None:
+        """A stale read held until a command past `wait_after_index` has applied, or for `wait_ms`:
+        an idle worker learns of new work one apply after it is stored, without polling. It joins
+        the reads waiting for their index (answered by the read job after the apply that reaches
+        it); its timer makes it due at once when the wait runs out."""
+        if read.linearizable:
+            error = b"a waiting read must be stale (a linearizable read is answered at its read index)"
+            conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.ERROR, 0, (error,))))
+            return
+        self._ready_reads.append((read.wait_after_index + 1, conn, read))
+        asyncio.get_running_loop().call_later(read.wait_ms / 1000, self._read_waited, read)
+
+    def _read_waited(self, read: codec.Read) -> None:
+        for position, (index, conn, waiting) in enumerate(self._ready_reads):
+            if waiting is read:
+                if index > 0:
+                    self._ready_reads[position] = (0, conn, waiting)
+                    self._serve_reads()
+                return
 
     def _request_read_index(self) -> None:
         """All linearizable reads that arrived since the last turn share one ReadIndex round

@@ -1,6 +1,11 @@
-"""Acks, fails and releases, batched: everything settled within a few milliseconds goes to the
-store in one frame (one log entry, one fsync): acks as one AckMany, each fail and release as a
-command of its own beside it.
+"""Acks, fails and releases, batched by what is waiting: one frame in flight at a time (one log
+entry, one fsync), acks as one AckMany, each fail and release as a command of its own beside it.
+
+The Nagle trade-off, tuned by the queue rather than a timer: a completion with nothing in flight
+goes to the store at once (after the event loop's current turn, so the attempts that finished in
+that turn share its frame), and the completions that finish while a frame is in flight wait for
+its answer and then go together. An idle worker acks in one store round trip; a busy one sends a
+frame per round trip, as large as the work that finished meanwhile.
 
 A frame whose answer is lost is sent again. That is safe without session lanes to protect it:
 the machine fences every one of these by the lease's token, so a second ack is ALREADY_ACKED, a
@@ -42,12 +47,9 @@ Settled = Callable[[Completion, Code], None]
 
 
 class Completions:
-    def __init__(
-        self, queue: QueueClient, *, on_settled: Settled, flush_s: float = 0.005, frame_max: int = 2000
-    ) -> None:
+    def __init__(self, queue: QueueClient, *, on_settled: Settled, frame_max: int = 2000) -> None:
         self._queue = queue
         self._on_settled = on_settled
-        self._flush_s = flush_s
         self._frame_max = frame_max
         self._pending: list[Completion] = []
         self._wake = asyncio.Event()
@@ -87,11 +89,11 @@ class Completions:
         return len(self._pending)
 
     async def run(self) -> None:
-        """Flush whenever something is pending, a few milliseconds after the first of a batch."""
+        """Flush whenever something is pending and no frame is in flight (the one awaited here)."""
         backoff_s = 0.05
         while True:
             await self._wake.wait()
-            await asyncio.sleep(self._flush_s)
+            await asyncio.sleep(0)  # the rest of this loop turn's completions join the frame
             try:
                 await self.flush()
                 backoff_s = 0.05

@@ -3,8 +3,11 @@ through its kind's handler, settle it, and drain on SIGTERM.
 
 Waiting is a read. An idle worker asks the leader which of its kinds have a message ready and when
 the next delayed one is due (`QueueClient.work_due`, a stale read of the leader's applied state:
-no ReadIndex round and no log entry), sleeps until then or for `idle_poll_s`, and leases only when
-something is ready. Four idle workers write nothing to the log.
+no ReadIndex round and no log entry), and leases only when something is ready. With nothing ready
+it asks again as a long poll: the leader holds that read until a command after the one the last
+answer reflected has applied (an enqueue, say), or until the next due time or `idle_poll_s`, and
+then answers it from its new state; so an idle worker hears of new work one apply after it, and
+four idle workers write nothing to the log.
 
 Leasing is fair across kinds and bounded by room: one Lease command per ready kind, each for no
 more than that kind's free slots (per kind and per downstream, limits.py), all in one frame.
@@ -54,12 +57,16 @@ from handlers.classification import ClassificationTable, decode_table
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
 from handlers.registry import Registry
 from ledger.kinds import Kind, decode_payload
-from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
+from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError, Read
 from queues.lateness import grant_lateness_ms
 from queues.model import Lease, QueueCommand
+from queues.query_codec import WorkDueAnswer
+from raft_store.client import RequestRefused
 
 log = logging.getLogger("compensator.worker")
 ERROR_BACKOFF_MAX_S: Final = 2.0
+EMPTY_LEASE_BACKOFF_S: Final = 0.005
+"""The first wait after a lease that found nothing the read said was ready; doubling while it recurs."""
 FENCED: Final = frozenset({Code.STALE_TOKEN, Code.LEASE_EXPIRED, Code.ILLEGAL_STATE})
 """A settlement of a lease this worker lost: a newer grant holds the message (STALE_TOKEN), the lease
 expired (LEASE_EXPIRED), or the message has left the leased state under another delivery (failed
@@ -75,8 +82,9 @@ class WorkerSettings:
     batch_max: int = 100
     """Grants per Lease command at most."""
     idle_poll_s: float = 0.1
+    """The longest a worker waits for work before it asks again (a long poll ends sooner when the
+    store changes)."""
     drain_grace_s: float = 10.0
-    flush_s: float = 0.005
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     modes_refresh_s: float = 1.0
     """How often the breakers' modes (operators' settings documents) are read."""
@@ -104,6 +112,7 @@ class Worker:
         self._wall_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._running: dict[int, Running] = {}
         self._slot_freed = asyncio.Event()
+        self._kinds = sorted(handlers)
         self._kinds_of: dict[str, list[str]] = {}
         for kind, handler in sorted(handlers.items()):
             self._kinds_of.setdefault(handler.downstream, []).append(kind)
@@ -117,10 +126,17 @@ class Worker:
         self._tables_version = -1
         self._modes_read_s = float("-inf")
         self._breaker_tasks: set[asyncio.Task[None]] = set()
-        self.completions = Completions(queue, on_settled=self._settled, flush_s=settings.flush_s)
+        self.completions = Completions(queue, on_settled=self._settled)
         self.keeper = LeaseKeeper(queue, lease_ms=settings.lease_ms)
         self.leased = 0
         self.lease_commands = 0
+        self._due: Read[WorkDueAnswer] | None = None
+        """The answer of the last long poll, not yet acted on."""
+        self._applied_seen = 0
+        """The applied index the last WorkDue answer reflected: a long poll waits for one past it."""
+        self._long_poll = True
+        """False once a node refused a waiting read (one that predates them): plain polling then."""
+        self._empty_leases = 0
 
     @property
     def running(self) -> int:
@@ -164,14 +180,49 @@ class Worker:
                 backoff_s = 0.05
             except (ClientError, QueueError) as error:
                 log.warning("could not lease (will retry): %s", error)
-                wait_s, backoff_s = backoff_s, min(backoff_s * 2, ERROR_BACKOFF_MAX_S)
+                self._due = None
+                await _sleep_unless(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, ERROR_BACKOFF_MAX_S)
+                continue
             if wait_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), wait_s)
+                await self._wait_for_work(stop, wait_s)
+
+    async def _wait_for_work(self, stop: asyncio.Event, wait_s: float) -> None:
+        """Until the store changes (a long poll of WorkDue, whose answer the next lease uses), an
+        attempt ends (its slot may be what a ready kind lacked), the wait runs out, or the worker
+        stops."""
+        if not self._long_poll or self._empty_leases > 1:
+            # Leases came back empty while reads said ready: a read that answers at the next
+            # apply would only say so again, so wait the time out.
+            await _sleep_unless(stop, wait_s)
+            return
+        self._slot_freed.clear()
+        poll = asyncio.ensure_future(self._queue.work_due(
+            self._kinds, wait_after_index=self._applied_seen, wait_s=wait_s))  # fmt: skip
+        others = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._slot_freed.wait())]
+        try:
+            await asyncio.wait((poll, *others), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for other in others:
+                other.cancel()
+        if not poll.done():
+            poll.cancel()  # the node answers it when it runs out; the answer is dropped
+            return
+        try:
+            self._due = poll.result()
+        except RequestRefused as error:  # a node that knows no waiting reads
+            log.warning("the store refused a waiting read (%s); polling every %.0f ms instead", error,
+                        self._settings.idle_poll_s * 1000)  # fmt: skip
+            self._long_poll = False
+        except (ClientError, QueueError) as error:
+            log.warning("could not ask for work (will retry): %s", error)
+            await _sleep_unless(stop, wait_s)
 
     async def _lease_once(self, room: dict[str, int]) -> float:
         """Lease what is ready; the seconds to wait before asking again (0: at once)."""
-        due = (await self._queue.work_due(sorted(self._handlers))).value
+        read, self._due = self._due or await self._queue.work_due(self._kinds), None
+        self._applied_seen = max(self._applied_seen, read.applied_index)
+        due = read.value
         await self._follow_breakers(due.paused)
         self._ramp(room)
         ready = [kind for kind in sorted(due.ready) if room.get(kind)]
@@ -205,7 +256,14 @@ class Worker:
                 granted += 1
             if grants and not probe:
                 self.breakers[self._handlers[grants[0].kind].downstream].took(len(grants))
-        return 0.0 if granted else self._settings.idle_poll_s  # raced another worker to it: back off
+        if granted:
+            self._empty_leases = 0
+            return 0.0
+        # Another worker took what the read said was ready (idle workers hear of an enqueue
+        # together): wait for the store to change. Empty again and again: back off.
+        self._empty_leases += 1
+        backoff_s: float = EMPTY_LEASE_BACKOFF_S * 2 ** min(self._empty_leases - 1, 16)
+        return min(self._settings.idle_poll_s, backoff_s)
 
     # ---- breakers ------------------------------------------------------------------------------
     async def _follow_breakers(self, paused: Mapping[str, tuple[str, ...]]) -> None:
@@ -430,6 +488,11 @@ def _mode(body: bytes) -> Mode:
     except (ValueError, AttributeError, msgspec.DecodeError):
         log.warning('a breaker document is not {"mode": "auto|open|closed"}: %r', body[:100])
         return Mode.AUTO
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def _first(*waits: object) -> None:

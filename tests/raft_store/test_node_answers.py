@@ -137,3 +137,32 @@ async def test_a_node_stopped_during_a_slow_query_does_not_leave_its_client_wait
             assert time.perf_counter() - began < 3.0
         finally:
             await client.close()
+
+
+async def test_a_waiting_read_is_answered_when_a_command_applies_or_when_its_wait_runs_out(tmp_path: Path) -> None:
+    """The long poll an idle worker waits for work with: held until a command past the index the
+    caller last saw has applied, then answered from that state; else answered when the wait ends."""
+    async with two_nodes(tmp_path, election_ticks=10) as (leader, _):
+        assert leader.core is not None
+        client = RaftClient([leader.config.listen], attempt_timeout_s=2.0, deadline_s=5.0)
+        try:
+            _, seen = await client.read(b"", linearizable=False)
+            began = time.perf_counter()
+            answer, applied = await client.read(b"", linearizable=False, wait_after_index=seen, wait_s=0.3)
+            assert time.perf_counter() - began >= 0.29 and applied == seen  # nothing applied: the wait ran out
+            assert b'"count": 0' in answer
+
+            waiting = asyncio.ensure_future(client.read(b"", linearizable=False, wait_after_index=seen, wait_s=5.0))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            began = time.perf_counter()
+            assert (await leader.propose_local([(0, 0, b"x")])).status is Status.OK
+            answer, applied = await asyncio.wait_for(waiting, 1.0)
+            assert time.perf_counter() - began < 1.0 and applied > seen and b'"count": 1' in answer
+
+            answer, _ = await client.read(b"", linearizable=False, wait_after_index=seen, wait_s=5.0)
+            assert b'"count": 1' in answer  # already past that index: answered at once
+            with pytest.raises(ValueError, match="must be stale"):
+                await client.read(b"", wait_after_index=seen, wait_s=1.0)
+        finally:
+            await client.close()
