@@ -391,22 +391,21 @@ class QueueClient:
         return found
 
     async def query(
-        self, query: qc.QueueQuery, *, stale_ok: bool = False, wait_after_index: int = 0, wait_s: float = 0.0
-    ) -> Read[qc.QueryAnswer]:
+        self, query: qc.QueueQuery, *, stale_ok: bool = False, wait_after_index: int = 0, wait_s: float = 0.0,
+        wakes_one: bool = False,
+    ) -> Read[qc.QueryAnswer]:  # fmt: skip
         """The answer; with `wait_s` (stale reads only) held by the node until a command after
         `wait_after_index` has applied or `wait_s` ran out (RaftClient.read)."""
         client = self.reader if stale_ok else self.raft
         raw, applied = await client.read(qc.encode_query(query), linearizable=not stale_ok,
-                                         wait_after_index=wait_after_index, wait_s=wait_s)  # fmt: skip
+                                         wait_after_index=wait_after_index, wait_s=wait_s, wakes_one=wakes_one)  # fmt: skip
         answer = qc.decode_answer(raw)
         if isinstance(answer, qc.QueryError):
             raise QueueError(answer)
         return Read(answer, applied, answer.now_ms)
 
-    async def _ask(
-        self, query: qc.QueueQuery, kind: type[T], stale_ok: bool, wait_after_index: int = 0, wait_s: float = 0.0
-    ) -> Read[T]:
-        read = await self.query(query, stale_ok=stale_ok, wait_after_index=wait_after_index, wait_s=wait_s)
+    async def _ask(self, query: qc.QueueQuery, kind: type[T], stale_ok: bool, **wait: Any) -> Read[T]:
+        read = await self.query(query, stale_ok=stale_ok, **wait)
         if not isinstance(read.value, kind):
             raise QueueError(f"expected {kind.__name__}, got {type(read.value).__name__}")
         return Read(read.value, read.applied_index, read.now_ms)
@@ -463,8 +462,10 @@ class QueueClient:
         leader's applied state, no ReadIndex round), so an idle worker writes nothing. With
         `wait_s` the node holds it until a command after `wait_after_index` (the applied index of
         the caller's last answer) has applied, or `wait_s` ran out: an idle worker hears of an
-        enqueue one apply after it, not at its next poll."""
-        return await self._ask(qc.WorkDue(kinds=tuple(kinds)), qc.WorkDueAnswer, stale_ok, wait_after_index, wait_s)
+        enqueue one apply after it, not at its next poll; and of the workers waiting for the same
+        kinds one is told per apply, not all of them at once for one message."""
+        return await self._ask(qc.WorkDue(kinds=tuple(kinds)), qc.WorkDueAnswer, stale_ok,
+                               wait_after_index=wait_after_index, wait_s=wait_s, wakes_one=wait_s > 0)  # fmt: skip
 
     async def documents(self, namespace: str, *, known_version: int = -1, stale_ok: bool = False) -> Read[qc.DocumentsAnswer]:
         """A namespace's settings documents, or only its version when it is still `known_version`."""

@@ -294,22 +294,24 @@ class RaftClient:
         return list(result.results)
 
     async def read(
-        self, query: bytes, *, linearizable: bool = True, wait_after_index: int = 0, wait_s: float = 0.0
-    ) -> tuple[bytes, int]:
+        self, query: bytes, *, linearizable: bool = True, wait_after_index: int = 0, wait_s: float = 0.0,
+        wakes_one: bool = False,
+    ) -> tuple[bytes, int]:  # fmt: skip
         """Returns (answer, applied index the answer reflects). Raises Unavailable or
         OutcomeUnknown as commands do; a read changes nothing either way, but the difference says
         whether any node got it (a cluster without a leader) or one got it and went quiet.
 
         With `wait_s` (a stale read only) the node answers once a command after `wait_after_index`
         has applied, or when `wait_s` runs out: a long poll, so a caller learns of a change one
-        apply after it, without asking again and again."""
+        apply after it, without asking again and again. `wakes_one`: of the callers waiting with
+        this same query, the node answers one per apply (`codec.Read.wakes_one`)."""
         if wait_s > 0 and linearizable:
             raise ValueError("a waiting read must be stale (linearizable=False)")
         wait_ms = max(0, min(round(wait_s * 1000), codec.READ_WAIT_MS_MAX))
 
         def build(request_id: int) -> tuple[FrameType, bytes]:
             return FrameType.READ, codec.encode_read(
-                codec.Read(request_id, linearizable, query, wait_after_index, wait_ms)
+                codec.Read(request_id, linearizable, query, wait_after_index, wait_ms, wakes_one)
             )
 
         result = await self._call_with_retries(build, "read", wait_ms / 1000)

@@ -273,6 +273,7 @@ _READ = struct.Struct(">QB")  # request id, flags (READ_LINEARIZABLE, READ_WAITS
 _READ_WAIT = struct.Struct(">QI")  # with READ_WAITS: answer once the applied index passes this, or after this many ms
 READ_LINEARIZABLE = 0x01
 READ_WAITS = 0x02
+READ_WAKES_ONE = 0x04
 READ_WAIT_MS_MAX = 60_000
 
 
@@ -286,6 +287,10 @@ class Read:
     command applied since the caller's last answer), then answers it from that state."""
     wait_ms: int = 0
     """How long the node may hold the read (0: answer at once); it answers when it runs out."""
+    wakes_one: bool = False
+    """Of the waiting reads with the same query, one is answered per applied index (the oldest);
+    the rest wait for the next apply: idle workers asking the same question do not all rush to
+    lease the one message an enqueue made ready."""
 
 
 def encode_read(r: Read) -> bytes:
@@ -293,7 +298,7 @@ def encode_read(r: Read) -> bytes:
     that knows no waiting reads expects (flags 0 or 1)."""
     if r.wait_ms <= 0:
         return _READ.pack(r.request_id, READ_LINEARIZABLE if r.linearizable else 0) + r.query
-    flags = READ_WAITS | (READ_LINEARIZABLE if r.linearizable else 0)
+    flags = READ_WAITS | (READ_LINEARIZABLE if r.linearizable else 0) | (READ_WAKES_ONE if r.wakes_one else 0)
     return (
         _READ.pack(r.request_id, flags)
         + _READ_WAIT.pack(r.wait_after_index, min(r.wait_ms, READ_WAIT_MS_MAX))
@@ -309,10 +314,13 @@ def decode_read(buf: bytes) -> Read:
         after, wait_ms = _READ_WAIT.unpack_from(buf, _READ.size)
     except struct.error as exc:
         raise CodecError(f"bad read frame: {exc}") from None
-    if flags & ~(READ_LINEARIZABLE | READ_WAITS):
+    if flags & ~(READ_LINEARIZABLE | READ_WAITS | READ_WAKES_ONE):
         raise CodecError(f"bad read frame: unknown flags {flags:#x}")
     start = _READ.size + _READ_WAIT.size
-    return Read(request_id, bool(flags & READ_LINEARIZABLE), bytes(buf[start:]), after, min(wait_ms, READ_WAIT_MS_MAX))
+    return Read(
+        request_id, bool(flags & READ_LINEARIZABLE), bytes(buf[start:]), after, min(wait_ms, READ_WAIT_MS_MAX),
+        bool(flags & READ_WAKES_ONE),
+    )  # fmt: skip
 
 
 def frame(ftype: FrameType, body: bytes) -> bytes:

@@ -164,6 +164,10 @@ class Node:
         self._reads: dict[bytes, list[tuple[ClientConnection, codec.Read]]] = {}
         self._read_batch: list[tuple[ClientConnection, codec.Read]] = []
         self._ready_reads: list[tuple[int, ClientConnection, codec.Read]] = []
+        self._waking_one: dict[bytes, deque[tuple[ClientConnection, codec.Read]]] = {}
+        """Waiting reads that wake one at a time, by query, oldest first (`codec.Read.wakes_one`)."""
+        self._woken_at: dict[bytes, int] = {}
+        """The applied index at which the last of a query's wake-one reads was woken."""
         self._read_seq = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -359,16 +363,45 @@ class Node:
             error = b"a waiting read must be stale (a linearizable read is answered at its read index)"
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.ERROR, 0, (error,))))
             return
-        self._ready_reads.append((read.wait_after_index + 1, conn, read))
+        core = self.core
+        assert core is not None
+        if read.wakes_one and core.log.applied <= read.wait_after_index:
+            self._waking_one.setdefault(read.query, deque()).append((conn, read))
+        else:
+            self._ready_reads.append((read.wait_after_index + 1, conn, read))
         asyncio.get_running_loop().call_later(read.wait_ms / 1000, self._read_waited, read)
 
     def _read_waited(self, read: codec.Read) -> None:
+        """A waiting read's time ran out: it is answered now, from the state as it is."""
         for position, (index, conn, waiting) in enumerate(self._ready_reads):
             if waiting is read:
                 if index > 0:
                     self._ready_reads[position] = (0, conn, waiting)
                     self._serve_reads()
                 return
+        queue = self._waking_one.get(read.query)
+        for entry in queue or ():
+            if entry[1] is read:
+                queue.remove(entry)  # type: ignore[union-attr]
+                self._ready_reads.append((0, entry[0], read))
+                self._serve_reads()
+                return
+
+    def _wake_one_each(self, applied: int) -> None:
+        """Per query, the oldest wake-one read waiting for an index below `applied` is answered;
+        once per applied index, so each apply wakes one more."""
+        for query, queue in list(self._waking_one.items()):
+            if self._woken_at.get(query, -1) >= applied:
+                continue
+            for position, (conn, read) in enumerate(queue):
+                if read.wait_after_index < applied:
+                    del queue[position]
+                    self._ready_reads.append((0, conn, read))
+                    self._woken_at[query] = applied
+                    break
+            if not queue:
+                del self._waking_one[query]
+                self._woken_at.pop(query, None)
 
     def _request_read_index(self) -> None:
         """All linearizable reads that arrived since the last turn share one ReadIndex round
@@ -738,9 +771,11 @@ class Node:
         that long. On the apply thread a query is still serialized with applies on the same
         connection (it sees one applied state), while the loop goes on. One job takes every
         ready read (one thread hop per batch); answers are sent from the loop when it ends."""
+        core = self.core
+        if self._waking_one and core is not None:
+            self._wake_one_each(core.log.applied)
         if not self._ready_reads or self._apply_running or self._reading or self._stopping:
             return
-        core = self.core
         assert core is not None
         applied = core.log.applied
         ready = [r for r in self._ready_reads if r[0] <= applied]

@@ -137,6 +137,8 @@ class Worker:
         self._long_poll = True
         """False once a node refused a waiting read (one that predates them): plain polling then."""
         self._empty_leases = 0
+        self._starved = False
+        """The last read found work ready for a kind without room here."""
 
     @property
     def running(self) -> int:
@@ -188,18 +190,21 @@ class Worker:
                 await self._wait_for_work(stop, wait_s)
 
     async def _wait_for_work(self, stop: asyncio.Event, wait_s: float) -> None:
-        """Until the store changes (a long poll of WorkDue, whose answer the next lease uses), an
-        attempt ends (its slot may be what a ready kind lacked), the wait runs out, or the worker
-        stops."""
+        """Until the store changes (a long poll of WorkDue, whose answer the next lease uses), the
+        wait runs out, the worker stops, or (when work was ready but room was not) an attempt
+        ends. A poll given up is still answered by the node, which then wakes nobody else for that
+        apply: so the worker gives polls up only when a freed slot matters."""
         if not self._long_poll or self._empty_leases > 1:
             # Leases came back empty while reads said ready: a read that answers at the next
             # apply would only say so again, so wait the time out.
             await _sleep_unless(stop, wait_s)
             return
-        self._slot_freed.clear()
         poll = asyncio.ensure_future(self._queue.work_due(
             self._kinds, wait_after_index=self._applied_seen, wait_s=wait_s))  # fmt: skip
-        others = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._slot_freed.wait())]
+        others = [asyncio.ensure_future(stop.wait())]
+        if self._starved:  # work is ready, only room is missing: a slot freed ends the wait
+            self._slot_freed.clear()
+            others.append(asyncio.ensure_future(self._slot_freed.wait()))
         try:
             await asyncio.wait((poll, *others), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -226,6 +231,7 @@ class Worker:
         await self._follow_breakers(due.paused)
         self._ramp(room)
         ready = [kind for kind in sorted(due.ready) if room.get(kind)]
+        self._starved = len(ready) < len(due.ready)
         probes = self._probes(due.paused, due.paused_ready, room)
         if not ready and not probes:
             if due.next_due_ms is None:

@@ -166,3 +166,29 @@ async def test_a_waiting_read_is_answered_when_a_command_applies_or_when_its_wai
                 await client.read(b"", wait_after_index=seen, wait_s=1.0)
         finally:
             await client.close()
+
+
+async def test_wake_one_reads_of_one_query_are_answered_one_per_apply_oldest_first(tmp_path: Path) -> None:
+    """Idle workers asking the same question: an apply wakes one of them, the next apply the next."""
+    async with two_nodes(tmp_path, election_ticks=10) as (leader, _):
+        client = RaftClient([leader.config.listen], attempt_timeout_s=2.0, deadline_s=5.0)
+        try:
+            _, seen = await client.read(b"", linearizable=False)
+            waiting = []
+            for _ in range(2):
+                waiting.append(asyncio.ensure_future(
+                    client.read(b"", linearizable=False, wait_after_index=seen, wait_s=5.0, wakes_one=True)))  # fmt: skip
+                await asyncio.sleep(0.05)  # in this order at the node
+            other = asyncio.ensure_future(client.read(b"other", linearizable=False, wait_after_index=seen, wait_s=5.0,
+                                                      wakes_one=True))  # fmt: skip
+            await asyncio.sleep(0.05)
+            assert (await leader.propose_local([(0, 0, b"x")])).status is Status.OK
+            first = await asyncio.wait_for(waiting[0], 1.0)
+            await asyncio.wait_for(other, 1.0)  # another query: woken by the same apply
+            await asyncio.sleep(0.2)
+            assert not waiting[1].done()
+            assert (await leader.propose_local([(0, 0, b"y")])).status is Status.OK
+            second = await asyncio.wait_for(waiting[1], 1.0)
+            assert first[1] < second[1] and b'"count": 2' in second[0]
+        finally:
+            await client.close()
