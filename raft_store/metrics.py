@@ -21,6 +21,10 @@ class NodeMetrics:
     fsync_batch_histogram: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
     proposed_commands: int = 0
     applied_commands: int = 0
+    client_reads: int = 0
+    """Client queries answered (waiting reads once, when answered)."""
+    read_jobs: int = 0
+    """Hops to the apply thread that answered them."""
     snapshots: int = 0
     checkpoints: int = 0
     torn_tails: int = 0
@@ -47,6 +51,8 @@ class NodeMetrics:
             ),
             "proposed_commands": self.proposed_commands,
             "applied_commands": self.applied_commands,
+            "client_reads": self.client_reads,
+            "read_jobs": self.read_jobs,
             "snapshots": self.snapshots,
             "checkpoints": self.checkpoints,
             "torn_tails": self.torn_tails,

@@ -820,6 +820,8 @@ class Node:
             applied = 0
         else:
             applied, answers = future.result()
+        self.metrics.read_jobs += 1
+        self.metrics.client_reads += len(answers)
         for (_, conn, read), (status, answer) in zip(ready, answers, strict=False):
             results = (answer, applied.to_bytes(8, "big")) if status is Status.OK else (answer,)
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, status, hint, results)))

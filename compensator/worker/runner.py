@@ -85,6 +85,10 @@ class WorkerSettings:
     """The longest a worker waits for work before it asks again (a long poll ends sooner when the
     store changes)."""
     drain_grace_s: float = 10.0
+    linger_s: float = 0.005
+    """Under load only (`siblings_min` attempts running): how long an ack waits for others to
+    share its frame, and a lease from a backlog for more slots to free."""
+    siblings_min: int = 4
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     modes_refresh_s: float = 1.0
     """How often the breakers' modes (operators' settings documents) are read."""
@@ -126,7 +130,8 @@ class Worker:
         self._tables_version = -1
         self._modes_read_s = float("-inf")
         self._breaker_tasks: set[asyncio.Task[None]] = set()
-        self.completions = Completions(queue, on_settled=self._settled)
+        self.completions = Completions(queue, on_settled=self._settled, linger_s=settings.linger_s,
+                                       busy=self._busy)  # fmt: skip
         self.keeper = LeaseKeeper(queue, lease_ms=settings.lease_ms)
         self.leased = 0
         self.lease_commands = 0
@@ -139,10 +144,18 @@ class Worker:
         self._empty_leases = 0
         self._starved = False
         """The last read found work ready for a kind without room here."""
+        self._backlog: set[str] = set()
+        """Kinds with more ready than this worker took: the last read said so, or their last lease
+        was granted all it asked. Leased again without a read first (within `idle_poll_s`)."""
+        self._read_at_s = float("-inf")
 
     @property
     def running(self) -> int:
         return len(self._running)
+
+    def _busy(self) -> bool:
+        """Enough attempts running that more completions and free slots come within a linger."""
+        return len(self._running) >= self._settings.siblings_min
 
     @property
     def queue(self) -> QueueClient:
@@ -225,18 +238,41 @@ class Worker:
 
     async def _lease_once(self, room: dict[str, int]) -> float:
         """Lease what is ready; the seconds to wait before asking again (0: at once)."""
+        if self._backlog and self._due is None and self._busy():
+            await asyncio.sleep(self._settings.linger_s)  # slots freed meanwhile join one lease
+            room = self._limits.free()
+        backlog = self._backlog_room(room)
+        if backlog:
+            return await self._lease(backlog, [], room, from_read=False)
         read, self._due = self._due or await self._queue.work_due(self._kinds), None
+        self._read_at_s = time.monotonic()
         self._applied_seen = max(self._applied_seen, read.applied_index)
         due = read.value
         await self._follow_breakers(due.paused)
         self._ramp(room)
         ready = [kind for kind in sorted(due.ready) if room.get(kind)]
         self._starved = len(ready) < len(due.ready)
+        self._backlog = set(due.ready) - set(ready)
         probes = self._probes(due.paused, due.paused_ready, room)
         if not ready and not probes:
             if due.next_due_ms is None:
                 return self._settings.idle_poll_s
             return min(self._settings.idle_poll_s, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
+        return await self._lease(ready, probes, room, from_read=True)
+
+    def _backlog_room(self, room: dict[str, int]) -> list[str]:
+        """The backlogged kinds with room, when a lease may skip the read: the worker's last read
+        is recent (breakers and pauses are followed at least every `idle_poll_s`) and no answer
+        is waiting to be used."""
+        if not self._backlog or self._due is not None:
+            return []
+        if time.monotonic() - self._read_at_s >= self._settings.idle_poll_s:
+            return []
+        self._ramp(room)
+        return [kind for kind in sorted(self._backlog) if room.get(kind)]
+
+    async def _lease(self, ready: list[str], probes: list[str], room: dict[str, int], *, from_read: bool) -> float:
+        """One Lease command per kind (`ready`, then one-grant probes), in one frame; starts the grants."""
         settings = self._settings
         commands: list[QueueCommand] = [
             Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms,
@@ -255,6 +291,12 @@ class Worker:
             if not isinstance(result, LeaseResult):
                 raise QueueError(f"expected a lease result, got {result!r}")
             self._metrics.leases_expired.inc(result.expired)
+            asked = commands[index]
+            assert isinstance(asked, Lease)
+            if len(result.grants) >= asked.count_max and not asked.probe:
+                self._backlog.add(asked.kinds[0])  # granted all it asked: likely more behind it
+            else:
+                self._backlog.discard(asked.kinds[0])
             grants = (await self._queue.checked(result)).grants
             probe = index >= len(ready)
             for grant in grants:
@@ -262,7 +304,7 @@ class Worker:
                 granted += 1
             if grants and not probe:
                 self.breakers[self._handlers[grants[0].kind].downstream].took(len(grants))
-        if granted:
+        if granted or not from_read:  # an empty lease from the backlog: it is drained, read again
             self._empty_leases = 0
             return 0.0
         # Another worker took what the read said was ready (idle workers hear of an enqueue
