@@ -85,13 +85,13 @@ async def gateway_client(url: str, in_flight: int) -> tuple[Send, Callable[[], A
 
 
 async def http11_client(url: str, in_flight: int) -> tuple[Send, Callable[[], Awaitable[None]]]:
-    from handlers import http11
+    from handlers import http11, http_request
 
-    limits = http11.PoolLimits(connections_max=in_flight, keepalive_max=in_flight, keepalive_expiry_s=30.0,
+    limits = http_request.PoolLimits(connections_max=in_flight, keepalive_max=in_flight, keepalive_expiry_s=30.0,
                                connect_timeout_s=TIMEOUTS_S["connect"], write_timeout_s=TIMEOUTS_S["write"],
                                read_timeout_s=TIMEOUTS_S["read"], pool_timeout_s=TIMEOUTS_S["pool"])  # fmt: skip
     pool = http11.Pool(limits)
-    target = http11.parse_url(url).relative("/transfers")
+    target = http_request.parse_url(url).relative("/transfers")
     loop = asyncio.get_running_loop()
 
     async def send(body: bytes, key: str) -> int:
@@ -100,7 +100,7 @@ async def http11_client(url: str, in_flight: int) -> tuple[Send, Callable[[], Aw
         try:
             answer = await pool.request("POST", target, headers, body, deadline=loop.time() + 10.0,
                                         body_max=BODY_BYTES_MAX)  # fmt: skip
-        except http11.HttpError:
+        except http_request.HttpError:
             return 0
         return answer.status
 

@@ -9,7 +9,7 @@ reading at most `BODY_BYTES_MAX` of an answer, and turning every ending of a cal
 The rule that makes this safe for payments: inside one attempt the gateway repeats a request only
 when it *certainly was not sent*: a connect error or connect timeout, or no pooled connection free
 within the pool timeout. It knows because the client writes a request in one call and says on
-which side of that call a failure happened (`http11.NotSentError` or `http11.SentError`).
+which side of that call a failure happened (`http_request.NotSentError` or `SentError`).
 Everything after the write (a read timeout, a connection cut, an answer that does not parse) may
 have reached the downstream and been applied, so it is returned as `OutcomeUnknown` and never
 repeated here: whether and when to try again is the next attempt's business, and the transfer
@@ -34,7 +34,7 @@ import msgspec
 from opentelemetry import propagate, trace
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from handlers import http11
+from handlers import http11, http_request
 from handlers.answers import BODY_BYTES_MAX, Answer, NotSent, NotSentClass, Outcome, OutcomeUnknown, UnknownClass
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,8 @@ def _backoff(settings: GatewaySettings, rng: random.Random, try_number: int) -> 
     return rng.uniform(settings.connect_backoff_min_s, max(settings.connect_backoff_min_s, ceiling))
 
 
-def _limits(settings: GatewaySettings) -> http11.PoolLimits:
-    return http11.PoolLimits(
+def _limits(settings: GatewaySettings) -> http_request.PoolLimits:
+    return http_request.PoolLimits(
         connections_max=settings.connections_max, keepalive_max=settings.keepalive_connections_max,
         keepalive_expiry_s=settings.keepalive_expiry_s, connect_timeout_s=settings.connect_timeout_s,
         write_timeout_s=settings.write_timeout_s, read_timeout_s=settings.read_timeout_s,
@@ -162,8 +162,8 @@ class Gateway:
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self._tracer = tracer or trace.NoOpTracer()
-        self._base = http11.parse_url(base_url) if base_url else None
-        self._targets: dict[str, http11.Target] = {}
+        self._base = http_request.parse_url(base_url) if base_url else None
+        self._targets: dict[str, http_request.Target] = {}
         self._pool = http11.Pool(_limits(settings))
 
     def __repr__(self) -> str:
@@ -210,7 +210,7 @@ class Gateway:
         return outcome
 
     async def _send_until_sent(
-        self, request: Outbound, target: http11.Target, headers: list[tuple[str, str]], deadline: float,
+        self, request: Outbound, target: http_request.Target, headers: list[tuple[str, str]], deadline: float,
         tries: _Tries,
     ) -> Outcome:  # fmt: skip
         """Tries 2 to `connect_tries_max` of a request whose first try was not sent, after a
@@ -237,27 +237,27 @@ class Gateway:
         raise AssertionError("tenacity returns the try's value or re-raises its exception")
 
     async def _try(
-        self, request: Outbound, target: http11.Target, headers: list[tuple[str, str]], deadline: float
+        self, request: Outbound, target: http_request.Target, headers: list[tuple[str, str]], deadline: float
     ) -> Outcome:
         try:
             response = await self._pool.request(request.method, target, headers, request.body, deadline=deadline,
                                                 body_max=BODY_BYTES_MAX)  # fmt: skip
-        except http11.DeadlineBeforeSend:
+        except http_request.DeadlineBeforeSend:
             raise _Unsent(NotSentClass.DEADLINE, self._deadline_said(), final=True) from None
-        except http11.PoolTimeout as error:
+        except http_request.PoolTimeout as error:
             raise _Unsent(NotSentClass.POOL_EXHAUSTED, _said(error)) from None
-        except http11.NotSentError as error:  # ConnectError, ConnectTimeout
+        except http_request.NotSentError as error:  # ConnectError, ConnectTimeout
             raise _Unsent(NotSentClass.CONNECT_FAILED, _said(error)) from None
-        except http11.DeadlineAfterSend:
+        except http_request.DeadlineAfterSend:
             return OutcomeUnknown(error_class=UnknownClass.TIMEOUT, detail=self._deadline_said())
-        except http11.TIMEOUTS as error:  # a write or read timeout: the request may be applied
+        except http_request.TIMEOUTS as error:  # a write or read timeout: the request may be applied
             return OutcomeUnknown(error_class=UnknownClass.TIMEOUT, detail=_said(error))
-        except http11.SentError as error:  # cut, or an answer that does not parse or decode
+        except http_request.SentError as error:  # cut, or an answer that does not parse or decode
             return OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
         return Answer(status=response.status, headers=response.headers, body=response.body,
                       received_unix_s=self._clock(), body_truncated=response.truncated)  # fmt: skip
 
-    def _target(self, url: str) -> http11.Target:
+    def _target(self, url: str) -> http_request.Target:
         if url.startswith("/") or "://" not in url:
             if self._base is None:
                 raise ValueError(f"{self.downstream} gateway: a relative URL and no base URL")
@@ -266,13 +266,13 @@ class Gateway:
         if target is None:
             if len(self._targets) >= TARGETS_CACHED_MAX:
                 self._targets.clear()
-            target = self._targets[url] = http11.parse_url(url)
+            target = self._targets[url] = http_request.parse_url(url)
         return target
 
     def _deadline_said(self) -> str:
         return f"no answer within the attempt's {self._settings.attempt_timeout_s} s"
 
-    def _log(self, request: Outbound, target: http11.Target, outcome: Outcome) -> None:
+    def _log(self, request: Outbound, target: http_request.Target, outcome: Outcome) -> None:
         path = target.path.partition("?")[0]  # never the query, never a header
         if isinstance(outcome, Answer):
             log.debug("%s %s %s -> %d", self.downstream, request.method, path, outcome.status)
@@ -280,7 +280,7 @@ class Gateway:
             log.info("%s %s %s -> %s", self.downstream, request.method, path, outcome.error_class.value)
 
 
-def _said(error: http11.HttpError) -> str:
+def _said(error: http_request.HttpError) -> str:
     """The error's type and message: the client names the failure, never a header or a body."""
     text = str(error)
     return (f"{type(error).__name__}: {text}" if text else type(error).__name__)[:200]

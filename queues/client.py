@@ -95,7 +95,7 @@ from queues.model import (
     TokenResult,
     content_hash,
 )
-from raft_store.client import ClientError, RaftClient
+from raft_store.client import ClientError, LongPoll, RaftClient
 
 log = logging.getLogger("queues.client")
 
@@ -390,22 +390,16 @@ class QueueClient:
             found.append({"address": f"{host}:{port}", **status})
         return found
 
-    async def query(
-        self, query: qc.QueueQuery, *, stale_ok: bool = False, wait_after_index: int = 0, wait_s: float = 0.0,
-        wakes_one: bool = False,
-    ) -> Read[qc.QueryAnswer]:  # fmt: skip
-        """The answer; with `wait_s` (stale reads only) held by the node until a command after
-        `wait_after_index` has applied or `wait_s` ran out (RaftClient.read)."""
-        client = self.reader if stale_ok else self.raft
-        raw, applied = await client.read(qc.encode_query(query), linearizable=not stale_ok,
-                                         wait_after_index=wait_after_index, wait_s=wait_s, wakes_one=wakes_one)  # fmt: skip
+    async def query(self, query: qc.QueueQuery, *, stale_ok: bool = False, wait: LongPoll | None = None) -> Read[qc.QueryAnswer]:
+        client = self.reader if stale_ok else self.raft  # `wait`: a long poll (RaftClient.read), stale only
+        raw, applied = await client.read(qc.encode_query(query), linearizable=not stale_ok, wait=wait)
         answer = qc.decode_answer(raw)
         if isinstance(answer, qc.QueryError):
             raise QueueError(answer)
         return Read(answer, applied, answer.now_ms)
 
-    async def _ask(self, query: qc.QueueQuery, kind: type[T], stale_ok: bool, **wait: Any) -> Read[T]:
-        read = await self.query(query, stale_ok=stale_ok, **wait)
+    async def _ask(self, query: qc.QueueQuery, kind: type[T], stale_ok: bool) -> Read[T]:
+        read = await self.query(query, stale_ok=stale_ok)
         if not isinstance(read.value, kind):
             raise QueueError(f"expected {kind.__name__}, got {type(read.value).__name__}")
         return Read(read.value, read.applied_index, read.now_ms)
@@ -455,17 +449,10 @@ class QueueClient:
         read = await self._ask(qc.OldestDueAge(), qc.OldestDueAnswer, stale_ok)
         return Read(dict(read.value.ages_ms), read.applied_index, read.now_ms)
 
-    async def work_due(
-        self, kinds: Sequence[str] = (), *, stale_ok: bool = True, wait_after_index: int = 0, wait_s: float = 0.0
-    ) -> Read[qc.WorkDueAnswer]:
+    async def work_due(self, kinds: Sequence[str] = (), *, stale_ok: bool = True) -> Read[qc.WorkDueAnswer]:
         """Which kinds have work ready, and when the next is due: a read (stale by default: the
-        leader's applied state, no ReadIndex round), so an idle worker writes nothing. With
-        `wait_s` the node holds it until a command after `wait_after_index` (the applied index of
-        the caller's last answer) has applied, or `wait_s` ran out: an idle worker hears of an
-        enqueue one apply after it, not at its next poll; and of the workers waiting for the same
-        kinds one is told per apply, not all of them at once for one message."""
-        return await self._ask(qc.WorkDue(kinds=tuple(kinds)), qc.WorkDueAnswer, stale_ok,
-                               wait_after_index=wait_after_index, wait_s=wait_s, wakes_one=wait_s > 0)  # fmt: skip
+        leader's applied state, no ReadIndex round), so an idle worker writes nothing."""
+        return await self._ask(qc.WorkDue(kinds=tuple(kinds)), qc.WorkDueAnswer, stale_ok)
 
     async def documents(self, namespace: str, *, known_version: int = -1, stale_ok: bool = False) -> Read[qc.DocumentsAnswer]:
         """A namespace's settings documents, or only its version when it is still `known_version`."""

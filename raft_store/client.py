@@ -82,6 +82,18 @@ class _NoAnswer(Exception):
     """An attempt's request was written and no definitive answer came: a node may act on it."""
 
 
+@dataclass(frozen=True, slots=True)
+class LongPoll:
+    """How a stale read waits at the node (`RaftClient.read`)."""
+
+    after_index: int
+    """Answer once a command after this index has applied (the index the caller's last answer reflected)..."""
+    seconds: float
+    """...or after this long, from the state as it is then."""
+    wakes_one: bool = False
+    """Of the reads waiting with the same query, the node answers one per apply (codec.Read.wakes_one)."""
+
+
 Build = Callable[[int], tuple[FrameType, bytes]]
 """Makes a request's frame for a request id (each attempt has its own id)."""
 
@@ -293,26 +305,22 @@ class RaftClient:
             self._lanes.append(lane)
         return list(result.results)
 
-    async def read(
-        self, query: bytes, *, linearizable: bool = True, wait_after_index: int = 0, wait_s: float = 0.0,
-        wakes_one: bool = False,
-    ) -> tuple[bytes, int]:  # fmt: skip
+    async def read(self, query: bytes, *, linearizable: bool = True, wait: LongPoll | None = None) -> tuple[bytes, int]:
         """Returns (answer, applied index the answer reflects). Raises Unavailable or
         OutcomeUnknown as commands do; a read changes nothing either way, but the difference says
         whether any node got it (a cluster without a leader) or one got it and went quiet.
 
-        With `wait_s` (a stale read only) the node answers once a command after `wait_after_index`
-        has applied, or when `wait_s` runs out: a long poll, so a caller learns of a change one
-        apply after it, without asking again and again. `wakes_one`: of the callers waiting with
-        this same query, the node answers one per apply (`codec.Read.wakes_one`)."""
-        if wait_s > 0 and linearizable:
+        With `wait` (a stale read only) the node holds the read until a command after
+        `wait.after_index` has applied, or for `wait.seconds`: a long poll, so a caller hears of a
+        change one apply after it without asking again and again."""
+        if wait is not None and linearizable:
             raise ValueError("a waiting read must be stale (linearizable=False)")
-        wait_ms = max(0, min(round(wait_s * 1000), codec.READ_WAIT_MS_MAX))
+        wait_ms = 0 if wait is None else max(0, min(round(wait.seconds * 1000), codec.READ_WAIT_MS_MAX))
+        after, wakes_one = (wait.after_index, wait.wakes_one) if wait is not None else (0, False)
 
         def build(request_id: int) -> tuple[FrameType, bytes]:
-            return FrameType.READ, codec.encode_read(
-                codec.Read(request_id, linearizable, query, wait_after_index, wait_ms, wakes_one)
-            )
+            read = codec.Read(request_id, linearizable, query, after, wait_ms, wakes_one)
+            return FrameType.READ, codec.encode_read(read)
 
         result = await self._call_with_retries(build, "read", wait_ms / 1000)
         answer, applied = result.results

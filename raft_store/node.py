@@ -34,6 +34,7 @@ from raft_store.core import Config as CoreConfig
 from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
+from raft_store.reads import ReadsDue
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
     BatchFormatError,
@@ -163,11 +164,7 @@ class Node:
         self._admin_waiting: dict[int, tuple[int, _Waiter]] = {}
         self._reads: dict[bytes, list[tuple[ClientConnection, codec.Read]]] = {}
         self._read_batch: list[tuple[ClientConnection, codec.Read]] = []
-        self._ready_reads: list[tuple[int, ClientConnection, codec.Read]] = []
-        self._waking_one: dict[bytes, deque[tuple[ClientConnection, codec.Read]]] = {}
-        """Waiting reads that wake one at a time, by query, oldest first (`codec.Read.wakes_one`)."""
-        self._woken_at: dict[bytes, int] = {}
-        """The applied index at which the last of a query's wake-one reads was woken."""
+        self._reads_due = ReadsDue(self._serve_reads, self.metrics)
         self._read_seq = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -343,65 +340,12 @@ class Node:
     def _client_read(self, conn: ClientConnection, read: codec.Read) -> None:
         core = self.core
         assert core is not None
-        if read.wait_ms > 0:
-            self._client_waiting_read(conn, read)
-            return
-        if not read.linearizable:
-            self._ready_reads.append((0, conn, read))
-            return
-        if core.leader == 0:
+        if not read.linearizable or read.wait_ms:  # due at once, or a long poll (reads.py)
+            self._reads_due.take_stale(conn, read, core.log.applied)
+        elif core.leader == 0:
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
-            return
-        self._read_batch.append((conn, read))
-
-    def _client_waiting_read(self, conn: ClientConnection, read: codec.Read) -> None:
-        """A stale read held until a command past `wait_after_index` has applied, or for `wait_ms`:
-        an idle worker learns of new work one apply after it is stored, without polling. It joins
-        the reads waiting for their index (answered by the read job after the apply that reaches
-        it); its timer makes it due at once when the wait runs out."""
-        if read.linearizable:
-            error = b"a waiting read must be stale (a linearizable read is answered at its read index)"
-            conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.ERROR, 0, (error,))))
-            return
-        core = self.core
-        assert core is not None
-        if read.wakes_one and core.log.applied <= read.wait_after_index:
-            self._waking_one.setdefault(read.query, deque()).append((conn, read))
         else:
-            self._ready_reads.append((read.wait_after_index + 1, conn, read))
-        asyncio.get_running_loop().call_later(read.wait_ms / 1000, self._read_waited, read)
-
-    def _read_waited(self, read: codec.Read) -> None:
-        """A waiting read's time ran out: it is answered now, from the state as it is."""
-        for position, (index, conn, waiting) in enumerate(self._ready_reads):
-            if waiting is read:
-                if index > 0:
-                    self._ready_reads[position] = (0, conn, waiting)
-                    self._serve_reads()
-                return
-        queue = self._waking_one.get(read.query)
-        for entry in queue or ():
-            if entry[1] is read:
-                queue.remove(entry)  # type: ignore[union-attr]
-                self._ready_reads.append((0, entry[0], read))
-                self._serve_reads()
-                return
-
-    def _wake_one_each(self, applied: int) -> None:
-        """Per query, the oldest wake-one read waiting for an index below `applied` is answered;
-        once per applied index, so each apply wakes one more."""
-        for query, queue in list(self._waking_one.items()):
-            if self._woken_at.get(query, -1) >= applied:
-                continue
-            for position, (conn, read) in enumerate(queue):
-                if read.wait_after_index < applied:
-                    del queue[position]
-                    self._ready_reads.append((0, conn, read))
-                    self._woken_at[query] = applied
-                    break
-            if not queue:
-                del self._waking_one[query]
-                self._woken_at.pop(query, None)
+            self._read_batch.append((conn, read))
 
     def _request_read_index(self) -> None:
         """All linearizable reads that arrived since the last turn share one ReadIndex round
@@ -544,7 +488,7 @@ class Node:
                 self._apply_running = False
         for state in rd.read_states:
             for conn, read in self._reads.pop(state.context, []):
-                self._ready_reads.append((state.index, conn, read))
+                self._reads_due.add(state.index, conn, read)
         if rd.hard_state is not None and not rd.must_sync and not rd.entries:
             # Only the commit index moved: it is volatile in Raft (relearned from the leader,
             # and the machine's applied index survives), so it rides along with the next write.
@@ -771,17 +715,11 @@ class Node:
         that long. On the apply thread a query is still serialized with applies on the same
         connection (it sees one applied state), while the loop goes on. One job takes every
         ready read (one thread hop per batch); answers are sent from the loop when it ends."""
-        core = self.core
-        if self._waking_one and core is not None:
-            self._wake_one_each(core.log.applied)
-        if not self._ready_reads or self._apply_running or self._reading or self._stopping:
+        if not self._reads_due or self._apply_running or self._reading or self._stopping or self.core is None:
             return
-        assert core is not None
-        applied = core.log.applied
-        ready = [r for r in self._ready_reads if r[0] <= applied]
+        ready = self._reads_due.due(self.core.log.applied)
         if not ready:
             return
-        self._ready_reads = [r for r in self._ready_reads if r[0] > applied]
         self._reading = True
         queries = [read.query for _, _, read in ready]
         future = asyncio.get_running_loop().run_in_executor(self._apply_pool, self._query_batch, queries)
@@ -820,14 +758,12 @@ class Node:
             applied = 0
         else:
             applied, answers = future.result()
-        self.metrics.read_jobs += 1
-        self.metrics.client_reads += len(answers)
         for (_, conn, read), (status, answer) in zip(ready, answers, strict=False):
             results = (answer, applied.to_bytes(8, "big")) if status is Status.OK else (answer,)
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, status, hint, results)))
         # What the budget left unanswered goes first into the next job, after any apply queued
         # behind this one. Reads that arrived meanwhile are served by that job too.
-        self._ready_reads[:0] = ready[len(answers) :]
+        self._reads_due.put_back(ready[len(answers) :])
         self._serve_reads()
         self._kick_apply()
         self._arm_idle_commit()

@@ -1,13 +1,10 @@
 """The worker's loop: wait for work with reads, lease what there is room for, run each grant
 through its kind's handler, settle it, and drain on SIGTERM.
 
-Waiting is a read. An idle worker asks the leader which of its kinds have a message ready and when
-the next delayed one is due (`QueueClient.work_due`, a stale read of the leader's applied state:
-no ReadIndex round and no log entry), and leases only when something is ready. With nothing ready
-it asks again as a long poll: the leader holds that read until a command after the one the last
-answer reflected has applied (an enqueue, say), or until the next due time or `idle_poll_s`, and
-then answers it from its new state; so an idle worker hears of new work one apply after it, and
-four idle workers write nothing to the log.
+Waiting is a read: which of the worker's kinds have a message ready, and when the next delayed
+one is due (`QueueClient.work_due`, a stale read of the leader's applied state: no log entry).
+An idle worker's read is a long poll the leader answers one apply after new work arrives, and a
+busy one leases its backlog without reading first (waiting.py). Idle workers write nothing.
 
 Leasing is fair across kinds and bounded by room: one Lease command per ready kind, each for no
 more than that kind's free slots (per kind and per downstream, limits.py), all in one frame.
@@ -42,31 +39,26 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgspec
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
 from compensator.worker.breaker import DOWNSTREAM_FAILURES, Breaker, BreakerSettings, Mode, holder
-from compensator.worker.breaker import NAMESPACE as BREAKERS
 from compensator.worker.completions import Completion, Completions
+from compensator.worker.documents import OperatorDocuments
 from compensator.worker.keeper import LeaseKeeper
 from compensator.worker.limits import Limits
 from compensator.worker.metrics import WorkerMetrics
-from handlers.classification import ClassificationTable, decode_table
+from compensator.worker.waiting import WorkWatch, sleep_unless
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
 from handlers.registry import Registry
 from ledger.kinds import Kind, decode_payload
-from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError, Read
+from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
 from queues.lateness import grant_lateness_ms
 from queues.model import Lease, QueueCommand
-from queues.query_codec import WorkDueAnswer
-from raft_store.client import RequestRefused
 
 log = logging.getLogger("compensator.worker")
 ERROR_BACKOFF_MAX_S: Final = 2.0
-EMPTY_LEASE_BACKOFF_S: Final = 0.005
-"""The first wait after a lease that found nothing the read said was ready; doubling while it recurs."""
 FENCED: Final = frozenset({Code.STALE_TOKEN, Code.LEASE_EXPIRED, Code.ILLEGAL_STATE})
 """A settlement of a lease this worker lost: a newer grant holds the message (STALE_TOKEN), the lease
 expired (LEASE_EXPIRED), or the message has left the leased state under another delivery (failed
@@ -116,7 +108,6 @@ class Worker:
         self._wall_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._running: dict[int, Running] = {}
         self._slot_freed = asyncio.Event()
-        self._kinds = sorted(handlers)
         self._kinds_of: dict[str, list[str]] = {}
         for kind, handler in sorted(handlers.items()):
             self._kinds_of.setdefault(handler.downstream, []).append(kind)
@@ -125,29 +116,14 @@ class Worker:
             downstream: Breaker(downstream, settings.breaker, clock=time.monotonic, rng=rng)
             for downstream in self._kinds_of
         }
-        self._registry = registry
-        self._modes_version = -1
-        self._tables_version = -1
-        self._modes_read_s = float("-inf")
+        self._documents = OperatorDocuments(queue, registry, refresh_s=settings.modes_refresh_s)
         self._breaker_tasks: set[asyncio.Task[None]] = set()
         self.completions = Completions(queue, on_settled=self._settled, linger_s=settings.linger_s,
                                        busy=self._busy)  # fmt: skip
         self.keeper = LeaseKeeper(queue, lease_ms=settings.lease_ms)
         self.leased = 0
         self.lease_commands = 0
-        self._due: Read[WorkDueAnswer] | None = None
-        """The answer of the last long poll, not yet acted on."""
-        self._applied_seen = 0
-        """The applied index the last WorkDue answer reflected: a long poll waits for one past it."""
-        self._long_poll = True
-        """False once a node refused a waiting read (one that predates them): plain polling then."""
-        self._empty_leases = 0
-        self._starved = False
-        """The last read found work ready for a kind without room here."""
-        self._backlog: set[str] = set()
-        """Kinds with more ready than this worker took: the last read said so, or their last lease
-        was granted all it asked. Leased again without a read first (within `idle_poll_s`)."""
-        self._read_at_s = float("-inf")
+        self._watch = WorkWatch(queue, sorted(handlers), idle_poll_s=settings.idle_poll_s)
 
     @property
     def running(self) -> int:
@@ -195,84 +171,40 @@ class Worker:
                 backoff_s = 0.05
             except (ClientError, QueueError) as error:
                 log.warning("could not lease (will retry): %s", error)
-                self._due = None
-                await _sleep_unless(stop, backoff_s)
+                self._watch.forget()
+                await sleep_unless(stop, backoff_s)
                 backoff_s = min(backoff_s * 2, ERROR_BACKOFF_MAX_S)
                 continue
             if wait_s > 0:
-                await self._wait_for_work(stop, wait_s)
-
-    async def _wait_for_work(self, stop: asyncio.Event, wait_s: float) -> None:
-        """Until the store changes (a long poll of WorkDue, whose answer the next lease uses), the
-        wait runs out, the worker stops, or (when work was ready but room was not) an attempt
-        ends. A poll given up is still answered by the node, which then wakes nobody else for that
-        apply: so the worker gives polls up only when a freed slot matters."""
-        if not self._long_poll or self._empty_leases > 1:
-            # Leases came back empty while reads said ready: a read that answers at the next
-            # apply would only say so again, so wait the time out.
-            await _sleep_unless(stop, wait_s)
-            return
-        poll = asyncio.ensure_future(self._queue.work_due(
-            self._kinds, wait_after_index=self._applied_seen, wait_s=wait_s))  # fmt: skip
-        others = [asyncio.ensure_future(stop.wait())]
-        if self._starved:  # work is ready, only room is missing: a slot freed ends the wait
-            self._slot_freed.clear()
-            others.append(asyncio.ensure_future(self._slot_freed.wait()))
-        try:
-            await asyncio.wait((poll, *others), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for other in others:
-                other.cancel()
-        if not poll.done():
-            poll.cancel()  # the node answers it when it runs out; the answer is dropped
-            return
-        try:
-            self._due = poll.result()
-        except RequestRefused as error:  # a node that knows no waiting reads
-            log.warning("the store refused a waiting read (%s); polling every %.0f ms instead", error,
-                        self._settings.idle_poll_s * 1000)  # fmt: skip
-            self._long_poll = False
-        except (ClientError, QueueError) as error:
-            log.warning("could not ask for work (will retry): %s", error)
-            await _sleep_unless(stop, wait_s)
+                await self._watch.wait(stop, wait_s, self._slot_freed)
 
     async def _lease_once(self, room: dict[str, int]) -> float:
         """Lease what is ready; the seconds to wait before asking again (0: at once)."""
-        if self._backlog and self._due is None and self._busy():
+        watch = self._watch
+        self._ramp(room)
+        backlog = watch.backlogged(room)
+        if backlog and self._busy():
             await asyncio.sleep(self._settings.linger_s)  # slots freed meanwhile join one lease
             room = self._limits.free()
-        backlog = self._backlog_room(room)
+            self._ramp(room)
+            backlog = watch.backlogged(room)
         if backlog:
-            return await self._lease(backlog, [], room, from_read=False)
-        read, self._due = self._due or await self._queue.work_due(self._kinds), None
-        self._read_at_s = time.monotonic()
-        self._applied_seen = max(self._applied_seen, read.applied_index)
-        due = read.value
+            return watch.wait_after(await self._lease(backlog, [], room), from_read=False)
+        due = await watch.read()
         await self._follow_breakers(due.paused)
         self._ramp(room)
         ready = [kind for kind in sorted(due.ready) if room.get(kind)]
-        self._starved = len(ready) < len(due.ready)
-        self._backlog = set(due.ready) - set(ready)
+        watch.found(sorted(due.ready), ready)
         probes = self._probes(due.paused, due.paused_ready, room)
         if not ready and not probes:
             if due.next_due_ms is None:
                 return self._settings.idle_poll_s
             return min(self._settings.idle_poll_s, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
-        return await self._lease(ready, probes, room, from_read=True)
+        return watch.wait_after(await self._lease(ready, probes, room), from_read=True)
 
-    def _backlog_room(self, room: dict[str, int]) -> list[str]:
-        """The backlogged kinds with room, when a lease may skip the read: the worker's last read
-        is recent (breakers and pauses are followed at least every `idle_poll_s`) and no answer
-        is waiting to be used."""
-        if not self._backlog or self._due is not None:
-            return []
-        if time.monotonic() - self._read_at_s >= self._settings.idle_poll_s:
-            return []
-        self._ramp(room)
-        return [kind for kind in sorted(self._backlog) if room.get(kind)]
-
-    async def _lease(self, ready: list[str], probes: list[str], room: dict[str, int], *, from_read: bool) -> float:
-        """One Lease command per kind (`ready`, then one-grant probes), in one frame; starts the grants."""
+    async def _lease(self, ready: list[str], probes: list[str], room: dict[str, int]) -> int:
+        """One Lease command per kind (`ready`, then one-grant probes), in one frame; starts the
+        grants and says how many there were."""
         settings = self._settings
         commands: list[QueueCommand] = [
             Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms,
@@ -291,32 +223,21 @@ class Worker:
             if not isinstance(result, LeaseResult):
                 raise QueueError(f"expected a lease result, got {result!r}")
             self._metrics.leases_expired.inc(result.expired)
-            asked = commands[index]
-            assert isinstance(asked, Lease)
-            if len(result.grants) >= asked.count_max and not asked.probe:
-                self._backlog.add(asked.kinds[0])  # granted all it asked: likely more behind it
-            else:
-                self._backlog.discard(asked.kinds[0])
-            grants = (await self._queue.checked(result)).grants
             probe = index >= len(ready)
+            if not probe:
+                self._watch.leased(ready[index], len(result.grants), min(room[ready[index]], settings.batch_max))
+            grants = (await self._queue.checked(result)).grants
             for grant in grants:
                 self._start(grant, probe=probe)
                 granted += 1
             if grants and not probe:
                 self.breakers[self._handlers[grants[0].kind].downstream].took(len(grants))
-        if granted or not from_read:  # an empty lease from the backlog: it is drained, read again
-            self._empty_leases = 0
-            return 0.0
-        # Another worker took what the read said was ready (idle workers hear of an enqueue
-        # together): wait for the store to change. Empty again and again: back off.
-        self._empty_leases += 1
-        backoff_s: float = EMPTY_LEASE_BACKOFF_S * 2 ** min(self._empty_leases - 1, 16)
-        return min(self._settings.idle_poll_s, backoff_s)
+        return granted
 
     # ---- breakers ------------------------------------------------------------------------------
     async def _follow_breakers(self, paused: Mapping[str, tuple[str, ...]]) -> None:
         """Take in what the store says (held or not) and what operators forced."""
-        await self._read_modes()
+        await self._documents.refresh(self.breakers)
         for downstream, breaker in self.breakers.items():
             name = holder(downstream)
             held = any(name in paused.get(kind, ()) for kind in self._kinds_of[downstream])
@@ -326,36 +247,6 @@ class Worker:
                 self._spawn(self._hold(downstream, "forced open by an operator"))
             elif breaker.mode is Mode.CLOSED and held:
                 self._spawn(self._release_hold(downstream))
-
-    async def _read_modes(self) -> None:
-        now = time.monotonic()
-        if now - self._modes_read_s < self._settings.modes_refresh_s:
-            return
-        self._modes_read_s = now
-        answer = (await self._queue.documents(BREAKERS, known_version=self._modes_version, stale_ok=True)).value
-        if answer.changed:
-            modes = {doc.name: _mode(doc.body) for doc in answer.documents}
-            for downstream, breaker in self.breakers.items():
-                breaker.mode = modes.get(downstream, Mode.AUTO)
-            self._modes_version = answer.version
-        if self._registry is not None:
-            await self._read_tables(self._registry)
-
-    async def _read_tables(self, registry: Registry) -> None:
-        """Operators' classification tables (settings documents, validated by the API before they
-        were stored); a downstream without one is classified by its default table."""
-        answer = (await self._queue.documents(TABLES, known_version=self._tables_version, stale_ok=True)).value
-        if not answer.changed:
-            return
-        tables: dict[str, ClassificationTable] = {}
-        for doc in answer.documents:
-            try:
-                tables[doc.name] = decode_table(doc.body)
-            except (ValueError, msgspec.DecodeError) as error:
-                log.error("classification table %s in the store is invalid; keeping the default: %s", doc.name, error)
-        registry.use_tables(tables)
-        self._tables_version = answer.version
-        log.info("classification tables in force: %s", ", ".join(sorted(tables)) or "the defaults")
 
     def _ramp(self, room: dict[str, int]) -> None:
         """Cap each downstream's room by its breaker's ramp, if it is ramping."""
@@ -526,21 +417,6 @@ class Worker:
 
 
 _FAILURES: Final = frozenset(DOWNSTREAM_FAILURES)
-TABLES: Final = "classification"
-"""The settings documents' namespace of classification tables, one per downstream."""
-
-
-def _mode(body: bytes) -> Mode:
-    try:
-        return Mode(msgspec.json.decode(body).get("mode", "auto"))
-    except (ValueError, AttributeError, msgspec.DecodeError):
-        log.warning('a breaker document is not {"mode": "auto|open|closed"}: %r', body[:100])
-        return Mode.AUTO
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def _first(*waits: object) -> None:

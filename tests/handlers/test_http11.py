@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 from handlers_support import FAST
 
-from handlers import http11
+from handlers import http_request
 from handlers.answers import Answer, NotSent, NotSentClass, OutcomeUnknown, UnknownClass
 from handlers.gateway import Gateway, GatewaySettings, Outbound
 
@@ -368,12 +368,12 @@ async def test_a_cancelled_call_closes_its_connection_and_frees_its_slot() -> No
 
 
 def test_a_request_that_cannot_be_sent_as_it_is_is_refused_before_any_connection() -> None:
-    target = http11.parse_url("http://127.0.0.1:9/x")
+    target = http_request.parse_url("http://127.0.0.1:9/x")
     with pytest.raises(ValueError, match="CR, LF or NUL"):
-        http11.encode_head("POST", target, [("idempotency-key", "k\r\nx-injected: 1")], b"")
+        http_request.encode_head("POST", target, [("idempotency-key", "k\r\nx-injected: 1")], b"")
     with pytest.raises(ValueError, match="cannot be sent"):
-        http11.encode_head("POST", target, [("content-length", "5")], b"")
+        http_request.encode_head("POST", target, [("content-length", "5")], b"")
     with pytest.raises(ValueError):
-        http11.parse_url("ftp://example.com/")
-    assert http11.parse_url("https://example.com/a b?q=1").path == "/a%20b?q=1"
-    assert http11.parse_url("http://[::1]:8080/").host_header == "[::1]:8080"
+        http_request.parse_url("ftp://example.com/")
+    assert http_request.parse_url("https://example.com/a b?q=1").path == "/a%20b?q=1"
+    assert http_request.parse_url("http://[::1]:8080/").host_header == "[::1]:8080"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from raft_store.client import ClientError, RaftClient, RequestRefused
+from raft_store.client import ClientError, LongPoll, RaftClient, RequestRefused
 from raft_store.codec import Status
 from raft_store.core import Role
 from raft_store.machines import CounterMachine
@@ -148,11 +148,11 @@ async def test_a_waiting_read_is_answered_when_a_command_applies_or_when_its_wai
         try:
             _, seen = await client.read(b"", linearizable=False)
             began = time.perf_counter()
-            answer, applied = await client.read(b"", linearizable=False, wait_after_index=seen, wait_s=0.3)
+            answer, applied = await client.read(b"", linearizable=False, wait=LongPoll(seen, 0.3))
             assert time.perf_counter() - began >= 0.29 and applied == seen  # nothing applied: the wait ran out
             assert b'"count": 0' in answer
 
-            waiting = asyncio.ensure_future(client.read(b"", linearizable=False, wait_after_index=seen, wait_s=5.0))
+            waiting = asyncio.ensure_future(client.read(b"", linearizable=False, wait=LongPoll(seen, 5.0)))
             await asyncio.sleep(0.1)
             assert not waiting.done()
             began = time.perf_counter()
@@ -160,10 +160,10 @@ async def test_a_waiting_read_is_answered_when_a_command_applies_or_when_its_wai
             answer, applied = await asyncio.wait_for(waiting, 1.0)
             assert time.perf_counter() - began < 1.0 and applied > seen and b'"count": 1' in answer
 
-            answer, _ = await client.read(b"", linearizable=False, wait_after_index=seen, wait_s=5.0)
+            answer, _ = await client.read(b"", linearizable=False, wait=LongPoll(seen, 5.0))
             assert b'"count": 1' in answer  # already past that index: answered at once
             with pytest.raises(ValueError, match="must be stale"):
-                await client.read(b"", wait_after_index=seen, wait_s=1.0)
+                await client.read(b"", wait=LongPoll(seen, 1.0))
         finally:
             await client.close()
 
@@ -176,11 +176,9 @@ async def test_wake_one_reads_of_one_query_are_answered_one_per_apply_oldest_fir
             _, seen = await client.read(b"", linearizable=False)
             waiting = []
             for _ in range(2):
-                waiting.append(asyncio.ensure_future(
-                    client.read(b"", linearizable=False, wait_after_index=seen, wait_s=5.0, wakes_one=True)))  # fmt: skip
+                waiting.append(asyncio.ensure_future(client.read(b"", linearizable=False, wait=LongPoll(seen, 5.0, True))))
                 await asyncio.sleep(0.05)  # in this order at the node
-            other = asyncio.ensure_future(client.read(b"other", linearizable=False, wait_after_index=seen, wait_s=5.0,
-                                                      wakes_one=True))  # fmt: skip
+            other = asyncio.ensure_future(client.read(b"other", linearizable=False, wait=LongPoll(seen, 5.0, True)))
             await asyncio.sleep(0.05)
             assert (await leader.propose_local([(0, 0, b"x")])).status is Status.OK
             first = await asyncio.wait_for(waiting[0], 1.0)
