@@ -21,7 +21,8 @@ new transfer with its own Idempotency-Key and a JSON body as the transfer handle
 
 For each: CPU seconds of its process per request (`time.process_time`, the steadier figure on a
 shared machine), requests/s and latency p50/p99 (the stand-in and PostgreSQL share the same cores,
-so rates are the system's, not the client's). `--rounds` runs every candidate that many times in
+so rates are the system's, not the client's), and the answers by status (0: the call failed, a
+timeout or a lost connection; the command fails only if most did). `--rounds` runs every candidate that many times in
 turn; the JSON gives each round and the median CPU per request. `parse_us` times parsing one
 recorded stand-in answer with httptools and with h11 (the two HTTP/1.1 parsers among the
 project's dependencies), in process.
@@ -386,10 +387,10 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> list[st
             name: {"cpu_us_per_request_median": statistics.median(r["cpu_us_per_request"] for r in runs), "rounds": runs}
             for name, runs in rounds.items() if runs
         }  # fmt: skip
-        for name, runs in rounds.items():
-            refused = [r["statuses"] for r in runs if set(r["statuses"]) != {"201"}]
-            if refused:
-                errors.append(f"{name}: answers other than 201: {refused}")
+        for name, runs in rounds.items():  # a few failures are a figure (in `statuses`); most are a broken run
+            failed = sum(n for r in runs for status, n in r["statuses"].items() if status != "201")
+            if failed * 2 > args.requests * len(runs):
+                errors.append(f"{name}: most answers were not 201: {[r['statuses'] for r in runs]}")
         result["parse_us"] = parse_us(recorded_answer(url))
     finally:
         while cleanups:
