@@ -335,7 +335,8 @@ async def test_a_busy_pool_hands_a_freed_connection_to_the_next_waiting_call() -
             writer.write(OK)
             await writer.drain()
 
-    one = GatewaySettings(connections_max=1, keepalive_connections_max=1, pool_timeout_s=2.0, read_timeout_s=2.0)
+    one = GatewaySettings(connections_max=1, keepalive_connections_max=1, pool_timeout_s=5.0, read_timeout_s=5.0,
+                          connect_timeout_s=5.0)  # a loaded machine must not make a second connection
     async with scripted(slow) as served:
         client = gateway(served.url, one)
         try:
