@@ -47,6 +47,7 @@ DEFAULT_HEADERS: Final = (("accept", "*/*"), ("accept-encoding", "identity"), ("
 CONNECT_TRIES_LIMIT: Final = 10
 TIMEOUT_S_LIMIT: Final = 120.0
 CONNECTIONS_LIMIT: Final = 1024
+LEASE_ENDED_SAID: Final = "the attempt's lease had ended before the request was written: not sent"
 TARGETS_CACHED_MAX: Final = 1024
 """Absolute URLs parsed and kept (callback targets: a configured, bounded set)."""
 
@@ -106,6 +107,11 @@ class Outbound:
     body: bytes = field(default=b"", repr=False)
     trace: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The attempt's headers: only the trace context (`TRACE_HEADERS`) is taken from them."""
+    send_by: float | None = None
+    """A moment of the monotonic clock (`time.monotonic`) after which no byte of this request may
+    be written: the attempt's lease has ended and another delivery may hold the message. Checked
+    before each try and again once a connection is ready, just before the request is written; past
+    it the outcome is `NotSent(lease_ended)`. None: no such limit (a lookup)."""
 
 
 class Sender(Protocol):
@@ -116,7 +122,7 @@ class Sender(Protocol):
 
 class _Unsent(Exception):
     """A try that certainly wrote nothing: the one thing repeated inside an attempt (unless `final`:
-    the attempt's deadline leaves no room for another try)."""
+    the attempt's deadline or its lease leaves no room for another try)."""
 
     def __init__(self, error_class: NotSentClass, detail: str, *, final: bool = False) -> None:
         super().__init__(detail)
@@ -239,9 +245,13 @@ class Gateway:
     async def _try(
         self, request: Outbound, target: http_request.Target, headers: list[tuple[str, str]], deadline: float
     ) -> Outcome:
+        if request.send_by is not None and time.monotonic() >= request.send_by:
+            raise _Unsent(NotSentClass.LEASE_ENDED, LEASE_ENDED_SAID, final=True)
         try:
             response = await self._pool.request(request.method, target, headers, request.body, deadline=deadline,
-                                                body_max=BODY_BYTES_MAX)  # fmt: skip
+                                                body_max=BODY_BYTES_MAX, send_by=request.send_by)  # fmt: skip
+        except http_request.SendByPassed:
+            raise _Unsent(NotSentClass.LEASE_ENDED, LEASE_ENDED_SAID, final=True) from None
         except http_request.DeadlineBeforeSend:
             raise _Unsent(NotSentClass.DEADLINE, self._deadline_said(), final=True) from None
         except http_request.PoolTimeout as error:

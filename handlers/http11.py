@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -51,6 +52,7 @@ from handlers.http_request import (
     ReadTimeout,
     RemoteProtocolError,
     Response,
+    SendByPassed,
     Target,
     WriteTimeout,
     encode_head,
@@ -340,10 +342,11 @@ class Pool:
 
     async def request(
         self, method: str, target: Target, headers: Sequence[tuple[str, str]], body: bytes, *, deadline: float,
-        body_max: int,
+        body_max: int, send_by: float | None = None,
     ) -> Response:  # fmt: skip
         """One exchange. Raises a `NotSentError` when nothing was written, a `SentError` when the
-        request was written and no whole answer came, ValueError for a request that cannot be sent."""
+        request was written and no whole answer came, ValueError for a request that cannot be sent.
+        `send_by` (`time.monotonic`): once a connection is ready, past it nothing is written."""
         if self._closed:
             raise RuntimeError("the HTTP pool is closed")
         data = encode_head(method, target, headers, body)
@@ -352,6 +355,8 @@ class Pool:
         connection = await self._acquire(target.origin, deadline)
         self._busy.add(connection)
         try:
+            if send_by is not None and time.monotonic() >= send_by:  # the last moment before a byte goes out
+                raise SendByPassed("the send-by moment passed before the request was written")
             return await connection.exchange(data, body_max=body_max, head_only=method == "HEAD", deadline=deadline)
         finally:
             self._busy.discard(connection)

@@ -49,6 +49,10 @@ class DeadlineBeforeSend(NotSentError):
     """The caller's deadline passed while waiting for a connection."""
 
 
+class SendByPassed(NotSentError):
+    """The caller's send-by moment had passed when a connection was ready: nothing was written."""
+
+
 class SentError(HttpError):
     """The request was written, or a part of it: the server may have acted on it."""
 

@@ -69,7 +69,7 @@ STDLIB_FORBIDDEN: Final[Mapping[str, frozenset[str]]] = {"delay": frozenset({"sq
 
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
-    "queues.model", "queues.lifecycle", "queues.codec", "queues.query_codec",
+    "queues.model", "queues.events", "queues.in_doubt", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies",
     "api.ids", "api.schemas", "api.submissions",
@@ -84,9 +84,9 @@ MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
     "bench/e2e.py": 722,
-    "queues/machine.py": 1336,
-    "queues/machine.py::_Apply": 747,
-    "queues/model.py": 880,
+    "queues/machine.py": 1324,
+    "queues/machine.py::_Apply": 732,
+    "queues/model.py": 862,
     "queues/client.py::QueueClient": 378,
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
