@@ -71,6 +71,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             set_id=config.store.set_id,
             clock_ms=wall_clock_ms,
             tracer=provider.get_tracer("compensator.api"),
+            callback_targets=frozenset(target.name for target in config.handlers.callback.targets),
             observe_store_s=metrics.observe_store,
         ),
         readiness=Readiness(queue, tokens, lag_max=config.api.ready_lag_entries_max),
@@ -94,7 +95,7 @@ def web_settings(config: Config) -> WebSettings:
     parts = urlsplit(config.api_url)
     return WebSettings(
         idle_timeout_s=web.idle_timeout_s, lifetime_s=web.lifetime_s, cookie_secure=web.cookie_secure,
-        lockout_failures=web.lockout_failures, lockout_s=web.lockout_s,
+        lockout_failures=web.lockout_failures, lockout_s=web.lockout_s, client_failures_max=web.client_failures_max,
         refresh_interval_s=config.auth.refresh_interval_s, public_origin=f"{parts.scheme}://{parts.netloc}",
     )  # fmt: skip
 

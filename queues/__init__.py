@@ -48,7 +48,7 @@ from queues.model import (
     TokenResult,
     TokenView,
 )
-from queues.proposals import proposal_action
+from queues.proposals import proposal_action, proposal_with_action
 from queues.query_codec import KindView, PauseView
 from raft_store.client import ClientError, OutcomeUnknown, RaftClient, Unavailable
 
@@ -104,4 +104,5 @@ __all__ = [
     "TokenView",
     "Unavailable",
     "proposal_action",
+    "proposal_with_action",
 ]
