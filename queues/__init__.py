@@ -51,7 +51,7 @@ from queues.model import (
 from queues.proposals import proposal_action, proposal_with_action
 from queues.query_codec import KindView, PauseView
 from raft_store.auth import StoreAuth
-from raft_store.client import AuthenticationFailed, ClientError, OutcomeUnknown, RaftClient, Unavailable
+from raft_store.client import AuthenticationFailed, ClientError, LongPoll, OutcomeUnknown, RaftClient, Unavailable
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -84,6 +84,7 @@ __all__ = [
     "KindResult",
     "KindView",
     "LeaseResult",
+    "LongPoll",
     "MessageView",
     "Outcome",
     "OutcomeUnknown",
