@@ -94,6 +94,7 @@ from bench.harness import (
     Profiler,
     Server,
     api_server,
+    callback_targets,
     child_environment,
     code_revision,
     compensator_command,
@@ -192,7 +193,7 @@ class Stack:
         for worker in self.workers:
             worker.wait_line(WORKER_READY)
         (port,) = free_ports(1)
-        api = self.api = api_server(cluster, self.root, port=port, workers=settings.api_workers)
+        api = self.api = api_server(cluster, self.root, port=port, workers=settings.api_workers, extra_env={"COMPENSATOR_HANDLERS__CALLBACK": callback_targets(self.standin_urls["callback"], CALLBACK_TARGET)})
         self.cleanups.append(api.stop)
         api.start()
         self.api_url = f"http://127.0.0.1:{port}"
@@ -212,7 +213,7 @@ class Stack:
         (metrics_port,) = free_ports(1)
         self.projector_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         env = child_environment(
-            COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in self.cluster.addresses()),
+            **self.cluster.service_settings(),
             COMPENSATOR_PG_DSN=self.postgres.dsn, COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port),
         )  # fmt: skip
         projector = self.projector = Server("compensator project", [*compensator_command(), "project", "--id", "e2e"],
@@ -299,12 +300,11 @@ def worker_server(
     """`compensator worker` with the settings compensator/local.py gives `make run`'s workers;
     `breaker` "off" makes the breakers trip only when every attempt of their window failed;
     `payment`: what the payment system is declared to guarantee (`payment_settings`)."""
-    target = {"name": CALLBACK_TARGET, "url": f"{urls['callback']}/callbacks/{CALLBACK_TARGET}"}
     env = child_environment(
-        COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in cluster.addresses()),
+        **cluster.service_settings(),
         COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"], **(payment or {})}),
         COMPENSATOR_HANDLERS__RED_PACKET=json.dumps({"base_url": urls["red_packet"]}),
-        COMPENSATOR_HANDLERS__CALLBACK=json.dumps({"targets": [target]}),
+        COMPENSATOR_HANDLERS__CALLBACK=callback_targets(urls["callback"], CALLBACK_TARGET),
         COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE=str(secrets_file),
         COMPENSATOR_WORKER__METRICS_PORT=str(metrics_port),
         **({"COMPENSATOR_WORKER__BREAKER_FAILURE_RATIO": "1.0"} if breaker == "off" else {}),
@@ -316,7 +316,7 @@ def worker_server(
 async def configure_store(cluster: ProcessCluster, token: str, settings: Settings) -> None:
     await create_producer(cluster, token, reason="bench/e2e.py")
     policy = RetryPolicy(tiers_ms=(settings.retry_ms,), tier_jitter_ratio=0.1, attempts_max=settings.attempts_max)
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     try:
         queue = QueueClient(raft)
         for kind in Kind:
@@ -335,7 +335,7 @@ class Window:
     """CPU seconds by process group from the first POST to the last poll that saw a request end."""
     cpu_wall_s: float = 0.0
     leader: dict[str, float] = field(default_factory=dict)
-    """The leader's log entries, applied commands and fsyncs over the window (`leader_progress`)."""
+    """The leader's log entries, applied commands, fsyncs and stale reads over the window (`leader_progress`)."""
     settled: bool = False
     backlog_max: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -348,7 +348,7 @@ async def measure(stack: Stack, settings: Settings, planned: list[load.Planned])
     window = Window()
     limits = httpx.Limits(max_connections=settings.in_flight, max_keepalive_connections=settings.in_flight)
     assert stack.cluster is not None
-    raft = RaftClient(stack.cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     profiler = profiler_for(stack, settings)
     async with httpx.AsyncClient(base_url=stack.api_url, limits=limits, timeout=load.POST_TIMEOUT_S) as http:
         client = load.Client(http=http, token=stack.token, rate_per_s=settings.rate_per_s, in_flight=settings.in_flight)
@@ -395,12 +395,12 @@ async def settle(
 
 
 async def leader_progress(queue: QueueClient) -> dict[str, float]:
-    """The leader's commit index, applied commands and fsyncs so far (none if no node says it leads)."""
+    """The leader's commit index, applied commands, fsyncs and stale reads taken so far (none if no node says it leads)."""
     for status in await queue.node_statuses():
         if status.get("role") == "leader":
             metrics = status.get("metrics") or {}
             return {"entries": float(status["commit"]), "commands": float(metrics.get("applied_commands", 0)),
-                    "fsyncs": float(metrics.get("fsyncs", 0))}  # fmt: skip
+                    "fsyncs": float(metrics.get("fsyncs", 0)), "stale_reads": float(metrics.get("stale_reads", 0))}  # fmt: skip
     return {}
 
 
@@ -421,7 +421,7 @@ def profiler_for(stack: Stack, settings: Settings) -> Profiler | None:
 # ---- reading back ----------------------------------------------------------------------------------
 async def read_views(stack: Stack, ids: list[int]) -> dict[int, MessageView]:
     assert stack.cluster is not None
-    raft = RaftClient(stack.cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     views: dict[int, MessageView] = {}
     try:
         queue = QueueClient(raft)
@@ -457,7 +457,7 @@ async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, 
     """Once the projector has every event: the ledger's request count beside the store's, and the
     projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
     assert stack.cluster is not None and stack.postgres is not None
-    queue = QueueClient(RaftClient(stack.cluster.addresses(), deadline_s=30))
+    queue = QueueClient(RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, deadline_s=30))
     try:
         last = (await queue.events_digest(0, 0)).value.last_seq
         counts = (await queue.counts()).value

@@ -24,6 +24,7 @@ from compensator.node_metrics import MetricsServer, NodeCollector
 from queues.replicated import machine_factory
 from queues.stores import StoreError
 from raft_store import cli as raft_cli
+from raft_store.files import private_dir
 from raft_store.node import Node
 
 
@@ -50,8 +51,8 @@ def serve(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise NodeCommandError(f"--metrics-address: {error}") from None
     data_dir = Path(config.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
     raft_cli.prepare_node_process()
+    private_dir(data_dir)
     try:
         machine = machine_factory(data_dir)
     except StoreError as error:

@@ -7,7 +7,7 @@ store call can end with: `QueueError` (the machine refused the command's values)
 """
 
 from queues.client import EventsPurged, QueueClient, QueueError, Read
-from queues.core.proposals import proposal_action
+from queues.core.proposals import proposal_action, proposal_with_action
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
     BUILTIN_KINDS,
@@ -50,7 +50,8 @@ from queues.model import (
     TokenView,
 )
 from queues.query_codec import KindView, PauseView
-from raft_store.client import ClientError, OutcomeUnknown, RaftClient, Unavailable
+from raft_store.auth import StoreAuth
+from raft_store.client import AuthenticationFailed, ClientError, LongPoll, OutcomeUnknown, RaftClient, Unavailable
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -61,6 +62,7 @@ __all__ = [
     "AttemptView",
     "AuditEntry",
     "AuditFilter",
+    "AuthenticationFailed",
     "ClientError",
     "Code",
     "DeadLetterFilter",
@@ -82,6 +84,7 @@ __all__ = [
     "KindResult",
     "KindView",
     "LeaseResult",
+    "LongPoll",
     "MessageView",
     "Outcome",
     "OutcomeUnknown",
@@ -100,8 +103,10 @@ __all__ = [
     "ReviewResult",
     "Role",
     "State",
+    "StoreAuth",
     "TokenResult",
     "TokenView",
     "Unavailable",
     "proposal_action",
+    "proposal_with_action",
 ]

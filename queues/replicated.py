@@ -29,6 +29,7 @@ from queues.core.answers import answer_query
 from queues.core.config import QueueConfig
 from queues.machine import QueueMachine
 from queues.stores import Store, StoreError
+from raft_store.files import private_dir
 
 DB_NAME: Final = "queue.lmdb"
 LEGACY_DB_NAME: Final = "queue.sqlite"
@@ -68,7 +69,7 @@ def machine_factory(data_dir: Path) -> ReplicatedQueueMachine:
     A data directory that still holds the SQL store of an older version is refused in one line
     (StoreError) that says how to convert it: never opened empty beside it."""
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     legacy = data_dir / LEGACY_DB_NAME
     if legacy.exists() and not (data_dir / DB_NAME).exists():
         raise StoreError(

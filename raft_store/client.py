@@ -13,6 +13,10 @@ node that got it answered that it did not log it), `OutcomeUnknown` when one may
 a retry with the command's own idempotency key is safe after `OutcomeUnknown`: the session the
 command travelled on is dropped with the failure.
 
+Every connection opens with the handshake of raft_store/handshake.py (the cluster secret, proven
+both ways; TLS when configured). A node that refuses our secret, or cannot prove it holds it,
+ends the call at once with `AuthenticationFailed`: retrying with the same secret cannot help.
+
 Node ids, needed to follow a leader hint, are learned only from the addresses the client was
 given (a node's status says its id) and from the client addresses nodes advertise; never from
 the peer addresses nodes use among themselves, which clients may have no route to.
@@ -24,13 +28,16 @@ import asyncio
 import contextlib
 import json
 import secrets
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from raft_store import codec
+from raft_store.auth import StoreAuth
 from raft_store.codec import FrameType, Status
-from raft_store.transport import CoalescingWriter, FrameParser, hello
+from raft_store.handshake import HANDSHAKE_TIMEOUT_S, DialerHandshake, HandshakeFailed
+from raft_store.transport import CoalescingWriter, FrameParser
 
 Address = tuple[str, int]
 AUTO_BATCH_MAX = 1024  # commands per automatic batch frame
@@ -43,6 +50,11 @@ class ClientError(Exception):
 
 class RequestRefused(ClientError):
     """The request is wrong (Status.ERROR): retrying will not help."""
+
+
+class AuthenticationFailed(ClientError):
+    """A node refused this client's cluster secret, or could not prove it holds it: the secret
+    file is wrong, or the node is not ours. Nothing was sent to it."""
 
 
 class Unavailable(ClientError):
@@ -80,6 +92,18 @@ class _NotSent(Exception):
 
 class _NoAnswer(Exception):
     """An attempt's request was written and no definitive answer came: a node may act on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LongPoll:
+    """How a stale read waits at the node (`RaftClient.read`)."""
+
+    after_index: int
+    """Answer once a command after this index has applied (the index the caller's last answer reflected)..."""
+    seconds: float
+    """...or after this long, from the state as it is then."""
+    wakes_one: bool = False
+    """Of the reads waiting with the same query, the node answers one per apply (codec.Read.wakes_one)."""
 
 
 Build = Callable[[int], tuple[FrameType, bytes]]
@@ -142,10 +166,14 @@ class _Lane:
 
 
 class _Connection(asyncio.Protocol):
-    """One connection to a node; many requests in flight, matched to results by request id."""
+    """One connection to a node; many requests in flight, matched to results by request id.
+    `ready` resolves once the handshake let us in (or fails with HandshakeFailed)."""
 
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, handshake: DialerHandshake) -> None:
         self.address = address
+        self.handshake: DialerHandshake | None = handshake
+        self._challenged = False
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.parser = FrameParser()
         self.pending: dict[int, asyncio.Future[tuple[FrameType, bytes]]] = {}
         self.status_waiters: list[asyncio.Future[tuple[FrameType, bytes]]] = []
@@ -157,12 +185,28 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports do not subclass asyncio.Transport but implement it.
         self.transport = cast(asyncio.Transport, transport)
         self.out = CoalescingWriter(self.transport)
+        assert self.handshake is not None
+        self.transport.write(self.handshake.hello())
+
+    def _handshake(self, ftype: FrameType, body: bytes) -> None:
+        handshake = self.handshake
+        assert handshake is not None and self.transport is not None
+        if not self._challenged:
+            self._challenged = True
+            self.transport.write(handshake.on_challenge(ftype, body))
+            return
+        handshake.on_welcome(ftype, body)
+        self.handshake = None
+        if not self.ready.done():
+            self.ready.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         try:
             frames = self.parser.feed(data)
             for ftype, body in frames:
-                if ftype is FrameType.RESULT:
+                if self.handshake is not None:
+                    self._handshake(ftype, body)
+                elif ftype is FrameType.RESULT:
                     future = self.pending.pop(codec.result_request_id(body), None)
                     if future is not None and not future.done():
                         future.set_result((ftype, body))
@@ -170,7 +214,7 @@ class _Connection(asyncio.Protocol):
                     waiter = self.status_waiters.pop(0)
                     if not waiter.done():
                         waiter.set_result((ftype, body))
-        except codec.CodecError as exc:
+        except (codec.CodecError, HandshakeFailed) as exc:
             self._fail(exc)
             if self.transport is not None:
                 self.transport.abort()
@@ -180,6 +224,10 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         self.lost = True
+        if not self.ready.done():
+            self.ready.set_exception(exc if isinstance(exc, HandshakeFailed) else ConnectionError(
+                f"connection to {_show(self.address)} lost during the handshake: {exc!r}"))  # fmt: skip
+            self.ready.exception()  # retrieved here: nobody may be waiting any more
         for future in [*self.pending.values(), *self.status_waiters]:
             if not future.done():
                 future.set_exception(ConnectionError(f"connection to {self.address} lost: {exc!r}"))
@@ -210,6 +258,7 @@ class RaftClient:
         self,
         addresses: Sequence[Address],
         *,
+        auth: StoreAuth,
         cluster_id: int = 1,
         attempt_timeout_s: float = 2.0,
         deadline_s: float = 30.0,
@@ -217,6 +266,7 @@ class RaftClient:
         if not addresses:
             raise ValueError("need at least one node address")
         self.addresses = list(addresses)
+        self.auth = auth
         self.cluster_id = cluster_id
         self.attempt_timeout_s = attempt_timeout_s
         self.deadline_s = deadline_s
@@ -293,13 +343,24 @@ class RaftClient:
             self._lanes.append(lane)
         return list(result.results)
 
-    async def read(self, query: bytes, *, linearizable: bool = True) -> tuple[bytes, int]:
+    async def read(self, query: bytes, *, linearizable: bool = True, wait: LongPoll | None = None) -> tuple[bytes, int]:
         """Returns (answer, applied index the answer reflects). Raises Unavailable or
         OutcomeUnknown as commands do; a read changes nothing either way, but the difference says
-        whether any node got it (a cluster without a leader) or one got it and went quiet."""
-        result = await self._call_with_retries(
-            lambda request_id: (FrameType.READ, codec.encode_read(codec.Read(request_id, linearizable, query))), "read"
-        )
+        whether any node got it (a cluster without a leader) or one got it and went quiet.
+
+        With `wait` (a stale read only) the node holds the read until a command after
+        `wait.after_index` has applied, or for `wait.seconds`: a long poll, so a caller hears of a
+        change one apply after it without asking again and again."""
+        if wait is not None and linearizable:
+            raise ValueError("a waiting read must be stale (linearizable=False)")
+        wait_ms = 0 if wait is None else max(0, min(round(wait.seconds * 1000), codec.READ_WAIT_MS_MAX))
+        after, wakes_one = (wait.after_index, wait.wakes_one) if wait is not None else (0, False)
+
+        def build(request_id: int) -> tuple[FrameType, bytes]:
+            read = codec.Read(request_id, linearizable, query, after, wait_ms, wakes_one)
+            return FrameType.READ, codec.encode_read(read)
+
+        result = await self._call_with_retries(build, "read", wait_ms / 1000)
         answer, applied = result.results
         return answer, int.from_bytes(applied, "big")
 
@@ -348,10 +409,24 @@ class RaftClient:
         if conn is not None and conn.alive:
             return conn
         loop = asyncio.get_running_loop()
-        _, opened = await asyncio.wait_for(
-            loop.create_connection(lambda: _Connection(address), *address), self.attempt_timeout_s
-        )
-        opened.write(hello(0, self.cluster_id))
+        handshake = DialerHandshake(self.auth.secrets.presented(), 0, self.cluster_id)
+        context = self.auth.client_ssl
+        try:
+            _, opened = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(address, handshake), *address, ssl=context,
+                                       server_hostname=address[0] if context is not None else None),
+                self.attempt_timeout_s,
+            )  # fmt: skip
+        except ssl.SSLCertVerificationError as exc:
+            raise AuthenticationFailed(f"{_show(address)}: its TLS certificate is not one we trust: {exc}") from None
+        try:
+            await asyncio.wait_for(asyncio.shield(opened.ready), min(self.attempt_timeout_s, HANDSHAKE_TIMEOUT_S))
+        except HandshakeFailed as exc:
+            await opened.close()
+            raise AuthenticationFailed(f"{_show(address)}: {exc}") from None
+        except BaseException:
+            await opened.close()
+            raise
         self._conns[address] = opened
         return opened
 
@@ -364,18 +439,20 @@ class RaftClient:
         rotation = self.addresses + [a for a in self._ids.values() if a not in self.addresses]
         return rotation[self._rotate % len(rotation)]
 
-    async def _call_with_retries(self, build: Build, noun: str) -> codec.Result:
+    async def _call_with_retries(self, build: Build, noun: str, held_s: float = 0.0) -> codec.Result:
         """Attempts until an answer or the deadline, then raises what the attempts established:
-        OutcomeUnknown if any attempt may have been applied, else Unavailable."""
+        OutcomeUnknown if any attempt may have been applied, else Unavailable. `held_s`: how long
+        a node may hold the request before it answers (a waiting read), added to each attempt's
+        timeout and to the deadline."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.deadline_s
+        deadline = loop.time() + self.deadline_s + held_s
         backoff_s = 0.01
         trail = _Trail(noun)
         while loop.time() < deadline:
             address = self._target()
             trail.last_address = address
             try:
-                result = await self._attempt(address, build)
+                result = await self._attempt(address, build, held_s)
             except _NotSent as exc:
                 trail.last_error = f"{_show(address)}: {exc}"
             except _NoAnswer as exc:
@@ -399,7 +476,7 @@ class RaftClient:
             backoff_s = min(backoff_s * 2, 0.5)
         raise trail.error(self.deadline_s)
 
-    async def _attempt(self, address: Address, build: Build) -> codec.Result:
+    async def _attempt(self, address: Address, build: Build, held_s: float = 0.0) -> codec.Result:
         """One try at one node: its answer, or _NotSent / _NoAnswer saying whether the request
         was written (once written, the node may act on it whatever happens next)."""
         try:
@@ -415,12 +492,12 @@ class RaftClient:
         conn.write(data)
         # One timer per attempt, no wrapper task: asyncio.wait_for costs more than the rest of a
         # request on the hot path.
-        timer = loop.call_later(self.attempt_timeout_s, _expire, future)
+        timer = loop.call_later(self.attempt_timeout_s + held_s, _expire, future)
         try:
             _, reply = await future
             return codec.decode_result(reply)
         except TimeoutError:
-            raise _NoAnswer(f"no answer came within {self.attempt_timeout_s} s") from None
+            raise _NoAnswer(f"no answer came within {self.attempt_timeout_s + held_s} s") from None
         except (OSError, codec.CodecError) as exc:
             raise _NoAnswer(f"the connection failed after the request was sent ({exc!r})") from None
         finally:

@@ -6,6 +6,7 @@ instruments, so raft_store stays free of the service's dependencies.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 # Upper bounds of the fsync batch-size buckets (entries per fsync).
@@ -21,9 +22,13 @@ class NodeMetrics:
     fsync_batch_histogram: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
     proposed_commands: int = 0
     applied_commands: int = 0
+    stale_reads: int = 0
+    """Stale client reads taken (long polls included, each once)."""
     snapshots: int = 0
     checkpoints: int = 0
     torn_tails: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    """Connections refused before they were let in, by reason (the transport counts them)."""
 
     def observe_fsync(self, entries: int, seconds: float) -> None:
         self.fsyncs += 1
@@ -47,7 +52,9 @@ class NodeMetrics:
             ),
             "proposed_commands": self.proposed_commands,
             "applied_commands": self.applied_commands,
+            "stale_reads": self.stale_reads,
             "snapshots": self.snapshots,
             "checkpoints": self.checkpoints,
             "torn_tails": self.torn_tails,
+            "refused": dict(self.refused),
         }

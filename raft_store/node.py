@@ -24,7 +24,7 @@ import random
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,8 +32,11 @@ from raft_store import codec
 from raft_store.codec import FrameType, Status
 from raft_store.core import Config as CoreConfig
 from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
+from raft_store.files import make_private
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
+from raft_store.node_config import NodeConfig
+from raft_store.reads import ReadsDue
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
     BatchFormatError,
@@ -57,7 +60,7 @@ from raft_store.types import (
     Snapshot,
     SnapshotMeta,
 )
-from raft_store.wal import GroupCommitPolicy, Wal
+from raft_store.wal import Wal
 
 log = logging.getLogger("raft_store.node")
 
@@ -75,46 +78,6 @@ many reviewers ask at once."""
 
 class Queryable(Protocol):
     def query(self, data: bytes) -> bytes: ...
-
-
-@dataclass(frozen=True, slots=True)
-class NodeConfig:
-    node_id: int
-    data_dir: Path
-    listen: tuple[str, int]
-    peers: dict[int, tuple[str, int]]
-    initial_voters: frozenset[int] = frozenset()
-    cluster_id: int = 1
-    tick_ms: int = 30
-    election_ticks: int = 10
-    heartbeat_ticks: int = 2
-    batch_commands_max: int = 8192
-    group_commit: GroupCommitPolicy = field(
-        default_factory=lambda: GroupCommitPolicy(max_entries=8192, max_delay_ms=0.0)
-    )
-    snapshot_every_entries: int = 20_000
-    # Entries carry batches of commands, so bound the log kept in memory by bytes too.
-    snapshot_every_bytes: int = 64 << 20
-    volatile_until_fsync: bool = False
-    segment_bytes: int = 64 << 20
-    client_addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
-    """Node id -> the address clients use for that node, advertised in the status answer. Peers
-    may talk on a network clients cannot reach, so clients never use `peers` addresses."""
-
-    def validate(self) -> None:
-        if self.node_id <= 0:
-            raise ValueError("node_id must be positive")
-        if self.tick_ms <= 0:
-            raise ValueError("tick_ms must be positive")
-        if self.initial_voters and self.node_id not in self.initial_voters and self.node_id not in self.peers:
-            log.info("node %d starts outside the initial voters: it waits to be added", self.node_id)
-        self.group_commit.validate()
-        for node, (host, port) in self.client_addresses.items():
-            if node <= 0 or not host or not 0 < port < 65536:
-                raise ValueError(f"client address {host}:{port} of node {node} is not a node id and host:port")
-        for node in self.initial_voters:
-            if node != self.node_id and node not in self.peers:
-                raise ValueError(f"initial voter {node} has no address in peers")
 
 
 @dataclass(slots=True)
@@ -144,7 +107,7 @@ class Node:
             {n: a for n, a in config.peers.items() if n != config.node_id},
             self._on_peer_frame,
             self._on_client_frame,
-            TransportConfig(cluster_id=config.cluster_id),
+            TransportConfig(cluster_id=config.cluster_id), auth=config.auth, refused=self.metrics.refused,
         )
         self.transport.on_unreachable = self._on_unreachable
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"wal-{config.node_id}")
@@ -163,7 +126,7 @@ class Node:
         self._admin_waiting: dict[int, tuple[int, _Waiter]] = {}
         self._reads: dict[bytes, list[tuple[ClientConnection, codec.Read]]] = {}
         self._read_batch: list[tuple[ClientConnection, codec.Read]] = []
-        self._ready_reads: list[tuple[int, ClientConnection, codec.Read]] = []
+        self._reads_due = ReadsDue(self._serve_reads, self.metrics)
         self._read_seq = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -188,7 +151,7 @@ class Node:
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.config.data_dir)  # 0700 and 0600 throughout, also what older versions left
         self.core = await loop.run_in_executor(self._io, self._recover)
         await self.transport.start()
         self._tasks = [
@@ -339,13 +302,12 @@ class Node:
     def _client_read(self, conn: ClientConnection, read: codec.Read) -> None:
         core = self.core
         assert core is not None
-        if not read.linearizable:
-            self._ready_reads.append((0, conn, read))
-            return
-        if core.leader == 0:
+        if not read.linearizable or read.wait_ms:  # due at once, or a long poll (reads.py)
+            self._reads_due.take_stale(conn, read, core.log.applied)
+        elif core.leader == 0:
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
-            return
-        self._read_batch.append((conn, read))
+        else:
+            self._read_batch.append((conn, read))
 
     def _request_read_index(self) -> None:
         """All linearizable reads that arrived since the last turn share one ReadIndex round
@@ -488,7 +450,7 @@ class Node:
                 self._apply_running = False
         for state in rd.read_states:
             for conn, read in self._reads.pop(state.context, []):
-                self._ready_reads.append((state.index, conn, read))
+                self._reads_due.add(state.index, conn, read)
         if rd.hard_state is not None and not rd.must_sync and not rd.entries:
             # Only the commit index moved: it is volatile in Raft (relearned from the leader,
             # and the machine's applied index survives), so it rides along with the next write.
@@ -715,15 +677,11 @@ class Node:
         that long. On the apply thread a query is still serialized with applies on the same
         connection (it sees one applied state), while the loop goes on. One job takes every
         ready read (one thread hop per batch); answers are sent from the loop when it ends."""
-        if not self._ready_reads or self._apply_running or self._reading or self._stopping:
+        if not self._reads_due or self._apply_running or self._reading or self._stopping or self.core is None:
             return
-        core = self.core
-        assert core is not None
-        applied = core.log.applied
-        ready = [r for r in self._ready_reads if r[0] <= applied]
+        ready = self._reads_due.due(self.core.log.applied)
         if not ready:
             return
-        self._ready_reads = [r for r in self._ready_reads if r[0] > applied]
         self._reading = True
         queries = [read.query for _, _, read in ready]
         future = asyncio.get_running_loop().run_in_executor(self._apply_pool, self._query_batch, queries)
@@ -767,7 +725,7 @@ class Node:
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, status, hint, results)))
         # What the budget left unanswered goes first into the next job, after any apply queued
         # behind this one. Reads that arrived meanwhile are served by that job too.
-        self._ready_reads[:0] = ready[len(answers) :]
+        self._reads_due.put_back(ready[len(answers) :])
         self._serve_reads()
         self._kick_apply()
         self._arm_idle_commit()

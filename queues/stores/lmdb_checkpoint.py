@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from queues.stores import StoreError
+from raft_store.files import PRIVATE_FILE
 
 MAGIC: Final = 0xBEEFC0DE
 DATA_VERSION: Final = 1
@@ -89,7 +90,9 @@ def save(path: str, checkpoint: Checkpoint) -> None:
     body = _SIDE.pack(_SIDE_TAG, checkpoint.txnid, checkpoint.index, len(checkpoint.page)) + checkpoint.page
     data = body + zlib.crc32(body).to_bytes(4, "little")
     tmp = side_path(path) + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # made anew: an older version's may be readable by others
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
     try:
         os.write(fd, data)
         os.fsync(fd)

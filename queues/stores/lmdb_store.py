@@ -50,6 +50,7 @@ from queues.core.port import KvRead, KvWrite, Table
 from queues.stores import StoreError
 from queues.stores import lmdb_checkpoint as ckpt
 from queues.stores.owner_thread import OwnerThread, result_of
+from raft_store.files import PRIVATE_FILE
 
 T = TypeVar("T")
 
@@ -277,6 +278,7 @@ class LmdbStore:
             env = lmdb.open(
                 self.path, subdir=False, map_size=MAP_SIZE, max_dbs=len(Table) + 4, sync=False, metasync=False,
                 readahead=False, meminit=False, readonly=self._readonly, lock=not self._readonly, max_readers=256,
+                mode=PRIVATE_FILE,
             )  # fmt: skip
         except lmdb.Error as error:
             raise StoreError(f"{self.path}: cannot open the queue store: {error}") from None
@@ -458,8 +460,11 @@ class LmdbStore:
             self._syncer.release()
             self._drop_reader()
             self._env.close()
-            with open(ckpt.clean_path(self.path), "wb") as marker:
-                os.fsync(marker.fileno())
+            marker = os.open(ckpt.clean_path(self.path), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+            try:
+                os.fsync(marker)
+            finally:
+                os.close(marker)
             ckpt.fsync_dir(self.path)
         else:
             self._drop_reader()
@@ -522,13 +527,14 @@ class LmdbPinned:
 
 
 def copy_env(env: lmdb.Environment, path: Path, txn: lmdb.Transaction | None = None) -> None:
-    """A compacted, fsynced copy of the state `txn` sees (None: the latest), renamed into `path`."""
+    """A compacted, fsynced copy of the state `txn` sees (None: the latest), renamed into `path`
+    (mode 0600, as every file of a node's: it holds payloads and password hashes)."""
     tmp = path.with_name(path.name + ".tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
-    env.copy(str(tmp), compact=True, txn=txn)
-    fd = os.open(tmp, os.O_RDONLY)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
     try:
+        env.copyfd(fd, compact=True, txn=txn)
         os.fsync(fd)
     finally:
         os.close(fd)

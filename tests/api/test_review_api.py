@@ -184,7 +184,7 @@ def test_the_four_eyes_rules_come_from_configuration() -> None:
         "b.c": {"before": 2, "after": 3}, "d": {"before": None, "after": None}}  # fmt: skip
     with pytest.raises(configuration.ConfigError) as refused:
         configuration.load(None, {"COMPENSATOR_REVIEW__BULK_COUNT_MAX": "0"})
-    assert refused.value.problems == ["review.bulk_count_max: must be in 1..1000"]
+    assert refused.value.problems == ["COMPENSATOR_REVIEW__BULK_COUNT_MAX: review.bulk_count_max: must be in 1..1000"]
 
 
 async def test_the_audit_view_is_filtered_in_the_store_and_refuses_bad_filters(api: Api) -> None:
@@ -222,6 +222,17 @@ async def test_the_audit_view_is_filtered_in_the_store_and_refuses_bad_filters(a
         assert refused.status_code == 422, (params, refused.text)
         assert refused.headers["content-type"].startswith("application/problem+json")
         assert [e["field"] for e in refused.json()["errors"]] == [field], (params, refused.json())
+
+
+async def test_an_unknown_query_parameter_on_a_filter_endpoint_is_a_422_naming_it(api: Api) -> None:
+    for path, params in (("/v1/review/dead-letters", {"currency": "USD"}), ("/v1/audit", {"acter": "ann"}),
+                         ("/v1/review/proposals", {"pending": "true", "state": "approved"}),
+                         ("/v1/review/jobs", {"activ": "true"}), ("/v1/review/jobs/1/items", {"results": "done"})):  # fmt: skip
+        refused = await api.client.get(path, params=params, headers=api.auth(OP))
+        assert refused.status_code == 422 and refused.headers["content-type"] == "application/problem+json", path
+        assert [e["field"] for e in refused.json()["errors"]] == [name for name in params if name not in (
+            "pending",)], (path, refused.json())  # fmt: skip
+    assert (await api.client.get("/v1/review/dead-letters", params={"kind": "transfer"}, headers=api.auth(OP))).status_code == 200
 
 
 @pytest.fixture
