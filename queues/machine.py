@@ -336,6 +336,11 @@ class QueueMachine(SqliteStateMachine):
         """For read-only queries (queues/queries.py) between applies, on the applying thread."""
         return self._conn
 
+    def log_time_ms(self) -> int:
+        """The time of the last applied entry (the machine's clock; 0 before the first)."""
+        (clock_ms,) = self._conn.execute("SELECT clock_ms FROM queue_meta WHERE id = 0").fetchone()
+        return int(clock_ms)
+
     # ---- SqliteStateMachine hooks -----------------------------------------------------------
     def create_tables(self, conn: sqlite3.Connection) -> None:
         inline = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}

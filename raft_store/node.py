@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,12 +33,14 @@ from raft_store import codec
 from raft_store.codec import FrameType, Status
 from raft_store.core import Config as CoreConfig
 from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
+from raft_store.log_clock import LogClock
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
     BatchFormatError,
     CheckpointingMachine,
+    ClockedMachine,
     CopyPinningMachine,
     GroupCommittingMachine,
     PinnedCopy,
@@ -75,6 +78,14 @@ many reviewers ask at once."""
 
 class Queryable(Protocol):
     def query(self, data: bytes) -> bytes: ...
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +147,12 @@ class Node:
         self.machine = machine
         self.metrics = NodeMetrics()
         self.core: RaftCore | None = None
+        # The log's clock (log_clock.py): read on the loop and, for queries, in the apply thread.
+        self.clock = LogClock(config.node_id)
+        self._clock_lock = threading.Lock()
+        self._clock_role: tuple[bool, int, frozenset[int]] | None = None
+        if isinstance(machine, ClockedMachine):
+            machine.use_clock(self.log_clock_ms)
         self.wal: Wal | None = None
         self.snapshots = SnapshotStore(config.data_dir / "snapshots")
         self.transport = Transport(
@@ -203,6 +220,7 @@ class Node:
             log.warning("node %d: WAL torn tail truncated: %s", cfg.node_id, rec.torn_tail)
             self.metrics.torn_tails += 1
         self.wal = wal
+        self._committed_time()
         latest = self.snapshots.latest()
         self._shippable = latest
         if latest is not None:
@@ -236,6 +254,19 @@ class Node:
             random.Random(),
         )
 
+    def _committed_time(self) -> None:
+        """The time the machine's applied state reached: the log's clock never reads below it."""
+        if isinstance(self.machine, ClockedMachine):
+            time_ms = self.machine.log_time_ms()
+            with self._clock_lock:
+                self.clock.committed(time_ms)
+
+    def log_clock_ms(self) -> int:
+        """The log's clock now, as this node reads it (log_clock.py): what the leader stamps into
+        the entries it proposes and what every query on this node calls "now"."""
+        with self._clock_lock:
+            return self.clock.read(wall_ms=wall_ms(), mono_ms=monotonic_ms())
+
     def _restore_machine(self, path: Path, meta: SnapshotMeta) -> None:
         with tempfile.NamedTemporaryFile(dir=self.config.data_dir, suffix=".restore", delete=False) as tmp:
             for chunk in SnapshotStore.iter_data(path):
@@ -245,6 +276,7 @@ class Node:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp.name)
+        self._committed_time()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -281,6 +313,9 @@ class Node:
             m = codec.decode_message(body)
             if m.frm != sender or m.to != self.config.node_id:
                 raise codec.CodecError(f"message from {m.frm} to {m.to} on {sender}'s connection")
+            if m.wall_ms or m.clock_ms:
+                with self._clock_lock:
+                    self.clock.heard(m.frm, wall_ms=m.wall_ms, clock_ms=m.clock_ms, mono_ms=monotonic_ms())
             self._inbox.append(m)
         else:
             self._receive_chunk(codec.decode_chunk(body))
@@ -453,7 +488,8 @@ class Node:
             delay = (self.config.group_commit.max_delay_ms - age_ms) / 1000
             asyncio.get_running_loop().call_later(max(0.0, delay), self._wake.set)
             return
-        now_ms = time.time_ns() // 1_000_000  # the leader's clock, stamped into the entry
+        self._sync_clock_role()
+        now_ms = self.log_clock_ms()  # the log's clock as the leader reads it, stamped into the entry
         while self._proposals:
             batch: list[tuple[int, int, bytes]] = []
             waiters: list[_Waiter] = []
@@ -667,6 +703,8 @@ class Node:
                     continue
                 # Only the node that proposed the entry has clients waiting for its results.
                 result = machine.apply_batch(entry.index, now_ms, commands, respond=entry.index in self._waiting)
+                with self._clock_lock:
+                    self.clock.committed(now_ms)
                 out.append(result)
                 self.metrics.applied_commands += len(commands)
             else:
@@ -777,6 +815,7 @@ class Node:
         core = self.core
         assert core is not None
         is_leader = core.role is Role.LEADER
+        self._sync_clock_role()
         if self._was_leader and not is_leader:
             # Entries we proposed may still commit under the next leader; clients retry with
             # the same session sequence numbers and get the stored result.
@@ -790,6 +829,16 @@ class Node:
             self._reads = {}
             self._read_batch = []
         self._was_leader = is_leader
+
+    def _sync_clock_role(self) -> None:
+        """Tell the log's clock whom it follows: the majority's time when leading, else the leader."""
+        core = self.core
+        assert core is not None
+        role = (core.role is Role.LEADER, core.leader, core.conf.voters)
+        if role != self._clock_role:
+            self._clock_role = role
+            with self._clock_lock:
+                self.clock.set_role(leading=role[0], leader=role[1], voters=role[2])
 
     def _fail_all_waiters(self) -> None:
         """Answer everyone waiting when this node stops leading or stops. What is in the log may
@@ -1003,7 +1052,12 @@ class Node:
         if m.type is MessageType.SNAP:
             self._send_snapshot(m)
             return
-        self.transport.send(m.to, FrameType.RAFT, codec.encode_message(m))
+        # Every message carries the sender's wall clock and its reading of the log's clock: the
+        # leader learns its peers' clocks from their answers, a follower the leader's reading.
+        wall = wall_ms()
+        with self._clock_lock:
+            reading = self.clock.read(wall_ms=wall, mono_ms=monotonic_ms())
+        self.transport.send(m.to, FrameType.RAFT, codec.encode_message(m, wall_ms=wall, clock_ms=reading))
 
     def _on_unreachable(self, peer: int) -> None:
         if self.core is not None:
@@ -1045,5 +1099,15 @@ class Node:
             },
             "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.config.client_addresses.items())},
             "failure": repr(self._failure) if self._failure else None,
+            "clock": self.clock_status(),
             "metrics": self.metrics.as_dict(),
         }
+
+    def clock_status(self) -> dict[str, int | None]:
+        """This node's wall clock against the log's clock (`offset_ms`: wall minus log; an alert
+        watches it), and the majority's time when this node leads."""
+        wall, mono = wall_ms(), monotonic_ms()
+        with self._clock_lock:
+            reading = self.clock.read(wall_ms=wall, mono_ms=mono)
+            majority = self.clock.majority_ms(wall_ms=wall, mono_ms=mono) if self.clock.leading else None
+        return {"wall_ms": wall, "log_ms": reading, "offset_ms": wall - reading, "majority_ms": majority}

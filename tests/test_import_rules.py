@@ -46,6 +46,7 @@ FORBIDDEN: Final = {
 }
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
+    "raft_store.log_clock",
     "queues.model", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies",

@@ -1,0 +1,142 @@
+"""The log's clock: the one time by which a set decides what is due, ready, expired or late.
+
+Why it exists: every queue decision (a retry's due time, a lease's deadline, a tombstone's
+retention) compares a time written in the log with "now". If "now" were one node's wall clock, a
+node 30 s slow that leads froze every due time for 30 s, and a node 30 s fast that took over
+expired every open lease at once. So "now" is this reading, the same rule on every node:
+
+* **A majority's time.** The leader reads the time that a majority of the voters' wall clocks
+  have reached (the median of three): its own clock, and each peer's as carried by the peer's
+  last message (`Message.wall_ms`), advanced by the leader's monotonic clock since it arrived.
+  One node's clock, fast or slow, is never the majority's in a set of three. A follower reads
+  its leader's reading (`Message.clock_ms` on the leader's appends and heartbeats), advanced the
+  same way.
+* **Never backwards, never frozen.** The reading never goes below a reading it gave before or the
+  greatest time the log committed. Between readings it advances by the smaller of the local
+  monotonic clock's advance and the reference's advance (the majority's time, or the leader's
+  reading), and jumps forward only to the reference. A log whose time ran ahead of the majority's
+  (a majority stepped back, an older version stamped its own clock) keeps advancing at that rate
+  instead of freezing until the majority catches up.
+* **A whole set that was down agrees that time moved on**: after a restart of every node the
+  majority's time is far past the log's, and the reading jumps there (every lease is stale then,
+  so nothing is lost by expiring them).
+
+Bound on a jump: a reading is never above the greatest of (an earlier reading plus the monotonic
+time since) and the reference. With at most f of 2f+1 voters' clocks wrong, the majority's time
+lies between correct clocks, so a lease granted at log time T for L ms expires in real time no
+earlier than L minus how far the majority's time runs ahead of real time (milliseconds with NTP).
+
+Pure: every time is an argument (wall and monotonic milliseconds read by the node, once per
+use), no lock, no I/O. The node serializes calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+SAMPLE_TTL_MS: Final = 2000
+"""A peer's clock sample older than this (by the local monotonic clock) is not used: its node may
+be gone, or its clock stepped meanwhile. Heartbeats refresh every sample many times a second."""
+
+
+@dataclass(slots=True)
+class _Sample:
+    wall_ms: int
+    """The sender's wall clock when it sent (0: the sender did not say)."""
+    clock_ms: int
+    """The sender's reading of the log's clock when it sent (0: did not say)."""
+    mono_ms: int
+    """The local monotonic clock when the message arrived."""
+
+
+class LogClock:
+    """One node's reading of the log's clock, fed by what it hears and what it applies."""
+
+    def __init__(self, node_id: int, *, sample_ttl_ms: int = SAMPLE_TTL_MS) -> None:
+        if sample_ttl_ms <= 0:
+            raise ValueError("sample_ttl_ms must be positive")
+        self.node_id = node_id
+        self.sample_ttl_ms = sample_ttl_ms
+        self._samples: dict[int, _Sample] = {}
+        self._committed_ms = 0
+        """The greatest time the log committed that this node applied."""
+        self._leading = False
+        self._leader = 0
+        self._voters: frozenset[int] = frozenset({node_id})
+        # Invariant: _reading_ms never decreases once _mono_ms is set.
+        self._reading_ms = 0
+        self._mono_ms: int | None = None
+        self._reference_ms: int | None = None
+
+    # ---- inputs -----------------------------------------------------------------------------
+    def heard(self, peer: int, *, wall_ms: int, clock_ms: int, mono_ms: int) -> None:
+        """A message from `peer` arrived carrying its wall clock and its reading."""
+        if peer != self.node_id and (wall_ms > 0 or clock_ms > 0):
+            self._samples[peer] = _Sample(wall_ms, clock_ms, mono_ms)
+
+    def committed(self, time_ms: int) -> None:
+        """An applied log entry carried this time: the reading is never below it from now on."""
+        self._committed_ms = max(self._committed_ms, time_ms)
+
+    def set_role(self, *, leading: bool, leader: int, voters: frozenset[int]) -> None:
+        self._leading, self._leader, self._voters = leading, leader, voters
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    # ---- the reading ------------------------------------------------------------------------
+    def read(self, *, wall_ms: int, mono_ms: int) -> int:
+        """The log's clock now. Call with the node's wall and monotonic clocks read just before."""
+        reference = self.reference(wall_ms=wall_ms, mono_ms=mono_ms)
+        if self._mono_ms is None:
+            start = max(self._committed_ms, reference or 0)
+            if start == 0:
+                return wall_ms  # has heard nothing and applied nothing: its own clock, not kept
+            reading = start
+        else:
+            advanced = max(0, mono_ms - self._mono_ms)
+            if reference is not None and self._reference_ms is not None:
+                advanced = max(0, min(advanced, reference - self._reference_ms))
+            reading = self._reading_ms + advanced
+            if reference is not None:
+                reading = max(reading, reference)
+            reading = max(reading, self._committed_ms)
+        self._reading_ms, self._mono_ms, self._reference_ms = reading, mono_ms, reference
+        return reading
+
+    def reference(self, *, wall_ms: int, mono_ms: int) -> int | None:
+        """What the reading follows: the majority's time on a leader, the leader's reading on a
+        follower; None when not known (too few fresh samples, no leader heard lately)."""
+        if self._leading:
+            return self.majority_ms(wall_ms=wall_ms, mono_ms=mono_ms)
+        sample = self._fresh(self._leader, mono_ms)
+        if sample is None or sample.clock_ms <= 0:
+            return None
+        return sample.clock_ms + (mono_ms - sample.mono_ms)
+
+    def majority_ms(self, *, wall_ms: int, mono_ms: int) -> int | None:
+        """The latest time that a majority of the voters' wall clocks have reached, or None."""
+        clocks: list[int] = []
+        for voter in self._voters:
+            if voter == self.node_id:
+                clocks.append(wall_ms)
+                continue
+            sample = self._fresh(voter, mono_ms)
+            if sample is not None and sample.wall_ms > 0:
+                clocks.append(sample.wall_ms + (mono_ms - sample.mono_ms))
+        majority = len(self._voters) // 2 + 1
+        if len(clocks) < majority:
+            return None
+        clocks.sort(reverse=True)
+        return clocks[majority - 1]
+
+    def _fresh(self, peer: int, mono_ms: int) -> _Sample | None:
+        sample = self._samples.get(peer)
+        if sample is None or mono_ms - sample.mono_ms > self.sample_ttl_ms:
+            return None
+        return sample
+
+
+__all__ = ["SAMPLE_TTL_MS", "LogClock"]

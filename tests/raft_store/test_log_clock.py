@@ -1,0 +1,119 @@
+"""The log's clock (raft_store/log_clock.py): follows the majority's time, never goes back, never
+freezes, and one node's clock (slow, fast, or fast-running) cannot move it."""
+
+from __future__ import annotations
+
+import pytest
+
+from raft_store import codec
+from raft_store.log_clock import SAMPLE_TTL_MS, LogClock
+from raft_store.types import Message, MessageType
+
+T0 = 1_700_000_000_000
+VOTERS = frozenset({1, 2, 3})
+
+
+def leader(committed_ms: int = 0) -> LogClock:
+    clock = LogClock(1)
+    clock.set_role(leading=True, leader=1, voters=VOTERS)
+    clock.committed(committed_ms)
+    return clock
+
+
+def hear(clock: LogClock, mono_ms: int, **walls: int) -> None:
+    """Peers n2, n3 ... say their wall clocks at local monotonic time `mono_ms`."""
+    for name, wall in walls.items():
+        clock.heard(int(name[1:]), wall_ms=wall, clock_ms=0, mono_ms=mono_ms)
+
+
+def test_a_node_that_knows_nothing_reads_its_own_clock_without_keeping_it() -> None:
+    clock = LogClock(1)
+    assert clock.read(wall_ms=T0 + 30_000, mono_ms=0) == T0 + 30_000
+    clock.committed(T0)
+    assert clock.read(wall_ms=T0 + 30_000, mono_ms=5) == T0  # the fast wall reading left no trace
+
+
+@pytest.mark.parametrize("own_offset_ms", [-30_000, 30_000])
+def test_one_skewed_leader_reads_the_majority_time_and_advances_with_real_time(own_offset_ms: int) -> None:
+    clock = leader(committed_ms=T0)
+    for step in range(0, 10_001, 50):
+        hear(clock, step, n2=T0 + step, n3=T0 + step + 3)
+        reading = clock.read(wall_ms=T0 + own_offset_ms + step, mono_ms=step)
+        assert T0 + step <= reading <= T0 + step + 3, step  # between the two correct clocks
+
+
+def test_a_majority_moves_time_forward_and_it_never_comes_back() -> None:
+    clock = leader(committed_ms=T0)
+    hear(clock, 0, n2=T0 + 30_000, n3=T0)
+    assert clock.read(wall_ms=T0 + 30_000, mono_ms=0) == T0 + 30_000  # two of three clocks agree
+    hear(clock, 100, n2=T0 + 100, n3=T0 + 100)  # both stepped back: the log stays ahead, still moving
+    readings = [clock.read(wall_ms=T0 + step, mono_ms=step) for step in range(100, 1100, 100)]
+    assert readings == sorted(readings)
+    assert readings[0] >= T0 + 30_000
+    # Not frozen: it advanced by the monotonic time (never faster than the majority's clocks).
+    assert readings[-1] - readings[0] == 900
+
+
+def test_a_leader_whose_clocks_run_fast_follows_the_majority_not_its_own_rate() -> None:
+    """Wall and monotonic clocks at 1.5x on the leader: its reading keeps the peers' pace."""
+    clock = leader(committed_ms=T0)
+    for real in range(0, 20_001, 60):
+        fast = real * 3 // 2
+        hear(clock, fast, n2=T0 + real, n3=T0 + real + 1)  # heartbeats answer every 60 ms
+        reading = clock.read(wall_ms=T0 + fast + 30, mono_ms=fast + 30)  # 20 ms later in real time
+        assert abs(reading - (T0 + real + 20)) <= 11, real  # the extrapolation's 10 ms at 1.5x, n3's 1
+
+
+def test_the_whole_set_restarted_after_an_hour_jumps_to_the_majority_time() -> None:
+    hour = 3_600_000
+    clock = leader(committed_ms=T0)
+    hear(clock, 0, n2=T0 + hour, n3=T0 + hour + 5)
+    assert clock.read(wall_ms=T0 + hour - 10, mono_ms=0) == T0 + hour
+
+
+def test_the_reading_is_never_below_the_committed_time_or_an_earlier_reading() -> None:
+    clock = leader(committed_ms=T0)
+    hear(clock, 0, n2=T0, n3=T0)
+    assert clock.read(wall_ms=T0, mono_ms=0) == T0
+    clock.committed(T0 + 5_000)  # a later entry stamped by an earlier leader
+    assert clock.read(wall_ms=T0 + 10, mono_ms=10) == T0 + 5_000
+    hear(clock, 20, n2=T0 - 60_000, n3=T0 - 60_000)
+    assert clock.read(wall_ms=T0 - 60_000, mono_ms=20) >= T0 + 5_000
+
+
+def test_a_follower_reads_its_leaders_reading_and_goes_on_by_its_own_clock_without_one() -> None:
+    clock = LogClock(2)
+    clock.set_role(leading=False, leader=1, voters=VOTERS)
+    clock.heard(1, wall_ms=T0 - 30_000, clock_ms=T0, mono_ms=1_000)
+    assert clock.read(wall_ms=T0 + 99_000, mono_ms=1_000) == T0
+    assert clock.read(wall_ms=T0 + 99_000, mono_ms=1_500) == T0 + 500
+    later = 1_000 + SAMPLE_TTL_MS + 1_000  # the leader went quiet: its sample is stale
+    assert clock.read(wall_ms=T0 + 99_000, mono_ms=later) == T0 + later - 1_000
+
+
+def test_a_leader_without_a_majority_of_fresh_samples_goes_on_by_its_monotonic_clock() -> None:
+    clock = leader(committed_ms=T0)
+    hear(clock, 0, n2=T0, n3=T0)
+    assert clock.read(wall_ms=T0, mono_ms=0) == T0
+    far = SAMPLE_TTL_MS + 500  # both peers silent: only its own clock, not a majority of three
+    assert clock.majority_ms(wall_ms=T0 + 40_000, mono_ms=far) is None
+    assert clock.read(wall_ms=T0 + 40_000, mono_ms=far) == T0 + far
+
+
+def test_a_single_voter_is_its_own_majority() -> None:
+    clock = LogClock(1)
+    clock.set_role(leading=True, leader=1, voters=frozenset({1}))
+    assert clock.read(wall_ms=T0, mono_ms=0) == T0
+    assert clock.read(wall_ms=T0 + 250, mono_ms=250) == T0 + 250
+
+
+def test_raft_messages_carry_both_clocks_and_older_messages_still_decode() -> None:
+    message = Message(MessageType.HEARTBEAT, to=2, frm=1, term=3, commit=7, context=b"r")
+    plain = codec.encode_message(message)
+    assert codec.decode_message(plain) == message
+    stamped = codec.encode_message(message, wall_ms=T0 + 1, clock_ms=T0)
+    assert len(stamped) == len(plain) + 16
+    decoded = codec.decode_message(stamped)
+    assert (decoded.wall_ms, decoded.clock_ms) == (T0 + 1, T0)
+    with pytest.raises(codec.CodecError):
+        codec.decode_message(stamped + b"\x00")
