@@ -1114,12 +1114,15 @@ class _Apply:
         if refusal is not None:
             return refusal
         assert row is not None
+        not_before_ms = command.not_before_ms
+        if command.retry_after_ms is not None:  # a duration from now, on the log's clock
+            not_before_ms = max(not_before_ms or 0, self.now_ms + command.retry_after_ms)
         return self.fail_attempt(
             row,
             error_class=command.error_class,
             error_text=command.error_text,
             permanent=command.permanent,
-            not_before_ms=command.not_before_ms,
+            not_before_ms=not_before_ms,
             expired=False,
         )
 

@@ -245,8 +245,15 @@ class Fail(_Command, frozen=True, tag="fail"):
     error_class: ErrorClass
     error_text: Text = ""
     permanent: bool = False
+    retry_after_ms: DelayMs | None = None
+    """The downstream's Retry-After, as a duration: the retry is not due before the store's own
+    time (the entry's, on the log's clock) plus this. A duration, never a time the worker read
+    from its own clock: a worker 30 s slow would have retried at once against a downstream that
+    asked for seconds of quiet."""
     not_before_ms: TimeMs | None = None
-    """The downstream's Retry-After as an absolute time: the retry is not due before it."""
+    """The same as an absolute time, as workers before `retry_after_ms` sent it: still decoded
+    and applied as it was, so a log holding such entries replays to the same state. Not sent any
+    more. With both, the retry waits for the later."""
 
 
 class Release(_Command, frozen=True, tag="release"):

@@ -67,10 +67,11 @@ class Completions:
         error_class: str,
         error_text: str,
         permanent: bool,
-        not_before_ms: int | None,
+        retry_after_ms: int | None,
     ) -> None:
+        """`retry_after_ms`: a duration; the store adds it to its own time (never this worker's clock)."""
         command = Fail(message_id=message_id, token=token, error_class=error_class,
-                       error_text=error_text[:TEXT_LENGTH_MAX], permanent=permanent, not_before_ms=not_before_ms)  # fmt: skip
+                       error_text=error_text[:TEXT_LENGTH_MAX], permanent=permanent, retry_after_ms=retry_after_ms)  # fmt: skip
         self._add(Completion(message_id, token, kind, "fail", command))
 
     def release(self, message_id: int, token: int, kind: str, *, interrupted: bool) -> None:

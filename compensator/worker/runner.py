@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -54,6 +55,7 @@ from handlers.classification import ClassificationTable, decode_table
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
 from handlers.registry import Registry
 from ledger.kinds import Kind, decode_payload
+from delay.policy import DELAY_MAX_MS
 from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
 from queues.lateness import grant_lateness_ms
 from queues.model import Lease, QueueCommand
@@ -92,8 +94,7 @@ class Running:
 class Worker:
     def __init__(
         self, queue: QueueClient, handlers: Mapping[str, Handler], limits: Limits, settings: WorkerSettings, *,
-        tracer: trace.Tracer, metrics: WorkerMetrics, wall_clock_ms: Callable[[], int] | None = None,
-        registry: Registry | None = None,
+        tracer: trace.Tracer, metrics: WorkerMetrics, registry: Registry | None = None,
     ) -> None:  # fmt: skip
         self._queue = queue
         self._handlers = handlers
@@ -101,7 +102,6 @@ class Worker:
         self._settings = settings
         self._tracer = tracer
         self._metrics = metrics
-        self._wall_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._running: dict[int, Running] = {}
         self._slot_freed = asyncio.Event()
         self._kinds_of: dict[str, list[str]] = {}
@@ -378,12 +378,13 @@ class Worker:
             text = f"{text} [HTTP {decision.status}]"
         if decision.excerpt:
             text = f"{text} {decision.excerpt}"
-        not_before_ms = None
+        retry_after_ms = None
         if isinstance(decision, Retryable) and decision.retry_after_s is not None:
-            not_before_ms = self._wall_ms() + int(decision.retry_after_s * 1000)
+            # A duration: the store adds it to the log's clock. This worker's clock may be off.
+            retry_after_ms = min(DELAY_MAX_MS, max(0, math.ceil(decision.retry_after_s * 1000)))
         self.completions.fail(
             grant.message_id, grant.token, grant.kind, error_class=decision.error_class, error_text=text,
-            permanent=isinstance(decision, Permanent), not_before_ms=not_before_ms,
+            permanent=isinstance(decision, Permanent), retry_after_ms=retry_after_ms,
         )  # fmt: skip
 
     def _settled(self, completion: Completion, code: Code) -> None:

@@ -48,8 +48,8 @@ class QueueChecker:
         """Messages a send was answered OK (created) for: by one send only."""
         self.acked: dict[str, int] = {}  # key -> the newest message id the client was told
         self.recovered = 0
-        self.fail_not_before: dict[int, int | None] = {}
-        self.model = LogModel(self.violation, self.sent.__contains__, self.fail_not_before,
+        self.fail_retry_after: dict[int, int | None] = {}
+        self.model = LogModel(self.violation, self.sent.__contains__, self.fail_retry_after,
                               retention_ms=cluster.queue_config.retention_ms,
                               event_retention_ms=cluster.queue_config.event_retention_ms)
         self.applied_seen = 0
@@ -167,8 +167,8 @@ class QueueChecker:
             if logged is None or logged[:2] != (grant.message_id, grant.attempt) or grant.deadline_ms < logged[2]:
                 self.violation(f"{worker} got grant {grant.message_id}/{grant.token}; the log shows {logged}")
 
-    def on_fail_sent(self, token: int, not_before_ms: int | None) -> None:
-        self.fail_not_before[token] = not_before_ms
+    def on_fail_sent(self, token: int, retry_after_ms: int | None) -> None:
+        self.fail_retry_after[token] = retry_after_ms
 
     def on_ack_answer(self, grant: Grant, result: QueueResult | None) -> None:
         answer = "unknown" if result is None else result.code.name

@@ -272,7 +272,7 @@ class Worker:
         elif outcome is Effect.TIMEOUT:
             self.fail(grant, "timeout")
         elif outcome is Effect.RETRY_AFTER:
-            self.fail(grant, "throttled", not_before_ms=self.w.cluster.true_clock() + answer.retry_after_ms)
+            self.fail(grant, "throttled", retry_after_ms=answer.retry_after_ms)
         elif outcome is Effect.REJECTED:
             self.fail(grant, "rejected", permanent=True)
         elif outcome is Effect.INSUFFICIENT_FUNDS:
@@ -304,11 +304,11 @@ class Worker:
         command: Ack | AckMany = acks[0] if len(acks) == 1 else AckMany(acks=acks)
         self.client.submit(command, answered, tries_max=self.w.cluster.rng.randint(2, 4))
 
-    def fail(self, grant: Grant, error_class: str, *, permanent: bool = False, not_before_ms: int | None = None) -> None:
-        self.w.cluster.qchecker.on_fail_sent(grant.token, not_before_ms)
+    def fail(self, grant: Grant, error_class: str, *, permanent: bool = False, retry_after_ms: int | None = None) -> None:
+        self.w.cluster.qchecker.on_fail_sent(grant.token, retry_after_ms)
         command = Fail(
             message_id=grant.message_id, token=grant.token, error_class=error_class,
-            error_text=f"{error_class} from downstream", permanent=permanent, not_before_ms=not_before_ms,
+            error_text=f"{error_class} from downstream", permanent=permanent, retry_after_ms=retry_after_ms,
         )
         self.client.submit(command, lambda _: None, tries_max=self.w.cluster.rng.randint(2, 4))
 
