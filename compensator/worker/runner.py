@@ -36,7 +36,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -51,11 +51,11 @@ from compensator.worker.completions import Completion, Completions
 from compensator.worker.keeper import LeaseKeeper
 from compensator.worker.limits import Limits
 from compensator.worker.metrics import WorkerMetrics
+from delay.policy import DELAY_MAX_MS
 from handlers.classification import ClassificationTable, decode_table
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
 from handlers.registry import Registry
 from ledger.kinds import Kind, decode_payload
-from delay.policy import DELAY_MAX_MS
 from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
 from queues.lateness import grant_lateness_ms
 from queues.model import Lease, QueueCommand
