@@ -479,6 +479,10 @@ class QueueMachine(SqliteStateMachine):
         self._forget_caches()
         super().restore_snapshot(path, index)
 
+    def rollback(self) -> None:
+        self._forget_caches()  # they may hold what the rolled-back applies wrote
+        super().rollback()
+
     def restore_bytes(self, image: bytes, index: int) -> None:
         self._forget_caches()
         super().restore_bytes(image, index)

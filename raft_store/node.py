@@ -355,6 +355,11 @@ class Node:
         return await future
 
     @property
+    def failure(self) -> BaseException | None:
+        """What stopped the node (a storage failure, a corrupt log), or None."""
+        return self._failure
+
+    @property
     def applying(self) -> bool:
         """Whether the machine is in use on the apply thread right now (`query_applied` waits it out)."""
         return self._apply_running or self._reading

@@ -142,8 +142,20 @@ class SqliteStateMachine:
         the Raft log holds every applied entry durably, and the applied index commits with the
         state it describes, so a crash replays exactly the entries the store had not committed."""
         if self._open:
-            self._conn.execute("COMMIT")
-            self._open = False
+            try:
+                self._conn.execute("COMMIT")
+            finally:
+                # A failed COMMIT (a full disk) may have rolled the transaction back or kept it
+                # open; either way the flag says what SQLite holds, so nothing commits by mistake.
+                self._open = self._conn.in_transaction
+
+    def rollback(self) -> None:
+        """Drop the applies since the last commit (after a storage failure; the log replays them)."""
+        with contextlib.suppress(sqlite3.Error):
+            if self._open or self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            self._applied = self._read_applied()
+        self._open = False
 
     def _begin(self) -> None:
         if not self._open:

@@ -123,6 +123,11 @@ class GroupCommittingMachine(Protocol):
 
     def commit(self) -> None: ...
 
+    def rollback(self) -> None:
+        """Drop what was applied since the last commit, after a storage failure: nothing may be
+        committed on the way out, and the next start replays those entries from the log."""
+        ...
+
 
 @runtime_checkable
 class ClockedMachine(Protocol):

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +61,10 @@ class ProcessCluster:
         listeners by another route, so a test can tell which addresses a client used."""
         return [arg for node in self.ids for arg in ("--client-address", f"{node}={host}:{self.address(node)[1]}")]
 
-    def start(self, node: int, *extra: str) -> None:
+    def start(self, node: int, *extra: str, prefix: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+        """`prefix`: a command the node runs under (`faketime ...`); `env`: added to the environment."""
         args = [
+            *prefix,
             sys.executable,
             "-m",
             "raft_store",
@@ -77,8 +80,8 @@ class ProcessCluster:
             host, port = self.address(peer)
             args += ["--peer", f"{peer}={host}:{port}"]
         log = open(self.root / f"node{node}.log", "ab")  # noqa: SIM115 - owned by the process
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.procs[node] = subprocess.Popen([*args, *self.extra_args, *extra], stdout=log, stderr=log, env=env)
+        environment = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self.procs[node] = subprocess.Popen([*args, *self.extra_args, *extra], stdout=log, stderr=log, env=environment)
 
     def start_all(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
