@@ -6,17 +6,20 @@ node 30 s slow that leads froze every due time for 30 s, and a node 30 s fast th
 expired every open lease at once. So "now" is this reading, the same rule on every node:
 
 * **A majority's time.** The leader reads the time that a majority of the voters' wall clocks
-  have reached (the median of three): its own clock, and each peer's as carried by the peer's
-  last message (`Message.wall_ms`), advanced by the leader's monotonic clock since it arrived.
-  One node's clock, fast or slow, is never the majority's in a set of three. A follower reads
-  its leader's reading (`Message.clock_ms` on the leader's appends and heartbeats), advanced the
-  same way.
+  have reached (the median of three): its own clock, and each peer's as its last message carried
+  it (`Message.wall_ms`; heartbeat answers refresh it every heartbeat). One node's clock, fast or
+  slow, is never the majority's in a set of three. A follower reads its leader's reading
+  (`Message.clock_ms` on the leader's appends and heartbeats). Samples are used as they came,
+  not advanced by the local clock: a node whose own clocks run fast must not speed the log up,
+  and the price is that the reading lags true time by about a heartbeat.
 * **Never backwards, never frozen.** The reading never goes below a reading it gave before or the
   greatest time the log committed. Between readings it advances by the smaller of the local
   monotonic clock's advance and the reference's advance (the majority's time, or the leader's
   reading), and jumps forward only to the reference. A log whose time ran ahead of the majority's
-  (a majority stepped back, an older version stamped its own clock) keeps advancing at that rate
-  instead of freezing until the majority catches up.
+  (a majority stepped back, an older version stamped its own clock) keeps advancing at the
+  majority's rate instead of freezing until the majority catches up. Without a reference (an
+  election going on, a follower cut off from its leader) the reading holds: a leader always has
+  one (it hears from a majority, or check-quorum deposes it), so the log's time does not stop.
 * **A whole set that was down agrees that time moved on**: after a restart of every node the
   majority's time is far past the log's, and the reading jumps there (every lease is stale then,
   so nothing is lost by expiring them).
@@ -35,17 +38,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from raft_store.types import Message, MessageType
+
 SAMPLE_TTL_MS: Final = 2000
 """A peer's clock sample older than this (by the local monotonic clock) is not used: its node may
 be gone, or its clock stepped meanwhile. Heartbeats refresh every sample many times a second."""
 
+LEADER_MESSAGES: Final = frozenset({MessageType.APP, MessageType.HEARTBEAT, MessageType.SNAP})
+"""Only a leader sends these: their `clock_ms` is a leader's reading. Any other message's is not
+taken (a vote request delayed in the network carries what its sender read before it led)."""
+
 
 @dataclass(slots=True)
 class _Sample:
-    wall_ms: int
-    """The sender's wall clock when it sent (0: the sender did not say)."""
-    clock_ms: int
-    """The sender's reading of the log's clock when it sent (0: did not say)."""
+    value_ms: int
+    """A wall clock, or a leader's reading, as the sender put it in its message."""
     mono_ms: int
     """The local monotonic clock when the message arrived."""
 
@@ -58,7 +65,8 @@ class LogClock:
             raise ValueError("sample_ttl_ms must be positive")
         self.node_id = node_id
         self.sample_ttl_ms = sample_ttl_ms
-        self._samples: dict[int, _Sample] = {}
+        self._walls: dict[int, _Sample] = {}
+        self._readings: dict[int, _Sample] = {}
         self._committed_ms = 0
         """The greatest time the log committed that this node applied."""
         self._leading = False
@@ -71,9 +79,17 @@ class LogClock:
 
     # ---- inputs -----------------------------------------------------------------------------
     def heard(self, peer: int, *, wall_ms: int, clock_ms: int, mono_ms: int) -> None:
-        """A message from `peer` arrived carrying its wall clock and its reading."""
-        if peer != self.node_id and (wall_ms > 0 or clock_ms > 0):
-            self._samples[peer] = _Sample(wall_ms, clock_ms, mono_ms)
+        """A message from `peer` arrived carrying its wall clock and (0 unless it led) its reading."""
+        if peer == self.node_id:
+            return
+        if wall_ms > 0:
+            self._walls[peer] = _Sample(wall_ms, mono_ms)
+        if clock_ms > 0:
+            self._readings[peer] = _Sample(clock_ms, mono_ms)
+
+    def heard_message(self, m: Message, *, mono_ms: int) -> None:
+        """`heard` for a Raft message: its reading counts only on a message only leaders send."""
+        self.heard(m.frm, wall_ms=m.wall_ms, clock_ms=m.clock_ms if m.type in LEADER_MESSAGES else 0, mono_ms=mono_ms)
 
     def committed(self, time_ms: int) -> None:
         """An applied log entry carried this time: the reading is never below it from now on."""
@@ -86,6 +102,11 @@ class LogClock:
     def leading(self) -> bool:
         return self._leading
 
+    @property
+    def grounded(self) -> bool:
+        """The reading rests on the log or on what the node heard, not on its own wall clock alone."""
+        return self._mono_ms is not None
+
     # ---- the reading ------------------------------------------------------------------------
     def read(self, *, wall_ms: int, mono_ms: int) -> int:
         """The log's clock now. Call with the node's wall and monotonic clocks read just before."""
@@ -96,9 +117,11 @@ class LogClock:
                 return wall_ms  # has heard nothing and applied nothing: its own clock, not kept
             reading = start
         else:
-            advanced = max(0, mono_ms - self._mono_ms)
+            # Without a reference (no leader heard lately, no majority of fresh samples) it holds:
+            # a node whose clocks run fast would otherwise carry the log's time ahead alone.
+            advanced = 0
             if reference is not None and self._reference_ms is not None:
-                advanced = max(0, min(advanced, reference - self._reference_ms))
+                advanced = max(0, min(mono_ms - self._mono_ms, reference - self._reference_ms))
             reading = self._reading_ms + advanced
             if reference is not None:
                 reading = max(reading, reference)
@@ -111,10 +134,8 @@ class LogClock:
         follower; None when not known (too few fresh samples, no leader heard lately)."""
         if self._leading:
             return self.majority_ms(wall_ms=wall_ms, mono_ms=mono_ms)
-        sample = self._fresh(self._leader, mono_ms)
-        if sample is None or sample.clock_ms <= 0:
-            return None
-        return sample.clock_ms + (mono_ms - sample.mono_ms)
+        sample = self._fresh(self._readings, self._leader, mono_ms)
+        return None if sample is None else sample.value_ms
 
     def majority_ms(self, *, wall_ms: int, mono_ms: int) -> int | None:
         """The latest time that a majority of the voters' wall clocks have reached, or None."""
@@ -123,17 +144,17 @@ class LogClock:
             if voter == self.node_id:
                 clocks.append(wall_ms)
                 continue
-            sample = self._fresh(voter, mono_ms)
-            if sample is not None and sample.wall_ms > 0:
-                clocks.append(sample.wall_ms + (mono_ms - sample.mono_ms))
+            sample = self._fresh(self._walls, voter, mono_ms)
+            if sample is not None:
+                clocks.append(sample.value_ms)
         majority = len(self._voters) // 2 + 1
         if len(clocks) < majority:
             return None
         clocks.sort(reverse=True)
         return clocks[majority - 1]
 
-    def _fresh(self, peer: int, mono_ms: int) -> _Sample | None:
-        sample = self._samples.get(peer)
+    def _fresh(self, samples: dict[int, _Sample], peer: int, mono_ms: int) -> _Sample | None:
+        sample = samples.get(peer)
         if sample is None or mono_ms - sample.mono_ms > self.sample_ttl_ms:
             return None
         return sample

@@ -315,7 +315,7 @@ class Node:
                 raise codec.CodecError(f"message from {m.frm} to {m.to} on {sender}'s connection")
             if m.wall_ms or m.clock_ms:
                 with self._clock_lock:
-                    self.clock.heard(m.frm, wall_ms=m.wall_ms, clock_ms=m.clock_ms, mono_ms=monotonic_ms())
+                    self.clock.heard_message(m, mono_ms=monotonic_ms())
             self._inbox.append(m)
         else:
             self._receive_chunk(codec.decode_chunk(body))
@@ -1062,6 +1062,8 @@ class Node:
         wall = wall_ms()
         with self._clock_lock:
             reading = self.clock.read(wall_ms=wall, mono_ms=monotonic_ms())
+            if not self.clock.grounded:
+                reading = 0  # only its own wall clock: not a reading anyone may follow
         self.transport.send(m.to, FrameType.RAFT, codec.encode_message(m, wall_ms=wall, clock_ms=reading))
 
     def _on_unreachable(self, peer: int) -> None:

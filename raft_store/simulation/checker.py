@@ -10,7 +10,10 @@ Properties (Raft paper Figure 3, plus the durability promises a node makes on th
 - promises survive restarts: a node never restarts with a term lower than one it has sent, nor
   with a different vote in a term in which it granted one;
 - linearizable reads: a read index is at least the commit index when the read was requested;
-- liveness: after healing, one leader and full convergence within a bound.
+- liveness: after healing, one leader and full convergence within a bound;
+- one clock: every node's reading of the log's clock never goes back while it runs, and never
+  reads further ahead of true time than the majority's clocks allow (clocks.py), whatever one
+  node's clock says.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raft_store.core import Role
+from raft_store.simulation.clocks import EPOCH_MS, SLACK_MS, majority_ahead_ms
 from raft_store.types import Entry, HardState, Message, MessageType, ReadState, Snapshot, SnapshotMeta
 
 if TYPE_CHECKING:
@@ -44,6 +48,13 @@ class Checker:
         self._checked_commit: dict[int, int] = {}
         self._complete_checked: set[tuple[int, int]] = set()  # (node, term) leaderships checked
         self._events = 0
+        self._readings: dict[int, tuple[int, int]] = {}  # node -> (generation, last reading)
+        self._bound_at = -1  # true ms of the last bound computed
+        self._majority_ahead_ms: int | None = None
+        self.allowed_ahead_ms = 0
+        """How far ahead of true time the log's clock may read: the majority's time, carried on as it moves."""
+        self.log_ahead_max_ms = 0
+        """The furthest any reading of the log's clock was ahead of true time (reported)."""
 
     def violation(self, text: str) -> None:
         self.cluster.fail(text)
@@ -109,6 +120,36 @@ class Checker:
         if floor is not None and state.index < floor:
             self.violation(f"n{node} read index {state.index} below commit {floor} at request time")
         self.reads_checked += 1
+
+    def on_clock_reading(self, node: int, generation: int, reading: int, *, grounded: bool) -> None:
+        if not grounded:  # knows nothing yet: its own clock, which nothing keeps (log_clock.py)
+            return
+        previous = self._readings.get(node)
+        if previous is not None and previous[0] == generation and reading < previous[1]:
+            self.violation(f"n{node}'s log clock went back from {previous[1]} to {reading}")
+        self._readings[node] = (generation, reading)
+        self.check_clock_bound(f"n{node}'s reading of the log's clock", reading)
+
+    def clock_allowed_ahead_ms(self) -> int:
+        """How far ahead of true time the log's clock may read now: where the majority's time is, or,
+        once the log was carried ahead of it, that lead moved on only as the majority's time moves
+        (the log's clock never goes back, and above the majority advances by the majority's advance)."""
+        cluster = self.cluster
+        if self._bound_at != cluster.now:
+            majority = majority_ahead_ms(cluster.clocks, cluster.now)
+            previous = majority if self._majority_ahead_ms is None else self._majority_ahead_ms
+            self.allowed_ahead_ms = max(majority, self.allowed_ahead_ms + max(0, majority - previous))
+            self._majority_ahead_ms = majority
+            self._bound_at = cluster.now
+        return self.allowed_ahead_ms + SLACK_MS
+
+    def check_clock_bound(self, what: str, value: int) -> None:
+        ahead = value - (EPOCH_MS + self.cluster.now)
+        self.log_ahead_max_ms = max(self.log_ahead_max_ms, ahead)
+        allowed = self.clock_allowed_ahead_ms()
+        if ahead > allowed:
+            self.violation(f"{what} is {ahead} ms ahead of true time; the majority's clocks allow {allowed} ms:"
+                           " a minority's clock moved the log's time")  # fmt: skip
 
     # ---- after every event ---------------------------------------------------------------
     def after_event(self) -> None:
