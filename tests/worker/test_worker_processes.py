@@ -286,13 +286,14 @@ class Workers:
     env: dict[str, str]
     started: list[WorkerProcess] = field(default_factory=list)
 
-    def start(self, worker_id: str) -> WorkerProcess:
+    def start(self, worker_id: str, prefix: Sequence[str] = ()) -> WorkerProcess:
+        """`prefix`: a command the worker runs under (`faketime ...` for a skewed clock)."""
         log = self.root / f"worker-{worker_id}.log"
         port = free_ports(1)[0]
         env = child_env({**self.env, "COMPENSATOR_WORKER__METRICS_PORT": str(port)})
         with log.open("ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "compensator", "worker", "--id", worker_id], cwd=ROOT, env=env, stdout=out,
+                [*prefix, sys.executable, "-m", "compensator", "worker", "--id", worker_id], cwd=ROOT, env=env, stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         worker = WorkerProcess(worker_id, process, log, port)

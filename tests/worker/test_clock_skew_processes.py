@@ -1,0 +1,159 @@
+"""Skewed clocks around real workers (libfaketime), from outside: the issue's two checks.
+
+1. A worker whose clock is 30 s slow retries no rate-limited request before its Retry-After: the
+   delay travels as a duration and the store adds its own time (it used to send its own clock
+   plus the delay, 30 s in the past, and all 32 requests came back after 0.33 s).
+2. A store node 30 s slow that leads keeps payments flowing: every transfer is paid, none waits
+   anywhere near the skew, and the time from the store's acknowledgement (the API's 201) to the
+   payment call is reported (p50, p99), as a figure, not as a timed assertion.
+
+Shares the stand-ins, workers and workload of test_worker_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+from test_worker_processes import (  # type: ignore[import-not-found]
+    MACHINE,
+    ProcessCluster,
+    Standins,
+    Workers,
+    Workload,
+    set_policies,
+    standins,
+    store_queue,
+    until_terminal,
+    views,
+    worker_env,
+)
+
+from delay.policy import RetryPolicy
+from queues import QueueClient, State
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime")]
+__all__ = ["standins"]  # the module's stand-ins fixture, shared with test_worker_processes
+
+SKEWED: Final = 3
+RETRY_AFTER_S: Final = 3
+THROTTLED: Final = 32
+TRANSFERS: Final = 60
+FAST_TIER: Final = RetryPolicy(tiers_ms=(200,), tier_jitter_ratio=0.0, attempts_max=20, retry_after_max_ms=60_000)
+"""Without the Retry-After a retry would come 200 ms later."""
+
+
+def faketime(offset_s: int) -> list[str]:
+    """A wall clock `offset_s` off; the monotonic clock untouched, as NTP leaves it."""
+    return ["faketime", "-m", "--exclude-monotonic", "-f", f"{offset_s:+d}s"]
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Callable[[int], ProcessCluster]]:
+    """Three store nodes, node 3's clock `skew_s` off."""
+    started: list[ProcessCluster] = []
+
+    def start(skew_s: int) -> ProcessCluster:
+        cluster = ProcessCluster(tmp_path / "store", machine=MACHINE, extra_args=["--volatile"])
+        (tmp_path / "store").mkdir(exist_ok=True)
+        for node in cluster.ids:
+            cluster.start(node, prefix=faketime(skew_s) if node == SKEWED and skew_s else ())
+        started.append(cluster)
+        return cluster
+
+    try:
+        yield start
+    finally:
+        for cluster in started:
+            cluster.stop_all()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Workers]]:
+    made: list[Workers] = []
+    try:
+        yield made
+    finally:
+        for group in made:
+            group.stop_all()
+
+
+async def rate_limited(queue: QueueClient, workload: Workload) -> int:
+    found = await views(queue, sorted(workload.ids.values()))
+    return sum(1 for v in found if any(a.error_class == "rate_limited" for a in v.history))
+
+
+async def test_a_worker_30_s_slow_retries_no_rate_limited_request_before_its_retry_after(
+    standins: Standins, nodes: Callable[[int], ProcessCluster], workers: list[Workers], tmp_path: Path
+) -> None:
+    cluster = nodes(0)
+    await standins.healthy()
+    await standins.faults("payment", throttle_rate=1.0, retry_after_s=RETRY_AFTER_S)
+    async with store_queue(cluster) as queue:
+        await set_policies(queue, FAST_TIER)
+        group = Workers(tmp_path, worker_env(cluster, standins, read_timeout_s=2.0, attempt_timeout_s=3.0))
+        workers.append(group)
+        worker = group.start("slow", prefix=faketime(-30))
+        await group.wait_running(worker)
+        before = (await standins.stats())["payment"]
+        workload = Workload(f"ra{time.time_ns() % 10**9}")
+        await workload.submit(queue, [workload.transfer(number) for number in range(THROTTLED)])
+        deadline = time.monotonic() + 30
+        while await rate_limited(queue, workload) < THROTTLED:
+            assert time.monotonic() < deadline, "not every transfer met the 429 within 30 s"
+            await asyncio.sleep(0.1)
+        await standins.faults("payment")  # the payment system takes requests again
+        await until_terminal(queue, workload, timeout_s=60)
+        after = (await standins.stats())["payment"]
+        found = await views(queue, sorted(workload.ids.values()))
+    gaps_ms = []
+    for view in found:
+        assert view.state is State.DONE, view
+        first, second = view.history[0], view.history[1]
+        assert first.error_class == "rate_limited" and first.ended_ms is not None
+        gaps_ms.append(second.leased_ms - first.ended_ms)
+    throttled = after["by_outcome"].get("throttled", 0) - before["by_outcome"].get("throttled", 0)
+    print(f"\n{THROTTLED} transfers rate-limited (Retry-After {RETRY_AFTER_S} s) by a worker 30 s slow: retried"
+          f" {min(gaps_ms)}-{max(gaps_ms)} ms after the 429 (the store's clock); the payment system answered"
+          f" {throttled} requests with 429")  # fmt: skip
+    assert min(gaps_ms) >= RETRY_AFTER_S * 1000  # the store's own time plus the Retry-After, exactly
+    assert throttled == THROTTLED  # none came back early to be told again
+
+
+async def test_a_store_node_30_s_slow_that_leads_keeps_payments_flowing(
+    standins: Standins, nodes: Callable[[int], ProcessCluster], workers: list[Workers], tmp_path: Path
+) -> None:
+    cluster = nodes(-30)
+    await standins.healthy()
+    async with store_queue(cluster) as queue:
+        await set_policies(queue, FAST_TIER)
+        while await cluster.wait_leader(queue.raft) != SKEWED:
+            await queue.raft.admin("transfer", SKEWED)
+            await asyncio.sleep(0.5)
+        group = Workers(tmp_path, worker_env(cluster, standins, read_timeout_s=2.0, attempt_timeout_s=3.0))
+        workers.append(group)
+        started = [group.start(f"w{number}") for number in range(2)]
+        await group.wait_running(*started)
+        workload = Workload(f"sl{time.time_ns() % 10**9}")
+        acknowledged: dict[str, float] = {}
+        for number in range(TRANSFERS):  # one at a time, as producers call the API
+            item = workload.transfer(number)
+            await workload.submit(queue, [item])
+            acknowledged[workload.transfers[item.idempotency_key].transfer_id] = time.time()
+            await asyncio.sleep(0.05)
+        await until_terminal(queue, workload, timeout_s=60)
+        assert await cluster.wait_leader(queue.raft) == SKEWED, "the slow node lost the lead: not what was measured"
+    paid = await standins.rows("SELECT transfer_id, created_at FROM payment_transfers WHERE transfer_id = ANY($1)",
+                               list(acknowledged))  # fmt: skip
+    assert len(paid) == TRANSFERS
+    waits_s = sorted(row["created_at"].timestamp() - acknowledged[row["transfer_id"]] for row in paid)
+    p50, p99 = statistics.median(waits_s), waits_s[min(len(waits_s) - 1, round(0.99 * len(waits_s)))]
+    print(f"\nstore leader 30 s slow: acknowledged -> payment call p50 {p50:.3f} s, p99 {p99:.3f} s,"
+          f" max {waits_s[-1]:.3f} s over {TRANSFERS} transfers")  # fmt: skip
+    assert waits_s[-1] < 15  # no delivery waited for the skew (it waited up to 29 s before)
