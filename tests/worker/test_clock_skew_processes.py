@@ -13,6 +13,7 @@ Shares the stand-ins, workers and workload of test_worker_processes.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import statistics
 import time
@@ -36,7 +37,7 @@ from test_worker_processes import (  # type: ignore[import-not-found]
 )
 
 from delay.policy import RetryPolicy
-from queues import QueueClient, State
+from queues import ClientError, QueueClient, State
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime")]
 __all__ = ["standins"]  # the module's stand-ins fixture, shared with test_worker_processes
@@ -84,6 +85,19 @@ def workers(tmp_path: Path) -> Iterator[list[Workers]]:
             group.stop_all()
 
 
+async def keep_leading(cluster: ProcessCluster, queue: QueueClient, led: list[bool]) -> None:
+    """Force the skewed node to lead (a leader transfer whenever it does not), noting every 0.2 s
+    whether it did: an election on this shared machine must not leave the measure to another node."""
+    while True:
+        statuses = await cluster.statuses(queue.raft)
+        leading = statuses.get(SKEWED, {}).get("role") == "leader"
+        led.append(leading)
+        if not leading:
+            with contextlib.suppress(ClientError):
+                await queue.raft.admin("transfer", SKEWED)
+        await asyncio.sleep(0.2)
+
+
 async def rate_limited(queue: QueueClient, workload: Workload) -> int:
     found = await views(queue, sorted(workload.ids.values()))
     return sum(1 for v in found if any(a.error_class == "rate_limited" for a in v.history))
@@ -118,7 +132,7 @@ async def test_a_worker_30_s_slow_retries_no_rate_limited_request_before_its_ret
         first, second = view.history[0], view.history[1]
         assert first.error_class == "rate_limited" and first.ended_ms is not None
         gaps_ms.append(second.leased_ms - first.ended_ms)
-    throttled = after["by_outcome"].get("throttled", 0) - before["by_outcome"].get("throttled", 0)
+    throttled = after["by_outcome"].get("rate_limited", 0) - before["by_outcome"].get("rate_limited", 0)
     print(f"\n{THROTTLED} transfers rate-limited (Retry-After {RETRY_AFTER_S} s) by a worker 30 s slow: retried"
           f" {min(gaps_ms)}-{max(gaps_ms)} ms after the 429 (the store's clock); the payment system answered"
           f" {throttled} requests with 429")  # fmt: skip
@@ -133,9 +147,10 @@ async def test_a_store_node_30_s_slow_that_leads_keeps_payments_flowing(
     await standins.healthy()
     async with store_queue(cluster) as queue:
         await set_policies(queue, FAST_TIER)
-        while await cluster.wait_leader(queue.raft) != SKEWED:
-            await queue.raft.admin("transfer", SKEWED)
-            await asyncio.sleep(0.5)
+        led: list[bool] = []
+        keeper = asyncio.create_task(keep_leading(cluster, queue, led))
+        while not led or not led[-1]:
+            await asyncio.sleep(0.1)
         group = Workers(tmp_path, worker_env(cluster, standins, read_timeout_s=2.0, attempt_timeout_s=3.0))
         workers.append(group)
         started = [group.start(f"w{number}") for number in range(2)]
@@ -148,12 +163,14 @@ async def test_a_store_node_30_s_slow_that_leads_keeps_payments_flowing(
             acknowledged[workload.transfers[item.idempotency_key].transfer_id] = time.time()
             await asyncio.sleep(0.05)
         await until_terminal(queue, workload, timeout_s=60)
-        assert await cluster.wait_leader(queue.raft) == SKEWED, "the slow node lost the lead: not what was measured"
+        keeper.cancel()
+    share = sum(led) / len(led)
+    assert share >= 0.8, f"the slow node led {share:.0%} of the run: not what was measured"
     paid = await standins.rows("SELECT transfer_id, created_at FROM payment_transfers WHERE transfer_id = ANY($1)",
                                list(acknowledged))  # fmt: skip
     assert len(paid) == TRANSFERS
     waits_s = sorted(row["created_at"].timestamp() - acknowledged[row["transfer_id"]] for row in paid)
     p50, p99 = statistics.median(waits_s), waits_s[min(len(waits_s) - 1, round(0.99 * len(waits_s)))]
-    print(f"\nstore leader 30 s slow: acknowledged -> payment call p50 {p50:.3f} s, p99 {p99:.3f} s,"
-          f" max {waits_s[-1]:.3f} s over {TRANSFERS} transfers")  # fmt: skip
+    print(f"\nstore leader 30 s slow ({share:.0%} of the run): acknowledged -> payment call p50 {p50:.3f} s,"
+          f" p99 {p99:.3f} s, max {waits_s[-1]:.3f} s over {TRANSFERS} transfers")  # fmt: skip
     assert waits_s[-1] < 15  # no delivery waited for the skew (it waited up to 29 s before)
