@@ -22,8 +22,8 @@ from api.metrics import MetricsMiddleware
 from api.routers import downstreams, health, kinds, refs, requests, review, review_jobs
 from api.services import ApiServices
 from api.tracing import TracingMiddleware
+from api.web import login as web_login
 from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit, pages_jobs
-from api.web import sessions as web_sessions
 
 STATIC_DIR: Final = Path(__file__).parent / "static"
 SWAGGER: Final = "/static/swagger-ui"
@@ -64,7 +64,7 @@ def create_app(services: ApiServices, *, tracer: TracerProvider) -> FastAPI:
         )  # fmt: skip
 
     problems.install(app)
-    web_sessions.install(app)
+    web_login.install(app)
     for pages in (pages_dead_letters, pages_detail, pages_edit, pages_approvals, pages_audit, pages_jobs):
         app.router.routes.extend(pages.router.routes)  # the review pages (api/web/), outside the OpenAPI
     for router in (requests.router, refs.router, kinds.router, downstreams.router, review.router, review_jobs.router,

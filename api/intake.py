@@ -103,7 +103,7 @@ class Intake:
         public = self.public_id(message_id)
         document = {
             "id": public, "kind": kind, "ref_key": ref_key, "state": state.value,
-            "ledger_state": LEDGER_STATE_OF[state].value, "due_at": utc(due_ms), "replayed": replayed,
+            "ledger_state": LEDGER_STATE_OF[state.value].value, "due_at": utc(due_ms), "replayed": replayed,
         }  # fmt: skip
         return Answer(200 if replayed else 201, document, location=f"/v1/requests/{public}")
 

@@ -111,7 +111,7 @@ def request_document(
         lease = {"worker": view.lease_worker, "deadline": utc(view.lease_deadline_ms)}
     return {
         "id": public_id, "kind": view.kind, "ref_key": view.ref_key, "idempotency_key": key, "producer": producer,
-        "state": view.state.value, "ledger_state": LEDGER_STATE_OF[view.state].value,
+        "state": view.state.value, "ledger_state": LEDGER_STATE_OF[view.state.value].value,
         "created_at": utc(view.created_ms), "due_at": utc(view.due_ms),
         "finished_at": None if view.terminal_ms is None else utc(view.terminal_ms),
         "attempts": view.attempts,

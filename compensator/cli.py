@@ -21,6 +21,7 @@ from compensator import (
     api_server,
     audit_command,
     config_command,
+    demo,
     local,
     node_server,
     operator_command,
@@ -39,6 +40,7 @@ from spark_reconcile import command as reconcile_command
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (
     local.register,
+    demo.register,
     api_server.register,
     node_server.register,
     worker_command.register,

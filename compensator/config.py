@@ -291,6 +291,11 @@ class LocalConfig(_Section, frozen=True):
     """The callback receiver stand-in's port."""
     callback_target: str = "merchant-demo"
     """The callback target `make run` registers, signed with a secret kept in the data folder."""
+    breaker_attempts_min: int = 5
+    """`worker.breaker_attempts_min` for the workers `make run` starts: its traffic is a person's
+    handful of requests, never the 50 in 10 s a production breaker waits for, so an outage of the
+    payment stand-in with ten transfers sent opens the breaker (at least one of the two workers makes
+    five of their first attempts)."""
 
 
 class OutboxConfig(RelaySettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -402,6 +407,7 @@ def _problems(config: Config) -> list[str]:
     check(bool(config.local.data_dir), "local.data_dir", "must not be empty")
     check(0 <= config.local.workers <= 16, "local.workers", "must be in 0..16")
     check(0 < config.local.callback_port < 65536, "local.callback_port", "must be in 1..65535")
+    check(config.local.breaker_attempts_min >= 1, "local.breaker_attempts_min", "must be positive")
     worker = config.worker
     check(1_000 <= worker.lease_ms <= 3_600_000, "worker.lease_ms", "must be in 1000..3600000")
     check(1 <= worker.batch_max <= 1000, "worker.batch_max", "must be in 1..1000")

@@ -6,8 +6,11 @@ under `local.data_dir`/pg, unless $COMPENSATOR_PG_DSN names one) holding the thr
 nightly reconciliation reads: the payment and red-packet stand-ins' own and the compensation ledger
 the projector writes, so `compensator reconcile --pg-data var/local/pg/data` reconciles what the
 local run did; the ledger projector, the stand-ins, the workers and the API; rotates two
-tokens for local use (a producer's and an operator's); prints the API's URL, the tokens and a
-``curl`` that submits a failed transfer. Ctrl-C stops everything, in order, and waits for it.
+tokens for local use (a producer's and an operator's); prints the API's URL, the tokens, a ``curl``
+that grants a red packet at the red-packet stand-in and one that submits its failed transfer (a
+transfer always pays a granted red packet, as in the real flow, so the local run reconciles clean),
+``compensator demo`` for ten more, and the stand-ins' fault settings (the breaker's included).
+Ctrl-C stops everything, in order, and waits for it.
 
 A child that exits is started again, and the reason (the last line of its log: for a Python
 process, the exception) is printed. A child that exits three times within 30 s is not retried:
@@ -40,6 +43,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 from api.tokens import new_token, token_hash
+from compensator import demo
 from compensator.api_server import add_config_argument, load
 from compensator.config import Config, parse_address
 from compensator.store import queue_client
@@ -158,6 +162,7 @@ class LocalService:
             "COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"targets": [{"name": local.callback_target, "url": target_url}]}),
             "COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE": str(secrets),
             "COMPENSATOR_WORKER__MAINTENANCE": "false",  # the launcher runs the driver itself
+            "COMPENSATOR_WORKER__BREAKER_ATTEMPTS_MIN": str(local.breaker_attempts_min),  # a person's traffic
         }  # fmt: skip
         self.workers = [
             Child(f"worker {i}", [*python, "worker", *config_args, "--id", f"local-worker-{i}"],
@@ -333,13 +338,8 @@ async def reset_demo_users(queue: QueueClient) -> dict[str, str]:
 def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[str, int],
            logins: dict[str, str] | None = None) -> str:  # fmt: skip
     url = config.api_url
-    key = "demo-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-    body = json.dumps({
-        "kind": "transfer", "ref_key": "rp-1001",
-        "payload": {"transfer_id": f"tr-{key}", "payer": "red-packet-escrow", "payee": "user-42",
-                    "amount_minor": 888, "currency": "CNY"},
-        "failure": {"error_class": "timeout", "text": "payment system did not answer in 2 s"},
-    })  # fmt: skip
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    share = demo.Share(red_packet_id=f"rp-{stamp}", receiver="user-42", amount_minor=888, currency="CNY")
     producer, operator = tokens["local-producer"], tokens["local-operator"]
     return "\n".join([
         f"compensator is running; data in {config.local.data_dir}, logs beside it. Ctrl-C stops everything.",
@@ -350,13 +350,55 @@ def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[s
         f"  operator token  {operator}   (local-operator: kinds, pauses, policies, metrics)",
         "  (both are new at every start; the store keeps only their hashes)",
         *_review_lines(url, logins or {}),
-        "Submit a failed transfer (the same command again answers 200 with the same id):",
+        *_grant_lines(share, standins),
+        f"{'Its transfer to the payment system failed: submit it' if standins else 'Submit a failed transfer'}"
+        " (the same command again answers 200 with the same id):",
         f"  curl -sS -i -X POST {url}/v1/requests -H 'Authorization: Bearer {producer}' \\",
-        f"    -H 'Idempotency-Key: {key}' -H 'Content-Type: application/json' \\",
-        f"    -d '{body}'",
+        f"    -H 'Idempotency-Key: {share.submission_key}' -H 'Content-Type: application/json' \\",
+        f"    -d '{json.dumps(share.submission())}'",
         f"Read it back: curl -sS {url}/v1/requests/<id> -H 'Authorization: Bearer {producer}'",
-        *_standins_lines(config, standins),
+        *_demo_lines(config, producer, standins),
+        *_standins_lines(config, standins, operator),
     ])  # fmt: skip
+
+
+def _grant_lines(share: demo.Share, standins: dict[str, int]) -> list[str]:
+    """A transfer is paid for a red packet someone received: the red-packet service records the grant
+    first (here its stand-in), so the nightly reconciliation finds the grant behind the payout."""
+    if not standins:
+        return []
+    return [
+        f"A red packet: {share.receiver} receives {share.amount_minor} fen, and the red-packet service records the grant:",
+        f"  curl -sS -X PUT http://127.0.0.1:{standins['red_packet']}{share.grant_path}"
+        f" -H 'Idempotency-Key: {share.grant_key}' \\",
+        f"    -H 'Content-Type: application/json' -d '{json.dumps(share.grant())}'",
+    ]
+
+
+def _demo_lines(config: Config, producer: str, standins: dict[str, int]) -> list[str]:
+    """More of the same: a red packet shared by ten receivers, each granted, then submitted."""
+    if not standins:
+        return []
+    defaults = Config()
+    options = "".join([
+        f" --api-url {config.api_url}" if config.api_url != defaults.api_url else "",
+        f" --red-packet-url {config.handlers.red_packet.base_url}"
+        if config.handlers.red_packet.base_url != defaults.handlers.red_packet.base_url else "",
+    ])  # fmt: skip
+    return [
+        "Ten more, each paying a red packet's share granted first (the breaker step of the README sends these):",
+        f"  COMPENSATOR_API_TOKEN={producer} {_compensator()} demo --transfers 10{options}",
+    ]
+
+
+def _compensator() -> str:
+    """How this checkout's `compensator` is run, as the person at the terminal would type it."""
+    script = Path(sys.executable).parent / "compensator"
+    if not script.exists():
+        return f"{sys.executable} -m compensator"
+    with contextlib.suppress(ValueError):
+        return str(script.relative_to(Path.cwd()))
+    return str(script)
 
 
 def _review_lines(url: str, logins: dict[str, str]) -> list[str]:
@@ -383,19 +425,20 @@ def _ledger_lines(config: Config) -> list[str]:
             f"                  reconcile a day: compensator reconcile --date YYYY-MM-DD --pg-data {where}"]  # fmt: skip
 
 
-def _standins_lines(config: Config, ports: dict[str, int]) -> list[str]:
+def _standins_lines(config: Config, ports: dict[str, int], operator: str) -> list[str]:
     if not ports:
         return []
     payment = f"http://127.0.0.1:{ports['payment']}"
+    put = f"  curl -sS -X PUT {payment}/_faults -H 'Content-Type: application/json' -d"
     return [
         f"Stand-ins: payment {payment}, red packets http://127.0.0.1:{ports['red_packet']}, callbacks"
         f" http://127.0.0.1:{ports['callback']} (target {config.local.callback_target});"
-        f" {config.local.workers} workers. Faults, e.g.:",
-        f"  curl -sS -X PUT {payment}/_faults -H 'Content-Type: application/json' -d '{{\"error_rate\": 0.5}}'"
-        "   # half answered 503: retries",
-        f"  curl -sS -X PUT {payment}/_faults -H 'Content-Type: application/json' -d '{{\"permanent_rate\": 1.0}}'"
-        "   # insufficient funds: dead letters",
-        f"  curl -sS -X PUT {payment}/_faults -H 'Content-Type: application/json' -d '{{}}'   # healthy again",
+        f" {config.local.workers} workers. Faults (PUT replaces every setting, PATCH changes those it names):",
+        f"{put} '{{\"error_rate\": 0.5}}'       # half answered 503: retries",
+        f"{put} '{{\"permanent_rate\": 1.0}}'   # insufficient funds: dead letters",
+        f"{put} '{{\"outage_s\": 30}}'          # every call 503 for 30 s: with ten transfers sent the breaker opens",
+        f"  curl -sS {config.api_url}/v1/breakers -H 'Authorization: Bearer {operator}'   # the breakers",
+        f"{put} '{{}}'                      # healthy again",
     ]
 
 

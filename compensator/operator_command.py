@@ -114,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    api = Api(load(args).api_url, _token(args.token_file))
+    api = Api(load(args).api_url, api_token(args.token_file))
     command = args.command
     if command == "kind":
         answer = _kind(api, args)
@@ -179,7 +179,7 @@ def _proposal(api: Api, args: argparse.Namespace) -> Any:
     return api.call("POST", f"/v1/review/proposals/{args.number}/{args.action}", body={"reason": args.reason})
 
 
-def _token(path: Path | None) -> str:
+def api_token(path: Path | None) -> str:
     if path is not None:
         try:
             token = path.read_text().strip()

@@ -4,7 +4,13 @@ The queue knows six states (delayed, ready, leased, done, dead, discarded); the 
 and the nightly reconciliation read records five, because "delayed" and "ready" differ only by
 whether the due time has passed, which is the queue's business, not the ledger's.
 
-Must never: do I/O. Every queue state maps to exactly one ledger state (checked by a test).
+The mapping is keyed by the queue state's name (`queues.model.State`'s value, the name the API and
+the events show), not by the store's enum: this vocabulary sits below the packages that use it
+(the API, the projector, the reconciliation), so it imports none of them, nor the store's wire
+model, and the reconciliation ships without the queue.
+
+Must never: do I/O, or import another package of the service. Every queue state maps to exactly
+one ledger state (checked by a test against the queue's enum).
 """
 
 from __future__ import annotations
@@ -12,8 +18,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from typing import Final
-
-from queues.model import State
 
 
 class LedgerState(enum.StrEnum):
@@ -28,14 +32,15 @@ class LedgerState(enum.StrEnum):
     """Discarded by an operator, with a reason."""
 
 
-LEDGER_STATE_OF: Final[Mapping[State, LedgerState]] = {
-    State.DELAYED: LedgerState.PENDING,
-    State.READY: LedgerState.PENDING,
-    State.LEASED: LedgerState.IN_FLIGHT,
-    State.DONE: LedgerState.SUCCEEDED,
-    State.DEAD: LedgerState.DEAD_LETTERED,
-    State.DISCARDED: LedgerState.CANCELLED,
+LEDGER_STATE_OF: Final[Mapping[str, LedgerState]] = {
+    "delayed": LedgerState.PENDING,
+    "ready": LedgerState.PENDING,
+    "leased": LedgerState.IN_FLIGHT,
+    "done": LedgerState.SUCCEEDED,
+    "dead": LedgerState.DEAD_LETTERED,
+    "discarded": LedgerState.CANCELLED,
 }
+"""The ledger state of each queue state, by the queue state's name (`State.value`)."""
 
 OPEN_STATES: Final = frozenset({LedgerState.PENDING, LedgerState.IN_FLIGHT})
 """A request in an open state has no finish time; every other state has one."""

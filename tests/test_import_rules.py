@@ -1,20 +1,35 @@
-"""The dependency rules, checked on the source (an AST walk: no module is imported to check it).
+"""The dependency rules and the size ratchet, checked on the source (an AST walk: no module is
+imported to check it).
 
-    raft_store   imports none of the service's other packages
-    delay        imports neither queues nor sqlite3 (the policy is pure; the due index is the queue's)
-    queues       imports none of ledger, api, handlers, compensator, spark_reconcile
-    ledger       imports none of compensator, spark_reconcile, api, handlers
-    spark_reconcile  never imports compensator (compensator is the composition root)
-    outbox       imports none of the service's packages: a producer installs it and speaks HTTP only
-    api          reaches the store only through `queues`' public names: no raft_store, no queues.machine;
+Each top-level folder of Python has an allow-list of the service's packages it may import
+(`MAY_IMPORT`); a new folder fails until it is given its rules. The layers, bottom up:
+
+    raft_store, delay, ledger, outbox   import no other package of the service: the replicated log,
+                 the pure retry policies, the shared vocabulary (kinds, currencies, ledger states,
+                 the queue states' names), and the producers' outbox (a producer installs it alone)
+    queues       the queue machine on the log: raft_store, delay
+    handlers     the downstream calls and the stand-ins: ledger
+    spark_reconcile  the nightly job: ledger, outbox (never compensator, the composition root)
+    api          the HTTP API: queues, delay, ledger, handlers
+    compensator  the composition root: every package but bench
+    bench        the benchmarks: anything
+
+Within those:
+    delay        imports no sqlite3 (the policy is pure; the due index is the queue's)
+    api          reaches the store only through `queues`' public names: no queues.machine;
                  of handlers only the classification tables (data an operator edits), never a handler
-    handlers     imports none of compensator, api, spark_reconcile; only handlers.standins imports the
-                 stand-ins, and they import nothing of handlers but the signature scheme (the other
-                 side of the wire must not share the handlers' classification or gateway)
+    handlers     only handlers.standins imports the stand-ins, and they import nothing of handlers but
+                 the signature scheme (the other side of the wire must not share the handlers'
+                 classification or gateway)
     pure cores   import no asyncio, socket, time, os, sqlite3, threading, and use randomness only as an
                  injected `random.Random` (never the module's global generator)
     production   never imports a testing or simulation package
     kafka        the Kafka processes and the validation they share with the API load no web framework
+    modules      import each other without a cycle (an import deferred into a function still counts;
+                 one under `if TYPE_CHECKING:` does not, it never runs)
+    sizes        no module above 600 lines and no class above 300 unless `OVERSIZED` lists it, with
+                 its size when it was listed as its ceiling: it may shrink (then lower its ceiling),
+                 never grow
 """
 
 from __future__ import annotations
@@ -22,28 +37,36 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
 import pytest
 
 ROOT: Final = Path(__file__).resolve().parents[1]
-PACKAGES: Final = (
-    "raft_store", "delay", "queues", "ledger", "spark_reconcile", "api", "handlers", "compensator", "outbox",
-)  # fmt: skip
 HARNESSES: Final = ("raft_store.testing", "raft_store.simulation", "queues.simulation")
+NOT_PACKAGES: Final = frozenset({"tests", "build", "dist", "var", "docs", "deploy"})
+"""Top-level folders that are not the service's packages (tests import anything they test)."""
 
-FORBIDDEN: Final = {
-    "raft_store": {p for p in PACKAGES if p != "raft_store"},
-    "delay": {"queues", "sqlite3", *(p for p in PACKAGES if p != "delay")},
-    "queues": {"ledger", "api", "handlers", "compensator", "spark_reconcile"},
-    "ledger": {"compensator", "spark_reconcile", "api", "handlers"},
-    "spark_reconcile": {"compensator", "api", "handlers"},
-    "api": {"raft_store", "compensator", "spark_reconcile"},
-    "handlers": {"compensator", "api", "spark_reconcile"},
-    "outbox": {p for p in PACKAGES if p != "outbox"},
+_SERVICE: Final = frozenset(
+    {"raft_store", "delay", "queues", "ledger", "spark_reconcile", "api", "handlers", "compensator", "outbox"}
+)
+MAY_IMPORT: Final[Mapping[str, frozenset[str]]] = {
+    "raft_store": frozenset(),
+    "delay": frozenset(),
+    "ledger": frozenset(),
+    "outbox": frozenset(),
+    "queues": frozenset({"raft_store", "delay"}),
+    "handlers": frozenset({"ledger"}),
+    "spark_reconcile": frozenset({"ledger", "outbox"}),
+    "api": frozenset({"queues", "delay", "ledger", "handlers"}),
+    "compensator": _SERVICE - {"compensator"},
+    "bench": _SERVICE,
 }
+"""Each top-level package, and the other packages of this repository it may import."""
+PACKAGES: Final = tuple(sorted(MAY_IMPORT))
+STDLIB_FORBIDDEN: Final[Mapping[str, frozenset[str]]] = {"delay": frozenset({"sqlite3"})}
+
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
     "raft_store.log_clock",
@@ -58,6 +81,25 @@ PURE: Final = (
 )  # fmt: skip
 IMPURE: Final = frozenset({"asyncio", "socket", "time", "os", "sqlite3", "threading", "subprocess", "secrets"})
 
+MODULE_LINES_MAX: Final = 600
+CLASS_LINES_MAX: Final = 300
+OVERSIZED: Final[Mapping[str, int]] = {
+    "bench/e2e.py": 722,
+    "queues/machine.py": 1336,
+    "queues/machine.py::_Apply": 747,
+    "queues/model.py": 880,
+    "queues/client.py::QueueClient": 378,
+    "raft_store/core.py": 785,
+    "raft_store/core.py::RaftCore": 658,
+    "raft_store/node.py": 1049,
+    "raft_store/node.py::Node": 918,
+    "raft_store/simulation/cluster.py::Cluster": 463,
+    "raft_store/wal.py::Wal": 315,
+    "compensator/worker/runner.py::Worker": 328,
+}
+"""Modules and classes over the limits, each with its ceiling: its size when it was listed. The
+list only shrinks: split one and lower its number (or drop it once under the limit)."""
+
 
 def _module(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -68,35 +110,75 @@ def _files(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
-def _imports(path: Path) -> Iterator[str]:
-    """Every module an import statement names (relative imports resolved within the package)."""
+def _import_statements(path: Path, *, at_run_time: bool = False) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(module, names) of each import statement, relative ones resolved within the package:
+    `import a.b` is ("a.b", ()), `from a import b, c` is ("a", ("b", "c")). With `at_run_time`, not
+    those under `if TYPE_CHECKING:` (they never run)."""
     module = _module(path)
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    type_only = {id(inner) for node in ast.walk(tree) if at_run_time and isinstance(node, ast.If) and _type_checking(node)
+                 for statement in node.body for inner in ast.walk(statement)}  # fmt: skip
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
+            yield from ((alias.name, ()) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = module.split(".")[: -node.level] if path.name != "__init__.py" or node.level > 1 else module.split(".")
                 base = ".".join([*anchor, base] if base else anchor)
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)
+            yield base, tuple(alias.name for alias in node.names)
 
 
-def test_every_package_is_checked() -> None:
+def _imports(path: Path) -> Iterator[str]:
+    """Every module an import statement names, and each name it imports from one (which may be a module)."""
+    for base, names in _import_statements(path):
+        yield base
+        yield from (f"{base}.{name}" for name in names)
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _top_level_folders() -> set[str]:
+    """Every folder (or module) of Python at the top of the repository that is part of the service."""
+    found: set[str] = set()
+    for entry in ROOT.iterdir():
+        if entry.name.startswith(".") or entry.name in NOT_PACKAGES or entry.name.endswith(".egg-info"):
+            continue
+        if entry.is_dir() and next(entry.rglob("*.py"), None) is not None:
+            found.add(entry.name)
+        elif entry.suffix == ".py":
+            found.add(entry.stem)
+    return found
+
+
+def test_every_folder_has_its_rules() -> None:
+    """A new folder fails here until MAY_IMPORT says what it may import (and docstring above, why)."""
+    folders = _top_level_folders()
+    assert sorted(folders - set(MAY_IMPORT)) == [], "a folder without rules: give it its MAY_IMPORT entry (and why)"
+    assert sorted(set(MAY_IMPORT) - folders) == [], "rules for a folder that is gone: drop them"
     for package in PACKAGES:
         assert _files(package), f"{package} has no modules"
     for name in PURE:
         assert (ROOT / (name.replace(".", "/") + ".py")).exists(), name
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_a_package_imports_only_what_it_builds_on(package: str) -> None:
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_package_imports_only_what_its_rules_allow(package: str) -> None:
+    allowed = MAY_IMPORT[package] | {package}
+    forbidden_stdlib = STDLIB_FORBIDDEN.get(package, frozenset())
     offending = sorted(
         f"{path.relative_to(ROOT)}: {imported}"
         for path in _files(package)
         for imported in _imports(path)
-        if imported.split(".")[0] in FORBIDDEN[package]
+        if (imported.split(".")[0] in MAY_IMPORT and imported.split(".")[0] not in allowed)
+        or imported.split(".")[0] in forbidden_stdlib
     )
     assert offending == []
 
@@ -145,6 +227,7 @@ def test_production_code_never_imports_a_test_harness() -> None:
     offending = sorted(
         f"{path.relative_to(ROOT)}: {imported}"
         for package in PACKAGES
+        if package != "bench"  # the benchmarks start real processes with the testing harness's cluster
         for path in _files(package)
         if not _module(path).startswith(HARNESSES)
         for imported in _imports(path)
@@ -185,3 +268,109 @@ def test_the_kafka_processes_and_the_shared_validation_load_no_web_framework() -
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of this repository it imports when it runs (an import deferred into a
+    function too: it only moves a cycle to the first call)."""
+    paths = {_module(path): path for package in PACKAGES for path in _files(package)}
+    graph: dict[str, set[str]] = {module: set() for module in paths}
+    for module, path in paths.items():
+        for base, names in _import_statements(path, at_run_time=True):
+            # `from a import b` imports the module a.b where there is one, else (a name in a) a itself
+            for imported in [f"{base}.{name}" if f"{base}.{name}" in paths else base for name in names] or [base]:
+                target = imported
+                while target and target not in paths:  # `import a.b.c` of a name outside: its module
+                    target = target.rpartition(".")[0]
+                if target and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            following = next(successors, None)
+            if following is not None:
+                if following not in index:
+                    index[following] = low[following] = len(index)
+                    stack.append(following)
+                    on_stack.add(following)
+                    work.append((following, iter(sorted(graph[following]))))
+                elif following in on_stack:
+                    low[node] = min(low[node], index[following])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_two_modules_import_each_other_even_through_others() -> None:
+    cycles = _cycles(_module_graph())
+    assert cycles == [], "modules that import each other (through these): " + "; ".join(map(" ".join, cycles))
+
+
+def _sizes() -> dict[str, int]:
+    """Every module's lines, and every class's (its `class` line to its last), by path[::Class]."""
+    sizes: dict[str, int] = {}
+    for package in PACKAGES:
+        for path in _files(package):
+            text = path.read_text()
+            name = str(path.relative_to(ROOT))
+            sizes[name] = len(text.splitlines())
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                    sizes[f"{name}::{node.name}"] = node.end_lineno - node.lineno + 1
+    return sizes
+
+
+def _limit(name: str) -> int:
+    return CLASS_LINES_MAX if "::" in name else MODULE_LINES_MAX
+
+
+def test_no_module_or_class_outgrows_its_limit_or_its_listed_ceiling() -> None:
+    sizes = _sizes()
+    over = sorted(f"{name}: {size} lines, over {_limit(name)}: split it" for name, size in sizes.items()
+                  if size > _limit(name) and name not in OVERSIZED)  # fmt: skip
+    grown = sorted(f"{name}: {sizes[name]} lines, over its ceiling of {ceiling}: split it, never raise the ceiling"
+                   for name, ceiling in OVERSIZED.items() if sizes.get(name, 0) > ceiling)  # fmt: skip
+    assert over + grown == [], "\n".join(over + grown)
+
+
+def test_the_list_of_oversized_modules_only_shrinks() -> None:
+    sizes = _sizes()
+    stale = sorted(
+        f"{name}: gone or within {_limit(name)} lines: remove its entry" if sizes.get(name, 0) <= _limit(name)
+        else f"{name}: now {sizes[name]} lines: lower its ceiling from {ceiling} to {sizes[name]}"
+        for name, ceiling in OVERSIZED.items() if sizes.get(name, 0) < ceiling
+    )  # fmt: skip
+    assert stale == [], "\n".join(stale)

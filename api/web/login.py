@@ -1,4 +1,5 @@
-"""The login and logout pages: GET/POST /review/login, POST /review/logout.
+"""The login and logout pages: GET/POST /review/login, POST /review/logout, and what a page
+answers without a session (a redirect here) or without the right (the forbidden page): `install`.
 
 A failed login answers the same page, with the same words and status, whether the name is
 unknown, the password wrong, the user disabled or locked: which names exist is not for anyone who
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Final
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, FastAPI, Form, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from api.web import sessions
@@ -74,3 +75,25 @@ async def logout(request: Request, user: Annotated[sessions.WebUser, Depends(ses
     response = RedirectResponse(sessions.LOGIN_PATH, status_code=303)
     sessions.clear_cookie(response)
     return response
+
+
+def install(app: FastAPI) -> None:
+    """The answers to LoginRequired and Forbidden, and the login and logout routes. Here, not in
+    sessions.py: the sessions are what this page builds on, never the other way round."""
+
+    async def login_required(request: Request, error: Exception) -> Response:
+        target = sessions.login_url(sessions.return_path(request))
+        if request.headers.get("hx-request") == "true":
+            return Response(status_code=401, headers={"HX-Redirect": target})
+        response = RedirectResponse(target, status_code=303)
+        if sessions.COOKIE in request.cookies:
+            sessions.clear_cookie(response)
+        return response
+
+    async def forbidden(request: Request, error: Exception) -> Response:
+        assert isinstance(error, sessions.Forbidden)
+        return forbidden_page(request, error.detail)
+
+    app.add_exception_handler(sessions.LoginRequired, login_required)
+    app.add_exception_handler(sessions.Forbidden, forbidden)
+    app.router.routes.extend(router.routes)

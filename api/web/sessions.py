@@ -43,8 +43,8 @@ from typing import Final, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import msgspec
-from fastapi import FastAPI, Request
-from starlette.responses import RedirectResponse, Response
+from fastapi import Request
+from starlette.responses import Response
 
 from api.auth import ReadsAfter, start_polling, stop_polling
 from api.web.accounts import (
@@ -359,7 +359,7 @@ def safe_next(target: str | None) -> str:
     return target
 
 
-def _return_path(request: Request) -> str:
+def return_path(request: Request) -> str:
     """The page to come back to: for htmx, the page it was on (HX-Current-URL), not the fragment."""
     current = request.headers.get("hx-current-url")
     if current:
@@ -370,28 +370,6 @@ def _return_path(request: Request) -> str:
 
 def login_url(next_path: str) -> str:
     return f"{LOGIN_PATH}?next={quote(safe_next(next_path), safe='/')}"
-
-
-def install(app: FastAPI) -> None:
-    """The answers to LoginRequired and Forbidden, and the login and logout routes."""
-    from api.web import login
-
-    async def login_required(request: Request, error: Exception) -> Response:
-        target = login_url(_return_path(request))
-        if request.headers.get("hx-request") == "true":
-            return Response(status_code=401, headers={"HX-Redirect": target})
-        response = RedirectResponse(target, status_code=303)
-        if COOKIE in request.cookies:
-            clear_cookie(response)
-        return response
-
-    async def forbidden(request: Request, error: Exception) -> Response:
-        assert isinstance(error, Forbidden)
-        return login.forbidden_page(request, error.detail)
-
-    app.add_exception_handler(LoginRequired, login_required)
-    app.add_exception_handler(Forbidden, forbidden)
-    app.router.routes.extend(login.router.routes)
 
 
 def set_cookie(response: Response, session_id: str, settings: WebSettings) -> None:

@@ -167,7 +167,7 @@ def _apply(rows: BatchRows, event: Event, set_id: int, facts: Mapping[int, Messa
     if state is None and event.type in (EventType.ATTEMPT_FAILED, EventType.LEASE_EXPIRED) and "due_ms" in event.data:
         state = State.READY
     if state is not None:
-        target.state = LEDGER_STATE_OF[state]
+        target.state = LEDGER_STATE_OF[state.value]
         target.finished_ms = event.ts_ms if event.type in _FINISHING else None
     if event.type is EventType.LEASED:
         target.attempt_count = _int(event, "attempt")
@@ -193,7 +193,7 @@ def _enqueued(rows: BatchRows, event: Event, set_id: int, facts: Mapping[int, Me
         idempotency_key=_text(event, "idempotency_key"),
         ref_key=_text(event, "ref_key"),
         money=_facts(facts, event).money,
-        state=LEDGER_STATE_OF[State.READY],
+        state=LEDGER_STATE_OF[State.READY.value],
         created_ms=event.ts_ms,
         finished_ms=None,
         attempt_count=0,

@@ -1,6 +1,9 @@
 """The faults a stand-in injects, and the pure draw that decides them for one request.
 
-Settings are the same for the three stand-ins and are replaced whole at runtime (``PUT /_faults``):
+Settings are the same for the three stand-ins. At runtime ``PUT /_faults`` replaces them whole (a
+field left out is back at its default), and ``PATCH /_faults`` changes only the fields it names, as a
+JSON merge patch (RFC 7396: null puts a field back at its default), so adding an outage keeps the
+error rate already set. Either is checked whole, by the same rules, and refused whole (422):
 - `error_rate`: answer 503 ``unavailable`` before doing anything (nothing applied);
 - `latency_ms`: wait this long before handling the request;
 - `throttle_rate`: answer 429 ``rate_limited`` with ``Retry-After: retry_after_s`` (nothing applied);
@@ -68,6 +71,19 @@ def decode_settings(data: bytes) -> FaultSettings:
     if problems:
         raise FaultsError("; ".join(problems))
     return settings
+
+
+def patched(settings: FaultSettings, data: bytes) -> tuple[FaultSettings, frozenset[str]]:
+    """`settings` with a merge patch applied, checked as a whole document is, and the fields the
+    patch named (the caller restarts an outage, or reseeds, only when the patch says so)."""
+    try:
+        patch = msgspec.json.decode(data)
+    except msgspec.DecodeError as error:
+        raise FaultsError(str(error)) from None
+    if not isinstance(patch, dict):
+        raise FaultsError("a patch is a JSON object of the fields to change (null: back to the default)")
+    merged = {name: value for name, value in {**msgspec.to_builtins(settings), **patch}.items() if value is not None}
+    return decode_settings(msgspec.json.encode(merged)), frozenset(patch)
 
 
 class Refusal(enum.Enum):

@@ -11,8 +11,11 @@ Owns:
 - `Traced`, a SERVER span per business request continuing the caller's trace context, so the whole
   path of one compensation (API, store, worker, this call) reads as one trace. Spans go to the
   process's global tracer provider: none unless the command line configured one;
-- the control routes ``GET/PUT /_faults`` and ``GET /_stats``, and 400 ``invalid_request`` for a
-  body the route's model refuses;
+- the control routes ``GET /_faults``, ``PUT /_faults`` (replace every setting), ``PATCH /_faults``
+  (change the settings it names, a JSON merge patch: `faults.patched`; an outage restarts and the
+  generator is reseeded only when the patch names `outage_s` or `seed`), both 422 ``invalid_faults``
+  with nothing changed for settings that do not decode or contradict each other, and
+  ``GET /_stats``; 400 ``invalid_request`` for a body the route's model refuses;
 - `build_app`, which the three services call with their router and tables.
 
 Must never: apply an effect outside a transaction, or count a request twice.
@@ -39,7 +42,7 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import propagate, trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from handlers.standins.faults import After, FaultsError, FaultSettings, Plan, Refusal, decode_settings, draw
+from handlers.standins.faults import After, FaultsError, FaultSettings, Plan, Refusal, decode_settings, draw, patched
 
 POOL_CONNECTIONS_MAX: Final = 8
 CONTROL_PREFIX: Final = "/_"
@@ -88,10 +91,13 @@ class Standin:
             raise RuntimeError(f"the {self.name} stand-in is not started")
         return self._pool
 
-    def configure(self, settings: FaultSettings) -> None:
+    def configure(self, settings: FaultSettings, *, named: frozenset[str] | None = None) -> None:
+        """New settings: all of them (`named` None, a PUT), or those a patch `named`; only a named
+        `outage_s` starts (or ends) an outage, and only a named `seed` reseeds."""
         self.settings = settings
-        self._outage_until = self._clock() + settings.outage_s if settings.outage_s else 0.0
-        if settings.seed is not None:
+        if named is None or "outage_s" in named:
+            self._outage_until = self._clock() + settings.outage_s if settings.outage_s else 0.0
+        if settings.seed is not None and (named is None or "seed" in named):
             self.rng.seed(settings.seed)
 
     def plan(self) -> Plan:
@@ -247,6 +253,16 @@ async def put_faults(request: Request, standin: StandinDep) -> JSONResponse:
     except FaultsError as error:
         return answer(422, {"code": "invalid_faults", "detail": str(error)})
     standin.configure(settings)
+    return answer(200, standin.faults_view())
+
+
+@control.patch("/_faults")
+async def patch_faults(request: Request, standin: StandinDep) -> JSONResponse:
+    try:
+        settings, named = patched(standin.settings, await request.body())
+    except FaultsError as error:
+        return answer(422, {"code": "invalid_faults", "detail": str(error)})
+    standin.configure(settings, named=named)
     return answer(200, standin.faults_view())
 
 

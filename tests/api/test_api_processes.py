@@ -533,7 +533,17 @@ def run_curl(command: str) -> CurlAnswer:
 
 def printed_curl(banner: list[str]) -> str:
     """The submission command exactly as printed: from its `curl` line to the line with its body."""
-    first = next(i for i, line in enumerate(banner) if line.lstrip().startswith("curl ") and " -X POST " in line)
+    return printed_command(banner, " -X POST ")
+
+
+def printed_grant(banner: list[str]) -> str:
+    """The red-packet grant's command as printed (`curl -i` added, for the status)."""
+    return printed_command(banner, "/red-packets/").replace("curl -sS ", "curl -sS -i ", 1)
+
+
+def printed_command(banner: list[str], marker: str) -> str:
+    """The first `curl` whose first line holds `marker`, with its continuation lines."""
+    first = next(i for i, line in enumerate(banner) if line.lstrip().startswith("curl ") and marker in line)
     last = next(i for i in range(first, len(banner)) if not banner[i].endswith("\\"))
     return "\n".join(banner[first : last + 1])
 
@@ -616,9 +626,12 @@ def test_the_launcher_serves_its_curl_stops_everything_on_ctrl_c_and_keeps_its_d
     try:
         banner = first.banner()
         curl = printed_curl(banner)
+        granted = run_curl(printed_grant(banner))  # the red packet the transfer pays, as the banner says
+        assert (granted.status, granted.body) == (200, {"applied": True, "version": 1, "repeat": False}), granted
         created = run_curl(curl)
         assert created.status == 201, created
         request_id = created.body["id"]
+        ref_key = created.body["ref_key"]
         assert RequestId.parse(request_id) is not None and created.headers["location"] == f"/v1/requests/{request_id}"
         token = printed_token(banner, "producer")
         url = f"http://127.0.0.1:{ports[3]}/v1/requests/{request_id}"
@@ -651,7 +664,7 @@ def test_the_launcher_serves_its_curl_stops_everything_on_ctrl_c_and_keeps_its_d
         url = f"http://127.0.0.1:{ports[3]}/v1/requests/{request_id}"
         shown = httpx.get(url, headers={"Authorization": f"Bearer {new_token_}"}, timeout=HTTP_TIMEOUT_S)
         assert shown.status_code == 200, shown.text
-        assert (shown.json()["id"], shown.json()["ref_key"]) == (request_id, "rp-1001")
+        assert (shown.json()["id"], shown.json()["ref_key"]) == (request_id, ref_key)
         refused = httpx.get(url, headers={"Authorization": f"Bearer {old_token}"}, timeout=HTTP_TIMEOUT_S)
         assert refused.status_code == 401 and refused.json()["type"] == "/problems/unauthenticated"
         second_stop_s = interrupt_and_check(second)

@@ -16,6 +16,7 @@ from handlers.standins.faults import (
     Refusal,
     decode_settings,
     draw,
+    patched,
 )
 
 
@@ -77,3 +78,26 @@ def test_rates_are_rates_and_a_seed_replays_the_same_plans() -> None:
 def test_settings_decode_strictly(document: bytes, message: str) -> None:
     with pytest.raises(FaultsError, match=message):
         decode_settings(document)
+
+
+def test_a_patch_changes_what_it_names_and_null_puts_a_field_back_at_its_default() -> None:
+    current = FaultSettings(permanent_rate=1.0, error_rate=0.5, seed=7)
+    settings, named = patched(current, b'{"outage_s": 30, "error_rate": null}')
+    assert settings == FaultSettings(permanent_rate=1.0, outage_s=30.0, seed=7)
+    assert named == {"outage_s", "error_rate"}
+    assert patched(current, b"{}") == (current, frozenset())
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (b'{"error_rate": 1.5}', r"Expected `float` <= 1.0 - at `\$.error_rate`"),
+        (b'{"outage": 5}', r"unknown field `outage`"),
+        (b'{"apply_then_drop_rate": 0.7}', r"must be at most 1"),  # with the timeout rate already set
+        (b'[{"error_rate": 0.5}]', r"a patch is a JSON object"),
+        (b'{"error_rate": ', r"truncated"),
+    ],
+)
+def test_a_patch_is_checked_with_the_settings_it_leaves(document: bytes, message: str) -> None:
+    with pytest.raises(FaultsError, match=message):
+        patched(FaultSettings(apply_then_timeout_rate=0.5), document)

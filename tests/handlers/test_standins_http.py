@@ -171,6 +171,29 @@ async def test_fault_settings_are_validated_and_a_seed_replays_the_same_draws(st
     assert current["error_rate"] == 0.5 and current["seed"] == 11
 
 
+async def test_a_patch_changes_only_the_settings_it_names_and_an_outage_only_when_named(standins: Standins) -> None:
+    async with httpx.AsyncClient(base_url=standins.urls["payment"]) as client:
+        await client.put("/_faults", json={"permanent_rate": 1.0})
+        outage = (await client.patch("/_faults", json={"outage_s": 0.5})).json()
+        in_outage = await post_transfer(client, {**TRANSFER, "transfer_id": "p-1"})
+        refused = [await client.patch("/_faults", json=document) for document in (
+            {"error_rate": 2}, {"colour": "red"}, ["outage_s"], {"apply_then_timeout_rate": 0.6, "apply_then_drop_rate": 0.6})]  # fmt: skip
+        unchanged = (await client.get("/_faults")).json()
+        still_out = (await client.patch("/_faults", json={"latency_ms": 1})).json()  # the outage goes on
+        await asyncio.sleep(max(0.0, still_out["outage_remaining_s"]) + 0.05)
+        refused_after = await post_transfer(client, {**TRANSFER, "transfer_id": "p-1"})
+        healthy = (await client.patch("/_faults", json={"permanent_rate": None, "latency_ms": None})).json()
+        paid = await post_transfer(client, {**TRANSFER, "transfer_id": "p-1"})
+    assert (outage["permanent_rate"], outage["outage_s"]) == (1.0, 0.5) and 0.0 < outage["outage_remaining_s"] <= 0.5
+    assert (in_outage.status_code, in_outage.json()) == (503, {"code": "outage"})
+    assert [(r.status_code, r.json()["code"]) for r in refused] == [(422, "invalid_faults")] * 4
+    assert unchanged == {**unchanged, "permanent_rate": 1.0, "latency_ms": 0, "error_rate": 0.0}
+    assert 0.0 < still_out["outage_remaining_s"] <= outage["outage_remaining_s"]
+    assert (refused_after.status_code, refused_after.json()) == (422, {"code": "insufficient_funds"})
+    assert (healthy["permanent_rate"], healthy["latency_ms"], healthy["outage_s"]) == (0.0, 0, 0.5)
+    assert paid.status_code == 201
+
+
 async def test_the_ledgers_have_the_shape_the_reconciliation_reads(standins: Standins) -> None:
     from ledger.upstream import UPSTREAM_DDL
 

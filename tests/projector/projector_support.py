@@ -187,7 +187,7 @@ def _assert_request(row: asyncpg.Record, view: MessageView) -> None:
     finished = {State.DONE: view.terminal_ms, State.DISCARDED: view.terminal_ms, State.DEAD: view.dead_ms}
     actual = (row["kind"], row["idempotency_key"], row["ref_key"], state, row["attempt_count"], row["message_id"],
               row["amount_minor"], row["currency"], ms(row["created_at"]), ms(row["finished_at"]))  # fmt: skip
-    wanted = (view.kind, view.idempotency_key, view.ref_key, LEDGER_STATE_OF[view.state], view.attempts,
+    wanted = (view.kind, view.idempotency_key, view.ref_key, LEDGER_STATE_OF[view.state.value], view.attempts,
               view.message_id, None if money is None else money.amount_minor, None if money is None else money.currency,
               view.created_ms, finished.get(view.state))  # fmt: skip
     assert actual == wanted, f"request {view.message_id}"

@@ -19,10 +19,16 @@ import pytest
 from raft_store.client import ClientError, RaftClient
 from raft_store.testing.processes import free_ports
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (Debian package strace)"),
-]
+pytestmark = pytest.mark.slow
+
+
+def strace() -> str:
+    """strace, or a failure naming its package: a missing system package is a set-up error, not a skip."""
+    found = shutil.which("strace")
+    if found is None:
+        pytest.fail("strace is needed to inject fsync failures: apt-get install strace"
+                    " (deploy/install-system-packages.sh installs it)", pytrace=False)  # fmt: skip
+    return found
 
 
 def node_args(port: int, data: Path) -> list[str]:
@@ -31,11 +37,12 @@ def node_args(port: int, data: Path) -> list[str]:
 
 
 async def test_fsync_eio_stops_the_node(tmp_path: Path) -> None:
+    tracer = strace()
     (port,) = free_ports(1)
     data = tmp_path / "node1"
     log = open(tmp_path / "node.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "-e", "inject=fsync:error=EIO:when=40+",
+        [tracer, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "-e", "inject=fsync:error=EIO:when=40+",
          *node_args(port, data)],
         stdout=log, stderr=log,
     )

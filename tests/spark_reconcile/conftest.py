@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
+import shutil
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +21,18 @@ from pyspark.sql import SparkSession
 
 from ledger import migrate, pg
 from spark_reconcile import session
-from spark_reconcile.params import ReconcileParams
+from spark_reconcile.params import JDBC_JAR, ReconcileParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "web"))  # browser_support: `compensator run`, shared
 
 BUSINESS_DATE = dt.date(2026, 11, 20)
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.fail("Spark needs Java 17: apt-get install openjdk-17-jre-headless"
+                    " (deploy/install-system-packages.sh installs it)", pytrace=False)  # fmt: skip
     spark_session = session.build(
         session.SessionConfig(
             app_name="reconcile-tests",
@@ -41,6 +49,17 @@ def spark() -> Iterator[SparkSession]:
     )
     yield spark_session
     spark_session.stop()
+
+
+@pytest.fixture(scope="session")
+def jdbc_driver() -> str:
+    """Debian's PostgreSQL JDBC driver, which every JDBC read loads into Spark's JVM: without it a
+    read ends in a Java ClassNotFoundException trace, so a test that reads over JDBC asks for this
+    first and fails saying which package it needs (a missing package is a set-up error, never a skip)."""
+    if not Path(JDBC_JAR).is_file():
+        pytest.fail(f"the PostgreSQL JDBC driver {JDBC_JAR} is missing: apt-get install libpostgresql-jdbc-java"
+                    " (deploy/install-system-packages.sh installs it)", pytrace=False)  # fmt: skip
+    return JDBC_JAR
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from spark_reconcile.schemas import DiscrepancyClass
 from spark_reconcile.sources import JdbcConnection, JdbcSource
 from spark_reconcile.synthetic import SyntheticLedgers, generate, load_postgres
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("jdbc_driver")]
 
 # Distinct counts per class: a rule reporting one class under another's name cannot pass.
 INJECTED = {cls.value: count for count, cls in enumerate(DiscrepancyClass, start=2)}

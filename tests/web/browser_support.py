@@ -46,8 +46,8 @@ def chromium_path() -> str:
     """The system browser, or a failure that says how to get it (CI installs it: never a skip)."""
     path = os.environ.get(CHROMIUM_ENV) or DEFAULT_CHROMIUM
     if not os.access(path, os.X_OK):
-        pytest.fail(f"no Chromium at {path}: apt-get install chromium (or set ${CHROMIUM_ENV} to a browser)",
-                    pytrace=False)  # fmt: skip
+        pytest.fail(f"no Chromium at {path}: apt-get install chromium (deploy/install-system-packages.sh"
+                    f" installs it), or set ${CHROMIUM_ENV} to a browser", pytrace=False)  # fmt: skip
     return path
 
 
