@@ -281,7 +281,6 @@ class QueueClient:
         self, message_id: int, token: int, error_class: str, error_text: str = "", *, permanent: bool = False,
         retry_after_ms: int | None = None,
     ) -> Outcome:
-        """`retry_after_ms`: the downstream's Retry-After, a duration the store adds to its own time."""
         command = Fail(message_id=message_id, token=token, error_class=error_class, error_text=error_text,
                        permanent=permanent, retry_after_ms=retry_after_ms)
         return _expect(await self.submit(command), Outcome)

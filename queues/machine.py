@@ -479,10 +479,6 @@ class QueueMachine(SqliteStateMachine):
         self._forget_caches()
         super().restore_snapshot(path, index)
 
-    def rollback(self) -> None:
-        self._forget_caches()  # they may hold what the rolled-back applies wrote
-        super().rollback()
-
     def restore_bytes(self, image: bytes, index: int) -> None:
         self._forget_caches()
         super().restore_bytes(image, index)
@@ -942,14 +938,8 @@ class _Apply:
 
     def expire_one(self, row: _Row) -> None:
         assert row.phase is Phase.LEASED
-        self.fail_attempt(
-            row,
-            error_class=ERROR_CLASS_LEASE_EXPIRED,
-            error_text="lease deadline passed",
-            permanent=False,
-            not_before_ms=None,
-            expired=True,
-        )
+        self.fail_attempt(row, error_class=ERROR_CLASS_LEASE_EXPIRED, error_text="lease deadline passed",
+                          permanent=False, not_before_ms=None, expired=True)  # fmt: skip
 
     def fail_attempt(
         self,
@@ -1121,14 +1111,8 @@ class _Apply:
         not_before_ms = command.not_before_ms
         if command.retry_after_ms is not None:  # a duration from now, on the log's clock
             not_before_ms = max(not_before_ms or 0, self.now_ms + command.retry_after_ms)
-        return self.fail_attempt(
-            row,
-            error_class=command.error_class,
-            error_text=command.error_text,
-            permanent=command.permanent,
-            not_before_ms=not_before_ms,
-            expired=False,
-        )
+        return self.fail_attempt(row, error_class=command.error_class, error_text=command.error_text,
+                                 permanent=command.permanent, not_before_ms=not_before_ms, expired=False)  # fmt: skip
 
     # ---- operator commands ------------------------------------------------------------------
     def release(self, command: Release) -> QueueResult:

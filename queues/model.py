@@ -245,15 +245,8 @@ class Fail(_Command, frozen=True, tag="fail"):
     error_class: ErrorClass
     error_text: Text = ""
     permanent: bool = False
-    retry_after_ms: DelayMs | None = None
-    """The downstream's Retry-After, as a duration: the retry is not due before the store's own
-    time (the entry's, on the log's clock) plus this. A duration, never a time the worker read
-    from its own clock: a worker 30 s slow would have retried at once against a downstream that
-    asked for seconds of quiet."""
-    not_before_ms: TimeMs | None = None
-    """The same as an absolute time, as workers before `retry_after_ms` sent it: still decoded
-    and applied as it was, so a log holding such entries replays to the same state. Not sent any
-    more. With both, the retry waits for the later."""
+    retry_after_ms: DelayMs | None = None  # the Retry-After: a duration the store adds to its own time, not a worker's clock
+    not_before_ms: TimeMs | None = None  # the same as an absolute time, as older workers sent it: applied still (the later wins)
 
 
 class Release(_Command, frozen=True, tag="release"):

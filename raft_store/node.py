@@ -22,7 +22,6 @@ import logging
 import os
 import random
 import tempfile
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,9 +32,10 @@ from raft_store import codec
 from raft_store.codec import FrameType, Status
 from raft_store.core import Config as CoreConfig
 from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
-from raft_store.log_clock import LogClock
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
+from raft_store.node_clock import NodeClock
+from raft_store.node_status import node_status
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
     BatchFormatError,
@@ -78,14 +78,6 @@ many reviewers ask at once."""
 
 class Queryable(Protocol):
     def query(self, data: bytes) -> bytes: ...
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +139,9 @@ class Node:
         self.machine = machine
         self.metrics = NodeMetrics()
         self.core: RaftCore | None = None
-        # The log's clock (log_clock.py): read on the loop and, for queries, in the apply thread.
-        self.clock = LogClock(config.node_id)
-        self._clock_lock = threading.Lock()
-        self._clock_role: tuple[bool, int, frozenset[int]] | None = None
+        self.clock = NodeClock(config.node_id)  # the log's: every stamp, and every query's "now"
         if isinstance(machine, ClockedMachine):
-            machine.use_clock(self.log_clock_ms)
+            machine.use_clock(self.clock.read_ms)
         self.wal: Wal | None = None
         self.snapshots = SnapshotStore(config.data_dir / "snapshots")
         self.transport = Transport(
@@ -220,7 +209,7 @@ class Node:
             log.warning("node %d: WAL torn tail truncated: %s", cfg.node_id, rec.torn_tail)
             self.metrics.torn_tails += 1
         self.wal = wal
-        self._committed_time()
+        self._clock_from_machine()
         latest = self.snapshots.latest()
         self._shippable = latest
         if latest is not None:
@@ -254,18 +243,9 @@ class Node:
             random.Random(),
         )
 
-    def _committed_time(self) -> None:
-        """The time the machine's applied state reached: the log's clock never reads below it."""
-        if isinstance(self.machine, ClockedMachine):
-            time_ms = self.machine.log_time_ms()
-            with self._clock_lock:
-                self.clock.committed(time_ms)
-
-    def log_clock_ms(self) -> int:
-        """The log's clock now, as this node reads it (log_clock.py): what the leader stamps into
-        the entries it proposes and what every query on this node calls "now"."""
-        with self._clock_lock:
-            return self.clock.read(wall_ms=wall_ms(), mono_ms=monotonic_ms())
+    def _clock_from_machine(self) -> None:
+        if isinstance(self.machine, ClockedMachine):  # the time its state reached: never read below
+            self.clock.committed(self.machine.log_time_ms())
 
     def _restore_machine(self, path: Path, meta: SnapshotMeta) -> None:
         with tempfile.NamedTemporaryFile(dir=self.config.data_dir, suffix=".restore", delete=False) as tmp:
@@ -276,7 +256,7 @@ class Node:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp.name)
-        self._committed_time()
+        self._clock_from_machine()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -313,9 +293,7 @@ class Node:
             m = codec.decode_message(body)
             if m.frm != sender or m.to != self.config.node_id:
                 raise codec.CodecError(f"message from {m.frm} to {m.to} on {sender}'s connection")
-            if m.wall_ms or m.clock_ms:
-                with self._clock_lock:
-                    self.clock.heard_message(m, mono_ms=monotonic_ms())
+            self.clock.heard(m)
             self._inbox.append(m)
         else:
             self._receive_chunk(codec.decode_chunk(body))
@@ -494,7 +472,7 @@ class Node:
             asyncio.get_running_loop().call_later(max(0.0, delay), self._wake.set)
             return
         self._sync_clock_role()
-        now_ms = self.log_clock_ms()  # the log's clock as the leader reads it, stamped into the entry
+        now_ms = self.clock.read_ms()  # the log's clock as the leader reads it, stamped into the entry
         while self._proposals:
             batch: list[tuple[int, int, bytes]] = []
             waiters: list[_Waiter] = []
@@ -708,8 +686,7 @@ class Node:
                     continue
                 # Only the node that proposed the entry has clients waiting for its results.
                 result = machine.apply_batch(entry.index, now_ms, commands, respond=entry.index in self._waiting)
-                with self._clock_lock:
-                    self.clock.committed(now_ms)
+                self.clock.committed(now_ms)
                 out.append(result)
                 self.metrics.applied_commands += len(commands)
             else:
@@ -836,14 +813,9 @@ class Node:
         self._was_leader = is_leader
 
     def _sync_clock_role(self) -> None:
-        """Tell the log's clock whom it follows: the majority's time when leading, else the leader."""
-        core = self.core
-        assert core is not None
-        role = (core.role is Role.LEADER, core.leader, core.conf.voters)
-        if role != self._clock_role:
-            self._clock_role = role
-            with self._clock_lock:
-                self.clock.set_role(leading=role[0], leader=role[1], voters=role[2])
+        """The log's clock follows the majority's time when leading, else the leader's reading."""
+        assert self.core is not None
+        self.clock.set_role(self.core.role is Role.LEADER, self.core.leader, self.core.conf.voters)
 
     def _fail_all_waiters(self) -> None:
         """Answer everyone waiting when this node stops leading or stops. What is in the log may
@@ -1057,13 +1029,7 @@ class Node:
         if m.type is MessageType.SNAP:
             self._send_snapshot(m)
             return
-        # Every message carries the sender's wall clock and its reading of the log's clock: the
-        # leader learns its peers' clocks from their answers, a follower the leader's reading.
-        wall = wall_ms()
-        with self._clock_lock:
-            reading = self.clock.read(wall_ms=wall, mono_ms=monotonic_ms())
-            if not self.clock.grounded:
-                reading = 0  # only its own wall clock: not a reading anyone may follow
+        wall, reading = self.clock.stamps()  # the leader learns its peers' clocks, a follower its reading
         self.transport.send(m.to, FrameType.RAFT, codec.encode_message(m, wall_ms=wall, clock_ms=reading))
 
     def _on_unreachable(self, peer: int) -> None:
@@ -1072,49 +1038,5 @@ class Node:
 
     # ---- status -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        core = self.core
-        assert core is not None
-        last = core.log.last_index()
-        followers = {
-            str(node): {
-                "match": pr.match,
-                "next": pr.next,
-                "state": pr.state.value,
-                "lag": last - pr.match,
-                "learner": pr.is_learner,
-                "connected": self.transport.is_connected(node),
-            }
-            for node, pr in sorted(core.progress.items())
-            if node != self.config.node_id
-        }
-        return {
-            "node": self.config.node_id,
-            "role": core.role.value,
-            "term": core.term,
-            "leader": core.leader,
-            "commit": core.log.committed,
-            "applied": core.log.applied,
-            "last_index": last,
-            "snapshot_index": core.log.snapshot_index,
-            "voters": sorted(core.conf.voters),
-            "learners": sorted(core.conf.learners),
-            "followers": followers,
-            # Where the nodes reach each other, for operators; clients use "client_addresses".
-            "addresses": {
-                str(n): f"{h}:{p}"
-                for n, (h, p) in sorted({**self.transport.peers, self.config.node_id: self.config.listen}.items())
-            },
-            "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.config.client_addresses.items())},
-            "failure": repr(self._failure) if self._failure else None,
-            "clock": self.clock_status(),
-            "metrics": self.metrics.as_dict(),
-        }
-
-    def clock_status(self) -> dict[str, int | None]:
-        """This node's wall clock against the log's clock (`offset_ms`: wall minus log; an alert
-        watches it), and the majority's time when this node leads."""
-        wall, mono = wall_ms(), monotonic_ms()
-        with self._clock_lock:
-            reading = self.clock.read(wall_ms=wall, mono_ms=mono)
-            majority = self.clock.majority_ms(wall_ms=wall, mono_ms=mono) if self.clock.leading else None
-        return {"wall_ms": wall, "log_ms": reading, "offset_ms": wall - reading, "majority_ms": majority}
+        """Role, term, indexes, follower progress, addresses, clock and metrics (node_status.py)."""
+        return node_status(self)

@@ -85,17 +85,17 @@ MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
     "bench/e2e.py": 722,
-    "queues/machine.py": 1336,
-    "queues/machine.py::_Apply": 747,
+    "queues/machine.py": 1332,
+    "queues/machine.py::_Apply": 738,
     "queues/model.py": 880,
     "queues/client.py::QueueClient": 378,
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
-    "raft_store/node.py": 1049,
-    "raft_store/node.py::Node": 918,
-    "raft_store/simulation/cluster.py::Cluster": 463,
+    "raft_store/node.py": 1042,
+    "raft_store/node.py::Node": 908,
+    "raft_store/simulation/cluster.py::Cluster": 459,
     "raft_store/wal.py::Wal": 315,
-    "compensator/worker/runner.py::Worker": 328,
+    "compensator/worker/runner.py::Worker": 327,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The
 list only shrinks: split one and lower its number (or drop it once under the limit)."""

@@ -337,7 +337,7 @@ class QueueChecker:
             "log_behind_max_ms": self.log_behind_max_ms,
             "log_still_max_ms": self.freeze_max_ms,
             "lease_early_max_ms": self.lease_early_max_ms,
-            "clock_faults": len(self.cluster.clock_plan.described),
+            "clock_faults": len(self.cluster.time.plan.described),
             "machine_ts_behind_log_time": model.ts_behind_log_time,
             "log_index": self.applied_seen,
         }

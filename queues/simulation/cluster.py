@@ -80,7 +80,7 @@ class QueueCluster(Cluster):
                          replay=replay or f"python -m queues.simulation --seed {seed} --nodes {nodes}")
         self.offsets = {n: self.rng.randint(-CLOCK_OFFSET_MS_MAX, CLOCK_OFFSET_MS_MAX) for n in self.ids}
         for node_id, offset in self.offsets.items():
-            self.clocks[node_id].offset_ms += offset
+            self.time.clocks[node_id].offset_ms += offset
         self.qchecker = QueueChecker(self)
         self.net = ClientNet(self)
         self.net.start(seed)
@@ -89,7 +89,7 @@ class QueueCluster(Cluster):
     def read_clock(self, node_id: int) -> int:
         """"Now" for a read that `node_id` answers: its reading of the log's clock, never behind the
         time its replica has applied (checked)."""
-        now_ms = self.wall(node_id) if self.clock_bugs.read_wall_clock else self.log_clock(node_id)
+        now_ms = self.time.wall(node_id) if self.clock_bugs.read_wall_clock else self.time.read(node_id)
         self.qchecker.on_read(node_id, now_ms, self.machines[node_id].log_time_ms())
         return now_ms
 
@@ -156,7 +156,7 @@ class QueueCluster(Cluster):
         if core.role is not Role.LEADER:
             reply(Status.NOT_LEADER, b"")
             return
-        stamp = self.wall(node_id) if self.clock_bugs.stamp_wall_clock else self.log_clock(node_id)
+        stamp = self.time.wall(node_id) if self.clock_bugs.stamp_wall_clock else self.time.read(node_id)
         self.checker.check_clock_bound(f"n{node_id}'s stamp", stamp)
         try:
             index = core.propose(encode_batch(stamp, [request]))
@@ -190,7 +190,7 @@ class QueueCluster(Cluster):
         drain_ms_max = 30_000
         self.workload.start()
         self.at(100, self._chaos)
-        self.schedule_takeovers()
+        self.time.schedule_takeovers()
         self.run_until(chaos_ms)
         self.heal()
         self.workload.drain()

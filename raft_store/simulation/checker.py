@@ -136,7 +136,7 @@ class Checker:
         (the log's clock never goes back, and above the majority advances by the majority's advance)."""
         cluster = self.cluster
         if self._bound_at != cluster.now:
-            majority = majority_ahead_ms(cluster.clocks, cluster.now)
+            majority = majority_ahead_ms(cluster.time.clocks, cluster.now)
             previous = majority if self._majority_ahead_ms is None else self._majority_ahead_ms
             self.allowed_ahead_ms = max(majority, self.allowed_ahead_ms + max(0, majority - previous))
             self._majority_ahead_ms = majority

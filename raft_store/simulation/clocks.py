@@ -15,9 +15,17 @@ wrong, is never the majority's.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+from raft_store.core import Role
+from raft_store.log_clock import LogClock
+from raft_store.types import Message
+
+if TYPE_CHECKING:
+    from raft_store.simulation.cluster import Cluster, SimNode
 
 EPOCH_MS: Final = 1_700_000_000_000
 """Simulated time 0 on a perfect clock."""
@@ -112,5 +120,68 @@ def majority_ahead_ms(clocks: dict[int, SimClock], now_ms: int) -> int:
     return estimates[majority - 1] - (EPOCH_MS + now_ms)
 
 
-__all__ = ["EPOCH_MS", "SAMPLE_TTL_MS", "SLACK_MS", "ClockFaults", "ClockPlan", "SimClock", "majority_ahead_ms",
-           "plan_clock_faults"]  # fmt: skip
+class SimTime:
+    """A cluster's clocks: each node's wall and monotonic clock, its `LogClock` fed as
+    raft_store/node.py feeds it (stamps on the way out, samples on the way in), and the planned
+    takeovers by a node whose clock is wrong."""
+
+    def __init__(self, cluster: Cluster, faults: ClockFaults) -> None:
+        self.cluster = cluster
+        self.clocks = {n: SimClock(offset_ms=0, rate=node.drift) for n, node in cluster.nodes.items()}
+        self.plan = plan_clock_faults(random.Random(cluster.seed ^ 0xC10C), self.clocks, faults, horizon_ms=8000)
+
+    def wall(self, node_id: int) -> int:
+        return self.clocks[node_id].wall(self.cluster.now)
+
+    def monotonic(self, node_id: int) -> int:
+        return self.clocks[node_id].monotonic(self.cluster.now)
+
+    def started(self, node: SimNode) -> None:
+        node.clock, node.clock_role = LogClock(node.node_id, sample_ttl_ms=SAMPLE_TTL_MS), None
+
+    def read(self, node_id: int) -> int:
+        """The node's reading of the log's clock, checked against the bound."""
+        node = self.cluster.nodes[node_id]
+        clock, core = node.clock, node.core
+        assert clock is not None and core is not None
+        role = (core.role is Role.LEADER, core.leader, core.conf.voters)
+        if role != node.clock_role:
+            node.clock_role = role
+            clock.set_role(leading=role[0], leader=role[1], voters=role[2])
+        reading = clock.read(wall_ms=self.wall(node_id), mono_ms=self.monotonic(node_id))
+        self.cluster.checker.on_clock_reading(node_id, node.generation, reading, grounded=clock.grounded)
+        return reading
+
+    def stamped(self, node: SimNode, m: Message) -> Message:
+        if node.core is None or node.clock is None:
+            return m
+        reading = self.read(node.node_id)
+        return dataclasses.replace(m, wall_ms=self.wall(node.node_id), clock_ms=reading if node.clock.grounded else 0)
+
+    def heard(self, node: SimNode, m: Message) -> None:
+        assert node.clock is not None
+        node.clock.heard_message(m, mono_ms=self.monotonic(node.node_id))
+
+    def schedule_takeovers(self) -> None:
+        for at in self.plan.takeovers:
+            self.cluster.at(at, self._take_over)
+        for line in self.plan.described:
+            self.cluster.log(f"clock: {line}")
+
+    def _take_over(self) -> None:
+        """Move leadership to a node whose clock is wrong (the case the log's clock is for)."""
+        cluster = self.cluster
+        leader = cluster.leader()
+        if leader is None or cluster.healed:
+            return
+        core = cluster.nodes[leader].core
+        assert core is not None
+        targets = [n for n in self.plan.bad if n != leader and n in core.conf.voters]
+        if targets:
+            cluster.log(f"leadership to n{targets[0]}, whose clock is off")
+            core.transfer_leadership(targets[0])
+            cluster._pump(leader)
+
+
+__all__ = ["EPOCH_MS", "SAMPLE_TTL_MS", "SLACK_MS", "ClockFaults", "ClockPlan", "SimClock", "SimTime",
+           "majority_ahead_ms", "plan_clock_faults"]  # fmt: skip

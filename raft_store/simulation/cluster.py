@@ -11,7 +11,6 @@ apply, advance. Planted bugs bend exactly that contract to prove the checker not
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import heapq
 import random
@@ -23,7 +22,7 @@ from raft_store.core import Config, ProposalDropped, RaftCore, Ready, Recovered,
 from raft_store.log_clock import LogClock
 from raft_store.membership import MembershipError
 from raft_store.simulation.checker import Checker
-from raft_store.simulation.clocks import SAMPLE_TTL_MS, ClockFaults, SimClock, plan_clock_faults
+from raft_store.simulation.clocks import ClockFaults, SimTime
 from raft_store.simulation.disk import SimCorruption, SimDisk
 from raft_store.types import (
     ConfChange,
@@ -38,6 +37,7 @@ from raft_store.types import (
 )
 
 TICK_MS = 10
+STATS = ("faults", "crashes", "partitions", "drops", "corruptions", "acked", "proposed", "snapshots", "conf_changes", "reads")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +127,7 @@ class Cluster:
             self.nodes[node_id] = SimNode(
                 node_id, disk, drift=1 + self.rng.uniform(-self.faults.clock_drift_max, self.faults.clock_drift_max)
             )
-        # Wall and monotonic clocks per node, faults drawn from a generator of their own.
-        self.clocks = {n: SimClock(offset_ms=0, rate=self.nodes[n].drift) for n in self.ids}
-        self.clock_plan = plan_clock_faults(
-            random.Random(seed ^ 0xC10C), self.clocks, clock_faults or ClockFaults(), horizon_ms=8000
-        )
+        self.time = SimTime(self, clock_faults or ClockFaults())  # the nodes' clocks and the log's
         self.blocked: set[tuple[int, int]] = set()
         self.checker = Checker(self)
         self.trace: list[str] = []
@@ -139,18 +135,7 @@ class Cluster:
         self.pipelined = self.rng.random() < 0.5
         self.clients_stopped = False
         self.final_value = -1
-        self.stats = {
-            "faults": 0,
-            "crashes": 0,
-            "partitions": 0,
-            "drops": 0,
-            "corruptions": 0,
-            "acked": 0,
-            "proposed": 0,
-            "snapshots": 0,
-            "conf_changes": 0,
-            "reads": 0,
-        }
+        self.stats = dict.fromkeys(STATS, 0)
         self._next_value = 0
         self._inflight: dict[int, tuple[int, int, int]] = {}  # value -> (leader, index, term)
         for node_id in self.ids:
@@ -185,8 +170,7 @@ class Cluster:
     # ---- nodes --------------------------------------------------------------------------
     def _start(self, node_id: int) -> None:
         node = self.nodes[node_id]
-        node.clock = LogClock(node_id, sample_ttl_ms=SAMPLE_TTL_MS)
-        node.clock_role = None
+        self.time.started(node)
         try:
             rec = node.disk.recover()
         except SimCorruption as exc:
@@ -393,39 +377,6 @@ class Cluster:
             self._state_durable(node)
             self.stats["snapshots"] += 1
 
-    # ---- clocks ---------------------------------------------------------------------------
-    def wall(self, node_id: int) -> int:
-        """A node's wall clock now (offset, rate and steps of its own)."""
-        return self.clocks[node_id].wall(self.now)
-
-    def monotonic(self, node_id: int) -> int:
-        return self.clocks[node_id].monotonic(self.now)
-
-    def log_clock(self, node_id: int) -> int:
-        """The node's reading of the log's clock (raft_store/log_clock.py), checked against the bound."""
-        node = self.nodes[node_id]
-        clock, core = node.clock, node.core
-        assert clock is not None and core is not None
-        role = (core.role is Role.LEADER, core.leader, core.conf.voters)
-        if role != node.clock_role:
-            node.clock_role = role
-            clock.set_role(leading=role[0], leader=role[1], voters=role[2])
-        reading = clock.read(wall_ms=self.wall(node_id), mono_ms=self.monotonic(node_id))
-        self.checker.on_clock_reading(node_id, node.generation, reading, grounded=clock.grounded)
-        return reading
-
-    def _take_over(self) -> None:
-        """Move leadership to a node whose clock is wrong (the case the log's clock is for)."""
-        found = self._leader_core()
-        if found is None or self.healed:
-            return
-        leader, core = found
-        targets = [n for n in self.clock_plan.bad if n != leader and n in core.conf.voters]
-        if targets:
-            self.log(f"leadership to n{targets[0]}, whose clock is off")
-            core.transfer_leadership(targets[0])
-            self._pump(leader)
-
     # ---- network ------------------------------------------------------------------------
     def _send(self, node: SimNode, m: Message) -> None:
         self.checker.on_send(m)
@@ -435,9 +386,7 @@ class Cluster:
             # ships the newest snapshot it holds, never an older one than the core asked for.
             assert snap is not None and m.snapshot is not None and snap.meta.index >= m.snapshot.meta.index
             m = _with_snapshot(m, snap)
-        if node.core is not None and node.clock is not None:  # stamped as the node's runner stamps it
-            reading = self.log_clock(node.node_id)
-            m = dataclasses.replace(m, wall_ms=self.wall(node.node_id), clock_ms=reading if node.clock.grounded else 0)
+        m = self.time.stamped(node, m)
         if (m.frm, m.to) in self.blocked:
             return
         if not self.healed and self.rng.random() < self.faults.drop:
@@ -452,8 +401,7 @@ class Cluster:
         node = self.nodes.get(m.to)
         if node is None or node.core is None or (m.frm, m.to) in self.blocked:
             return
-        assert node.clock is not None
-        node.clock.heard_message(m, mono_ms=self.monotonic(m.to))
+        self.time.heard(node, m)
         node.core.step(m)
         self._pump(m.to)
 
@@ -578,16 +526,10 @@ class Cluster:
         self.at(self.rng.uniform(5, 40), self._client_loop)
 
     # ---- the whole run ---------------------------------------------------------------------
-    def schedule_takeovers(self) -> None:
-        for at in self.clock_plan.takeovers:
-            self.at(at, self._take_over)
-        for line in self.clock_plan.described:
-            self.log(f"clock: {line}")
-
     def run(self, chaos_ms: int = 8000, heal_ms: int = 6000) -> dict[str, Any]:
         self.at(0, self._client_loop)
         self.at(100, self._chaos)
-        self.schedule_takeovers()
+        self.time.schedule_takeovers()
         self.run_until(chaos_ms)
         self.heal()
         self.run_until(chaos_ms + heal_ms // 2)

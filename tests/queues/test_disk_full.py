@@ -85,14 +85,16 @@ async def test_a_full_disk_stops_the_node_with_the_reason_and_loses_nothing_ackn
     assert lines[-1].startswith("node 1 stopped: the disk is full ("), lines[-1]
     assert "Free space on the file system holding" in lines[-1] and "then start the node again" in lines[-1]
     assert "cannot commit" not in output, output[-3000:]
-    assert 5 < len(acked) < 2000
+    assert 5 < len(acked) < 2000, (len(acked), output[-3000:])
 
     # Space again (the copy is on the test's own disk): every acknowledged request is there.
-    restarted = subprocess.Popen(node_command(port, saved / "node1"), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)  # fmt: skip
+    with open(tmp_path / "restarted.err", "wb") as stderr:
+        restarted = subprocess.Popen(node_command(port, saved / "node1"), stdout=subprocess.DEVNULL, stderr=stderr)
     raft = RaftClient([("127.0.0.1", port)], attempt_timeout_s=1.0, deadline_s=20.0)
     try:
         found = (await QueueClient(raft).by_idempotency_keys(acked)).value
+    except ClientError as error:
+        raise AssertionError(f"the restarted node did not answer: {(tmp_path / 'restarted.err').read_text()}") from error
     finally:
         await raft.close()
         restarted.terminate()
