@@ -24,7 +24,7 @@ from queues.model import BatchResult, Code, ExpireLeases, State
 from raft_store.client import RaftClient
 from raft_store.testing.processes import ProcessCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime")]
+pytestmark = pytest.mark.slow
 
 MACHINE = "queues.replicated:machine_factory"
 SKEWED = 3
@@ -33,7 +33,11 @@ POLICY = RetryPolicy(tiers_ms=(1000,), tier_jitter_ratio=0.0, attempts_max=5)
 
 def faketime(offset_s: int) -> list[str]:
     """The node's wall clock `offset_s` off; its monotonic clock untouched, as NTP leaves it."""
-    return ["faketime", "-m", "--exclude-monotonic", "-f", f"{offset_s:+d}s"]
+    found = shutil.which("faketime")
+    if found is None:  # a missing system package is a set-up error, not a skip
+        pytest.fail("faketime is needed to skew a process's clock: apt-get install faketime"
+                    " (deploy/install-system-packages.sh installs it)", pytrace=False)  # fmt: skip
+    return [found, "-m", "--exclude-monotonic", "-f", f"{offset_s:+d}s"]
 
 
 def wall_ms() -> int:
