@@ -33,6 +33,7 @@ class NodeClock:
         self._wall, self._monotonic = wall, monotonic
         self._lock = threading.Lock()
         self._role: tuple[bool, int, frozenset[int]] | None = None
+        self._stamp: tuple[int, int] = (-1, 0)  # (monotonic ms, reading) of the last stamp
 
     def read_ms(self) -> int:
         """The log's clock now: what the leader stamps into an entry and a query calls "now"."""
@@ -40,12 +41,18 @@ class NodeClock:
             return self._clock.read(wall_ms=self._wall(), mono_ms=self._monotonic())
 
     def stamps(self) -> tuple[int, int]:
-        """(wall clock, reading) for a message on its way out; the reading is 0 while the node has
-        only its own wall clock to go by (nobody may follow that)."""
+        """(wall clock, reading) for a message on its way out. Only a leader's reading is followed,
+        so a follower sends 0, and so does a leader that has only its own wall clock to go by. One
+        reading per millisecond: a busy leader sends many messages in one."""
         wall = self._wall()
         with self._lock:
-            reading = self._clock.read(wall_ms=wall, mono_ms=self._monotonic())
-            return wall, reading if self._clock.grounded else 0
+            if not self._clock.leading:
+                return wall, 0
+            mono = self._monotonic()
+            if mono != self._stamp[0]:
+                reading = self._clock.read(wall_ms=wall, mono_ms=mono)
+                self._stamp = (mono, reading if self._clock.grounded else 0)
+            return wall, self._stamp[1]
 
     def heard(self, m: Message) -> None:
         if m.wall_ms or m.clock_ms:

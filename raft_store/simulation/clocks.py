@@ -155,8 +155,9 @@ class SimTime:
     def stamped(self, node: SimNode, m: Message) -> Message:
         if node.core is None or node.clock is None:
             return m
-        reading = self.read(node.node_id)
-        return dataclasses.replace(m, wall_ms=self.wall(node.node_id), clock_ms=reading if node.clock.grounded else 0)
+        reading = self.read(node.node_id)  # read (and checked) on every send; followed only from a leader
+        followed = node.clock.leading and node.clock.grounded
+        return dataclasses.replace(m, wall_ms=self.wall(node.node_id), clock_ms=reading if followed else 0)
 
     def heard(self, node: SimNode, m: Message) -> None:
         assert node.clock is not None

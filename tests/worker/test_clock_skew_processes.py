@@ -24,10 +24,12 @@ from typing import Final
 import pytest
 from test_worker_processes import (  # type: ignore[import-not-found]
     MACHINE,
+    ROOT,
     ProcessCluster,
     Standins,
     Workers,
     Workload,
+    python_path,
     set_policies,
     standins,
     store_queue,
@@ -61,22 +63,27 @@ def faketime(offset_s: int) -> list[str]:
 
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[Callable[[int], ProcessCluster]]:
-    """Three store nodes, node 3's clock `skew_s` off."""
+    """Three store nodes, node 3's clock `skew_s` off. Ticks of 100 ms (elections after 1-2 s
+    without a heartbeat), so that a stall of this shared machine does not move the lead away from
+    the node the test forced to lead."""
     started: list[ProcessCluster] = []
 
     def start(skew_s: int) -> ProcessCluster:
-        cluster = ProcessCluster(tmp_path / "store", machine=MACHINE, extra_args=["--volatile"])
+        cluster = ProcessCluster(tmp_path / "store", machine=MACHINE, extra_args=["--volatile", "--tick-ms", "100"])
         (tmp_path / "store").mkdir(exist_ok=True)
         for node in cluster.ids:
             cluster.start(node, prefix=faketime(skew_s) if node == SKEWED and skew_s else ())
         started.append(cluster)
         return cluster
 
-    try:
-        yield start
-    finally:
-        for cluster in started:
-            cluster.stop_all()
+    with pytest.MonkeyPatch.context() as patch:  # the nodes run this checkout, as in test_worker_processes
+        patch.setenv("PYTHONPATH", python_path())
+        patch.chdir(ROOT)
+        try:
+            yield start
+        finally:
+            for cluster in started:
+                cluster.stop_all()
 
 
 @pytest.fixture
@@ -89,17 +96,25 @@ def workers(tmp_path: Path) -> Iterator[list[Workers]]:
             group.stop_all()
 
 
-async def keep_leading(cluster: ProcessCluster, queue: QueueClient, led: list[bool]) -> None:
+async def keep_leading(cluster: ProcessCluster, queue: QueueClient, led: list[tuple[float, bool]]) -> None:
     """Force the skewed node to lead (a leader transfer whenever it does not), noting every 0.2 s
-    whether it did: an election on this shared machine must not leave the measure to another node."""
+    (wall clock) whether it did: an election on this shared machine must not leave the measure to
+    another node."""
     while True:
         statuses = await cluster.statuses(queue.raft)
         leading = statuses.get(SKEWED, {}).get("role") == "leader"
-        led.append(leading)
+        led.append((time.time(), leading))
         if not leading:
             with contextlib.suppress(ClientError):
                 await queue.raft.admin("transfer", SKEWED)
         await asyncio.sleep(0.2)
+
+
+def quantiles(waits_s: list[float]) -> str:
+    if not waits_s:
+        return "none"
+    p99 = waits_s[min(len(waits_s) - 1, round(0.99 * len(waits_s)))]
+    return f"p50 {statistics.median(waits_s):.3f} s, p99 {p99:.3f} s, max {waits_s[-1]:.3f} s"
 
 
 async def rate_limited(queue: QueueClient, workload: Workload) -> int:
@@ -151,9 +166,9 @@ async def test_a_store_node_30_s_slow_that_leads_keeps_payments_flowing(
     await standins.healthy()
     async with store_queue(cluster) as queue:
         await set_policies(queue, FAST_TIER)
-        led: list[bool] = []
+        led: list[tuple[float, bool]] = []
         keeper = asyncio.create_task(keep_leading(cluster, queue, led))
-        while not led or not led[-1]:
+        while not led or not led[-1][1]:
             await asyncio.sleep(0.1)
         group = Workers(tmp_path, worker_env(cluster, standins, read_timeout_s=2.0, attempt_timeout_s=3.0))
         workers.append(group)
@@ -168,13 +183,16 @@ async def test_a_store_node_30_s_slow_that_leads_keeps_payments_flowing(
             await asyncio.sleep(0.05)
         await until_terminal(queue, workload, timeout_s=60)
         keeper.cancel()
-    share = sum(led) / len(led)
-    assert share >= 0.5, f"the slow node led {share:.0%} of the run: not what was measured"
+    share = sum(leading for _, leading in led) / len(led)
+    assert share >= 0.9, f"the slow node led {share:.0%} of the run: not what was measured"
     paid = await standins.rows("SELECT transfer_id, created_at FROM payment_transfers WHERE transfer_id = ANY($1)",
                                list(acknowledged))  # fmt: skip
     assert len(paid) == TRANSFERS
-    waits_s = sorted(row["created_at"].timestamp() - acknowledged[row["transfer_id"]] for row in paid)
-    p50, p99 = statistics.median(waits_s), waits_s[min(len(waits_s) - 1, round(0.99 * len(waits_s)))]
-    print(f"\nstore leader 30 s slow ({share:.0%} of the run): acknowledged -> payment call p50 {p50:.3f} s,"
-          f" p99 {p99:.3f} s, max {waits_s[-1]:.3f} s over {TRANSFERS} transfers")  # fmt: skip
-    assert waits_s[-1] < 15  # no delivery waited for the skew (it waited up to 29 s before)
+    spans = [(acknowledged[row["transfer_id"]], row["created_at"].timestamp()) for row in paid]
+    waits_s = sorted(end - start for start, end in spans)
+    # The waits during which the slow node led throughout (no election inside them on this machine).
+    steady = sorted(end - start for start, end in spans
+                    if all(leading for at, leading in led if start - 0.2 <= at <= end + 0.2))  # fmt: skip
+    print(f"\nstore leader 30 s slow ({share:.0%} of the run): acknowledged -> payment call {quantiles(waits_s)}"
+          f" over {TRANSFERS} transfers; {quantiles(steady)} over the {len(steady)} with no leader change")  # fmt: skip
+    assert waits_s[-1] < 15  # no delivery waited for the skew (before, none came while it led)
