@@ -7,6 +7,7 @@ module-level instance: every app gets its own, so tests run several side by side
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from api.auth import TokenCache
@@ -18,6 +19,7 @@ from api.quotas import Quotas
 from api.review_policy import FourEyes
 from api.summaries import SummaryReads
 from api.web.sessions import WebAuth
+from delay.policy import RetryPolicy
 from queues import ClientError, QueueClient, QueueError
 
 
@@ -29,6 +31,9 @@ class ApiSettings:
     batch_items_max: int = 1000
     job_rate_per_s: int = 20
     """A redrive job's rate unless its starter gives one (review.job_rate_per_s)."""
+    policy_problems: Callable[[str, RetryPolicy], list[str]] = lambda kind, policy: []
+    """What a kind's retry policy would break of its downstream's declared guarantee (the
+    configuration's `handlers`: a re-send past a deduplication window...): such a policy is refused."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,16 @@ Failures: every stand-in answers 503 to a request at random with probability `--
 (its `error_rate` fault, seeded), so about that fraction of first attempts fail, and retries fail
 at the same rate. The stand-ins cannot fail exactly the first attempt of chosen requests.
 
+The payment system: `--payment-guarantee dedup` (the default) starts the payment stand-in as it
+ships, deduplicating on the transfer id, and declares it `dedup`; `expiry` starts it with
+`--payment-dedup off --payment-expiry enforce` and declares it `expiry`; `none` with
+`--payment-dedup off --payment-expiry ignore`, declared `none` with an in-flight horizon of
+`--in-flight-horizon-s` (5 s: a bench, not a recommendation). Without deduplication every payment
+is a row of its own, so `double_paid` reads what the workers did, not what the stand-in forgave.
+A 503 may have been applied, so after one a transfer waits out its request's deadline (`expiry`:
+`--payment-attempt-timeout-s`, the gateway's attempt timeout, 10 s as shipped) or is looked up
+twice and parked (`none`: `parked_unknown_outcome`, dead letters for finance, not `lost`).
+
 The load: `--requests` requests (seven transfers, two receive-list updates and one callback in
 every ten), POSTed to `/v1/requests:batch` in batches of `--batch-size`, `--in-flight` batches at
 a time, as fast as the API answers or paced at `--rate` items/s. The window runs from the first
@@ -28,9 +38,10 @@ read back:
 - time_to_done_p50_ms / p99: intake (the store's `created_ms`) to the ack (`terminal_ms`) of the
   requests whose first attempt succeeded; `time_to_done_retried` for the others; `waited`
   (intake to the first lease) and `handled` (the last lease to the ack) split it;
-- lost: requests answered 201 (or 200, a replay) that are not done; double_paid: transfer ids with
-  more than one row in `payment_transfers`, plus rows for ids never requested; every done request
-  must have left its effect (`done_without_effect`);
+- lost: requests answered 201 (or 200, a replay) that are not done (nor parked as unknown_outcome,
+  with `none`); double_paid: transfer ids with more than one row in `payment_transfers`, plus rows
+  for ids never requested; every done request must have left its effect (`done_without_effect`),
+  and no parked transfer may have been paid (`parked_but_paid`);
 - CPU per done request of the API, the nodes, the workers, the stand-ins, PostgreSQL and this
   process (the load client), from /proc, from the first POST to the last poll that saw a request
   end; the leader's log entries and fsyncs per done request; the workers' own metrics (handler
@@ -60,7 +71,6 @@ import re
 import resource
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +86,7 @@ import httpx
 from api.tokens import new_token
 from bench import e2e_figures as figures
 from bench import e2e_load as load
+from bench import e2e_reconcile as reconciliation
 from bench.harness import (
     MACHINE,
     PRODUCER,
@@ -129,6 +140,10 @@ class Settings:
     profile_process: str
     breaker: str
     reconcile: bool = True
+    payment_guarantee: str = "dedup"
+    in_flight_horizon_s: float = 5.0
+    payment_attempt_timeout_s: float | None = None
+    """The payment gateway's attempt timeout: a request's deadline under `expiry` (None: as shipped)."""
 
 
 # ---- the processes ---------------------------------------------------------------------------------
@@ -170,7 +185,7 @@ class Stack:
             (metrics_port,) = free_ports(1)
             self.metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
             worker = worker_server(cluster, self.root, number, self.standin_urls, secrets_file,
-                                   breaker=settings.breaker, metrics_port=metrics_port)  # fmt: skip
+                                   breaker=settings.breaker, metrics_port=metrics_port, payment=payment_settings(settings))  # fmt: skip
             self.cleanups.append(worker.stop)
             self.workers.append(worker)
             worker.start()
@@ -220,6 +235,7 @@ class Stack:
             *compensator_command(), "standins", "--payment-port", str(ports["payment"]),
             "--red-packet-port", str(ports["red_packet"]), "--callback-port", str(ports["callback"]),
             "--pg-dsn", self.postgres.dsn, "--secrets-file", str(secrets_file), "--seed", str(settings.seed),
+            *PAYMENT_MODES[settings.payment_guarantee],
         ]  # fmt: skip
         standins = self.standins = Server("compensator standins", command, child_environment(),
                                           self.root / "standins.log")  # fmt: skip
@@ -257,16 +273,36 @@ class Stack:
                 "machine_busy": machine_busy_cpu_s()}  # fmt: skip
 
 
+PAYMENT_MODES: Final = {
+    "dedup": (),
+    "expiry": ("--payment-dedup", "off", "--payment-expiry", "enforce"),
+    "none": ("--payment-dedup", "off", "--payment-expiry", "ignore"),
+}
+"""The payment stand-in's flags for each guarantee the workers declare."""
+
+
+def payment_settings(settings: Settings) -> dict[str, Any]:
+    """`handlers.payment` beside its base URL: the declared guarantee and its bounds."""
+    found: dict[str, Any] = {"guarantee": settings.payment_guarantee}
+    if settings.payment_guarantee == "none":
+        found["in_flight_horizon_s"] = settings.in_flight_horizon_s
+    if settings.payment_attempt_timeout_s is not None:
+        found["gateway"] = {"attempt_timeout_s": settings.payment_attempt_timeout_s,
+                            "read_timeout_s": min(5.0, settings.payment_attempt_timeout_s)}  # fmt: skip
+    return found
+
+
 def worker_server(
     cluster: ProcessCluster, root: Path, number: int, urls: dict[str, str], secrets_file: Path, *, breaker: str,
-    metrics_port: int,
+    metrics_port: int, payment: dict[str, Any] | None = None,
 ) -> Server:  # fmt: skip
     """`compensator worker` with the settings compensator/local.py gives `make run`'s workers;
-    `breaker` "off" makes the breakers trip only when every attempt of their window failed."""
+    `breaker` "off" makes the breakers trip only when every attempt of their window failed;
+    `payment`: what the payment system is declared to guarantee (`payment_settings`)."""
     target = {"name": CALLBACK_TARGET, "url": f"{urls['callback']}/callbacks/{CALLBACK_TARGET}"}
     env = child_environment(
         COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in cluster.addresses()),
-        COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"]}),
+        COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"], **(payment or {})}),
         COMPENSATOR_HANDLERS__RED_PACKET=json.dumps({"base_url": urls["red_packet"]}),
         COMPENSATOR_HANDLERS__CALLBACK=json.dumps({"targets": [target]}),
         COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE=str(secrets_file),
@@ -417,59 +453,6 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
     )
 
 
-async def plant_breaks(dsn: str) -> dict[str, str]:
-    """Breaks the reconciliation must find, written into the stand-ins' ledgers after the run, as
-    a misbehaving payment system would: two payouts of one grant, a payout of the wrong amount, a
-    grant never paid, and a payout of no grant. Returns the business id planted for each class."""
-    connection = await asyncpg.connect(dsn)
-    try:
-        grants = await connection.fetch(
-            "SELECT g.grant_id, g.amount_minor, g.currency FROM red_packet_grants g WHERE NOT EXISTS"
-            " (SELECT 1 FROM payment_transfers t WHERE t.business_id = g.grant_id) ORDER BY g.grant_id LIMIT 2")
-        if len(grants) < 2:
-            raise BenchError("the run left fewer than two unpaid grants to plant breaks on")
-        paid_twice, wrong_amount = grants
-        async with connection.transaction():
-            insert = ("INSERT INTO payment_transfers (transfer_id, business_id, payer, payee, amount_minor, currency,"
-                      " status, created_at) VALUES ($1, $2, 'planted', 'planted', $3, $4, 'SUCCEEDED', now())")  # fmt: skip
-            for n in (1, 2):
-                await connection.execute(insert, f"planted-twice-{n}", paid_twice["grant_id"], paid_twice["amount_minor"],
-                                         paid_twice["currency"])  # fmt: skip
-            await connection.execute(insert, "planted-amount", wrong_amount["grant_id"], wrong_amount["amount_minor"] + 1,
-                                     wrong_amount["currency"])  # fmt: skip
-            await connection.execute(insert, "planted-orphan", "planted-no-grant", 500, "CNY")
-            await connection.execute(
-                "INSERT INTO red_packet_grants (grant_id, red_packet_id, recipient, amount_minor, currency, state,"
-                " granted_at) VALUES ('planted-unpaid', 'planted', 'planted', 700, 'CNY', 'GRANTED', now())")
-    finally:
-        await connection.close()
-    return {"duplicate_payout": paid_twice["grant_id"], "amount_or_currency_mismatch": wrong_amount["grant_id"],
-            "missing_in_payment": "planted-unpaid", "missing_in_red_packet": "planted-no-grant"}  # fmt: skip
-
-
-def reconcile_today(stack: Stack, planted: dict[str, str], name: str) -> dict[str, Any]:
-    """`compensator reconcile` for today (UTC) on the run's three ledgers: its count per class, and
-    whether each planted break was reported, under its class."""
-    assert stack.postgres is not None
-    output = stack.root / "reconcile" / name
-    day = time.strftime("%Y-%m-%d", time.gmtime())
-    done = subprocess.run(
-        [*compensator_command(), "reconcile", "--date", day, "--output-dir", str(output)],
-        env=child_environment(COMPENSATOR_PG_DSN=stack.postgres.dsn), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
-    summary = json.loads((output / f"date={day}" / "summary.json").read_text())
-    import pyarrow.parquet as pq
-
-    found = pq.read_table(output / f"date={day}" / "discrepancies", columns=["discrepancy_class", "business_id"])
-    reported = set(zip(found.column("discrepancy_class").to_pylist(), found.column("business_id").to_pylist(), strict=True))
-    return {
-        "counts": {name: counts["count"] for name, counts in summary["classes"].items()},
-        "planted_found": {name: (name, business_id) in reported for name, business_id in planted.items()},
-    }
-
-
 async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
     """Once the projector has every event: the ledger's request count beside the store's, and the
     projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
@@ -573,6 +556,8 @@ def checks(result: dict[str, Any], window: Window) -> list[str]:
         problems.append(f"{result['lost']} acknowledged requests are not done: {result['states']}")
     if result["double_paid"]:
         problems.append(f"{result['double_paid']} transfers paid twice or never requested")
+    if result["parked_but_paid"]:
+        problems.append(f"{result['parked_but_paid']} transfers parked as unknown_outcome were paid")
     if any(result["done_without_effect"].values()):
         problems.append(f"done without an effect downstream: {result['done_without_effect']}")
     if result["list_versions_applied_twice"] or result["list_versions_unrequested"]:
@@ -617,9 +602,10 @@ def run(settings: Settings, root: Path, result: dict[str, Any]) -> list[str]:
         result["standins"] = standin_stats(stack.standin_urls)
         result["ledger"] = asyncio.run(ledger_caught_up(stack))
         if settings.reconcile:
-            run = reconcile_today(stack, {}, "run")
-            planted = asyncio.run(plant_breaks(stack.postgres.dsn))
-            result["reconcile"] = {"run": run, "planted": reconcile_today(stack, planted, "planted")}
+            dsn, output = stack.postgres.dsn, stack.root / "reconcile"
+            run = reconciliation.reconcile_today(dsn, output / "run", {})
+            planted = asyncio.run(reconciliation.plant_breaks(dsn))
+            result["reconcile"] = {"run": run, "planted": reconciliation.reconcile_today(dsn, output / "planted", planted)}
         if window.profile is not None:
             result["profile"] = window.profile
         return checks(result, window)
@@ -647,6 +633,12 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
     parser.add_argument("--breaker", choices=("shipped", "off"), default="shipped",
                         help="the workers' breakers as shipped, or tripping only when every attempt failed")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1, help="the stand-ins' fault generators")
+    parser.add_argument("--payment-guarantee", choices=tuple(PAYMENT_MODES), default="dedup",
+                        help="what the payment system guarantees (the stand-in started to match)")  # fmt: skip
+    parser.add_argument("--in-flight-horizon-s", type=float, default=5.0,
+                        help="--payment-guarantee none: the in-flight horizon the workers assume")  # fmt: skip
+    parser.add_argument("--payment-attempt-timeout-s", type=float, metavar="S",
+                        help="the payment gateway's attempt timeout (a request's deadline under expiry; default as shipped)")  # fmt: skip
     parser.add_argument("--no-reconcile", dest="reconcile", action="store_false",
                         help="skip the closing `compensator reconcile` of the run's ledgers (Spark)")  # fmt: skip
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy through the window")
@@ -659,6 +651,10 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
         parser.error("--requests, --in-flight, --workers, --api-workers, --retry-ms, --attempts-max must be positive")
     if not 1 <= args.batch_size <= 1000:
         parser.error("--batch-size must be in 1..1000 (the API's limit)")
+    if args.payment_attempt_timeout_s is not None and not 1.0 <= args.payment_attempt_timeout_s <= 120.0:
+        parser.error("--payment-attempt-timeout-s must be in 1..120")
+    if not 0.0 < args.in_flight_horizon_s <= 3600.0:
+        parser.error("--in-flight-horizon-s must be in (0, 3600]")
     if not 0.0 <= args.error_rate <= 1.0 or args.rate < 0:
         parser.error("--error-rate must be in 0..1 and --rate not negative")
     settings = Settings(
@@ -667,6 +663,8 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
         api_workers=args.api_workers, stall_timeout_s=args.stall_timeout_s, seed=args.seed,
         profile_dir=args.profile.resolve() if args.profile else None, profile_format=args.profile_format,
         profile_process=args.profile_process, breaker=args.breaker, reconcile=args.reconcile,
+        payment_guarantee=args.payment_guarantee, in_flight_horizon_s=args.in_flight_horizon_s,
+        payment_attempt_timeout_s=args.payment_attempt_timeout_s,
     )  # fmt: skip
     return settings, args
 
@@ -679,6 +677,8 @@ def settings_of(settings: Settings) -> dict[str, Any]:
                              " seeded); not exactly the first attempt of chosen requests",
         "retry_policy": {"tiers_ms": [settings.retry_ms], "tier_jitter_ratio": 0.1, "attempts_max": settings.attempts_max},
         "breaker": settings.breaker, "workers": settings.workers, "api_workers": settings.api_workers, "nodes": 3, "fsync": True,
+        "payment_guarantee": settings.payment_guarantee, "payment_modes": " ".join(PAYMENT_MODES[settings.payment_guarantee]) or "dedup on",
+        "payment": payment_settings(settings),
         "seed": settings.seed,
     }  # fmt: skip
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from bench.e2e_load import Planned
+from handlers.contract import UNKNOWN_OUTCOME
 from ledger.kinds import Kind
 from queues import MessageView
 
@@ -69,9 +70,17 @@ def timings(views: Iterable[MessageView]) -> Timings:
     return Timings(first_try=first_try, retried=retried, waited=waited, handled=handled)
 
 
+def parked(view: MessageView) -> bool:
+    """A transfer whose outcome stayed unknown where the payment system guarantees nothing: a dead
+    letter of class unknown_outcome is finance's to decide (redrive or discard), not lost."""
+    return view.state.value == "dead" and view.last_error_class == UNKNOWN_OUTCOME
+
+
 def outcomes(acknowledged: Mapping[int, Planned], views: Mapping[int, MessageView]) -> dict[str, Any]:
-    """Final states, what was lost, how many attempts it took, by kind too."""
+    """Final states, what was lost (not done and not parked for finance), how many attempts it
+    took, by kind too."""
     states = Counter(views[i].state.value if i in views else "missing" for i in acknowledged)
+    parked_ids = [i for i in acknowledged if i in views and parked(views[i])]
     pending = sum(n for state, n in states.items() if state not in TERMINAL and state != "missing")
     done = [views[i] for i in acknowledged if i in views and views[i].state.value == DONE]
     by_kind: dict[str, dict[str, Any]] = {}
@@ -92,7 +101,8 @@ def outcomes(acknowledged: Mapping[int, Planned], views: Mapping[int, MessageVie
     )  # fmt: skip
     return {
         "states": dict(sorted(states.items())),
-        "lost": len(acknowledged) - states[DONE],
+        "lost": len(acknowledged) - states[DONE] - len(parked_ids),
+        "parked_unknown_outcome": len(parked_ids),
         "pending_at_end": pending,
         "missing": states["missing"],
         "first_attempt_failed": sum(1 for a in attempts if a > 1),
@@ -119,13 +129,18 @@ class Ledgers:
 def effects(acknowledged: Mapping[int, Planned], views: Mapping[int, MessageView], ledgers: Ledgers,
             *, store_key_prefix: str) -> dict[str, Any]:  # fmt: skip
     """Did each done request leave its effect once, and nothing else appear? `double_paid` counts
-    transfer ids with more than one row and rows for transfer ids the run never asked for."""
+    transfer ids with more than one row and rows for transfer ids the run never asked for (with
+    the payment stand-in's dedup off, each row is one payment); `parked_but_paid`, transfers parked
+    as unknown_outcome that the payment system did make (lookups that missed a payment)."""
     wanted: dict[Kind, set[str]] = {kind: set() for kind in Kind}
     done: dict[Kind, set[str]] = {kind: set() for kind in Kind}
+    parked_transfers: set[str] = set()
     for message_id, planned in acknowledged.items():
         wanted[planned.kind].add(planned.effect)
         if message_id in views and views[message_id].state.value == DONE:
             done[planned.kind].add(planned.effect)
+        if message_id in views and parked(views[message_id]):
+            parked_transfers.add(planned.effect)
     transfers = ledgers.payment_transfers
     versions = ledgers.red_packet_versions
     deliveries = {key.removeprefix(store_key_prefix): n for key, n in ledgers.callback_deliveries.items()}
@@ -134,6 +149,7 @@ def effects(acknowledged: Mapping[int, Planned], views: Mapping[int, MessageView
         "double_paid": sum(n - 1 for n in transfers.values() if n > 1) + unexpected_transfers,
         "payment_rows": sum(transfers.values()),
         "payment_rows_unrequested": unexpected_transfers,
+        "parked_but_paid": len(parked_transfers & transfers.keys()),
         "list_versions_applied_twice": sum(n - 1 for n in versions.values() if n > 1),
         "list_versions_unrequested": sum(n for key, n in versions.items() if key not in wanted[Kind.LIST_UPDATE]),
         "callback_repeats": sum(n - 1 for n in deliveries.values() if n > 1),
@@ -175,6 +191,7 @@ def worker_metrics(pages: Iterable[str]) -> dict[str, Any]:
     counts: dict[str, float] = {}
     attempts: Counter[str] = Counter()
     completions: Counter[str] = Counter()
+    events: Counter[str] = Counter()
     for page in pages:
         for sample in _SAMPLE.finditer(page):
             labels = dict(_LABEL.findall(sample["labels"]))
@@ -191,12 +208,14 @@ def worker_metrics(pages: Iterable[str]) -> dict[str, Any]:
                 attempts[f"{labels['kind']}/{labels['outcome']}"] += int(value)
             elif name == "compensator_worker_completions_total":
                 completions[f"{labels['action']}/{labels['result']}"] += int(value)
+            elif name == "compensator_worker_handler_events_total":
+                events[f"{labels['downstream']}/{labels['event']}"] += int(value)
     handler = {kind: {"mean_ms": round(1000 * sums[kind] / counts[kind], 1) if counts[kind] else None,
                       "p50_at_most_ms": _bound_ms(buckets.get(kind, {}), counts[kind], 0.5),
                       "p99_at_most_ms": _bound_ms(buckets.get(kind, {}), counts[kind], 0.99)}
                for kind in sorted(counts)}  # fmt: skip
     return {"handler": handler, "attempts": dict(sorted(attempts.items())),
-            "completions": dict(sorted(completions.items()))}  # fmt: skip
+            "completions": dict(sorted(completions.items())), "handler_events": dict(sorted(events.items()))}  # fmt: skip
 
 
 def _bound_ms(cumulative: Mapping[float, float], count: float, fraction: float) -> float | None:

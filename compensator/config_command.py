@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import enum
 import inspect
 import json
 import textwrap
+import types
 from pathlib import Path
-from typing import Annotated, Any, Final, get_args, get_origin
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 import msgspec
 
@@ -67,7 +69,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + " }"
+        return "{ " + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items() if item is not None) + " }"
     raise TypeError(f"no TOML for {type(value).__name__}")
 
 
@@ -75,7 +77,7 @@ def to_toml(document: dict[str, Any]) -> str:
     lines: list[str] = []
     for section, fields in document.items():
         lines.append(f"[{section}]")
-        lines += [f"{name} = {_toml_value(value)}" for name, value in fields.items()]
+        lines += [f"{name} = {_toml_value(value)}" for name, value in fields.items() if value is not None]  # unset: absent
         lines.append("")
     return "\n".join(lines)
 
@@ -122,12 +124,18 @@ def _type_name(annotation: Any) -> str:
         return " \\| ".join(json.dumps(arg) for arg in get_args(annotation))
     if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
         return "table"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return " \\| ".join(json.dumps(member.value) for member in annotation)
+    if origin in (types.UnionType, Union) and type(None) in get_args(annotation):
+        return " \\| ".join(_type_name(arg) for arg in get_args(annotation) if arg is not type(None)) + ", or unset"
     return getattr(annotation, "__name__", str(annotation)).replace("|", "\\|")
 
 
 def _default(value: Any) -> str:
     if isinstance(value, msgspec.Struct):
         return "the rows below"
+    if value is None:
+        return "unset"
     return f"`{_toml_value(msgspec.to_builtins(value))}`"
 
 

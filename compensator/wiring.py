@@ -11,6 +11,7 @@ Must never: run anything at import, or be imported by the packages it wires.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -31,6 +32,7 @@ from api.review_policy import FourEyes
 from api.services import ApiServices, ApiSettings
 from api.web.sessions import WebAuth, WebSettings
 from compensator import config as configuration
+from compensator import guarantees
 from compensator.config import Config
 from compensator.projector.metrics import ProjectorMetrics
 from compensator.projector.runner import Projector, ProjectorSettings
@@ -79,6 +81,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             batch_bytes_max=config.api.batch_bytes_max,
             batch_items_max=config.api.batch_items_max,
             job_rate_per_s=config.review.job_rate_per_s,
+            policy_problems=functools.partial(guarantees.policy_problems, config.handlers),
         ),
         four_eyes=four_eyes(config),
         web=WebAuth(queue, web_settings(config), clock_ms=wall_clock_ms),
@@ -146,10 +149,11 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
 
     settings = config.worker
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="worker")
+    metrics = WorkerMetrics()
     if registry is None:
         path = Path(settings.callback_secrets_file) if settings.callback_secrets_file else None
         registry = build_registry(config.handlers, secrets=read_secrets(path, os.environ) or {},
-                                  tracer=provider.get_tracer("compensator.handlers"))  # fmt: skip
+                                  tracer=provider.get_tracer("compensator.handlers"), events=metrics.handler_event)  # fmt: skip
     handlers = {kind.value: handler for kind, handler in registry.handlers.items()}
     pools = {"payment": config.handlers.payment.gateway, "red_packet": config.handlers.red_packet.gateway,
              "callback": config.handlers.callback.gateway}  # fmt: skip
@@ -168,7 +172,7 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
         WorkerSettings(worker_id=name or worker_id(), lease_ms=settings.lease_ms, batch_max=settings.batch_max,
                        idle_poll_s=settings.idle_poll_ms / 1000, drain_grace_s=settings.drain_grace_s,
                        breaker=configuration.worker_breaker(settings)),
-        tracer=provider.get_tracer("compensator.worker"), metrics=WorkerMetrics(), registry=registry,
+        tracer=provider.get_tracer("compensator.worker"), metrics=metrics, registry=registry,
     )  # fmt: skip
     try:
         yield built

@@ -4,6 +4,11 @@ SIGTERM or Ctrl-C drains it (runner.py): no more leases, running attempts get
 `worker.drain_grace_s` to finish, the rest are handed back at once. With `worker.maintenance` it
 also runs the queue's maintenance driver, which reads before it writes, so every worker may.
 
+Before it leases, it reads the retry policies from the store (they are set at runtime, not in
+the configuration) and refuses to start when one would break what a downstream is declared to
+guarantee (compensator/guarantees.py: a re-send past a deduplication window, a second lookup that
+would come before the in-flight horizon).
+
 Must never: start on a configuration that did not validate, or print a secret.
 """
 
@@ -43,6 +48,29 @@ def serve(args: argparse.Namespace) -> int:
     return asyncio.run(_run(config, args.id))
 
 
+async def _check_policies(config: Any, running: Any, stop: asyncio.Event) -> None:
+    """The kinds' retry policies in the store against the downstreams' declared guarantees; until
+    the store answers (a worker may start before its store), or until stopped."""
+    from queues import ClientError, QueueError
+
+    while True:
+        try:
+            kinds = (await running.queue.kinds()).value
+            break
+        except (ClientError, QueueError) as error:
+            logging.getLogger("compensator.worker").warning("cannot read the retry policies yet: %s", error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            if stop.is_set():
+                return
+    from compensator.guarantees import policy_problems
+
+    problems = [p for view in kinds for p in policy_problems(config.handlers, view.kind, view.policy)]
+    if problems:
+        raise WorkerCommandError(f"{problems[0]} (set the policy with PUT /v1/kinds/{{kind}}/policy, or change"
+                                 " the downstream's declaration)")  # fmt: skip
+
+
 async def _run(config: Any, name: str) -> int:
     from compensator.wiring import worker
     from handlers.registry import RegistryError
@@ -58,6 +86,12 @@ async def _run(config: Any, name: str) -> int:
         running = await context.__aenter__()
     except (RegistryError, SecretsError, ValueError) as error:
         raise WorkerCommandError(str(error).splitlines()[0]) from None
+    try:
+        await _check_policies(config, running, stop)
+    except WorkerCommandError:
+        with contextlib.suppress(Exception):
+            await context.__aexit__(None, None, None)
+        raise
     driver = MaintenanceDriver(running.queue) if config.worker.maintenance else None
     server = None
     try:

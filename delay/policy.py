@@ -221,3 +221,25 @@ def decide(
     if policy.age_max_ms is not None and due_ms > budget_start_ms + policy.age_max_ms:
         return DeadLetter(reason=DeadReason.AGE_EXCEEDED)
     return Retry(due_ms=due_ms, delay_ms=delay_ms)
+
+
+def horizon_ms(policy: RetryPolicy, *, attempt_ms: int) -> int:
+    """The longest the policy can keep re-sending one request, from its first delivery to the start
+    of its last: every retry's delay at its longest (its tier stretched by all its jitter, or its
+    backoff ceiling, or a downstream's Retry-After at the cap when that is longer), bounded by the
+    age limit when there is one, plus `attempt_ms` for every delivery before the last (how long
+    one attempt may take, downstream calls and waits included).
+
+    What it does not count: how late a due retry is leased (a backlog, an open breaker, a paused
+    kind) and redrives, which start a new budget. A downstream that deduplicates for a window
+    shorter than this may see a retry as a new request; one longer covers what the policy schedules.
+    """
+    assert attempt_ms >= 0
+    retries = policy.attempts_max - 1
+    delays = 0
+    for attempt in range(1, retries + 1):
+        longest = policy_delay_ms(policy, attempt=attempt, fraction=1.0 - 1e-12)
+        delays += max(longest, policy.retry_after_max_ms)
+    if policy.age_max_ms is not None:
+        delays = min(delays, policy.age_max_ms)
+    return delays + retries * attempt_ms

@@ -30,6 +30,9 @@ class NotSentClass(enum.StrEnum):
     """Every pooled connection stayed busy for the pool timeout."""
     DEADLINE = "deadline"
     """The attempt's deadline passed before any byte of the request was written."""
+    LEASE_ENDED = "lease_ended"
+    """The attempt's lease had ended (by this worker's monotonic clock) before any byte was
+    written: another delivery may hold the message now, so this one sends nothing."""
 
 
 class UnknownClass(enum.StrEnum):

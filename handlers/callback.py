@@ -75,6 +75,7 @@ class CallbackHandler:
             method="POST", url=target.url, body=body, trace=attempt.headers,
             headers=(("content-type", "application/json"), ("idempotency-key", attempt.idempotency_key),
                      (SIGNATURE_HEADER, signature)),
+            send_by=attempt.lease.send_by() if attempt.lease is not None else None,
         ))  # fmt: skip
         decision = decide(self._table, outcome)
         if isinstance(decision, Succeeded) and isinstance(outcome, Answer) and _repeat(outcome.body):

@@ -1,7 +1,9 @@
 """The contract between a worker and the handler of a kind: an attempt in, a decision out.
 
 A handler builds its kind's downstream call, has the gateway send it, and classifies the answer
-into a value. It never sleeps, retries across attempts, acks, fails or decides a delay: the worker
+into a value. It never retries across attempts, acks, fails or decides a delay, and sleeps only to
+wait out an earlier delivery's requests that may still take effect (the transfer handler against
+a downstream that enforces expiry, for at most `IN_DOUBT_WAIT_MAX_S`): the worker
 executes the decision, and the kind's retry policy in the store picks the next due time. So
 "what happened downstream" (here) and "what to do about it" (delay/policy.py) stay apart, and a
 handler is a function of its attempt and the downstream's answers, tested against real stand-ins.
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from handlers.lease_time import LeaseTime
 from ledger.kinds import Kind, Payload
 
 EXCERPT_CHARS_MAX: Final = 500
@@ -49,6 +52,15 @@ class Attempt:
     before it repeats an effect whose earlier outcome is unknown."""
     headers: Mapping[str, str] = field(default_factory=dict)
     """Trace context (traceparent, tracestate) to pass downstream."""
+    in_doubt_ms: int | None = None
+    """From the grant (queues.model.Grant.in_doubt_ms): how long after the grant, by the store's
+    clock, a request an earlier delivery sent may still take effect; negative once passed; None
+    when no earlier delivery may have sent one."""
+    budget_attempt: int = 1
+    """From the grant: 1 for the first delivery after an enqueue or a redrive."""
+    lease: LeaseTime | None = None
+    """The lease's time (handlers/lease_time.py), from the worker; None outside a worker (a
+    handler then uses `LeaseTime.standalone()`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,12 +91,26 @@ class Permanent:
 
 Decision = Succeeded | Retryable | Permanent
 
+UNKNOWN_OUTCOME: Final = "unknown_outcome"
+"""A money-moving request whose outcome stayed unknown where the downstream guarantees nothing
+(`none`): looked up, looked up again after the in-flight horizon, never found. Retryable while the
+second lookup waits; then permanent: a dead letter for finance to redrive (the transfer is sent
+again) or discard (four eyes either way)."""
+REQUEST_EXPIRED: Final = "request_expired"
+"""The downstream refused a request that arrived after its `expires_at`: nothing was applied."""
+LOOKUP_FAILED: Final = "lookup_failed"
+"""A lookup before a re-send got no usable answer, where nothing earlier was in doubt."""
+IN_DOUBT_WAIT_MAX_S: Final = 60.0
+"""The longest an attempt waits, holding its slot, for an earlier delivery's requests to expire;
+longer, it goes back to the store with a Retry-After (the store's due time normally covers it)."""
+
 UNKNOWN_OUTCOME_CLASSES: Final = frozenset(
-    {"timeout", "connection_lost", "server_error", "lease_expired", "interrupted"}
+    {"timeout", "connection_lost", "server_error", "lease_expired", "interrupted", "handler_error", UNKNOWN_OUTCOME}
 )
 """Error classes after which an earlier delivery may have taken effect: a transfer asks the payment
 system before it sends again. `lease_expired`: the worker died or stalled mid-attempt;
-`interrupted`: a draining worker cut it off (queues.model.ERROR_CLASS_INTERRUPTED)."""
+`interrupted`: a draining worker cut it off (queues.model.ERROR_CLASS_INTERRUPTED); `handler_error`:
+the handler raised, perhaps after it sent; `unknown_outcome`: still unknown after a lookup."""
 
 
 class Handler(Protocol):

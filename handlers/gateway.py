@@ -101,6 +101,11 @@ class Outbound:
     body: bytes = field(default=b"", repr=False)
     trace: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The attempt's headers: only the trace context (`TRACE_HEADERS`) is taken from them."""
+    send_by: float | None = None
+    """A moment of the monotonic clock (`time.monotonic`) after which no byte of this request may
+    be written: the attempt's lease has ended and another delivery may hold the message. Checked
+    before each try and again just before the headers are written; past it the outcome is
+    `NotSent(lease_ended)`. None: no such limit (a lookup)."""
 
 
 class Sender(Protocol):
@@ -118,15 +123,25 @@ class _Unsent(Exception):
         self.detail = detail
 
 
+class _LeaseEnded(Exception):
+    """Raised from httpcore's trace hook before the headers are written: nothing was sent."""
+
+
 @dataclass(slots=True)
 class _Progress:
     """Whether any try of this attempt began writing the request (from httpcore's trace events)."""
 
     written: bool = False
     tries: int = 0
+    send_by: float | None = None
+
+    def lease_ended(self) -> bool:
+        return self.send_by is not None and time.monotonic() >= self.send_by
 
     async def trace(self, event: str, info: Mapping[str, Any]) -> None:
         if event == _HEADERS_STARTED:
+            if self.lease_ended():  # the last moment before a byte goes out
+                raise _LeaseEnded
             self.written = True
 
 
@@ -196,7 +211,7 @@ class Gateway:
             return outcome
 
     async def _send(self, request: Outbound) -> Outcome:
-        progress = _Progress()
+        progress = _Progress(send_by=request.send_by)
         outcome: Outcome
         try:
             async with asyncio.timeout(self._settings.attempt_timeout_s):
@@ -225,6 +240,8 @@ class Gateway:
 
     async def _try(self, request: Outbound, progress: _Progress) -> Outcome:
         headers = [*request.headers, *((k, v) for k, v in request.trace.items() if k.lower() in TRACE_HEADERS)]
+        if progress.lease_ended():
+            return _not_sent_lease_ended(progress)
         try:
             async with self._client.stream(
                 request.method, request.url, headers=headers, content=request.body,
@@ -235,6 +252,8 @@ class Gateway:
                     status=response.status_code, headers=tuple((k.lower(), v) for k, v in response.headers.multi_items()),
                     body=body, received_unix_s=self._clock(), body_truncated=truncated,
                 )  # fmt: skip
+        except _LeaseEnded:
+            return _not_sent_lease_ended(progress)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as error:
             if progress.written:  # cannot happen with httpcore today; if it ever does, it may have been sent
                 outcome = OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
@@ -259,6 +278,11 @@ class Gateway:
             log.debug("%s %s %s -> %d", self.downstream, request.method, path, outcome.status)
         else:
             log.info("%s %s %s -> %s", self.downstream, request.method, path, outcome.error_class.value)
+
+
+def _not_sent_lease_ended(progress: _Progress) -> NotSent:
+    return NotSent(error_class=NotSentClass.LEASE_ENDED, tries=progress.tries,
+                   detail="the attempt's lease had ended before the request was written: not sent")  # fmt: skip
 
 
 async def _read_limited(response: httpx.Response) -> tuple[bytes, bool]:

@@ -72,6 +72,7 @@ class ListUpdateHandler:
         outcome = await self._sender.send(Outbound(
             method="PUT", url=url, body=canonical_json(body), trace=attempt.headers,
             headers=(("content-type", "application/json"), ("idempotency-key", attempt.idempotency_key)),
+            send_by=attempt.lease.send_by() if attempt.lease is not None else None,
         ))  # fmt: skip
         decision = decide(self._table, outcome)
         detail = success_detail(outcome) if isinstance(decision, Succeeded) else None

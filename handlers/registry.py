@@ -22,10 +22,10 @@ from handlers.classification import ClassificationTable
 from handlers.contract import Handler
 from handlers.gateway import Gateway
 from handlers.list_update import ListUpdateHandler
-from handlers.settings import HandlersSettings
+from handlers.settings import DownstreamSettings, Guarantee, HandlersSettings
 from handlers.signing import Secret
 from handlers.tables import CALLBACK, DEFAULT_TABLES, PAYMENT, RED_PACKET
-from handlers.transfer import TransferHandler
+from handlers.transfer import TransferGuarantee, TransferHandler
 from ledger.kinds import Kind
 
 
@@ -80,7 +80,10 @@ def build_registry(
     settings: HandlersSettings, *, secrets: Mapping[str, Secret],
     tables: Mapping[str, ClassificationTable] = DEFAULT_TABLES,
     clock: Callable[[], float] = time.time, rng: random.Random | None = None, tracer: trace.Tracer | None = None,
+    events: Callable[[str, str], None] | None = None,
 ) -> Registry:  # fmt: skip
+    """`events(downstream, name)`: what a handler saw (a lookup, a wait, a refusal for expiry, a
+    transfer parked as unknown_outcome), for the worker's metrics."""
     problems = _problems(settings, secrets, tables)
     if problems:
         raise RegistryError("\n".join(problems))
@@ -94,8 +97,18 @@ def build_registry(
         t.name: CallbackTarget(name=t.name, url=t.url, secret=secrets[t.name]) for t in settings.callback.targets
     }
     handlers: dict[Kind, Handler] = {
-        Kind.TRANSFER: TransferHandler(sender=payment, table=tables[PAYMENT]),
+        Kind.TRANSFER: TransferHandler(
+            sender=payment, table=tables[PAYMENT], guarantee=transfer_guarantee(settings.payment),
+            events=(lambda name: events(PAYMENT, name)) if events is not None else None,
+        ),
         Kind.LIST_UPDATE: ListUpdateHandler(sender=red_packet, table=tables[RED_PACKET]),
         Kind.CALLBACK: CallbackHandler(sender=callback, table=tables[CALLBACK], targets=targets, clock=clock),
     }
     return Registry(handlers, (payment, red_packet, callback))
+
+
+def transfer_guarantee(settings: DownstreamSettings) -> TransferGuarantee:
+    return TransferGuarantee(
+        guarantee=Guarantee(settings.guarantee), clock_skew_s=settings.clock_skew_ms / 1000, horizon_s=settings.in_flight_horizon_s,
+        request_ttl_s=settings.gateway.attempt_timeout_s,
+    )  # fmt: skip

@@ -12,6 +12,7 @@ Must never: read the environment or a file, or hold a secret.
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Final
 from urllib.parse import urlsplit
 
@@ -37,11 +38,46 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     pass
 
 
+class Guarantee(enum.StrEnum):
+    """What a downstream guarantees about a request it receives twice or late (docs/worker.md)."""
+
+    DEDUP = "dedup"
+    """It honours our idempotency key (the transfer id) for at least `dedup_window_s`: a repeat
+    within it is answered, not applied again."""
+    EXPIRY = "expiry"
+    """It enforces the `expires_at` every request carries, by its own clock: a request that
+    arrives after it is refused and writes nothing."""
+    NONE = "none"
+    """No guarantee: a repeat is a new payment and a late request is applied."""
+
+
+SKEW_MS_MAX: Final = 60_000
+"""Clocks a minute apart are broken, not skewed; and an attempt waits at most a minute inside its lease."""
+HORIZON_S_MAX: Final = 7 * 86_400
+WINDOW_S_MAX: Final = 10 * 366 * 86_400
+
+
 class DownstreamSettings(_Settings, frozen=True):
     base_url: Url
     """The downstream's base URL (scheme, host, port; no path): the handlers add their paths."""
     gateway: GatewaySettings = GatewaySettings()
     """The HTTP client's timeouts and limits for this downstream."""
+    guarantee: Guarantee = Guarantee.DEDUP
+    """What the downstream guarantees: `dedup` (it deduplicates on our idempotency key), `expiry` (it
+    refuses a request that arrives after its `expires_at`) or `none` (after an unknown outcome a
+    transfer is never sent again automatically: looked up, then parked for finance)."""
+    dedup_window_s: Annotated[int, msgspec.Meta(ge=1, le=WINDOW_S_MAX)] | None = None
+    """`dedup` only: how long it keeps an idempotency key; unset, as long as it keeps its transfers.
+    A worker refuses to start while a retry policy of this downstream's kinds can re-send later
+    than this (delay/policy.py `horizon_ms`)."""
+    clock_skew_ms: Annotated[int, msgspec.Meta(ge=0, le=SKEW_MS_MAX)] = 1000
+    """`expiry`: the largest difference between the store's clock (the log's) and the downstream's.
+    After an unknown outcome the next attempt looks the request up only once its expiry plus this
+    has passed; a larger real difference can let a late request through after that lookup."""
+    in_flight_horizon_s: Annotated[float, msgspec.Meta(gt=0, le=HORIZON_S_MAX)] = 300.0
+    """`none`: the longest a request may still take effect after its attempt's deadline (a worker
+    paused, a request held in the network). After an unknown outcome the request is looked up at
+    once and again this long after that deadline; still not found, it is parked as `unknown_outcome`."""
 
 
 class CallbackTargetSettings(_Settings, frozen=True):
@@ -74,6 +110,11 @@ class HandlersSettings(_Settings, frozen=True):
         for name, downstream in (("payment", self.payment), ("red_packet", self.red_packet)):
             found += [f"{name}.base_url: {p}" for p in url_problems(downstream.base_url, base=True)]
             found += [f"{name}.gateway: {p}" for p in downstream.gateway.problems()]
+            if downstream.dedup_window_s is not None and downstream.guarantee != Guarantee.DEDUP:
+                found.append(f"{name}.dedup_window_s: applies to guarantee dedup only (this one is {downstream.guarantee})")
+        if self.red_packet.guarantee != Guarantee.DEDUP:
+            found.append("red_packet.guarantee: a list update carries its version, which the red-packet service applies"
+                         " only forward: that is its deduplication, so only dedup describes it")  # fmt: skip
         found += [f"callback.gateway: {p}" for p in self.callback.gateway.problems()]
         names = [target.name for target in self.callback.targets]
         if len(set(names)) != len(names):

@@ -10,6 +10,9 @@ expected to a person (permanent) rather than guessing. Why the less obvious rows
 - The red-packet service's `stale_version` (a newer version is there) is a success: the receive list
   already holds something newer than this update, which is what the update wanted.
 - The payment system's 200 is a replay of a transfer it already made under this key.
+- The payment system's `request_expired` (a payment system that enforces `expires_at` refused a
+  request that arrived late) is retried: it wrote nothing, so the outcome is known. A table that
+  leaves it out makes such a refusal a dead letter (`rejected`), never a second payment.
 
 Must never: do I/O. Tests check that each table validates and round-trips through JSON.
 """
@@ -47,6 +50,8 @@ PAYMENT_TABLE: Final = ClassificationTable(downstream=PAYMENT, rules=(
           detail="the transfer id is taken by a transfer with other content"),
     _rule(422, 422, Action.PERMANENT, "insufficient_funds", code="insufficient_funds"),
     _rule(422, 422, Action.PERMANENT, "account_closed", code="account_closed"),
+    _rule(422, 422, Action.RETRY, "request_expired", code="request_expired",
+          detail="arrived after its expires_at: refused, nothing applied"),
     _REDIRECT,
     *_COMMON_TAIL,
 ))  # fmt: skip

@@ -24,7 +24,8 @@ class Action(enum.Enum):
     ACK = "ack"
     FAIL = "fail"
     RELEASE = "release"
-    """Handed back unstarted (a draining worker): ready again, the delivery not counted."""
+    """Handed back (a draining worker): ready again, the delivery not counted; an interrupted one
+    whose requests may still take effect is delayed until they no longer can."""
     EXPIRE = "expire"
     """The lease deadline passed: counted as a failed attempt (explicit ExpireLeases or lazily)."""
     REDRIVE = "redrive"
@@ -50,7 +51,7 @@ TABLE: Final[dict[tuple[State, Action], frozenset[State]]] = {
     (State.LEASED, Action.EXTEND): frozenset({State.LEASED}),
     (State.LEASED, Action.ACK): frozenset({State.DONE}),
     (State.LEASED, Action.FAIL): _RETRY_OR_DEAD,
-    (State.LEASED, Action.RELEASE): frozenset({State.READY}),
+    (State.LEASED, Action.RELEASE): frozenset({State.READY, State.DELAYED}),
     (State.LEASED, Action.EXPIRE): _RETRY_OR_DEAD,
     (State.DEAD, Action.REDRIVE): frozenset({State.READY}),
     (State.DEAD, Action.DISCARD): frozenset({State.DISCARDED}),

@@ -35,13 +35,12 @@ from typing import Any, Final
 import msgspec
 
 from delay.policy import DAY_MS, DEFAULT_POLICY, DELAY_MAX_MS, DeadLetter, RetryPolicy, decide
-from queues import access, audit_chain, codec, documents, due_index, jobs, proposals, review
-from queues.lifecycle import TERMINAL, Action, transition
+from queues import access, audit_chain, codec, documents, due_index, in_doubt, jobs, proposals, purging, review
+from queues.lifecycle import Action, transition
 from queues.model import (
     BUILTIN_KINDS,
     ERROR_CLASS_INTERRUPTED,
     ERROR_CLASS_LEASE_EXPIRED,
-    EVENTS_PURGE_MAX,
     LEASE_RESULT_BYTES_MAX,
     OPERATOR_EVENT_TYPES,
     Ack,
@@ -140,7 +139,7 @@ _SCHEMA: Final = (
         last_error_class TEXT, last_error_text TEXT, token INTEGER NOT NULL, token_open INTEGER NOT NULL,
         lease_worker TEXT, lease_deadline_ms INTEGER, dead_ms INTEGER, dead_reason TEXT,
         dead_error_class TEXT, terminal_ms INTEGER, purge_ms INTEGER, request_id INTEGER, edited_hash BLOB,
-        version INTEGER, previous_id INTEGER, superseded_by INTEGER)""",
+        version INTEGER, previous_id INTEGER, superseded_by INTEGER, in_doubt_until_ms INTEGER)""",
     # Payloads live apart from the message rows: a lease, ack or fail rewrites its message row, and
     # with a 1 KiB payload inline that row filled a third of a page; apart, a page holds about 25
     # message rows, so a batch of 1000 state changes writes about 40 pages to the WAL, not 330.
@@ -371,6 +370,8 @@ class QueueMachine(SqliteStateMachine):
         for column in ("version", "previous_id", "superseded_by"):  # before edits made new versions
             if column not in message_columns:
                 conn.execute(f"ALTER TABLE messages ADD COLUMN {column} INTEGER")
+        if "in_doubt_until_ms" not in message_columns:  # before grants carried the in-doubt deadline
+            conn.execute("ALTER TABLE messages ADD COLUMN in_doubt_until_ms INTEGER")
         due_index.create_indexes(conn, TABLE)
         access.create_tables(conn)
         documents.create_tables(conn)
@@ -552,7 +553,7 @@ _lease_session_decoder: Final = msgspec.msgpack.Decoder(_LeaseSession)
 _GRANT_COLUMNS: Final = (
     "id, kind, idempotency_key, ref_key,"
     " coalesce(edited_payload, (SELECT payload FROM bodies WHERE bodies.id = messages.id)), headers, attempts, due_ms,"
-    " iif(edited_payload IS NULL, content_hash, edited_hash), last_error_class"
+    " iif(edited_payload IS NULL, content_hash, edited_hash), last_error_class, in_doubt_until_ms, budget_attempts"
 )
 """The hash is the one stored with the payload granted (at enqueue, or at an edited redrive), read
 from another row than the payload, so a client can tell a payload corrupted at rest (see Grant)."""
@@ -560,7 +561,7 @@ from another row than the payload, so a client can tell a payload corrupted at r
 _QUIET_GRANT_COLUMNS: Final = (
     "id, kind, NULL, NULL,"
     " coalesce(length(edited_payload), (SELECT length(payload) FROM bodies WHERE bodies.id = messages.id)),"
-    " NULL, attempts, due_ms, NULL, NULL"
+    " NULL, attempts, due_ms, NULL, NULL, NULL, NULL"
 )
 
 
@@ -569,12 +570,12 @@ def _regrant(conn: sqlite3.Connection, message_id: int, token: int, now_ms: int)
     row = conn.execute(
         f"SELECT {_GRANT_COLUMNS}, phase, token, lease_deadline_ms FROM messages WHERE id = ?", (message_id,)
     ).fetchone()
-    if row is None or row[10] != Phase.LEASED or row[11] != token or row[12] <= now_ms:
+    if row is None or row[12] != Phase.LEASED or row[13] != token or row[14] <= now_ms:
         return None
-    return _grant_of(row, token=token, attempt=int(row[6]), deadline_ms=int(row[12]))
+    return _grant_of(row, token=token, attempt=int(row[6]), deadline_ms=int(row[14]), now_ms=now_ms)
 
 
-def _grant_of(row: Any, *, token: int, attempt: int, deadline_ms: int) -> Grant:
+def _grant_of(row: Any, *, token: int, attempt: int, deadline_ms: int, now_ms: int) -> Grant:
     """A Grant from a row of `_GRANT_COLUMNS` (sqlite3 rows are untyped tuples)."""
     return Grant(
         message_id=int(row[0]),
@@ -589,6 +590,8 @@ def _grant_of(row: Any, *, token: int, attempt: int, deadline_ms: int) -> Grant:
         deadline_ms=deadline_ms,
         payload_hash=row[8] or b"",
         previous_error_class=row[9],
+        in_doubt_ms=None if row[10] is None else int(row[10]) - now_ms,
+        budget_attempt=attempt - int(row[11]),
     )
 
 
@@ -635,7 +638,7 @@ class _Apply:
             case SetPolicy():
                 return self.set_policy(command)
             case Purge():
-                return self.purge(command)
+                return purging.purge(self, command)
             case SetRetention():
                 return self.set_retention(command)
             case PutToken():
@@ -879,7 +882,7 @@ class _Apply:
             updates.append((attempt, token, worker_id, deadline_ms, message_id))
             attempts.append((message_id, attempt, token, worker_id, now_ms))
             if respond:
-                grant = _grant_of(row, token=token, attempt=attempt, deadline_ms=deadline_ms)
+                grant = _grant_of(row, token=token, attempt=attempt, deadline_ms=deadline_ms, now_ms=now_ms)
             else:  # what the state and the session record need, without the payload
                 grant = Grant(message_id=message_id, token=token, kind=kind, idempotency_key="", ref_key="",
                               payload=b"", headers={}, attempt=attempt, due_ms=due_ms, deadline_ms=deadline_ms)
@@ -939,7 +942,7 @@ class _Apply:
     def expire_one(self, row: _Row) -> None:
         assert row.phase is Phase.LEASED
         self.fail_attempt(row, error_class=ERROR_CLASS_LEASE_EXPIRED, error_text="lease deadline passed",
-                          permanent=False, not_before_ms=None, expired=True)  # fmt: skip
+                          permanent=False, not_before_ms=None, expired=True, in_doubt_ms=None)  # fmt: skip
 
     def fail_attempt(
         self,
@@ -950,8 +953,10 @@ class _Apply:
         permanent: bool,
         not_before_ms: int | None,
         expired: bool,
+        in_doubt_ms: int | None,
     ) -> Outcome:
-        """Run the retry policy for the attempt that just failed (or expired) and record it."""
+        """Run the retry policy for the attempt that just failed (or expired) and record it, with
+        its in-doubt deadline (queues/in_doubt.py; a reported one also holds the retry back)."""
         allowed = transition(State.LEASED, Action.EXPIRE if expired else Action.FAIL)
         assert not isinstance(allowed, Code)
         attempt = row.attempts - row.budget_attempts
@@ -978,12 +983,14 @@ class _Apply:
         }
         # An expired token stays open for a late ack; an explicit fail consumes it.
         token_open = 1 if expired else 0
+        in_doubt_until = in_doubt.until(lease_deadline_ms=row.lease_deadline_ms, now_ms=self.now_ms,
+                                        in_doubt_ms=in_doubt_ms)
         if isinstance(decision, DeadLetter):
             self.batch.move(row.kind, row.phase, Phase.DEAD)
             self.conn.execute(
                 "UPDATE messages SET phase = ?, token_open = ?, lease_worker = NULL,"
                 " lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?, dead_ms = ?,"
-                " dead_reason = ?, dead_error_class = ? WHERE id = ?",
+                f" dead_reason = ?, dead_error_class = ?, {in_doubt.SET} WHERE id = ?",
                 (
                     Phase.DEAD,
                     token_open,
@@ -992,6 +999,7 @@ class _Apply:
                     self.now_ms,
                     decision.reason.value,
                     error_class,
+                    *in_doubt.params(in_doubt_until),
                     row.id,
                 ),
             )
@@ -1007,16 +1015,18 @@ class _Apply:
             assert State.DEAD in allowed
             return Outcome(code=Code.OK, message_id=row.id, state=State.DEAD)
         self.batch.move(row.kind, row.phase, Phase.WAITING)
+        due_ms = decision.due_ms if in_doubt_ms is None or in_doubt_until is None else max(decision.due_ms, in_doubt_until)
         self.conn.execute(
             "UPDATE messages SET phase = ?, due_ms = ?, token_open = ?, lease_worker = NULL,"
-            " lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ? WHERE id = ?",
-            (Phase.WAITING, decision.due_ms, token_open, error_class, error_text, row.id),
+            f" lease_deadline_ms = NULL, last_error_class = ?, last_error_text = ?, {in_doubt.SET} WHERE id = ?",
+            (Phase.WAITING, due_ms, token_open, error_class, error_text, *in_doubt.params(in_doubt_until), row.id),
         )
-        data["due_ms"] = decision.due_ms
+        data["due_ms"] = due_ms
         self.emit(EventType.LEASE_EXPIRED if expired else EventType.ATTEMPT_FAILED, row.id, row.kind, data)
-        state = state_of(Phase.WAITING, decision.due_ms, self.now_ms)
+        state = state_of(Phase.WAITING, due_ms, self.now_ms)
         assert state in allowed
-        return Outcome(code=Code.OK, message_id=row.id, state=state, due_ms=decision.due_ms)
+        return Outcome(code=Code.OK, message_id=row.id, state=state, due_ms=due_ms)
+
 
     # ---- per-message commands from workers --------------------------------------------------
     def check_token(self, row: _Row | None, token: int, action: Action) -> Outcome | None:
@@ -1112,7 +1122,8 @@ class _Apply:
         if command.retry_after_ms is not None:  # a duration from now, on the log's clock
             not_before_ms = max(not_before_ms or 0, self.now_ms + command.retry_after_ms)
         return self.fail_attempt(row, error_class=command.error_class, error_text=command.error_text,
-                                 permanent=command.permanent, not_before_ms=not_before_ms, expired=False)  # fmt: skip
+                                 permanent=command.permanent, not_before_ms=not_before_ms, expired=False,
+                                 in_doubt_ms=command.in_doubt_ms)  # fmt: skip
 
     # ---- operator commands ------------------------------------------------------------------
     def release(self, command: Release) -> QueueResult:
@@ -1122,12 +1133,18 @@ class _Apply:
             return refusal
         assert row is not None
         self.batch.move(row.kind, row.phase, Phase.WAITING)
+        due_ms, in_doubt_until = self.now_ms, None
+        if command.interrupted:  # it may have sent: in doubt as a failed attempt is
+            in_doubt_until = in_doubt.until(lease_deadline_ms=row.lease_deadline_ms, now_ms=self.now_ms,
+                                            in_doubt_ms=command.in_doubt_ms)
+            if command.in_doubt_ms is not None and in_doubt_until is not None:
+                due_ms = max(due_ms, in_doubt_until)
         # budget_attempts + 1: the next delivery is judged by the policy as if this one never was.
         self.conn.execute(
             "UPDATE messages SET phase = ?, due_ms = ?, token_open = 0, lease_worker = NULL, lease_deadline_ms = NULL,"
-            " budget_attempts = budget_attempts + 1,"
-            " last_error_class = iif(?, ?, last_error_class) WHERE id = ?",
-            (Phase.WAITING, self.now_ms, command.interrupted, ERROR_CLASS_INTERRUPTED, row.id),
+            f" budget_attempts = budget_attempts + 1, last_error_class = iif(?, ?, last_error_class), {in_doubt.SET}"
+            " WHERE id = ?",
+            (Phase.WAITING, due_ms, command.interrupted, ERROR_CLASS_INTERRUPTED, *in_doubt.params(in_doubt_until), row.id),
         )
         outcome = "interrupted" if command.interrupted else "released"
         self.conn.execute(
@@ -1138,7 +1155,7 @@ class _Apply:
             EventType.RELEASED, row.id, row.kind,
             {"token": row.token, "attempt": row.attempts, "interrupted": command.interrupted},
         )  # fmt: skip
-        return Outcome(code=Code.OK, message_id=row.id, state=State.READY, due_ms=self.now_ms)
+        return Outcome(code=Code.OK, message_id=row.id, state=state_of(Phase.WAITING, due_ms, self.now_ms), due_ms=due_ms)
 
     def redrive_targets(self, command: Redrive) -> list[int] | ErrorResult:
         if command.payload is not None and (len(command.ids) != 1 or command.filter is not None):
@@ -1300,33 +1317,3 @@ class _Apply:
              "event_retention_ms": after[1], "retention_ms_before": before[0], "event_retention_ms_before": before[1]},
         )  # fmt: skip
         return RetentionResult(code=Code.OK, retention_ms=after[0], event_retention_ms=after[1])
-
-    def purge(self, command: Purge) -> QueueResult:
-        rows = self.conn.execute(
-            "SELECT id, kind, idempotency_key, phase FROM messages INDEXED BY messages_purge"
-            " WHERE purge_ms <= ? ORDER BY purge_ms, id LIMIT ?",
-            (self.now_ms, command.limit),
-        ).fetchall()
-        for message_id, kind, key, phase in rows:
-            assert state_of(Phase(phase), 0, self.now_ms) in TERMINAL
-            self.batch.move(kind, _PHASE_OF[phase], None)
-            self.conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
-            self.conn.execute("DELETE FROM bodies WHERE id = ?", (message_id,))
-            self.conn.execute("DELETE FROM attempts WHERE message_id = ?", (message_id,))
-            self.conn.execute("DELETE FROM idempotency WHERE key = ? AND message_id = ?", (key, message_id))
-            self.emit(EventType.PURGED, message_id, kind, {})
-        return BatchResult(code=Code.OK, ids=tuple(int(row[0]) for row in rows), events_purged=self.purge_events())
-
-    def purge_events(self) -> int:
-        """Delete the oldest events past their retention, at most EVENTS_PURGE_MAX: a prefix of the
-        log, so a reader's gap is always at its start. O(EVENTS_PURGE_MAX): the stamped clock never
-        goes backwards, so the events past their retention are the first ones by seq."""
-        cutoff = self.now_ms - self.machine.retention(self.conn)[1]
-        last = None
-        for seq, ts_ms in self.conn.execute("SELECT seq, ts_ms FROM events ORDER BY seq LIMIT ?", (EVENTS_PURGE_MAX,)):
-            if ts_ms > cutoff:
-                break
-            last = seq
-        if last is None:
-            return 0
-        return self.conn.execute("DELETE FROM events WHERE seq <= ?", (last,)).rowcount

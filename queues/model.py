@@ -16,6 +16,10 @@ from typing import Annotated, Final
 import msgspec
 
 from delay.policy import DELAY_MAX_MS, ErrorClass, RetryPolicy
+from queues.events import OPERATOR_EVENT_TYPES as OPERATOR_EVENT_TYPES
+from queues.events import Event as Event
+from queues.events import EventType as EventType
+from queues.events import EventValue as EventValue
 
 PAYLOAD_BYTES_MAX: Final = 256 * 1024
 """RocketMQ's and QMQ's message size limit: a compensation request is a small instruction."""
@@ -42,6 +46,8 @@ Token = Annotated[int, msgspec.Meta(ge=1)]
 TimeMs = Annotated[int, msgspec.Meta(ge=0, le=TIME_MS_MAX)]
 DelayMs = Annotated[int, msgspec.Meta(ge=0, le=DELAY_MAX_MS)]
 LeaseMs = Annotated[int, msgspec.Meta(ge=1, le=LEASE_MS_MAX)]
+InDoubtMs = Annotated[int, msgspec.Meta(ge=0, le=LEASE_MS_MAX)]
+"""A delivery's requests are in doubt at most until its lease's deadline: never longer than a lease."""
 CountMax = Annotated[int, msgspec.Meta(ge=1, le=LEASE_COUNT_MAX)]
 BatchLimit = Annotated[int, msgspec.Meta(ge=1, le=BATCH_IDS_MAX)]
 
@@ -247,6 +253,12 @@ class Fail(_Command, frozen=True, tag="fail"):
     permanent: bool = False
     retry_after_ms: DelayMs | None = None  # the Retry-After: a duration the store adds to its own time, not a worker's clock
     not_before_ms: TimeMs | None = None  # the same as an absolute time, as older workers sent it: applied still (the later wins)
+    in_doubt_ms: InDoubtMs | None = None
+    """How long a request this delivery sent may still take effect downstream, as a duration the
+    store adds to its own clock (capped at the lease's deadline): the retry is not due before then,
+    and the next grant carries what remains (`Grant.in_doubt_ms`). 0: nothing it sent is in doubt.
+    None: not reported; the store then assumes the lease's deadline for the next grant, and leaves
+    the due time to the policy."""
 
 
 class Release(_Command, frozen=True, tag="release"):
@@ -258,6 +270,9 @@ class Release(_Command, frozen=True, tag="release"):
     interrupted: bool = False
     """The attempt had started and was cut off (the drain's grace ran out): its outcome downstream
     is unknown, so the next delivery is told so (`ERROR_CLASS_INTERRUPTED`) and checks first."""
+    in_doubt_ms: InDoubtMs | None = None
+    """As `Fail.in_doubt_ms`, for an interrupted attempt: ready once its requests can no longer take
+    effect, rather than at once. Ignored unless `interrupted` (an attempt not started sent nothing)."""
 
 
 class ExpireLeases(_Command, frozen=True, tag="expire"):
@@ -516,6 +531,16 @@ class Grant(msgspec.Struct, frozen=True, kw_only=True):
     previous_error_class: str | None = None
     """How the delivery before this one ended (a fail's class, or lease_expired), None before the
     first: a handler checks downstream before repeating an effect whose outcome is unknown."""
+    in_doubt_ms: int | None = None
+    """How long, from this grant by the store's clock, a request sent by an earlier delivery may
+    still take effect downstream: the latest in-doubt deadline the store knows of (what workers
+    reported, else their leases' deadlines), minus the grant's time; negative once it has passed
+    (by that much). None: no earlier delivery ended while it may have sent a request. A handler of
+    a downstream that enforces expiry looks a request up only after this (plus the clock-skew
+    bound) has passed on its own monotonic clock, counted from when the grant arrived."""
+    budget_attempt: int = 1
+    """This delivery's number within its attempt budget: 1 after an enqueue or a redrive (the
+    first delivery finance released), 2 for the next, ... (a release does not count)."""
 
 
 class LeaseResult(_Result, frozen=True, tag="lease"):
@@ -644,49 +669,6 @@ QueueResult = (
     EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | TokenResult
     | DocumentResult | ReviewResult | JobStepResult | ErrorResult
 )
-
-
-# ---- events ---------------------------------------------------------------------------------
-class EventType(enum.Enum):
-    ENQUEUED = "enqueued"
-    LEASED = "leased"
-    LEASE_EXTENDED = "lease_extended"
-    SUCCEEDED = "succeeded"
-    ATTEMPT_FAILED = "attempt_failed"
-    LEASE_EXPIRED = "lease_expired"
-    DEAD_LETTERED = "dead_lettered"
-    REDRIVEN = "redriven"
-    DISCARDED = "discarded"
-    PURGED = "purged"
-    PAUSED = "paused"
-    RESUMED = "resumed"
-    POLICY_SET = "policy_set"
-    RETENTION_SET = "retention_set"
-    RELEASED = "released"
-    TOKEN_PUT = "token_put"
-    TOKEN_REVOKED = "token_revoked"
-    QUOTA_SET = "quota_set"
-    DOCUMENT_PUT = "document_put"
-
-
-OPERATOR_EVENT_TYPES: Final = (EventType.DEAD_LETTERED, EventType.REDRIVEN, EventType.DISCARDED)
-"""The events of a message that its row and attempt history do not already tell (who redrove or
-discarded it, and why it went dead each time): indexed by message, for its timeline."""
-
-
-EventValue = str | int | bool | None
-
-
-class Event(msgspec.Struct, frozen=True, kw_only=True):
-    seq: int
-    """Dense, starting at 1: a projection saves the last seq it wrote, in its own transaction."""
-    log_index: int
-    ts_ms: int
-    type: EventType
-    message_id: int
-    """0 for kind-level events (pause, resume, policy)."""
-    kind: str
-    data: dict[str, EventValue]
 
 
 # ---- query views ----------------------------------------------------------------------------

@@ -70,7 +70,7 @@ STDLIB_FORBIDDEN: Final[Mapping[str, frozenset[str]]] = {"delay": frozenset({"sq
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
     "raft_store.log_clock",
-    "queues.model", "queues.lifecycle", "queues.codec", "queues.query_codec",
+    "queues.model", "queues.events", "queues.in_doubt", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies",
     "api.ids", "api.schemas", "api.submissions",
@@ -85,9 +85,9 @@ MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
     "bench/e2e.py": 722,
-    "queues/machine.py": 1332,
-    "queues/machine.py::_Apply": 738,
-    "queues/model.py": 880,
+    "queues/machine.py": 1324,
+    "queues/machine.py::_Apply": 732,
+    "queues/model.py": 862,
     "queues/client.py::QueueClient": 378,
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
@@ -95,7 +95,7 @@ OVERSIZED: Final[Mapping[str, int]] = {
     "raft_store/node.py::Node": 908,
     "raft_store/simulation/cluster.py::Cluster": 459,
     "raft_store/wal.py::Wal": 315,
-    "compensator/worker/runner.py::Worker": 327,
+    "compensator/worker/runner.py::Worker": 321,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The
 list only shrinks: split one and lower its number (or drop it once under the limit)."""

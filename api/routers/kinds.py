@@ -125,8 +125,10 @@ async def get_policy(request: Request, kind: KindPath, principal: Observer) -> R
         "schema": {"$ref": "#/components/schemas/RetryPolicy"}}}}},
 )  # fmt: skip
 async def set_policy(request: Request, kind: KindPath, principal: Operator) -> Response:
-    """The whole policy, validated (fields and the relations between them); answered with the
-    policy before and after. The change applies to each request's next failure."""
+    """The whole policy, validated (fields and the relations between them, and against what the
+    kind's downstream is declared to guarantee: no re-send past its deduplication window, no
+    Retry-After cap under its in-flight horizon); answered with the policy before and after. The
+    change applies to each request's next failure."""
     services: ApiServices = request.app.state.services
     require_json(request)
     body = await read_body(request, 64 * 1024)
@@ -136,7 +138,7 @@ async def set_policy(request: Request, kind: KindPath, principal: Operator) -> R
         raise invalid([msgspec_error(error)]) from None
     except msgspec.DecodeError:
         raise Problem("malformed-body", "the body is not valid JSON") from None
-    problems = policy.problems()
+    problems = policy.problems() or services.settings.policy_problems(kind, policy)
     if problems:
         raise invalid([{"field": "policy", "message": problem} for problem in problems])
     await _kind(services, kind)  # 404 for a kind that does not exist: this endpoint never registers one

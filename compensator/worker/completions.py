@@ -68,15 +68,18 @@ class Completions:
         error_text: str,
         permanent: bool,
         retry_after_ms: int | None,
+        in_doubt_ms: int | None = None,
     ) -> None:
         """`retry_after_ms`: a duration; the store adds it to its own time (never this worker's clock)."""
         command = Fail(message_id=message_id, token=token, error_class=error_class,
-                       error_text=error_text[:TEXT_LENGTH_MAX], permanent=permanent, retry_after_ms=retry_after_ms)  # fmt: skip
+                       error_text=error_text[:TEXT_LENGTH_MAX], permanent=permanent, retry_after_ms=retry_after_ms,
+                       in_doubt_ms=in_doubt_ms)  # fmt: skip
         self._add(Completion(message_id, token, kind, "fail", command))
 
-    def release(self, message_id: int, token: int, kind: str, *, interrupted: bool) -> None:
+    def release(self, message_id: int, token: int, kind: str, *, interrupted: bool, in_doubt_ms: int | None = None) -> None:
         self._add(Completion(message_id, token, kind, "release",
-                             Release(message_id=message_id, token=token, interrupted=interrupted)))  # fmt: skip
+                             Release(message_id=message_id, token=token, interrupted=interrupted,
+                                     in_doubt_ms=in_doubt_ms if interrupted else None)))  # fmt: skip
 
     def _add(self, completion: Completion) -> None:
         self._pending.append(completion)

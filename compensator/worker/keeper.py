@@ -2,10 +2,11 @@
 
 A lease is granted for `lease_ms`; a handler waiting on a slow downstream may need longer. Every
 `lease_ms / 4` the keeper extends, in one frame, every lease with less than half its time left,
-measured on this worker's monotonic clock from when the grant arrived (the grant was made before
-it arrived, so the local deadline is never later than the store's). A refused extension means the
-lease is gone (expired and retried elsewhere, or finished): the attempt runs on, and its ack will
-be fenced off by the store.
+measured on this worker's monotonic clock from when the Lease (or the last extension) was *sent*:
+the store applied it after that, so the local deadline is never later than the store's
+(handlers/lease_time.py, which also takes the store's new deadline from the answer). A refused
+extension means the lease is gone (expired and retried elsewhere, or finished): the attempt runs on,
+its ack will be fenced off by the store, and it writes no request once its local deadline passed.
 
 Must never: extend a lease whose attempt has finished (the runner forgets it first).
 """
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from handlers.lease_time import LeaseTime
 from queues import ClientError, Code, QueueClient, QueueError
 from queues.model import ExtendLease, Outcome, QueueCommand
 
@@ -28,7 +30,7 @@ log = logging.getLogger("compensator.worker")
 class Held:
     message_id: int
     token: int
-    local_deadline_s: float
+    lease: LeaseTime
     lost: bool = False
 
 
@@ -41,8 +43,8 @@ class LeaseKeeper:
         self.extended = 0
         self.lost = 0
 
-    def hold(self, message_id: int, token: int) -> None:
-        self._held[message_id] = Held(message_id, token, self._clock() + self._lease_ms / 1000)
+    def hold(self, message_id: int, token: int, lease: LeaseTime) -> None:
+        self._held[message_id] = Held(message_id, token, lease)
 
     def forget(self, message_id: int) -> None:
         self._held.pop(message_id, None)
@@ -57,7 +59,7 @@ class LeaseKeeper:
 
     async def extend_due(self) -> int:
         now = self._clock()
-        due = [h for h in self._held.values() if not h.lost and h.local_deadline_s - now < self._lease_ms / 2000]
+        due = [h for h in self._held.values() if not h.lost and h.lease.send_by() - now < self._lease_ms / 2000]
         if not due:
             return 0
         commands: list[QueueCommand] = [
@@ -66,7 +68,7 @@ class LeaseKeeper:
         results = await self._queue.submit_many(commands)
         for held, result in zip(due, results, strict=True):
             if isinstance(result, Outcome) and result.code is Code.OK:
-                held.local_deadline_s = now + self._lease_ms / 1000
+                held.lease.extended(sent_s=now, deadline_ms=result.deadline_ms)
                 self.extended += 1
             else:
                 held.lost = True

@@ -54,11 +54,12 @@ from compensator.worker.metrics import WorkerMetrics
 from delay.policy import DELAY_MAX_MS
 from handlers.classification import ClassificationTable, decode_table
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
+from handlers.lease_time import LeaseTime
 from handlers.registry import Registry
 from ledger.kinds import Kind, decode_payload
 from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
 from queues.lateness import grant_lateness_ms
-from queues.model import Lease, QueueCommand
+from queues.model import LEASE_MS_MAX, Lease, QueueCommand
 
 log = logging.getLogger("compensator.worker")
 ERROR_BACKOFF_MAX_S: Final = 2.0
@@ -88,6 +89,7 @@ class WorkerSettings:
 class Running:
     grant: Grant
     task: asyncio.Task[None]
+    lease: LeaseTime
     probe: bool = False
 
 
@@ -191,7 +193,9 @@ class Worker:
                   probe=holder(self._handlers[kind].downstream))
             for kind in probes
         ]  # fmt: skip
+        requested_s = time.monotonic()  # the store grants after this: the lease ends no earlier here
         results = await self._queue.submit_many(commands)
+        received_s = time.monotonic()
         self.lease_commands += len(commands)
         granted = 0
         for index, result in enumerate(results):
@@ -201,7 +205,9 @@ class Worker:
             grants = (await self._queue.checked(result)).grants
             probe = index >= len(ready)
             for grant in grants:
-                self._start(grant, probe=probe)
+                lease = LeaseTime.granted(lease_ms=settings.lease_ms, deadline_ms=grant.deadline_ms,
+                                          requested_s=requested_s, received_s=received_s)  # fmt: skip
+                self._start(grant, lease, probe=probe)
                 granted += 1
             if grants and not probe:
                 self.breakers[self._handlers[grants[0].kind].downstream].took(len(grants))
@@ -307,22 +313,22 @@ class Worker:
         task.add_done_callback(self._breaker_tasks.discard)
 
     # ---- one attempt ---------------------------------------------------------------------------
-    def _start(self, grant: Grant, *, probe: bool = False) -> None:
+    def _start(self, grant: Grant, lease: LeaseTime, *, probe: bool = False) -> None:
         self._limits.acquire(grant.kind)
-        self.keeper.hold(grant.message_id, grant.token)
+        self.keeper.hold(grant.message_id, grant.token, lease)
         self.leased += 1
         handler = self._handlers[grant.kind]
         self._metrics.in_flight.labels(handler.downstream).inc()
         self._metrics.lateness_seconds.labels(grant.kind).observe(
             grant_lateness_ms(grant, self._settings.lease_ms) / 1000
         )
-        task = asyncio.create_task(self._attempt(grant, handler, probe), name=f"attempt-{grant.message_id}")
-        self._running[grant.message_id] = Running(grant, task, probe)
+        task = asyncio.create_task(self._attempt(grant, handler, lease, probe), name=f"attempt-{grant.message_id}")
+        self._running[grant.message_id] = Running(grant, task, lease, probe)
 
-    async def _attempt(self, grant: Grant, handler: Handler, probe: bool) -> None:
+    async def _attempt(self, grant: Grant, handler: Handler, lease: LeaseTime, probe: bool) -> None:
         decision: Decision | None = None
         try:
-            decision = await self._decide(grant, handler)
+            decision = await self._decide(grant, handler, lease)
             self._record(grant, handler.downstream, decision, probe)
         finally:
             self._running.pop(grant.message_id, None)
@@ -331,16 +337,16 @@ class Worker:
             self._metrics.in_flight.labels(handler.downstream).dec()
             self._slot_freed.set()
             if decision is not None:
-                self._settle(grant, decision)
+                self._settle(grant, decision, lease)
 
-    async def _decide(self, grant: Grant, handler: Handler) -> Decision:
+    async def _decide(self, grant: Grant, handler: Handler, lease: LeaseTime) -> Decision:
         context = propagate.extract(grant.headers)
         attributes: dict[str, str | int] = {"compensator.kind": grant.kind, "compensator.ref_key": grant.ref_key,
                       "compensator.attempt": grant.attempt, "compensator.message_id": grant.message_id}  # fmt: skip
         with self._tracer.start_as_current_span(f"attempt {grant.kind}", context=context, kind=SpanKind.CONSUMER,
                                                 attributes=attributes) as span:  # fmt: skip
             started = time.perf_counter()
-            decision = await self._handle(grant, handler)
+            decision = await self._handle(grant, handler, lease)
             self._metrics.handler_seconds.labels(grant.kind).observe(time.perf_counter() - started)
             outcome = {Succeeded: "succeeded", Retryable: "retryable", Permanent: "permanent"}[type(decision)]
             self._metrics.attempts.labels(grant.kind, outcome).inc()
@@ -350,7 +356,7 @@ class Worker:
                 span.set_status(Status(StatusCode.ERROR, decision.error_class))
             return decision
 
-    async def _handle(self, grant: Grant, handler: Handler) -> Decision:
+    async def _handle(self, grant: Grant, handler: Handler, lease: LeaseTime) -> Decision:
         try:
             payload = decode_payload(Kind(grant.kind), grant.payload)
         except (ValueError, ValidationError) as error:  # stored by another client, or edited badly
@@ -358,7 +364,8 @@ class Worker:
         attempt = Attempt(
             message_id=grant.message_id, kind=Kind(grant.kind), ref_key=grant.ref_key,
             idempotency_key=grant.idempotency_key, payload=payload, attempt=grant.attempt,
-            previous_error_class=grant.previous_error_class, headers=grant.headers,
+            previous_error_class=grant.previous_error_class, headers=grant.headers, in_doubt_ms=grant.in_doubt_ms,
+            budget_attempt=grant.budget_attempt, lease=lease,
         )  # fmt: skip
         try:
             return await handler.handle(attempt)
@@ -369,35 +376,21 @@ class Worker:
             return Retryable(error_class="handler_error", detail="the handler raised; see the worker's log",
                              outcome_unknown=True)  # fmt: skip
 
-    def _settle(self, grant: Grant, decision: Decision) -> None:
+    def _settle(self, grant: Grant, decision: Decision, lease: LeaseTime) -> None:
         if isinstance(decision, Succeeded):
             self.completions.ack(grant.message_id, grant.token, grant.kind, decision.detail)
             return
-        text = decision.detail
-        if decision.status is not None and f"HTTP {decision.status}" not in text:
-            text = f"{text} [HTTP {decision.status}]"
-        if decision.excerpt:
-            text = f"{text} {decision.excerpt}"
         retry_after_ms = None
         if isinstance(decision, Retryable) and decision.retry_after_s is not None:
             # A duration: the store adds it to the log's clock. This worker's clock may be off.
             retry_after_ms = min(DELAY_MAX_MS, max(0, math.ceil(decision.retry_after_s * 1000)))
         self.completions.fail(
-            grant.message_id, grant.token, grant.kind, error_class=decision.error_class, error_text=text,
-            permanent=isinstance(decision, Permanent), retry_after_ms=retry_after_ms,
+            grant.message_id, grant.token, grant.kind, error_class=decision.error_class, error_text=_failure_text(decision),
+            permanent=isinstance(decision, Permanent), retry_after_ms=retry_after_ms, in_doubt_ms=_in_doubt_ms(lease),
         )  # fmt: skip
 
     def _settled(self, completion: Completion, code: Code) -> None:
-        if code in (Code.OK, Code.ALREADY_ACKED):
-            result = "ok"
-        elif code is Code.DONE_ELSEWHERE:
-            result = "done_elsewhere"
-        elif code in FENCED:
-            result = "fenced"
-        else:
-            result = code.name.lower()
-            log.warning("%s of message %d refused: %s", completion.action, completion.message_id, code.name)
-        self._metrics.settled.labels(completion.action, result).inc()
+        self._metrics.settled.labels(completion.action, _settlement(completion, code)).inc()
 
     # ---- drain ---------------------------------------------------------------------------------
     async def _drain(self) -> None:
@@ -411,7 +404,8 @@ class Worker:
         for entry in cut:
             with contextlib.suppress(asyncio.CancelledError):
                 await entry.task
-            self.completions.release(entry.grant.message_id, entry.grant.token, entry.grant.kind, interrupted=True)
+            self.completions.release(entry.grant.message_id, entry.grant.token, entry.grant.kind, interrupted=True,
+                                     in_doubt_ms=_in_doubt_ms(entry.lease))  # fmt: skip
         if cut:
             log.info("draining: %d attempts cut off and handed back", len(cut))
         with contextlib.suppress(TimeoutError):
@@ -421,6 +415,33 @@ class Worker:
 
 
 _FAILURES: Final = frozenset(DOWNSTREAM_FAILURES)
+
+
+def _failure_text(decision: Retryable | Permanent) -> str:
+    """What the attempt's history and the review pages show of a failure: the detail, the status,
+    the downstream's words."""
+    text = decision.detail
+    if decision.status is not None and f"HTTP {decision.status}" not in text:
+        text = f"{text} [HTTP {decision.status}]"
+    return f"{text} {decision.excerpt}" if decision.excerpt else text
+
+
+def _settlement(completion: Completion, code: Code) -> str:
+    """The store's answer to a settlement, as the metric's result label."""
+    if code in (Code.OK, Code.ALREADY_ACKED):
+        return "ok"
+    if code is Code.DONE_ELSEWHERE:
+        return "done_elsewhere"
+    if code in FENCED:
+        return "fenced"
+    log.warning("%s of message %d refused: %s", completion.action, completion.message_id, code.name)
+    return code.name.lower()
+
+
+def _in_doubt_ms(lease: LeaseTime) -> int | None:
+    """What the attempt reports of how long its requests stay in doubt (None: it does not report)."""
+    reported = lease.in_doubt_report_ms()
+    return None if reported is None else min(reported, LEASE_MS_MAX)
 TABLES: Final = "classification"
 """The settings documents' namespace of classification tables, one per downstream."""
 

@@ -14,6 +14,11 @@ The signature is checked over the exact bytes received (handlers/signing.py, 5-m
 with the target's secret, before anything is recorded. Each delivery is counted per (target, key)
 in ``callback_deliveries``: first time, last time, count, and the body's SHA-256.
 
+Callbacks are at least once by contract (as webhooks are): a merchant deduplicates on the
+``Idempotency-Key``, and this one does by default. With ``--callback-dedup off`` it stands in for a
+merchant that does not: every delivery is handled as new (``repeat`` false, no conflict check),
+still counted, so a test can see how often one callback arrived.
+
 Must never: record a delivery whose signature did not verify, or show a secret.
 """
 
@@ -45,6 +50,13 @@ CREATE TABLE IF NOT EXISTS callback_deliveries (
 );
 """
 
+_COUNT_ALWAYS: Final = """
+INSERT INTO callback_deliveries AS d (target, idempotency_key, body_sha256, count, first_at, last_at)
+VALUES ($1, $2, $3, 1, clock_timestamp(), clock_timestamp())
+ON CONFLICT (target, idempotency_key) DO UPDATE SET count = d.count + 1, last_at = EXCLUDED.last_at
+RETURNING count
+"""
+
 _COUNT: Final = """
 INSERT INTO callback_deliveries AS d (target, idempotency_key, body_sha256, count, first_at, last_at)
 VALUES ($1, $2, $3, 1, clock_timestamp(), clock_timestamp())
@@ -64,9 +76,10 @@ _REFUSED: Final = {
 class _Receiver:
     """The secrets and the clock, which the route reaches through the app's state."""
 
-    def __init__(self, secrets: Mapping[str, Secret], clock: Callable[[], float]) -> None:
+    def __init__(self, secrets: Mapping[str, Secret], clock: Callable[[], float], *, dedup: bool = True) -> None:
         self.secrets = dict(secrets)
         self.clock = clock
+        self.dedup = dedup
 
     def __repr__(self) -> str:
         return f"_Receiver(targets={sorted(self.secrets)})"
@@ -101,19 +114,21 @@ async def receive(
     if plan.permanent:
         standin.record("gone")
         return answer(410, {"code": "gone"})
-    count = await standin.pool.fetchval(_COUNT, name, idempotency_key, hashlib.sha256(body).digest())
+    digest = hashlib.sha256(body).digest()
+    count = await standin.pool.fetchval(_COUNT if receiver.dedup else _COUNT_ALWAYS, name, idempotency_key, digest)
     if count is None:
         standin.record("idempotency_conflict")
         return answer(409, {"code": "idempotency_conflict"})
-    repeat = count > 1
+    repeat = count > 1 and receiver.dedup
     standin.record("repeat" if repeat else "received", applied=not repeat, repeat=repeat)
     return answer(200, {"received": True, "repeat": repeat})
 
 
 def create_app(
-    *, dsn: str, secrets: Mapping[str, Secret], seed: int | None = None, clock: Callable[[], float] = time.time
-) -> FastAPI:
+    *, dsn: str, secrets: Mapping[str, Secret], seed: int | None = None, clock: Callable[[], float] = time.time,
+    dedup: bool = True,
+) -> FastAPI:  # fmt: skip
     app = build_app(standin=Standin(name=SERVICE, seed=seed), dsn=dsn, ddl=DDL, router=router,
                     title="callback receiver (stand-in)")  # fmt: skip
-    app.state.receiver = _Receiver(secrets, clock)
+    app.state.receiver = _Receiver(secrets, clock, dedup=dedup)
     return app

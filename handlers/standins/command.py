@@ -3,6 +3,13 @@
     compensator standins [--host 127.0.0.1] [--payment-port 7201] [--red-packet-port 7202]
                          [--callback-port 7203] [--pg-dsn DSN | --pg-data DIR]
                          [--secrets-file FILE] [--seed N] [--log-level warning]
+                         [--payment-dedup on|off] [--payment-expiry enforce|ignore] [--callback-dedup on|off]
+
+The payment system's modes (handlers/standins/payment.py): ``--payment-dedup off``, every accepted
+POST is a new payment (a transfer id paid twice is two rows); ``--payment-expiry enforce``, a POST
+whose ``expires_at`` has passed is refused and writes nothing. ``--callback-dedup off``: a merchant
+that handles every callback delivery as new. The red-packet service has no switch: a list update
+carries its version, which it applies only forward, whatever the key.
 
 The database: ``--pg-dsn``, else ``COMPENSATOR_PG_DSN``, else an embedded PostgreSQL kept in
 ``--pg-data`` (as ledger/pg.py's `database()` decides). The callback targets' secrets: a JSON object
@@ -52,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> argparse.ArgumentPa
     standins.add_argument("--seed", type=int, help="seed of the fault generators")
     standins.add_argument("--exposed", action="store_true",
                           help="allow a non-loopback --host (a demo network of its own: anyone there can flip faults)")  # fmt: skip
+    standins.add_argument("--payment-dedup", choices=("on", "off"), default="on",
+                          help="on: one payment per transfer id (default); off: every accepted POST is a new payment")  # fmt: skip
+    standins.add_argument("--payment-expiry", choices=("enforce", "ignore"), default="ignore",
+                          help="enforce: refuse a POST whose expires_at has passed (it writes nothing); ignore (default)")  # fmt: skip
+    standins.add_argument("--callback-dedup", choices=("on", "off"), default="on",
+                          help="on: a repeated Idempotency-Key is answered as a repeat (default); off: every delivery is new")  # fmt: skip
     standins.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
     standins.set_defaults(handler=run)
     return standins
@@ -61,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     from handlers.standins.server import StandinsError, StandinsSettings
 
     settings = StandinsSettings(host=args.host, payment_port=args.payment_port, red_packet_port=args.red_packet_port,
-                                callback_port=args.callback_port, seed=args.seed, exposed=args.exposed)  # fmt: skip
+                                callback_port=args.callback_port, seed=args.seed, exposed=args.exposed,
+                                payment_dedup=args.payment_dedup == "on", payment_expiry=args.payment_expiry == "enforce",
+                                callback_dedup=args.callback_dedup == "on")  # fmt: skip
     problems = settings.problems()
     if problems:
         raise StandinsError(problems[0])
@@ -107,7 +122,11 @@ def _serve(settings: StandinsSettings, dsn: str, secrets: Mapping[str, Secret], 
 
     def started() -> None:
         urls = ", ".join(f"{name} {url}" for name, url in settings.urls().items())
-        print(f"standins: {urls}; callback targets: {', '.join(names(secrets)) or 'none'}; Ctrl-C stops", flush=True)
+        modes = (f"payment dedup {'on' if settings.payment_dedup else 'off'}, expiry"
+                 f" {'enforced' if settings.payment_expiry else 'ignored'};"
+                 f" callback dedup {'on' if settings.callback_dedup else 'off'}")  # fmt: skip
+        print(f"standins: {urls}; {modes}; callback targets: {', '.join(names(secrets)) or 'none'}; Ctrl-C stops",
+              flush=True)  # fmt: skip
 
     async def main() -> None:
         await _check_database(dsn)

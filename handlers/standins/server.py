@@ -45,6 +45,12 @@ class StandinsSettings:
     exposed: bool = False
     """Allow a non-loopback address: a demo network of its own (compose's `demo` profile), where
     whoever reaches the stand-ins may flip their faults. Never next to real downstreams."""
+    payment_dedup: bool = True
+    """The payment system deduplicates on the transfer id (off: every POST is a new payment)."""
+    payment_expiry: bool = False
+    """The payment system refuses a request whose `expires_at` has passed on its clock."""
+    callback_dedup: bool = True
+    """The callback receiver answers a repeated key as a repeat (off: every delivery is new)."""
 
     def ports(self) -> dict[str, int]:
         return {payment.SERVICE: self.payment_port, red_packet.SERVICE: self.red_packet_port,
@@ -92,9 +98,11 @@ def build_servers(
 ) -> dict[str, uvicorn.Server]:
     seed = settings.seed
     apps = {
-        payment.SERVICE: payment.create_app(dsn=dsn, seed=seed),
+        payment.SERVICE: payment.create_app(dsn=dsn, seed=seed, modes=payment.PaymentModes(
+            dedup=settings.payment_dedup, enforce_expiry=settings.payment_expiry)),
         red_packet.SERVICE: red_packet.create_app(dsn=dsn, seed=seed),
-        callback_receiver.SERVICE: callback_receiver.create_app(dsn=dsn, secrets=secrets, seed=seed),
+        callback_receiver.SERVICE: callback_receiver.create_app(dsn=dsn, secrets=secrets, seed=seed,
+                                                                dedup=settings.callback_dedup),
     }
     ports = settings.ports()
     return {

@@ -3,9 +3,10 @@ policy answered before and after; each change an event with the caller as actor.
 
 from __future__ import annotations
 
-from api_support import Api, transfer
+from api_support import Api, running_api, transfer
 
 from queues import EventType, Role
+from raft_store.testing.inprocess import StoreThread
 
 OP = Role.OPERATOR
 
@@ -68,3 +69,19 @@ async def test_policy_is_validated_and_answered_before_and_after(api: Api) -> No
     assert unknown.status_code == 404
     (event,) = [e for e in (await api.queue.events_after(0)).value if e.type is EventType.POLICY_SET]
     assert event.data["actor"] == "operator" and event.data["policy_before"] is not None
+
+
+async def test_a_policy_that_would_outlast_the_payment_systems_dedup_window_is_refused(store: StoreThread) -> None:
+    """Declared in the configuration, checked where policies are set (and by each worker at start)."""
+    payment = '{"base_url": "http://127.0.0.1:7201", "guarantee": "dedup", "dedup_window_s": 3600}'
+    async with running_api(store, handlers__payment=payment) as api:
+        long = {"tiers_ms": [60_000, 600_000], "attempts_max": 10, "retry_after_max_ms": 0}
+        refused = await api.client.put("/v1/kinds/transfer/policy", json=long, headers=api.auth(OP))
+        within = {**long, "age_max_ms": 3_000_000}
+        taken = await api.client.put("/v1/kinds/transfer/policy", json=within, headers=api.auth(OP))
+        other_kind = await api.client.put("/v1/kinds/callback/policy", json=long, headers=api.auth(OP))
+    assert refused.status_code == 422, refused.text
+    (error,) = refused.json()["errors"]
+    assert error["field"] == "policy" and "beyond handlers.payment.dedup_window_s (3600 s)" in error["message"]
+    assert taken.status_code == 200, taken.text
+    assert other_kind.status_code == 200, other_kind.text

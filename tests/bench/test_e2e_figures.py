@@ -74,6 +74,22 @@ def test_a_request_acknowledged_but_not_done_is_lost_and_pending_ones_are_named(
     assert found["states"] == {"delayed": 1, "done": 1, "missing": 1}
 
 
+def test_a_transfer_parked_as_unknown_outcome_is_finances_not_lost_and_must_not_have_been_paid() -> None:
+    planned = _planned(3)  # transfers
+    acknowledged = {1: planned[0], 2: planned[1], 3: planned[2]}
+    dead = _view(2, state=State.DEAD, created_ms=0, leased_ms=(5, 6), terminal_ms=None)
+    views = {
+        1: _view(1, state=State.DONE, created_ms=0, leased_ms=(5,), terminal_ms=9),
+        2: msgspec.structs.replace(dead, last_error_class="unknown_outcome"),
+        3: msgspec.structs.replace(dead, message_id=3, last_error_class="attempts_exhausted"),
+    }
+    found = outcomes(acknowledged, views)
+    assert (found["lost"], found["parked_unknown_outcome"]) == (1, 1)
+    ledgers = Ledgers(payment_transfers={planned[0].effect: 1, planned[1].effect: 1}, red_packet_versions={},
+                      callback_deliveries={})  # fmt: skip
+    assert effects(acknowledged, views, ledgers, store_key_prefix="bench:")["parked_but_paid"] == 1
+
+
 def test_double_payments_unrequested_rows_and_missing_effects_are_counted() -> None:
     planned = _planned(10)  # seven transfers, two list updates, one callback
     acknowledged = {i + 1: p for i, p in enumerate(planned)}
@@ -103,7 +119,9 @@ def test_worker_metrics_are_summed_across_workers() -> None:
         'compensator_worker_handler_seconds_sum{kind="transfer"} 2.0',
         'compensator_worker_handler_seconds_count{kind="transfer"} 4.0',
         'compensator_worker_attempts_total{kind="transfer",outcome="succeeded"} 4.0',
+        'compensator_worker_handler_events_total{downstream="payment",event="lookup"} 2.0',
     ])  # fmt: skip
     found = worker_metrics([page, page])
     assert found["handler"] == {"transfer": {"mean_ms": 500.0, "p50_at_most_ms": 100.0, "p99_at_most_ms": None}}
     assert found["attempts"] == {"transfer/succeeded": 8}
+    assert found["handler_events"] == {"payment/lookup": 4}

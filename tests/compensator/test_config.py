@@ -114,3 +114,24 @@ def test_the_kafka_commands_answer_an_unreachable_broker_in_one_line(tmp_path: P
         assert done.returncode == 1, done.stderr
         (line,) = done.stderr.strip().splitlines()
         assert line.startswith(f"compensator {command}: error: cannot reach the broker at 127.0.0.1:")
+
+
+def test_each_downstream_declares_its_guarantee_with_the_bounds_it_needs(tmp_path: Path) -> None:
+    path = tmp_path / "compensator.toml"
+    path.write_text('[handlers.payment]\nbase_url = "http://10.0.0.9:443"\nguarantee = "expiry"\nclock_skew_ms = 250\n')
+    config = load(path, {})
+    assert (config.handlers.payment.guarantee, config.handlers.payment.clock_skew_ms) == ("expiry", 250)
+    assert load(None, {}).handlers.payment.guarantee == "dedup"  # today's behaviour by default
+    with pytest.raises(ConfigError) as raised:
+        load(None, {"COMPENSATOR_HANDLERS__PAYMENT": '{"base_url": "http://x:1", "guarantee": "expiry",'
+                                                      ' "dedup_window_s": 60}',
+                    "COMPENSATOR_HANDLERS__RED_PACKET": '{"base_url": "http://x:2", "guarantee": "none"}'})  # fmt: skip
+    assert raised.value.problems == [
+        "handlers.payment.dedup_window_s: applies to guarantee dedup only (this one is expiry)",
+        "handlers.red_packet.guarantee: a list update carries its version, which the red-packet service applies only"
+        " forward: that is its deduplication, so only dedup describes it",
+    ]
+    with pytest.raises(ConfigError, match=r"handlers.payment.guarantee: Invalid enum value 'maybe'"):
+        load(None, {"COMPENSATOR_HANDLERS__PAYMENT": '{"base_url": "http://x:1", "guarantee": "maybe"}'})
+    with pytest.raises(ConfigError, match=r"handlers.payment.clock_skew_ms: Expected `int` <= 60000"):
+        load(None, {"COMPENSATOR_HANDLERS__PAYMENT": '{"base_url": "http://x:1", "clock_skew_ms": 600000}'})

@@ -20,6 +20,7 @@ import httpx
 
 from handlers.contract import Attempt
 from handlers.gateway import GatewaySettings
+from handlers.lease_time import LeaseTime
 from handlers.settings import CallbackSettings, CallbackTargetSettings, DownstreamSettings, HandlersSettings
 from handlers.signing import Secret
 from handlers.standins.server import StandinsSettings, serve
@@ -100,9 +101,10 @@ def emptied(dsn: str) -> str:
 
 
 @contextmanager
-def running_standins(dsn: str, *, seed: int | None = 7) -> Iterator[Standins]:
+def running_standins(dsn: str, *, seed: int | None = 7, **modes: bool) -> Iterator[Standins]:
+    """`modes`: StandinsSettings' payment_dedup, payment_expiry, callback_dedup."""
     settings = StandinsSettings(payment_port=pg.free_tcp_port(), red_packet_port=pg.free_tcp_port(),
-                                callback_port=pg.free_tcp_port(), seed=seed)  # fmt: skip
+                                callback_port=pg.free_tcp_port(), seed=seed, **modes)  # fmt: skip
     started = threading.Event()
     failure: list[BaseException] = []
     loop = asyncio.new_event_loop()
@@ -161,11 +163,12 @@ async def recording_server(status: int, *, headers: Mapping[str, str] | None = N
         await server.wait_closed()
 
 
-def handler_settings(standins: Standins, *, gateway: GatewaySettings = FAST) -> HandlersSettings:
-    """Handlers pointed at the stand-ins, with the short timeouts."""
+def handler_settings(standins: Standins, *, gateway: GatewaySettings = FAST, **payment: Any) -> HandlersSettings:
+    """Handlers pointed at the stand-ins, with the short timeouts; `payment`: the payment system's
+    guarantee and its bounds (DownstreamSettings' fields)."""
     callback = standins.urls["callback"]
     return HandlersSettings(
-        payment=DownstreamSettings(base_url=standins.urls["payment"], gateway=gateway),
+        payment=DownstreamSettings(base_url=standins.urls["payment"], gateway=gateway, **payment),
         red_packet=DownstreamSettings(base_url=standins.urls["red_packet"], gateway=gateway),
         callback=CallbackSettings(gateway=gateway, targets=tuple(
             CallbackTargetSettings(name=name, url=f"{callback}/callbacks/{name}") for name in SECRETS)),
@@ -173,8 +176,10 @@ def handler_settings(standins: Standins, *, gateway: GatewaySettings = FAST) -> 
 
 
 def attempt_of(
-    payload: Payload, *, number: int = 1, previous: str | None = None, ref_key: str = "grant-1", key: str = "k-1"
+    payload: Payload, *, number: int = 1, previous: str | None = None, ref_key: str = "grant-1", key: str = "k-1",
+    in_doubt_ms: int | None = None, budget_attempt: int | None = None, lease: LeaseTime | None = None,
 ) -> Attempt:
     kind = {TransferPayload: Kind.TRANSFER, ListUpdatePayload: Kind.LIST_UPDATE, CallbackPayload: Kind.CALLBACK}
     return Attempt(message_id=1, kind=kind[type(payload)], ref_key=ref_key, idempotency_key=key, payload=payload,
-                   attempt=number, previous_error_class=previous)  # fmt: skip
+                   attempt=number, previous_error_class=previous, in_doubt_ms=in_doubt_ms,
+                   budget_attempt=number if budget_attempt is None else budget_attempt, lease=lease)  # fmt: skip

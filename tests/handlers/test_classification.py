@@ -149,7 +149,8 @@ def test_contradicting_rules_are_refused_with_a_reason_each() -> None:
     )
     assert table.problems() == [
         "rule 1 (500-599 *): a retried 5xx may have taken effect; use one of "
-        "['connection_lost', 'interrupted', 'lease_expired', 'server_error', 'timeout']",
+        "['connection_lost', 'handler_error', 'interrupted', 'lease_expired', 'server_error', 'timeout',"
+        " 'unknown_outcome']",
         "rule 2 (503-503 *): unreachable, rule 1 matches everything it does",
         "rule 3 (422-400 *): status_min is above status_max",
         "the last rule must match every status (100-599) with no code",

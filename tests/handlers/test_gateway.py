@@ -80,6 +80,55 @@ async def test_no_free_connection_in_the_pool_is_not_sent_and_retried(standins: 
     assert (await standins.stats("payment"))["requests"] == 1
 
 
+async def test_nothing_is_written_once_the_lease_has_ended() -> None:
+    import dataclasses
+    import time
+
+    async with recording_server(201) as server:
+        late = gateway(server.url)
+        try:
+            outcome = await late.send(dataclasses.replace(POST, send_by=time.monotonic() - 0.001))
+        finally:
+            await late.aclose()
+        assert server.heads == []
+    assert isinstance(outcome, NotSent) and (outcome.error_class, outcome.tries) == (NotSentClass.LEASE_ENDED, 1)
+
+
+async def test_a_lease_that_ends_during_the_connect_backoff_stops_the_tries() -> None:
+    import dataclasses
+    import time
+
+    slow_backoff = GatewaySettings(connect_timeout_s=0.5, connect_tries_max=5, connect_backoff_min_s=0.3,
+                                   connect_backoff_max_s=0.3)  # fmt: skip
+    nobody = gateway(f"http://127.0.0.1:{pg.free_tcp_port()}", slow_backoff)
+    try:
+        outcome = await nobody.send(dataclasses.replace(POST, send_by=time.monotonic() + 0.15))
+    finally:
+        await nobody.aclose()
+    assert isinstance(outcome, NotSent) and (outcome.error_class, outcome.tries) == (NotSentClass.LEASE_ENDED, 2)
+
+
+async def test_a_lease_that_ends_while_the_request_waits_for_a_connection_sends_nothing(standins: Standins) -> None:
+    """Checked again just before the headers are written: the request below passed the check
+    before its try, then waited for the pool's one connection past its lease."""
+    import dataclasses
+    import time
+
+    await standins.faults("payment", latency_ms=600)
+    one_connection = GatewaySettings(read_timeout_s=2.0, pool_timeout_s=2.0, attempt_timeout_s=3.0, connections_max=1,
+                                     keepalive_connections_max=1)  # fmt: skip
+    payment = gateway(standins.urls["payment"], one_connection)
+    lookup = Outbound(method="GET", url="/transfers/t-1")
+    try:
+        first, second = await asyncio.gather(
+            payment.send(lookup), payment.send(dataclasses.replace(POST, send_by=time.monotonic() + 0.2)))
+    finally:
+        await payment.aclose()
+    assert isinstance(first, Answer) and first.status == 404
+    assert isinstance(second, NotSent) and (second.error_class, second.tries) == (NotSentClass.LEASE_ENDED, 1)
+    assert (await standins.stats("payment"))["requests"] == 1
+
+
 async def test_the_attempt_deadline_bounds_a_slow_answer_as_unknown(standins: Standins) -> None:
     await standins.faults("payment", latency_ms=1500)
     patient_reads = GatewaySettings(connect_timeout_s=0.5, read_timeout_s=5.0, attempt_timeout_s=0.5)

@@ -33,7 +33,9 @@ async def test_a_transfer_is_made_once_replayed_the_same_and_refused_with_other_
         invalid = await post_transfer(client, {**TRANSFER, "transfer_id": "t-5", "amount_minor": "5"})
         closed = await post_transfer(client, {**TRANSFER, "transfer_id": "t-6", "payer": "closed-77"})
     assert (created.status_code, replayed.status_code, conflict.status_code) == (201, 200, 409)
-    assert created.json() == {**TRANSFER, "status": "SUCCEEDED", "created_at": created.json()["created_at"]}
+    made = created.json()
+    assert made == {**TRANSFER, "payment_id": made["payment_id"], "status": "SUCCEEDED", "created_at": made["created_at"]}
+    assert made["payment_id"].startswith("pay-")
     assert replayed.json() == created.json() == found.json()
     assert conflict.json() == {"code": "idempotency_conflict"}
     assert (missing.status_code, missing.json()) == (404, {"code": "not_found"})
@@ -221,5 +223,108 @@ async def test_the_ledgers_have_the_shape_the_reconciliation_reads(standins: Sta
     by_schema: dict[str, list[tuple[Any, ...]]] = {"public": [], "reconcile": []}
     for row in columns:
         by_schema[row["table_schema"]].append(tuple(row)[1:])
-    assert by_schema["public"] == by_schema["reconcile"] and len(by_schema["public"]) == 15
+    assert by_schema["public"] == by_schema["reconcile"] and len(by_schema["public"]) == 16
     assert sorted(tuple(k)[1:] for k in keys if k[0] == "public") == sorted(tuple(k)[1:] for k in keys if k[0] == "reconcile")
+
+
+# ---- the payment system's modes: no deduplication, enforced expiry ----------------------------------
+
+
+def _stamp(unix_s: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(unix_s, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def test_without_dedup_every_post_is_a_new_payment_and_the_lookup_finds_the_first(database: str) -> None:
+    from handlers_support import running_standins
+
+    with running_standins(database, payment_dedup=False) as standins:
+        async with httpx.AsyncClient(base_url=standins.urls["payment"]) as client:
+            first = await post_transfer(client, TRANSFER)
+            second = await post_transfer(client, TRANSFER)
+            other = await post_transfer(client, {**TRANSFER, "amount_minor": 1})  # no conflict: a payment too
+            found = await client.get("/transfers/t%2F1:a")
+        rows = await standins.rows("SELECT payment_id, transfer_id, amount_minor FROM payment_transfers"
+                                   " ORDER BY created_at")  # fmt: skip
+        stats = await standins.stats("payment")
+    assert (first.status_code, second.status_code, other.status_code) == (201, 201, 201)
+    assert len({first.json()["payment_id"], second.json()["payment_id"], other.json()["payment_id"]}) == 3
+    assert [(r["transfer_id"], r["amount_minor"]) for r in rows] == [("t/1:a", 888), ("t/1:a", 888), ("t/1:a", 1)]
+    assert found.json() == first.json()
+    assert (stats["applied"], stats["repeats"], stats["by_outcome"]) == (3, 0, {"created": 1, "paid_again": 2,
+                                                                                 "found": 1})  # fmt: skip
+
+
+async def test_an_enforced_expiry_refuses_a_late_request_and_writes_nothing(database: str) -> None:
+    from handlers_support import running_standins
+
+    with running_standins(database, payment_expiry=True) as standins:
+        async with httpx.AsyncClient(base_url=standins.urls["payment"]) as client:
+            late = await post_transfer(client, {**TRANSFER, "expires_at": _stamp(time.time() - 0.001)})
+            late_header = await client.post("/transfers", json=TRANSFER, headers={
+                "Idempotency-Key": TRANSFER["transfer_id"], "Expires-At": _stamp(time.time() - 5)})  # fmt: skip
+            soon = _stamp(time.time() + 30)
+            disagree = await client.post("/transfers", json={**TRANSFER, "expires_at": soon}, headers={
+                "Idempotency-Key": TRANSFER["transfer_id"], "Expires-At": _stamp(time.time() + 31)})  # fmt: skip
+            in_time = await client.post("/transfers", json={**TRANSFER, "expires_at": soon}, headers={
+                "Idempotency-Key": TRANSFER["transfer_id"], "Expires-At": soon})  # fmt: skip
+            replay = await post_transfer(client, {**TRANSFER, "expires_at": _stamp(time.time() + 60)})
+            unbounded = await post_transfer(client, {**TRANSFER, "transfer_id": "t-2"})
+        paid = await standins.rows("SELECT transfer_id FROM payment_transfers ORDER BY transfer_id")
+    assert (late.status_code, late.json()) == (422, {"code": "request_expired"})
+    assert (late_header.status_code, late_header.json()) == (422, {"code": "request_expired"})
+    assert (disagree.status_code, disagree.json()) == (400, {"code": "expires_at_mismatch"})
+    assert (in_time.status_code, replay.status_code, unbounded.status_code) == (201, 200, 201)
+    assert "expires_at" not in in_time.json()  # the expiry is the request's, not the transfer's
+    assert paid == [{"transfer_id": "t-2"}, {"transfer_id": "t/1:a"}]
+
+
+async def test_an_ignored_expiry_is_read_and_ignored(standins: Standins) -> None:
+    async with httpx.AsyncClient(base_url=standins.urls["payment"]) as client:
+        late = await post_transfer(client, {**TRANSFER, "expires_at": _stamp(time.time() - 60)})
+    assert late.status_code == 201
+
+
+async def test_a_callback_receiver_without_dedup_takes_every_delivery_as_new(database: str) -> None:
+    from handlers_support import running_standins
+
+    body = b'{"event":"x"}'
+    with running_standins(database, callback_dedup=False) as standins:
+        async with httpx.AsyncClient(base_url=standins.urls["callback"]) as client:
+            answers = []
+            for _ in range(2):
+                signature = sign(SECRETS["merchant-a"], timestamp_s=int(time.time()), body=body)
+                answers.append(await client.post("/callbacks/merchant-a", content=body, headers={
+                    "Webhook-Signature": signature, "Idempotency-Key": "k-1", "Content-Type": "application/json"}))
+        rows = await standins.rows("SELECT count FROM callback_deliveries")
+    assert [a.json() for a in answers] == [{"received": True, "repeat": False}] * 2
+    assert rows == [{"count": 2}]
+
+
+async def test_a_payment_ledger_keyed_by_transfer_id_gets_payment_ids_in_place(database: str) -> None:
+    """A stand-in database from before payments had ids of their own (make run's, kept between runs)."""
+    import asyncpg
+
+    from handlers.standins.payment import DDL
+
+    connection = await asyncpg.connect(database)
+    try:
+        await connection.execute(
+            "CREATE TABLE payment_transfers (transfer_id text PRIMARY KEY, business_id text, payer text, payee text,"
+            " amount_minor bigint NOT NULL, currency text NOT NULL, status text NOT NULL, created_at timestamptz NOT NULL);"
+            " CREATE TABLE payment_transfer_requests (transfer_id text PRIMARY KEY, request_sha256 bytea NOT NULL,"
+            " request jsonb NOT NULL);"
+            " INSERT INTO payment_transfers VALUES ('t-1', 'g-1', 'a', 'b', 5, 'CNY', 'SUCCEEDED', now());"
+            " INSERT INTO payment_transfer_requests VALUES ('t-1', '\\x00', '{}')"
+        )  # fmt: skip
+        for _ in range(2):  # each stand-in start runs it; the second finds nothing to do
+            await connection.execute(DDL)
+        await connection.execute("INSERT INTO payment_transfers (transfer_id, amount_minor, currency, status, created_at)"
+                                 " VALUES ('t-1', 5, 'CNY', 'SUCCEEDED', now())")  # fmt: skip
+        rows = await connection.fetch("SELECT payment_id, transfer_id FROM payment_transfers ORDER BY created_at")
+        requests = await connection.fetch("SELECT payment_id, transfer_id FROM payment_transfer_requests")
+    finally:
+        await connection.close()
+    assert tuple(rows[0]) == ("pay-t-1", "t-1") and rows[1]["payment_id"].startswith("pay-")
+    assert [tuple(r) for r in requests] == [("pay-t-1", "t-1")]

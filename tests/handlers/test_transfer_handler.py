@@ -4,13 +4,28 @@ whatever happens to the answers, ``payment_transfers`` ends with exactly one tra
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from handlers_support import PATIENT, SECRETS, WITHHOLD_MS, Standins, attempt_of, handler_settings
+from handlers_support import (
+    PATIENT,
+    SECRETS,
+    WITHHOLD_MS,
+    Standins,
+    attempt_of,
+    handler_settings,
+    recording_server,
+    running_standins,
+)
 
 from handlers.contract import Decision, Permanent, Retryable, Succeeded
+from handlers.gateway import GatewaySettings
+from handlers.lease_time import LeaseTime
 from handlers.registry import Registry, build_registry
+from handlers.settings import DownstreamSettings, HandlersSettings
+from handlers.transfer import rfc3339_ms
 from ledger.kinds import Kind, TransferPayload
 
 PAYLOAD = TransferPayload(transfer_id="t-1", payer="escrow", payee="u-1", amount_minor=888, currency="CNY", memo="rp")
@@ -144,3 +159,151 @@ async def test_a_wrong_payload_is_a_programmer_error(registry: Registry) -> None
 
     with pytest.raises(TypeError, match="a transfer attempt carries a CallbackPayload"):
         await registry.handler(Kind.TRANSFER).handle(attempt_of(CallbackPayload(target="merchant-a", body={})))
+
+
+# ---- a payment system that does not deduplicate: expiry enforced, or no guarantee at all ----------
+
+QUICK = GatewaySettings(
+    connect_timeout_s=0.5, write_timeout_s=0.5, read_timeout_s=0.5, pool_timeout_s=0.2, attempt_timeout_s=1.0,
+    connect_tries_max=3, connect_backoff_min_s=0.01, connect_backoff_max_s=0.05,
+)  # fmt: skip
+"""A request's deadline is at most the attempt timeout ahead: 1 s keeps the waits short."""
+
+
+@pytest.fixture
+def no_dedup_expiry(database: str) -> Iterator[Standins]:
+    with running_standins(database, payment_dedup=False, payment_expiry=True) as standins:
+        yield standins
+
+
+@pytest.fixture
+def no_dedup(database: str) -> Iterator[Standins]:
+    with running_standins(database, payment_dedup=False) as standins:
+        yield standins
+
+
+def lease_from(now_ms: int, *, lease_ms: int = 30_000, passed_ms: int = 0) -> LeaseTime:
+    """A lease granted `passed_ms` ago by a store whose clock reads `now_ms` now."""
+    now = time.monotonic()
+    return LeaseTime(lease_ms=lease_ms, requested_s=now - passed_ms / 1000, received_s=now - passed_ms / 1000,
+                     granted_ms=now_ms - passed_ms, deadline_ms=now_ms - passed_ms + lease_ms)  # fmt: skip
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def test_every_post_carries_an_expiry_never_past_the_lease() -> None:
+    async with recording_server(201, body=b"{}") as server:
+        settings = HandlersSettings(payment=DownstreamSettings(base_url=server.url, gateway=QUICK, guarantee="expiry"))
+        async with build_registry(settings, secrets={}) as expiring:
+            short = lease_from(wall_ms(), lease_ms=600)
+            assert shape(await expiring.handler(Kind.TRANSFER).handle(attempt_of(PAYLOAD, lease=short))) == (
+                "succeeded", "transferred", 201)
+    (head,) = server.heads
+    assert head["expires-at"] == rfc3339_ms(short.deadline_ms)  # sooner than the 1 s attempt timeout
+    # The body carries the same instant (the recording server keeps heads only: the stand-in test reads bodies).
+
+
+async def test_a_request_arriving_after_its_expiry_is_refused_and_retried_as_not_applied(
+    no_dedup_expiry: Standins,
+) -> None:
+    """The request left in time by this worker's clock, but its expiry (the store's deadline of
+    the lease) had passed at the payment system: as for a request held in the network."""
+    async with build_registry(handler_settings(no_dedup_expiry, gateway=QUICK, guarantee="expiry"),
+                              secrets=SECRETS) as expiring:  # fmt: skip
+        stale = LeaseTime(lease_ms=30_000, requested_s=time.monotonic(), received_s=time.monotonic(),
+                          granted_ms=wall_ms() - 31_000, deadline_ms=wall_ms() - 1000)  # the store's deadline passed
+        decision = await expiring.handler(Kind.TRANSFER).handle(attempt_of(PAYLOAD, lease=stale))
+        fine = await expiring.handler(Kind.TRANSFER).handle(attempt_of(PAYLOAD, number=2, previous="request_expired",
+                                                                       lease=lease_from(wall_ms())))  # fmt: skip
+    assert shape(decision) == ("retryable", "request_expired", 422, None, False)
+    assert shape(fine) == ("succeeded", "transferred", 201)
+    assert await transfers(no_dedup_expiry) == ONE_TRANSFER
+
+
+async def test_after_an_unknown_outcome_the_next_attempt_waits_for_the_expiry_then_looks(
+    no_dedup_expiry: Standins,
+) -> None:
+    skew_s = 0.3
+    async with build_registry(handler_settings(no_dedup_expiry, gateway=QUICK, guarantee="expiry",
+                                               clock_skew_ms=int(skew_s * 1000)), secrets=SECRETS) as expiring:  # fmt: skip
+        handler = expiring.handler(Kind.TRANSFER)
+        await no_dedup_expiry.faults("payment", apply_then_timeout_rate=1.0, withhold_ms=WITHHOLD_MS)
+        first_lease = lease_from(wall_ms())
+        first = await handler.handle(attempt_of(PAYLOAD, lease=first_lease))
+        in_doubt_ms = first_lease.in_doubt_report_ms()
+        await no_dedup_expiry.faults("payment")
+        started = time.monotonic()
+        second = await handler.handle(attempt_of(PAYLOAD, number=2, previous="timeout", in_doubt_ms=in_doubt_ms,
+                                                 lease=lease_from(wall_ms())))  # fmt: skip
+        waited_s = time.monotonic() - started
+    assert shape(first) == ("retryable", "timeout", None, None, True)
+    assert in_doubt_ms is not None and 200 <= in_doubt_ms <= 1000  # the 1 s deadline, less the 0.5 s read timeout
+    assert waited_s >= in_doubt_ms / 1000 + skew_s
+    assert shape(second) == ("succeeded", "already transferred", 200)
+    assert await transfers(no_dedup_expiry) == ONE_TRANSFER
+    assert (await no_dedup_expiry.stats("payment"))["by_outcome"] == {"created": 1, "found": 1}
+
+
+async def test_without_a_guarantee_an_unknown_outcome_is_looked_up_twice_then_parked_then_sent_on_redrive(
+    no_dedup: Standins,
+) -> None:
+    horizon_s = 40.0
+    async with build_registry(handler_settings(no_dedup, gateway=QUICK, guarantee="none",
+                                               in_flight_horizon_s=horizon_s), secrets=SECRETS) as unguarded:  # fmt: skip
+        handler = unguarded.handler(Kind.TRANSFER)
+        await no_dedup.faults("payment", error_rate=1.0)  # a 503: applied or not, nobody knows
+        first = await handler.handle(attempt_of(PAYLOAD, lease=lease_from(wall_ms())))
+        await no_dedup.faults("payment")
+        second = await handler.handle(attempt_of(PAYLOAD, number=2, previous="server_error", in_doubt_ms=-100,
+                                                 lease=lease_from(wall_ms())))  # fmt: skip
+        third = await handler.handle(attempt_of(PAYLOAD, number=3, previous="unknown_outcome",
+                                                in_doubt_ms=-int(horizon_s * 1000) - 100, lease=lease_from(wall_ms())))  # fmt: skip
+        assert await transfers(no_dedup) == []  # never sent again without finance
+        redriven = await handler.handle(attempt_of(PAYLOAD, number=4, previous="unknown_outcome", budget_attempt=1,
+                                                   in_doubt_ms=-int(horizon_s * 1000) - 60_000,
+                                                   lease=lease_from(wall_ms())))  # fmt: skip
+    assert shape(first) == ("retryable", "server_error", 503, None, True)
+    assert isinstance(second, Retryable) and (second.error_class, second.outcome_unknown) == ("unknown_outcome", True)
+    assert second.retry_after_s is not None and horizon_s - 1 <= second.retry_after_s <= horizon_s
+    assert "404 not_found" in second.detail and "Looking again in" in second.detail
+    assert isinstance(third, Permanent) and third.error_class == "unknown_outcome"
+    assert "never found" in third.detail and "404 not_found" in third.detail and "redrive sends" in third.detail
+    assert shape(redriven) == ("succeeded", "transferred", 201)
+    assert await transfers(no_dedup) == ONE_TRANSFER
+    assert (await no_dedup.stats("payment"))["by_outcome"] == {"unavailable": 1, "not_found": 3, "created": 1}
+
+
+async def test_without_a_guarantee_a_transfer_made_despite_a_lost_answer_is_found_not_sent_again(
+    no_dedup: Standins,
+) -> None:
+    async with build_registry(handler_settings(no_dedup, gateway=QUICK, guarantee="none"), secrets=SECRETS) as unguarded:
+        handler = unguarded.handler(Kind.TRANSFER)
+        await no_dedup.faults("payment", apply_then_drop_rate=1.0)
+        first = await handler.handle(attempt_of(PAYLOAD, lease=lease_from(wall_ms())))
+        await no_dedup.faults("payment")
+        second = await handler.handle(attempt_of(PAYLOAD, number=2, previous="connection_lost", in_doubt_ms=0,
+                                                 lease=lease_from(wall_ms())))  # fmt: skip
+    assert shape(first) == ("retryable", "connection_lost", None, None, True)
+    assert shape(second) == ("succeeded", "already transferred", 200)
+    assert await transfers(no_dedup) == ONE_TRANSFER
+
+
+async def test_every_resend_looks_first_even_after_a_known_outcome(standins: Standins, registry: Registry) -> None:
+    """A redrive may come after the payment system's deduplication window: the lookup protects it."""
+    handler = registry.handler(Kind.TRANSFER)
+    assert shape(await handler.handle(attempt_of(PAYLOAD))) == ("succeeded", "transferred", 201)
+    again = await handler.handle(attempt_of(PAYLOAD, number=2, previous="rate_limited"))
+    assert shape(again) == ("succeeded", "already transferred", 200)
+    assert (await standins.stats("payment"))["by_outcome"] == {"created": 1, "found": 1}
+
+
+async def test_without_a_guarantee_a_lookup_that_fails_keeps_the_transfer_unknown(no_dedup: Standins) -> None:
+    """So that a budget spent looking ends as unknown_outcome, never as a timeout finance might redrive blind."""
+    async with build_registry(handler_settings(no_dedup, gateway=QUICK, guarantee="none"), secrets=SECRETS) as unguarded:
+        await no_dedup.faults("payment", error_rate=1.0)
+        looked = await unguarded.handler(Kind.TRANSFER).handle(attempt_of(PAYLOAD, number=2, previous="timeout",
+                                                                          in_doubt_ms=0, lease=lease_from(wall_ms())))  # fmt: skip
+    assert shape(looked) == ("retryable", "unknown_outcome", 503, None, True)
+    assert await transfers(no_dedup) == []

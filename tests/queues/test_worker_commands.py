@@ -19,6 +19,7 @@ from queues.model import (
     Outcome,
     PauseKind,
     PutDocument,
+    Redrive,
     Release,
     SetPolicy,
     State,
@@ -165,6 +166,98 @@ def test_maintenance_due_is_the_next_deadline_purge_and_oldest_event() -> None:
     node.apply(Ack(message_id=message_id, token=grant.token))
     deadline, purge, oldest = queries.maintenance_due(conn)
     assert deadline is None and purge is not None and purge > node.now_ms and oldest == node.now_ms
+
+
+# ---- the in-doubt deadline: how long an earlier delivery's requests may still take effect ----------
+
+
+def test_a_first_grant_has_no_in_doubt_deadline_and_counts_its_budget() -> None:
+    node = Node()
+    node.enqueue("k")
+    (grant,) = node.lease().grants
+    assert (grant.in_doubt_ms, grant.attempt, grant.budget_attempt) == (None, 1, 1)
+
+
+def test_an_expired_lease_leaves_its_deadline_as_the_in_doubt_deadline() -> None:
+    node = Node()
+    node.apply(SetPolicy(kind="transfer", policy=RetryPolicy(tiers_ms=(1000,), tier_jitter_ratio=0.0)))
+    message_id = node.enqueue("k")
+    (first,) = node.lease().grants
+    node.now_ms += 30_000  # the worker died: its lease expires, the retry is due a tier later
+    assert node.lease().grants == ()
+    node.now_ms += 1000
+    (second,) = node.lease().grants
+    assert second.message_id == message_id and second.previous_error_class == "lease_expired"
+    assert second.in_doubt_ms == first.deadline_ms - node.now_ms == -1000  # passed a second ago
+    assert second.budget_attempt == 2
+
+
+def test_a_reported_in_doubt_time_holds_the_retry_back_and_reaches_the_next_grant() -> None:
+    node = Node()
+    node.apply(SetPolicy(kind="transfer", policy=RetryPolicy(tiers_ms=(100,), tier_jitter_ratio=0.0)))
+    message_id = node.enqueue("k")
+    (grant,) = node.lease().grants
+    failed = node.apply(Fail(message_id=message_id, token=grant.token, error_class="timeout", in_doubt_ms=4000))
+    assert failed == Outcome(code=Code.OK, message_id=message_id, state=State.DELAYED, due_ms=node.now_ms + 4000)
+    node.now_ms += 3999
+    assert node.lease().grants == ()
+    node.now_ms += 1
+    (again,) = node.lease().grants
+    assert again.in_doubt_ms == 0
+    # A known outcome (0) moves the deadline neither back nor on; an unreported one assumes the lease's end.
+    node.now_ms += 50
+    node.apply(Fail(message_id=message_id, token=again.token, error_class="rate_limited", in_doubt_ms=0))
+    node.now_ms += 100
+    (third,) = node.lease().grants
+    assert third.in_doubt_ms == -150
+    node.apply(Fail(message_id=message_id, token=third.token, error_class="timeout"))
+    node.now_ms += 100
+    (fourth,) = node.lease().grants
+    assert fourth.in_doubt_ms == third.deadline_ms - node.now_ms == 30_000 - 100
+
+
+def test_a_reported_in_doubt_time_never_outlasts_the_lease() -> None:
+    node = Node()
+    node.apply(SetPolicy(kind="transfer", policy=RetryPolicy(tiers_ms=(10,), tier_jitter_ratio=0.0)))
+    message_id = node.enqueue("k")
+    (grant,) = node.lease().grants
+    node.now_ms += 29_000
+    failed = node.apply(Fail(message_id=message_id, token=grant.token, error_class="timeout", in_doubt_ms=600_000))
+    assert isinstance(failed, Outcome) and failed.due_ms == grant.deadline_ms
+
+
+def test_an_interrupted_release_waits_for_its_requests_and_a_plain_one_changes_nothing() -> None:
+    node = Node()
+    message_id = node.enqueue("k")
+    (grant,) = node.lease().grants
+    released = node.apply(Release(message_id=message_id, token=grant.token, interrupted=True, in_doubt_ms=2000))
+    assert released == Outcome(code=Code.OK, message_id=message_id, state=State.DELAYED, due_ms=node.now_ms + 2000)
+    node.now_ms += 2000
+    (again,) = node.lease().grants
+    assert (again.in_doubt_ms, again.budget_attempt) == (0, 1)  # a release is not counted
+    node.now_ms += 500
+    plain = node.apply(Release(message_id=message_id, token=again.token, in_doubt_ms=9000))  # nothing was sent
+    assert plain == Outcome(code=Code.OK, message_id=message_id, state=State.READY, due_ms=node.now_ms)
+    (third,) = node.lease().grants
+    assert third.in_doubt_ms == -500
+
+
+def test_a_redriven_dead_letter_starts_a_new_budget_and_keeps_its_in_doubt_deadline() -> None:
+    node = Node()
+    node.apply(SetPolicy(kind="transfer", policy=RetryPolicy(tiers_ms=(100,), tier_jitter_ratio=0.0, attempts_max=2)))
+    message_id = node.enqueue("k")
+    (first,) = node.lease().grants
+    node.apply(Fail(message_id=message_id, token=first.token, error_class="timeout", in_doubt_ms=1000))
+    node.now_ms += 1000
+    (second,) = node.lease().grants
+    assert second.budget_attempt == 2
+    node.apply(Fail(message_id=message_id, token=second.token, error_class="unknown_outcome", permanent=True,
+                    in_doubt_ms=0))  # fmt: skip
+    node.now_ms += 60_000
+    assert node.apply(Redrive(actor="finance", reason="paid by hand? no: send", ids=(message_id,))).code is Code.OK
+    (third,) = node.lease().grants
+    assert (third.previous_error_class, third.attempt, third.budget_attempt) == ("unknown_outcome", 3, 1)
+    assert third.in_doubt_ms == -60_000
 
 
 def test_retry_after_is_a_duration_the_store_adds_to_its_own_time() -> None:

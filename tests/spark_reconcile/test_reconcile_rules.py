@@ -173,6 +173,27 @@ def test_duplicate_payout_reports_the_extra_money(spark: SparkSession, params: R
     assertDataFrameEqual(rules.find_discrepancies(frames, params), expected)
 
 
+def test_one_transfer_id_paid_twice_by_a_payment_system_without_dedup_is_a_duplicate_payout(
+    spark: SparkSession, params: ReconcileParams
+) -> None:
+    """Two payments under one transfer id (two rows of payment_transfers, the payment system's own
+    payment ids apart): what a re-send does to a payment system that does not deduplicate."""
+    frames = ledgers(
+        spark,
+        grants=[grant("g-1", 300, "CNY", at(10), recipient="u-1")],
+        transfers=[transfer("t-1", "g-1", 300, "CNY", at(10, 5)), transfer("t-1", "g-1", 300, "CNY", at(10, 6))],
+    )
+    expected = discrepancies(
+        spark,
+        {
+            "discrepancy_class": "duplicate_payout", "business_id": "g-1", "transfer_id": "t-1", "recipient": "u-1",
+            "currency": "CNY", "amount_minor": 300, "expected_amount_minor": 300, "actual_amount_minor": 600,
+            "expected_currency": "CNY", "actual_currency": "CNY", "occurred_at": at(10, 5),
+        },
+    )  # fmt: skip
+    assertDataFrameEqual(rules.find_discrepancies(frames, params), expected)
+
+
 def test_compensated_but_absent_from_the_payment_ledger(spark: SparkSession, params: ReconcileParams) -> None:
     frames = ledgers(
         spark,

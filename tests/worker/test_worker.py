@@ -359,3 +359,49 @@ async def test_an_operator_forces_a_breaker_open_and_closed(queue: QueueClient) 
             return (await _states(queue, [message_id])) == [State.DONE]
 
         await _until(done)
+
+
+async def test_an_attempt_knows_its_lease_and_its_in_doubt_time_holds_the_retry_back(queue: QueueClient) -> None:
+    """What the transfer handler relies on: a request that may take effect for a second more keeps
+    the retry from being delivered before then, and the next grant says how long is left."""
+    started: list[float] = []
+
+    def decide(attempt: Attempt) -> Decision:
+        import time
+
+        started.append(time.monotonic())
+        lease = attempt.lease
+        assert lease is not None and lease.send_by() - time.monotonic() <= 30.0
+        if attempt.attempt == 1:
+            lease.report()
+            lease.sending(lease.expires_at_ms(1.0))
+            lease.settled(in_doubt=True)  # a timeout: it may take effect until then
+            return Retryable(error_class="timeout", detail="no answer", outcome_unknown=True)
+        return Succeeded(detail="already transferred")
+
+    transfer = Scripted(Kind.TRANSFER, "payment", decide)
+    async with running(queue, {"transfer": transfer}, lease_ms=30_000):
+        (message_id,) = await _enqueue(queue, 1)
+
+        async def done() -> bool:
+            return await _states(queue, [message_id]) == [State.DONE]
+
+        await _until(done)
+    first, second = transfer.seen
+    assert (first.in_doubt_ms, first.budget_attempt) == (None, 1)
+    assert second.previous_error_class == "timeout" and second.budget_attempt == 2
+    assert second.in_doubt_ms is not None and -1000 < second.in_doubt_ms <= 0
+    assert started[1] - started[0] >= 0.9  # not the policy's 200 ms
+
+
+async def test_a_worker_refuses_to_start_on_a_policy_that_outlasts_the_dedup_window(queue: QueueClient) -> None:
+    from compensator.config import load
+    from compensator.worker_command import WorkerCommandError, _check_policies
+
+    config = load(None, {"COMPENSATOR_HANDLERS__PAYMENT": '{"base_url": "http://x:1", "dedup_window_s": 60}'})
+    running_worker = type("Running", (), {"queue": queue})()
+    with pytest.raises(WorkerCommandError, match=r"the transfer retry policy can re-send up to \d+ s after the first"
+                                                 r" attempt .* beyond handlers.payment.dedup_window_s \(60 s\)"):
+        await _check_policies(config, running_worker, asyncio.Event())
+    await queue.set_policy("transfer", RetryPolicy(tiers_ms=(1000,), attempts_max=3, retry_after_max_ms=0))
+    await _check_policies(config, running_worker, asyncio.Event())  # 2 retries of 1.1 s, 2 x 2 x 10 s per attempt

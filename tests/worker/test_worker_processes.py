@@ -163,9 +163,10 @@ def wait_serving(process: subprocess.Popen[bytes], urls: Mapping[str, str], pg_d
     raise AssertionError(f"the stand-ins did not serve within {START_TIMEOUT_S} s: {log.read_text()[-2000:]}")
 
 
-@pytest.fixture(scope="module")
-def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standins]:
-    root = tmp_path_factory.mktemp("standins")
+@contextlib.contextmanager
+def standins_process(root: Path, *flags: str, seed: int = 11) -> Iterator[Standins]:
+    """`compensator standins` with these flags (the payment system's modes), its ledgers in an
+    embedded PostgreSQL under `root`, stopped with it."""
     secrets_file = root / "callback-secrets.json"
     secrets_file.write_text(json.dumps({TARGET: SECRET}))
     ports = dict(zip(SERVICES, free_ports(3), strict=True))
@@ -174,7 +175,7 @@ def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standins]:
     command = [
         sys.executable, "-m", "compensator", "standins", "--payment-port", str(ports["payment"]),
         "--red-packet-port", str(ports["red_packet"]), "--callback-port", str(ports["callback"]),
-        "--pg-data", str(pg_data), "--secrets-file", str(secrets_file), "--seed", "11",
+        "--pg-data", str(pg_data), "--secrets-file", str(secrets_file), "--seed", str(seed), *flags,
     ]  # fmt: skip
     with log.open("ab") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
@@ -188,6 +189,12 @@ def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standins]:
         left = postmaster(pg_data)
         if left is not None and alive(left[0]):  # the command was killed before it could
             os.kill(left[0], signal.SIGINT)  # PostgreSQL's fast shutdown
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standins]:
+    with standins_process(tmp_path_factory.mktemp("standins")) as running:
+        yield running
 
 
 # ---- the store: three node processes per test --------------------------------------------------
@@ -286,15 +293,20 @@ class Workers:
     env: dict[str, str]
     started: list[WorkerProcess] = field(default_factory=list)
 
-    def start(self, worker_id: str, prefix: Sequence[str] = ()) -> WorkerProcess:
-        """`prefix`: a command the worker runs under (`faketime ...` for a skewed clock)."""
+    def argv(self, worker_id: str) -> list[str]:
+        return [sys.executable, "-m", "compensator", "worker", "--id", worker_id]
+
+    def extra_env(self, worker_id: str) -> dict[str, str]:
+        """Settings of this one worker beside the group's (none here)."""
+        return {}
+
+    def start(self, worker_id: str) -> WorkerProcess:
         log = self.root / f"worker-{worker_id}.log"
         port = free_ports(1)[0]
-        env = child_env({**self.env, "COMPENSATOR_WORKER__METRICS_PORT": str(port)})
+        env = child_env({**self.env, **self.extra_env(worker_id), "COMPENSATOR_WORKER__METRICS_PORT": str(port)})
         with log.open("ab") as out:
             process = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "compensator", "worker", "--id", worker_id], cwd=ROOT, env=env, stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.argv(worker_id), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         worker = WorkerProcess(worker_id, process, log, port)
         self.started.append(worker)
