@@ -85,8 +85,8 @@ MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
     "bench/e2e.py": 722,
-    "queues/machine.py": 1324,
-    "queues/machine.py::_Apply": 732,
+    "queues/machine.py": 1319,
+    "queues/machine.py::_Apply": 722,
     "queues/model.py": 862,
     "queues/client.py::QueueClient": 378,
     "raft_store/core.py": 785,
@@ -95,7 +95,7 @@ OVERSIZED: Final[Mapping[str, int]] = {
     "raft_store/node.py::Node": 908,
     "raft_store/simulation/cluster.py::Cluster": 459,
     "raft_store/wal.py::Wal": 315,
-    "compensator/worker/runner.py::Worker": 321,
+    "compensator/worker/runner.py::Worker": 319,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The
 list only shrinks: split one and lower its number (or drop it once under the limit)."""
