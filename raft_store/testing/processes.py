@@ -13,11 +13,26 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from raft_store.client import RaftClient
+
+FAKETIME_LIBRARIES = ("/usr/lib/x86_64-linux-gnu/faketime", "/usr/lib/aarch64-linux-gnu/faketime", "/usr/lib/faketime")
+
+
+def skewed_clock_env(offset_s: int) -> dict[str, str] | None:
+    """The environment that runs a process with its wall clock `offset_s` off (libfaketime, Debian's
+    `faketime` package), its monotonic clock untouched as NTP leaves it; None without libfaketime.
+
+    The library is preloaded into the process itself, not run through the `faketime` command: that
+    command forks, and a SIGTERM to it left its child running."""
+    for directory in FAKETIME_LIBRARIES:
+        library = Path(directory) / "libfaketimeMT.so.1"
+        if library.exists():
+            return {"LD_PRELOAD": str(library), "FAKETIME": f"{offset_s:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    return None
 
 
 def free_ports(count: int) -> list[int]:
@@ -61,10 +76,9 @@ class ProcessCluster:
         listeners by another route, so a test can tell which addresses a client used."""
         return [arg for node in self.ids for arg in ("--client-address", f"{node}={host}:{self.address(node)[1]}")]
 
-    def start(self, node: int, *extra: str, prefix: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
-        """`prefix`: a command the node runs under (`faketime ...`); `env`: added to the environment."""
+    def start(self, node: int, *extra: str, env: Mapping[str, str] | None = None) -> None:
+        """`env`: added to the node's environment (`skewed_clock_env`, for one)."""
         args = [
-            *prefix,
             sys.executable,
             "-m",
             "raft_store",

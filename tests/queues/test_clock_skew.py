@@ -11,7 +11,6 @@ three, and what is due, ready and expired still follows the log's clock (docs/qu
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from delay.policy import RetryPolicy
 from queues.client import QueueClient
 from queues.model import BatchResult, Code, ExpireLeases, State
 from raft_store.client import RaftClient
-from raft_store.testing.processes import ProcessCluster
+from raft_store.testing.processes import ProcessCluster, skewed_clock_env
 
 pytestmark = pytest.mark.slow
 
@@ -31,13 +30,13 @@ SKEWED = 3
 POLICY = RetryPolicy(tiers_ms=(1000,), tier_jitter_ratio=0.0, attempts_max=5)
 
 
-def faketime(offset_s: int) -> list[str]:
-    """The node's wall clock `offset_s` off; its monotonic clock untouched, as NTP leaves it."""
-    found = shutil.which("faketime")
-    if found is None:  # a missing system package is a set-up error, not a skip
-        pytest.fail("faketime is needed to skew a process's clock: apt-get install faketime"
+def faketime(offset_s: int) -> dict[str, str]:
+    """The environment of a process whose wall clock is `offset_s` off (its monotonic clock untouched)."""
+    env = skewed_clock_env(offset_s)
+    if env is None:  # a missing system package is a set-up error, not a skip
+        pytest.fail("libfaketime is needed to skew a process's clock: apt-get install faketime"
                     " (deploy/install-system-packages.sh installs it)", pytrace=False)  # fmt: skip
-    return [found, "-m", "--exclude-monotonic", "-f", f"{offset_s:+d}s"]
+    return env
 
 
 def wall_ms() -> int:
@@ -77,7 +76,7 @@ async def lead(cluster: ProcessCluster, raft: RaftClient, node: int, timeout_s: 
 
 async def start(cluster: ProcessCluster, queue: QueueClient, skew_s: int) -> None:
     for node in cluster.ids:
-        cluster.start(node, prefix=faketime(skew_s) if node == SKEWED else ())
+        cluster.start(node, env=faketime(skew_s) if node == SKEWED else None)
     await cluster.wait_leader(queue.raft)
     await queue.set_policy("test", POLICY, actor="test")
 

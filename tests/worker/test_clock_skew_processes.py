@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +40,7 @@ from test_worker_processes import (  # type: ignore[import-not-found]
 
 from delay.policy import RetryPolicy
 from queues import ClientError, QueueClient, State
+from raft_store.testing.processes import skewed_clock_env
 
 pytestmark = pytest.mark.slow
 __all__ = ["standins"]  # the module's stand-ins fixture, shared with test_worker_processes
@@ -53,13 +53,13 @@ FAST_TIER: Final = RetryPolicy(tiers_ms=(200,), tier_jitter_ratio=0.0, attempts_
 """Without the Retry-After a retry would come 200 ms later."""
 
 
-def faketime(offset_s: int) -> list[str]:
-    """A wall clock `offset_s` off; the monotonic clock untouched, as NTP leaves it."""
-    found = shutil.which("faketime")
-    if found is None:  # a missing system package is a set-up error, not a skip
-        pytest.fail("faketime is needed to skew a process's clock: apt-get install faketime"
+def faketime(offset_s: int) -> dict[str, str]:
+    """The environment of a process whose wall clock is `offset_s` off (its monotonic clock untouched)."""
+    env = skewed_clock_env(offset_s)
+    if env is None:  # a missing system package is a set-up error, not a skip
+        pytest.fail("libfaketime is needed to skew a process's clock: apt-get install faketime"
                     " (deploy/install-system-packages.sh installs it)", pytrace=False)  # fmt: skip
-    return [found, "-m", "--exclude-monotonic", "-f", f"{offset_s:+d}s"]
+    return env
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def nodes(tmp_path: Path) -> Iterator[Callable[[int], ProcessCluster]]:
         cluster = ProcessCluster(tmp_path / "store", machine=MACHINE, extra_args=["--volatile", "--tick-ms", "100"])
         (tmp_path / "store").mkdir(exist_ok=True)
         for node in cluster.ids:
-            cluster.start(node, prefix=faketime(skew_s) if node == SKEWED and skew_s else ())
+            cluster.start(node, env=faketime(skew_s) if node == SKEWED and skew_s else None)
         started.append(cluster)
         return cluster
 
@@ -91,8 +91,8 @@ def nodes(tmp_path: Path) -> Iterator[Callable[[int], ProcessCluster]]:
 class SkewedWorkers(Workers):
     """Workers whose ids start with "slow" run 30 s slow."""
 
-    def argv(self, worker_id: str) -> list[str]:
-        return [*(faketime(-30) if worker_id.startswith("slow") else []), *Workers.argv(self, worker_id)]
+    def extra_env(self, worker_id: str) -> dict[str, str]:
+        return faketime(-30) if worker_id.startswith("slow") else {}
 
 
 @pytest.fixture
