@@ -12,7 +12,8 @@ Why changes field by field: an entry's before and after are canonical JSON with 
 document bodies inside as JSON text (the chain hashes text), which reads as escaped quotes. A
 JSON object held as text is parsed and compared field by field like the rest.
 
-Must never: decide who may see what (the callers mask first: `masked_audit`), or read the store.
+Must never: decide who may see what (a viewer's entries come masked from the store: api/masked_reads.py), or
+read the store.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from api.ids import RequestId
+from api.money_view import AMOUNT_FIELDS, MONEY_FIELD, display, money_of_document
 from api.problems import invalid
 from api.review_policy import diff
 from queues import AuditFilter
@@ -115,12 +117,47 @@ def _shown(value: Any) -> str | None:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+def _at(document: Mapping[str, Any], path: str) -> Mapping[str, Any] | None:
+    for part in path.split(".") if path else ():
+        found = document.get(part)
+        if not isinstance(found, Mapping):
+            return None
+        document = found
+    return document
+
+
+def _money(
+    old_side: Mapping[str, Any], new_side: Mapping[str, Any], name: str
+) -> tuple[str, str | None, str | None] | None:
+    """A change of `amount_minor` or `currency` as the money it is: (the row's field, `<path>.amount`,
+    and the money before and after as text), or None when the field is neither or holds no money."""
+    path, _, last = name.rpartition(".")
+    if last not in AMOUNT_FIELDS:
+        return None
+    sides = [_at(side, path) for side in (old_side, new_side)]
+    old, new = (money_of_document(side) for side in sides)
+    if old is None and new is None:
+        return None
+    field = f"{path}.{MONEY_FIELD}" if path else MONEY_FIELD
+    return field, None if old is None else display(old.amount_minor, old.currency), \
+        None if new is None else display(new.amount_minor, new.currency)
+
+
 def field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each field the entry changed, nested ones as dotted paths (`payload.payer`), in name order:
     `{"field", "before", "after", "fold"}` with the values as text (None: not there), `fold` when
-    either is too long to read in a row."""
+    either is too long to read in a row. A payload's `amount_minor` and `currency` are one row,
+    `payload.amount`, in money terms (``60.00 USD`` -> ``99,999.00 USD``)."""
     changes = []
-    for name, change in diff(*_aligned(before, after)).items():
+    old_side, new_side = _aligned(before, after)
+    shown_money: set[str] = set()
+    for name, change in diff(old_side, new_side).items():
+        money = _money(old_side, new_side, name)
+        if money is not None:
+            if money[0] not in shown_money:
+                shown_money.add(money[0])
+                changes.append({"field": money[0], "before": money[1], "after": money[2], "fold": False})
+            continue
         old, new = _shown(change["before"]), _shown(change["after"])
         if old == new:  # a field absent on one side and null on the other: nothing a reader would call a change
             continue

@@ -115,27 +115,35 @@ class ReadsAfter:
     it arrived (so what was written before it was sent is seen), and reads start at most every
     MISS_REFRESH_MIN_S, shared by every caller waiting for them, however many miss."""
 
-    def __init__(self, read: Callable[[], Awaitable[None]], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, read: Callable[[], Awaitable[None]], clock: Callable[[], float] = time.monotonic, *,
+        spacing_s: float = MISS_REFRESH_MIN_S,
+    ) -> None:  # fmt: skip
         self._read = read
         self._clock = clock
+        self._spacing_s = spacing_s
         self._planned: asyncio.Task[None] | None = None
         self._start_s = float("-inf")
 
-    async def after(self, arrived_s: float) -> None:
+    async def after(self, arrived_s: float, *, raising: bool = False) -> None:
         """Wait for a store read that starts at or after `arrived_s`: the next one planned, or a
-        new one at least MISS_REFRESH_MIN_S after the last one started."""
+        new one at least `spacing_s` after the last one started. A failed read is passed over
+        (the cache keeps what it has) unless `raising`."""
         planned = self._planned
         if planned is None or self._start_s < arrived_s:
-            start_s = max(arrived_s, self._start_s + MISS_REFRESH_MIN_S)
+            start_s = max(arrived_s, self._start_s + self._spacing_s)
             self._start_s = start_s
             planned = self._planned = asyncio.get_running_loop().create_task(self._delayed(start_s - arrived_s))
-        await asyncio.shield(planned)
+        try:
+            await asyncio.shield(planned)
+        except (ClientError, QueueError):
+            if raising:
+                raise
 
     async def _delayed(self, delay_s: float) -> None:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
-        with contextlib.suppress(ClientError, QueueError):
-            await self._read()
+        await self._read()
 
 
 async def start_polling(
@@ -202,7 +210,9 @@ def requires(*roles: Role) -> Callable[..., Awaitable[Principal]]:
     async def authenticated(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Principal:
-        return await authenticate(request, allowed)
+        principal = await authenticate(request, allowed)
+        request.state.personal_data = not masks_personal_data(principal)  # api.services.of reads it
+        return principal
 
     return authenticated
 

@@ -15,7 +15,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from api import submissions
-from api.problems import Problem, problem_of
+from api.problems import Problem, invalid, problem_of
 
 QUOTED_KEY_PATTERN: Final = r'^"((?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$'
 _QUOTED: Final = re.compile(QUOTED_KEY_PATTERN)
@@ -74,3 +74,33 @@ def whole_numbers(value: Any) -> Any:
 
 def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(content=msgspec.json.encode(document), status_code=status, media_type=JSON, headers=headers)
+
+
+_QUERY_NAMES: Final = "_compensator_query_names"
+
+
+def _query_names(route: Any) -> frozenset[str]:
+    """The query parameters a route declares, its dependencies' included (read once per route, kept on it)."""
+    known: frozenset[str] | None = getattr(route, _QUERY_NAMES, None)
+    if known is None:
+        names: set[str] = set()
+        stack = [route.dependant]
+        while stack:
+            dependant = stack.pop()
+            names.update(field.alias for field in dependant.query_params)
+            stack.extend(dependant.dependencies)
+        known = frozenset(names)
+        setattr(route, _QUERY_NAMES, known)
+    return known
+
+
+async def known_query(request: Request) -> None:
+    """A dependency of the filter endpoints: a query parameter the route does not declare is a 422
+    naming it, never silently ignored (`?currency=USD` on a list that cannot filter by currency
+    would answer every dead letter as if it were the filtered list)."""
+    route = request.scope.get("route")
+    if route is None or not request.query_params:
+        return
+    unknown = sorted(set(request.query_params) - _query_names(route))
+    if unknown:
+        raise invalid([{"field": name, "message": "not a parameter of this endpoint"} for name in unknown])

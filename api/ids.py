@@ -13,6 +13,11 @@ from typing import Final
 
 _SHAPE: Final = re.compile(r"^([1-9][0-9]{0,4})-([1-9][0-9]{0,18})$")
 MESSAGE_ID_MAX: Final = (1 << 63) - 1
+NUMBER_MAX: Final = 1 << 62
+"""The largest proposal or job number a route takes: the store's integers are 64-bit, so a number
+of 2**64 or more is refused at the edge (a 422 naming it), never handed to the store to overflow."""
+PUBLIC_ID_LENGTH_MAX: Final = 40
+"""A public request id's longest text (``99999-9223372036854775807`` is 25): longer is not an id."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -79,10 +79,13 @@ def store_failure(error: ClientError | QueueError) -> Problem:
 class Intake:
     def __init__(
         self, queue: QueueClient, *, set_id: int, clock_ms: Callable[[], int], tracer: trace.Tracer,
+        callback_targets: Collection[str] = (),
         observe_store_s: Callable[[str, float], None] = lambda operation, seconds: None,
         perf_clock_s: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._queue = queue
+        self._callback_targets = frozenset(callback_targets)
+        """The registered callback targets (handlers.callback.targets): a callback to another is refused."""
         self._set_id = set_id
         self._clock_ms = clock_ms
         self._tracer = tracer
@@ -95,7 +98,8 @@ class Intake:
     def command(self, principal: Principal, item: Item, trace_headers: dict[str, str]) -> Enqueue | Problem:
         try:
             return build_enqueue(producer=principal.name, key=item.key, submission=item.submission,
-                                 trace_headers=trace_headers, now_ms=self._clock_ms())  # fmt: skip
+                                 trace_headers=trace_headers, now_ms=self._clock_ms(),
+                                 callback_targets=self._callback_targets)  # fmt: skip
         except Invalid as refused:
             return problem_of(refused)
 

@@ -77,6 +77,11 @@ def body(schema_name: str) -> dict[str, Any]:
     }
 
 
+BODY_PROBLEMS: Final = (400, 415, 422)
+"""What any operation with a body may answer besides its own: a body that is not JSON (or nested
+too deep), one not sent as JSON, and one whose fields are invalid."""
+
+
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """Problem answers for these statuses, each listing the problem types it may carry."""
     answers: dict[int | str, dict[str, Any]] = {}
@@ -96,6 +101,11 @@ def install(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = generate()
             schema.setdefault("components", {}).setdefault("schemas", {}).update(COMPONENTS)
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    if isinstance(operation, dict) and "requestBody" in operation:
+                        added = {str(status): answer for status, answer in problems(*BODY_PROBLEMS).items()}
+                        operation["responses"] = {**added, **operation["responses"]}
             app.openapi_schema = schema
         return app.openapi_schema
 

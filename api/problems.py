@@ -13,7 +13,7 @@ Must never: put a token, a payload or an exception's text from inside the proces
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -28,6 +28,7 @@ from api.submissions import field_errors
 
 log = logging.getLogger("api.problems")
 MEDIA_TYPE: Final = "application/problem+json"
+BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,9 @@ TYPES: Final = _types(
                 "This key was used before with a different request body. Nothing was created. Use a new key for"
                 " a new request, or send the original body again to read the original request."),
     ProblemType("malformed-body", 400, "Body is not valid JSON", "The body could not be parsed as JSON."),
+    ProblemType("body-too-deep", 400, "Body nested too deep",
+                "The body is JSON nested deeper than this API reads (200 levels for a submission); nothing was"
+                " stored. Flatten the document."),
     ProblemType("invalid-request", 422, "The request is invalid",
                 "One or more fields are missing or invalid; `errors` names every one, as a dotted path."),
     ProblemType("body-too-large", 413, "Body too large",
@@ -138,6 +142,19 @@ def problem_of(refused: submissions.Invalid) -> Problem:
     return Problem(refused.name, refused.detail, extra={"errors": refused.errors} if refused.errors else None)
 
 
+def validation_problem(request: Request, errors: Sequence[Mapping[str, Any]]) -> Problem:
+    """What FastAPI refused, as the problem the API's own checks would answer: a body that is not
+    JSON is malformed (400), one that is not sent as JSON is the wrong media type (415), and the
+    rest names each bad field (422)."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return Problem("malformed-body", "the body is not valid JSON")
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    sent_json = media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+    if not sent_json and any(tuple(e.get("loc", ())) == ("body",) for e in errors) and request.method in BODY_METHODS:
+        return Problem("unsupported-media-type", f"expected application/json, got {media_type or 'no Content-Type'}")
+    return invalid(field_errors(errors, drop=("body", "query", "path", "header")))
+
+
 def install(app: FastAPI) -> None:
     """Every error becomes a problem, and each type is described at its URI."""
 
@@ -147,8 +164,10 @@ def install(app: FastAPI) -> None:
 
     async def on_http(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
-        name = {401: "unauthenticated", 403: "forbidden", 404: "not-found", 405: "method-not-allowed",
-                413: "body-too-large", 415: "unsupported-media-type"}.get(error.status_code)  # fmt: skip
+        name = {400: "malformed-body", 401: "unauthenticated", 403: "forbidden", 404: "not-found",
+                405: "method-not-allowed", 413: "body-too-large", 415: "unsupported-media-type"}.get(error.status_code)  # fmt: skip
+        if error.status_code == 400 and isinstance(error.__cause__, RecursionError):  # FastAPI could not parse the body
+            return response(problem_of(submissions.too_deep()), request.scope["path"])
         if name is None:
             log.warning("HTTP %d without a problem type: %s", error.status_code, error.detail)
             name = "internal" if error.status_code >= 500 else "invalid-request"
@@ -157,7 +176,7 @@ def install(app: FastAPI) -> None:
 
     async def on_validation(request: Request, error: Exception) -> Response:
         assert isinstance(error, RequestValidationError)
-        return response(invalid(field_errors(error.errors(), drop=("body", "query", "path", "header"))), request.scope["path"])
+        return response(validation_problem(request, error.errors()), request.scope["path"])
 
     async def on_unexpected(request: Request, error: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.scope["path"])

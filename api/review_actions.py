@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from pydantic import ValidationError
 
+from api import money_view
 from api.ids import RequestId
+from api.money_view import money_of_payload
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
 from api.submissions import field_errors
-from ledger.kinds import PAYLOAD_MODELS, Kind, decode_payload, encode_payload, money_of
+from ledger.kinds import PAYLOAD_MODELS, Kind, encode_payload
 from queues import (
     JOB_IDS_MAX,
     JOB_RATE_MAX,
@@ -44,6 +46,7 @@ from queues import (
     RedriveJob,
     ReviewAction,
     ReviewResult,
+    proposal_action,
 )
 
 T = TypeVar("T")
@@ -206,16 +209,19 @@ def dry_run_of(services: ApiServices, views: Sequence[MessageView]) -> DryRun:
 
 def totals(views: Sequence[MessageView]) -> tuple[tuple[tuple[str, int, int], ...], int]:
     """(currency, count, amount_minor total) per currency, sorted, and how many have no amount."""
-    by_currency: dict[str, tuple[int, int]] = {}
-    without = 0
-    for view in views:
-        money = amount(view)
-        if money is None:
-            without += 1
-            continue
-        count, total = by_currency.get(money[1], (0, 0))
-        by_currency[money[1]] = (count + 1, total + money[0])
-    return tuple((c, n, a) for c, (n, a) in sorted(by_currency.items())), without
+    return money_view.totals(money_of_payload(current_payload(view)) for view in views)
+
+
+async def proposal_targets(services: ApiServices, proposals: Sequence[ProposalView]) -> dict[int, MessageView]:
+    """The targets of these proposals as they are now, read once for all (a page of proposals may
+    share targets, and a job's proposal may name 100,000)."""
+    ids = sorted({target for view in proposals for target in view.targets})
+    return {view.message_id: view for view in await views_of(services, ids)}
+
+
+def what_is_paid(proposal: ProposalView, targets: Mapping[int, MessageView]) -> money_view.WhatIsPaid:
+    """What approving the proposal would pay, from its targets as read (`proposal_targets`)."""
+    return money_view.what_is_paid(proposal_action(proposal), [targets[t] for t in proposal.targets if t in targets])
 
 
 async def start_job(
@@ -252,12 +258,8 @@ async def control_job(services: ApiServices, actor: str, job_id: int, action: st
 
 
 def amount(view: MessageView) -> tuple[int, str] | None:
-    """The amount at stake (minor units, currency), when the payload is a valid request of a kind
-    that has one."""
-    try:
-        money = money_of(decode_payload(Kind(view.kind), current_payload(view)))
-    except (ValueError, ValidationError):
-        return None
+    """The amount at stake (minor units, currency), when the payload has one (a masked payload too)."""
+    money = money_of_payload(current_payload(view))
     return None if money is None else (money.amount_minor, money.currency)
 
 

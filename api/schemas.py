@@ -18,13 +18,28 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
 
 from delay.policy import DELAY_MAX_MS
-from ledger.kinds import CallbackPayload, ListUpdatePayload, TransferPayload, Whole
+from ledger.kinds import REF_KEY_PATTERNS, CallbackPayload, Kind, ListUpdatePayload, TransferPayload, Whole
 
 DELAY_MAX_S: Final = DELAY_MAX_MS // 1000
 """Two years (and a day per year): the furthest a request may be scheduled."""
 IDEMPOTENCY_KEY_LENGTH_MAX: Final = 95
 """The store's key limit (128) less the producer's name (at most 32) and its separator."""
 REF_KEY_PATTERN: Final = r"^[^\x00-\x1f\x7f]{1,128}$"
+"""What a filter may search for: any ref key that may be stored, those from before control and
+format characters were refused at intake included (the submission's own pattern is its kind's,
+`REF_KEY_PATTERNS`)."""
+REF_KEY_DESCRIPTION: Final = "The business id (red-packet id, order id): every request of one business id is in its timeline."
+
+
+def _ref_key(kind: Kind) -> Any:
+    return Field(description=f"{REF_KEY_DESCRIPTION} {_REF_KEY_RULES[kind]}")
+
+
+_REF_KEY_RULES: Final = {
+    Kind.TRANSFER: "The payment system's business id: 1-128 letters, digits and `_.:@/-`, starting with a letter or digit.",
+    Kind.LIST_UPDATE: "1-128 characters, no control or format characters.",
+    Kind.CALLBACK: "1-128 characters, no control or format characters.",
+}
 
 
 class _Strict(BaseModel):
@@ -42,9 +57,6 @@ class OriginalFailure(_Strict):
 class _Submission(_Strict):
     model_config = ConfigDict(json_schema_extra={"not": {"required": ["delay_s", "not_before"]}})
 
-    ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERN)] = Field(
-        description="The business id (red-packet id, order id): every request of one business id is in its timeline."
-    )
     delay_s: Annotated[float, Field(ge=0, le=DELAY_MAX_S)] | None = Field(
         None, description="Retry no sooner than this many seconds from now."
     )
@@ -62,16 +74,19 @@ class _Submission(_Strict):
 
 class TransferSubmission(_Submission):
     kind: Literal["transfer"]
+    ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERNS[Kind.TRANSFER])] = _ref_key(Kind.TRANSFER)
     payload: TransferPayload
 
 
 class ListUpdateSubmission(_Submission):
     kind: Literal["list_update"]
+    ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERNS[Kind.LIST_UPDATE])] = _ref_key(Kind.LIST_UPDATE)
     payload: ListUpdatePayload
 
 
 class CallbackSubmission(_Submission):
     kind: Literal["callback"]
+    ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERNS[Kind.CALLBACK])] = _ref_key(Kind.CALLBACK)
     payload: CallbackPayload
 
 

@@ -10,9 +10,12 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from starlette.requests import Request
+
 from api.auth import TokenCache
 from api.health import Readiness
 from api.intake import RETRY_AFTER_S, Intake
+from api.masked_reads import MaskedQueueClient
 from api.metrics import ApiMetrics
 from api.problems import Problem
 from api.quotas import Quotas
@@ -50,9 +53,18 @@ class ApiServices:
     """Users and sessions of the review pages (api/web/sessions.py); None: every page asks for a login."""
     summaries: SummaryReads = dataclasses.field(init=False)
     """The dead-letter list's counts and totals: one read of a filter at a time, shared."""
+    masked: ApiServices = dataclasses.field(init=False, repr=False)
+    """The same services with a store that masks every answer's personal data and writes nothing
+    (api/masked_reads.py): what a caller without personal-data rights is given (`of`)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.queue, MaskedQueueClient):
+            return  # the masked twin: its summaries and `masked` are set by the one that made it
         object.__setattr__(self, "summaries", SummaryReads(self.queue))
+        twin = dataclasses.replace(self, queue=MaskedQueueClient(self.queue))
+        object.__setattr__(twin, "summaries", self.summaries)  # totals hold no personal data: one shared read
+        object.__setattr__(twin, "masked", twin)
+        object.__setattr__(self, "masked", twin)
 
     async def start(self) -> None:
         await self.tokens.start()
@@ -70,3 +82,12 @@ class ApiServices:
         if isinstance(error, QueueError):
             return Problem("invalid-request", f"the store refused the query: {error}")
         return Problem("not-ready", f"the store did not answer: {error}", headers={"Retry-After": RETRY_AFTER_S})
+
+
+def of(request: Request) -> ApiServices:
+    """The services as this request's caller may use them: the store masked (`ApiServices.masked`)
+    unless the caller's authentication said it may see personal data (`request.state.personal_data`,
+    set by api.auth.requires and api.web.sessions.current_user). A route that authenticated no one
+    reads masked: forgetting fails closed."""
+    services: ApiServices = request.app.state.services
+    return services if getattr(request.state, "personal_data", False) is True else services.masked

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
 from pydantic import ValidationError
 
 from api.schemas import DELAY_MAX_S, IDEMPOTENCY_KEY_LENGTH_MAX, KIND_TAGS, SUBMISSION, AnySubmission
 from delay.policy import DELAY_MAX_MS
-from ledger.kinds import canonical_json, encode_payload
+from ledger.kinds import IDENTIFIER_PATTERN, CallbackPayload, canonical_json, encode_payload
+from ledger.text import IDENTIFIER_TEXT
 from queues import Enqueue
 
 HEADER_FINGERPRINT: Final = "fingerprint"
@@ -37,6 +38,15 @@ KEY_SEPARATOR: Final = ":"
 KEY_PATTERN: Final = r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$"
 _KEY: Final = re.compile(KEY_PATTERN)
 _UNKNOWN_KIND: Final = ("union_tag_invalid", "union_tag_not_found")
+JSON_DEPTH_MAX: Final = 200
+"""How deep a submission's JSON may nest (the parser's limit; a callback body gets all but two)."""
+PATTERN_MESSAGES: Final = {
+    IDENTIFIER_PATTERN: "1-128 letters, digits and _.:@/- starting with a letter or a digit (an identifier the"
+                        " downstream takes)",
+    IDENTIFIER_TEXT: "1-128 characters, none of them a control or format character (\\u202e, a zero-width space,"
+                     " a line separator, ...)",
+}  # fmt: skip
+"""What a person is told instead of the regular expression a value did not match."""
 
 
 class Invalid(Exception):
@@ -86,7 +96,10 @@ def field_errors(errors: Sequence[Mapping[str, Any]], drop: Sequence[str] = ()) 
     secret or a payload)."""
     seen: dict[tuple[str, str], None] = {}
     for error in errors:
-        seen[(field_path(error.get("loc", ()), drop), str(error.get("msg", "invalid")))] = None
+        message = str(error.get("msg", "invalid"))
+        if error.get("type") == "string_pattern_mismatch":
+            message = PATTERN_MESSAGES.get(str((error.get("ctx") or {}).get("pattern")), message)
+        seen[(field_path(error.get("loc", ()), drop), message)] = None
     return [{"field": field, "message": message} for field, message in seen]
 
 
@@ -105,12 +118,27 @@ def parse_submission(body: bytes) -> AnySubmission:
 
 def _refusal(error: ValidationError) -> Invalid:
     errors = error.errors(include_url=False)
-    if any(e["type"] == "json_invalid" for e in errors):
+    invalid_json = [e for e in errors if e["type"] == "json_invalid"]
+    if any("recursion limit" in str(e.get("ctx", {}).get("error", "")) for e in invalid_json):
+        return too_deep()
+    if invalid_json:
         return Invalid("malformed-body", "the body is not valid JSON")
     if any(e["type"] in _UNKNOWN_KIND for e in errors):
         known = ", ".join(KIND_TAGS)
         return invalid([{"field": "kind", "message": f"missing or unknown kind; known kinds: {known}"}])
     return invalid(field_errors(errors, drop=KIND_TAGS))
+
+
+def too_deep() -> Invalid:
+    return Invalid("body-too-deep", f"the JSON is nested deeper than {JSON_DEPTH_MAX} levels")
+
+
+def check_callback_target(submission: AnySubmission, callback_targets: Collection[str]) -> None:
+    """A callback to a target this deployment has not registered could only die at its first
+    attempt: refused here, naming the field (the targets are configuration: handlers.callback.targets)."""
+    payload = submission.payload
+    if isinstance(payload, CallbackPayload) and payload.target not in callback_targets:
+        raise invalid([{"field": "payload.target", "message": "not a registered callback target of this deployment"}])
 
 
 def fingerprint(submission: AnySubmission, payload: bytes) -> str:
@@ -122,9 +150,12 @@ def fingerprint(submission: AnySubmission, payload: bytes) -> str:
 
 
 def build_enqueue(
-    *, producer: str, key: str, submission: AnySubmission, trace_headers: Mapping[str, str], now_ms: int
-) -> Enqueue:
-    """The store command for one validated submission, or `Invalid` for a schedule too far ahead."""
+    *, producer: str, key: str, submission: AnySubmission, trace_headers: Mapping[str, str], now_ms: int,
+    callback_targets: Collection[str],
+) -> Enqueue:  # fmt: skip
+    """The store command for one validated submission, or `Invalid` for a callback to a target
+    that is not registered or a schedule too far ahead."""
+    check_callback_target(submission, callback_targets)
     payload = encode_payload(submission.payload)
     headers = dict(trace_headers)
     headers[HEADER_FINGERPRINT] = fingerprint(submission, payload)

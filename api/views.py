@@ -25,7 +25,6 @@ from api.submissions import (
     HEADER_FAILURE_TEXT,
     client_key,
 )
-from ledger.masking import mask_payload, mask_payload_text
 from ledger.states import LEDGER_STATE_OF
 from queues import AuditEntry, Event, EventType, MessageView
 
@@ -68,31 +67,6 @@ def audit_document(entry: AuditEntry) -> dict[str, Any]:
         "seq": entry.seq, "at": utc(entry.ts_ms), "actor": entry.actor, "action": entry.action,
         "target": entry.target, "reason": entry.reason, "before": json.loads(entry.before),
         "after": json.loads(entry.after), "hash": entry.hash.hex(),
-    }  # fmt: skip
-
-
-def _masked_detail(detail: Any) -> Any:
-    if not isinstance(detail, dict):
-        return detail
-    return {key: mask_payload_text(value) if key == "payload" and isinstance(value, str) else value
-            for key, value in detail.items()}  # fmt: skip
-
-
-def masked_audit(document: dict[str, Any]) -> dict[str, Any]:
-    """An audit entry as a viewer reads it: payloads in it masked (ledger/masking.py). Its hash
-    is of the unmasked entry: a viewer can check the chain's links, not recompute an entry."""
-    return {**document, "before": _masked_detail(document["before"]), "after": _masked_detail(document["after"])}
-
-
-def masked_request(document: dict[str, Any], kind: str) -> dict[str, Any]:
-    """`request_document` as a viewer reads it: the payloads' personal fields masked, in the
-    request itself, its operator actions and its audit entries."""
-    edited = document["edited_payload"]
-    return {
-        **document, "payload": mask_payload(kind, document["payload"]),
-        "edited_payload": None if edited is None else mask_payload(kind, edited),
-        "operator_actions": [{**a, "detail": _masked_detail(a["detail"])} for a in document["operator_actions"]],
-        "audit": [masked_audit(entry) for entry in document["audit"]],
     }  # fmt: skip
 
 
@@ -202,12 +176,3 @@ def timeline_entries(
                                                                   "type": event.type.value, "detail": detail}))
     entries.sort(key=lambda entry: entry[:4])
     return [entry[4] for entry in entries]
-
-
-def masked_timeline(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A timeline as a viewer reads it: payloads in audit entries and operator events masked."""
-    return [
-        {**entry, "audit": masked_audit(entry["audit"])} if "audit" in entry
-        else {**entry, "detail": _masked_detail(entry.get("detail", {}))}
-        for entry in entries
-    ]  # fmt: skip

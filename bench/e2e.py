@@ -94,6 +94,7 @@ from bench.harness import (
     Profiler,
     Server,
     api_server,
+    callback_targets,
     child_environment,
     code_revision,
     compensator_command,
@@ -192,7 +193,7 @@ class Stack:
         for worker in self.workers:
             worker.wait_line(WORKER_READY)
         (port,) = free_ports(1)
-        api = self.api = api_server(cluster, self.root, port=port, workers=settings.api_workers)
+        api = self.api = api_server(cluster, self.root, port=port, workers=settings.api_workers, extra_env={"COMPENSATOR_HANDLERS__CALLBACK": callback_targets(self.standin_urls["callback"], CALLBACK_TARGET)})
         self.cleanups.append(api.stop)
         api.start()
         self.api_url = f"http://127.0.0.1:{port}"
@@ -299,12 +300,11 @@ def worker_server(
     """`compensator worker` with the settings compensator/local.py gives `make run`'s workers;
     `breaker` "off" makes the breakers trip only when every attempt of their window failed;
     `payment`: what the payment system is declared to guarantee (`payment_settings`)."""
-    target = {"name": CALLBACK_TARGET, "url": f"{urls['callback']}/callbacks/{CALLBACK_TARGET}"}
     env = child_environment(
         COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in cluster.addresses()),
         COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"], **(payment or {})}),
         COMPENSATOR_HANDLERS__RED_PACKET=json.dumps({"base_url": urls["red_packet"]}),
-        COMPENSATOR_HANDLERS__CALLBACK=json.dumps({"targets": [target]}),
+        COMPENSATOR_HANDLERS__CALLBACK=callback_targets(urls["callback"], CALLBACK_TARGET),
         COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE=str(secrets_file),
         COMPENSATOR_WORKER__METRICS_PORT=str(metrics_port),
         **({"COMPENSATOR_WORKER__BREAKER_FAILURE_RATIO": "1.0"} if breaker == "off" else {}),
@@ -335,7 +335,7 @@ class Window:
     """CPU seconds by process group from the first POST to the last poll that saw a request end."""
     cpu_wall_s: float = 0.0
     leader: dict[str, float] = field(default_factory=dict)
-    """The leader's log entries, applied commands and fsyncs over the window (`leader_progress`)."""
+    """The leader's log entries, applied commands, fsyncs and stale reads over the window (`leader_progress`)."""
     settled: bool = False
     backlog_max: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -395,12 +395,12 @@ async def settle(
 
 
 async def leader_progress(queue: QueueClient) -> dict[str, float]:
-    """The leader's commit index, applied commands and fsyncs so far (none if no node says it leads)."""
+    """The leader's commit index, applied commands, fsyncs and stale reads taken so far (none if no node says it leads)."""
     for status in await queue.node_statuses():
         if status.get("role") == "leader":
             metrics = status.get("metrics") or {}
             return {"entries": float(status["commit"]), "commands": float(metrics.get("applied_commands", 0)),
-                    "fsyncs": float(metrics.get("fsyncs", 0))}  # fmt: skip
+                    "fsyncs": float(metrics.get("fsyncs", 0)), "stale_reads": float(metrics.get("stale_reads", 0))}  # fmt: skip
     return {}
 
 

@@ -15,6 +15,7 @@ settings to a child.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -141,8 +142,18 @@ def compensator_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "compensator"]
 
 
-def api_server(cluster: ProcessCluster, root: Path, *, port: int, workers: int) -> Server:
-    env = child_environment(**{
+def callback_targets(standin_url: str, name: str) -> str:
+    """handlers.callback with one target at the callback stand-in: for the workers, which deliver
+    to it, and the API, which refuses a callback naming any other."""
+    return json.dumps({"targets": [{"name": name, "url": f"{standin_url}/callbacks/{name}"}]})
+
+
+def api_server(
+    cluster: ProcessCluster, root: Path, *, port: int, workers: int, extra_env: dict[str, str] | None = None
+) -> Server:
+    """`compensator api` on this cluster; `extra_env`: more COMPENSATOR_* settings (the callback
+    targets the workers deliver to, which the API checks callbacks against)."""
+    env = child_environment(**(extra_env or {}), **{
         f"{configuration.ENV_PREFIX}STORE__ADDRESSES": ",".join(f"{h}:{p}" for h, p in cluster.addresses()),
         f"{configuration.ENV_PREFIX}API__HOST": "127.0.0.1",
         f"{configuration.ENV_PREFIX}API__PORT": str(port),

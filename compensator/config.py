@@ -269,9 +269,14 @@ class WebConfig(_Section, frozen=True):
     HTTP; every deployment behind TLS turns it on (a browser sends a Secure cookie over HTTPS only,
     so it cannot leak over plain HTTP)."""
     lockout_failures: int = 5
-    """Failed logins in a row that lock an account..."""
+    """Failed logins in a row (each within lockout_s of the one before) that lock an account..."""
     lockout_s: int = 15 * 60
-    """...for this long (a successful login before then resets the count; `compensator user enable` lifts a lock)."""
+    """...for this long (a successful login before then resets the count; `compensator user unlock` lifts a
+    lock). One client address may fail an account only lockout_failures - 1 times per lockout_s: alone, it can
+    slow a guess but never lock the account."""
+    client_failures_max: int = 20
+    """Failed logins one client address may make across all accounts per lockout_s, per API process; then
+    its logins are refused (429) until lockout_s after its last failure."""
 
 
 class LocalConfig(_Section, frozen=True):
@@ -386,6 +391,7 @@ def _problems(config: Config) -> list[str]:
     check(web.idle_timeout_s <= web.lifetime_s <= 30 * 86400, "web.lifetime_s", "must be in idle_timeout_s..2592000 (30 days)")
     check(1 <= web.lockout_failures <= 100, "web.lockout_failures", "must be in 1..100")
     check(1 <= web.lockout_s <= 86400, "web.lockout_s", "must be in 1..86400")
+    check(1 <= web.client_failures_max <= 10_000, "web.client_failures_max", "must be in 1..10000")
     check(0 < api.port < 65536, "api.port", "must be in 1..65535")
     check(1 <= api.workers <= 64, "api.workers", "must be in 1..64")
     check(1 <= api.instances <= 1024, "api.instances", "must be in 1..1024")

@@ -107,7 +107,10 @@ class Child:
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            process.kill()
+            print(f"{self.name} did not stop within {timeout_s:.0f} s of SIGTERM; killing it and its process group",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own session (start_new_session): its children too
             process.wait()
 
 
@@ -141,7 +144,6 @@ class LocalService:
                   self.data_dir / f"node{i}.log")
             for i in range(1, len(self.addresses) + 1)
         ]  # fmt: skip
-        self.api = Child("api", [*python, "api", *config_args], self.data_dir / "api.log")
         local = config.local
         self.standin_ports = {
             "payment": _port(config.handlers.payment.base_url), "red_packet": _port(config.handlers.red_packet.base_url),
@@ -158,8 +160,12 @@ class LocalService:
             "--secrets-file", str(secrets),
         ], self.data_dir / "standins.log")] if local.standins else []  # fmt: skip
         target_url = f"http://127.0.0.1:{local.callback_port}/callbacks/{local.callback_target}"
+        targets = {"COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"targets": [{"name": local.callback_target,
+                                                                             "url": target_url}]})}  # fmt: skip
+        # The API refuses a callback to a target the workers do not know: both read the same targets.
+        self.api = Child("api", [*python, "api", *config_args], self.data_dir / "api.log", env=dict(targets))
         worker_env = {
-            "COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"targets": [{"name": local.callback_target, "url": target_url}]}),
+            **targets,
             "COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE": str(secrets),
             "COMPENSATOR_WORKER__MAINTENANCE": "false",  # the launcher runs the driver itself
             "COMPENSATOR_WORKER__BREAKER_ATTEMPTS_MIN": str(local.breaker_attempts_min),  # a person's traffic

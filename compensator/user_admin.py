@@ -1,4 +1,4 @@
-"""``compensator user``: the finance review's people: add, list, disable, enable, passwd, role.
+"""``compensator user``: the finance review's people: add, list, disable, enable, passwd, role, unlock.
 
 Like ``compensator token``, it talks to the store directly (api/web/accounts.py keeps users,
 password hashes, sessions and logins as documents there), and each change is an audited
@@ -37,7 +37,7 @@ class UserCommandError(ValueError):
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    user = subparsers.add_parser("user", help="the review pages' users: add, list, disable, enable, passwd, role")
+    user = subparsers.add_parser("user", help="the review pages' users: add, list, disable, enable, passwd, role, unlock")
     actions = user.add_subparsers(dest="action", required=True, metavar="ACTION")
     roles = [role.value for role in WEB_ROLES]
     add = actions.add_parser("add", help="add a user (the password from --password-file, stdin or a prompt)")
@@ -49,14 +49,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     passwd = actions.add_parser("passwd", help="set a user's password and end their sessions")
     role = actions.add_parser("role", help="change a user's role and end their sessions")
     role.add_argument("--role", required=True, choices=roles)
-    for parser in (add, disable, enable, passwd, role):
+    unlock = actions.add_parser("unlock", help="lift a login lock (after failed logins) and forget the failures")
+    for parser in (add, disable, enable, passwd, role, unlock):
         parser.add_argument("--name", required=True, help="the login name (a-z, 0-9, _.-; up to 32)")
         parser.add_argument("--actor", default=actor_name(), help="who is doing this (recorded)")
         if parser is not disable:
             parser.add_argument("--reason", default="", help="why (recorded)")
     for parser in (add, passwd):
         parser.add_argument("--password-file", type=Path, help="a file holding the password (its first line)")
-    for parser in (add, listing, disable, enable, passwd, role):
+    for parser in (add, listing, disable, enable, passwd, role, unlock):
         add_config_argument(parser)
     user.set_defaults(handler=run)
 
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
                                    f"password of {args.name} changed"),
         "role": lambda a: _ended(a.set_role(args.name, Role(args.role), actor=args.actor, reason=args.reason),
                                  f"{args.name} is now {args.role}"),
+        "unlock": lambda a: _unlocked(a.unlock(args.name, actor=args.actor, reason=args.reason), args.name),
     }[args.action]  # fmt: skip
     print(asyncio.run(_with_store(config, action)), file=sys.stderr if args.action != "list" else sys.stdout)
     return 0
@@ -111,6 +113,10 @@ async def _add(accounts: Accounts, args: argparse.Namespace, password: str) -> s
 async def _ended(change: Awaitable[int], what: str) -> str:
     ended = await change
     return f"{what}; {ended} session{'' if ended == 1 else 's'} ended"
+
+
+async def _unlocked(change: Awaitable[bool], name: str) -> str:
+    return f"{name} unlocked" if await change else f"{name} was not locked; its failed logins are forgotten"
 
 
 async def _done(change: Awaitable[None], what: str) -> str:

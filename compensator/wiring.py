@@ -71,6 +71,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             set_id=config.store.set_id,
             clock_ms=wall_clock_ms,
             tracer=provider.get_tracer("compensator.api"),
+            callback_targets=frozenset(target.name for target in config.handlers.callback.targets),
             observe_store_s=metrics.observe_store,
         ),
         readiness=Readiness(queue, tokens, lag_max=config.api.ready_lag_entries_max),
@@ -94,7 +95,7 @@ def web_settings(config: Config) -> WebSettings:
     parts = urlsplit(config.api_url)
     return WebSettings(
         idle_timeout_s=web.idle_timeout_s, lifetime_s=web.lifetime_s, cookie_secure=web.cookie_secure,
-        lockout_failures=web.lockout_failures, lockout_s=web.lockout_s,
+        lockout_failures=web.lockout_failures, lockout_s=web.lockout_s, client_failures_max=web.client_failures_max,
         refresh_interval_s=config.auth.refresh_interval_s, public_origin=f"{parts.scheme}://{parts.netloc}",
     )  # fmt: skip
 
@@ -160,8 +161,7 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
     limits = Limits(
         per_kind=dict.fromkeys(handlers, settings.concurrency_per_kind),
         # Never more attempts at once than the downstream's client has connections: an attempt
-        # waiting for a pooled connection can only time out (and a cancelled wait leaks the slot
-        # in httpcore 1.0.9, encode/httpcore#1093).
+        # waiting for a pooled connection can only time out (`pool_exhausted`).
         per_downstream={h.downstream: min(settings.concurrency_per_downstream, pools[h.downstream].connections_max)
                         for h in handlers.values()},
         downstream_of={kind: h.downstream for kind, h in handlers.items()},

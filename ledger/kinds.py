@@ -27,6 +27,7 @@ import msgspec
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 from ledger.currencies import MINOR_UNIT_DIGITS, is_currency
+from ledger.text import IDENTIFIER_TEXT
 
 AMOUNT_MINOR_MAX: Final = 10**15
 """Ten trillion major units of any two-digit currency, and under 2**53, so a JavaScript client
@@ -108,7 +109,8 @@ class CallbackPayload(_Payload):
     """POST ``body`` to the registered callback target named ``target``."""
 
     target: Annotated[str, StringConstraints(pattern=TARGET_PATTERN)] = Field(
-        description="The name of a registered callback target (its URL and secret are configuration)."
+        description="The name of a callback target registered in this deployment's configuration (its URL and secret"
+        " are configuration); a callback naming any other is refused at intake."
     )
     body: dict[str, Any] = Field(description="The JSON object to deliver.")
 
@@ -120,6 +122,18 @@ PAYLOAD_MODELS: Final[Mapping[Kind, type[_Payload]]] = {
     Kind.LIST_UPDATE: ListUpdatePayload,
     Kind.CALLBACK: CallbackPayload,
 }
+
+
+REF_KEY_PATTERNS: Final[Mapping[Kind, str]] = {
+    Kind.TRANSFER: IDENTIFIER_PATTERN,
+    Kind.LIST_UPDATE: IDENTIFIER_TEXT,
+    Kind.CALLBACK: IDENTIFIER_TEXT,
+}
+"""What each kind's ref key may be: what its downstream accepts, so a request is never stored that
+can only dead-letter. A transfer's ref key goes to the payment system as the transfer's
+``business_id``, an identifier there (handlers/transfer.py); the red-packet service and the
+callback targets never see it, so it may be any text without control or format characters
+(ledger/text.py: they would hide what the key says on every page that shows it)."""
 
 
 DOWNSTREAM_OF: Final[Mapping[Kind, str]] = {

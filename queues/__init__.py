@@ -48,9 +48,9 @@ from queues.model import (
     TokenResult,
     TokenView,
 )
-from queues.proposals import proposal_action
+from queues.proposals import proposal_action, proposal_with_action
 from queues.query_codec import KindView, PauseView
-from raft_store.client import ClientError, OutcomeUnknown, RaftClient, Unavailable
+from raft_store.client import ClientError, LongPoll, OutcomeUnknown, RaftClient, Unavailable
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -82,6 +82,7 @@ __all__ = [
     "KindResult",
     "KindView",
     "LeaseResult",
+    "LongPoll",
     "MessageView",
     "Outcome",
     "OutcomeUnknown",
@@ -104,4 +105,5 @@ __all__ = [
     "TokenView",
     "Unavailable",
     "proposal_action",
+    "proposal_with_action",
 ]

@@ -148,6 +148,12 @@ def proposal_action(view: ProposalView) -> ReviewAction:
     return action
 
 
+def proposal_with_action(view: ProposalView, action: ReviewAction) -> ProposalView:
+    """The proposal as a reader is shown it holding `action` instead (an edit's payload masked for a
+    viewer); nothing in the store changes."""
+    return msgspec.structs.replace(view, body=codec.encode_command(action))
+
+
 def listing(
     conn: sqlite3.Connection, *, now_ms: int, pending_only: bool, before_id: int | None, limit: int
 ) -> list[ProposalView]:

@@ -26,7 +26,7 @@ from api.auth import Observer, Operator
 from api.http import json_response, read_body, require_json
 from api.problems import Problem, invalid
 from api.schemas import utc
-from api.services import ApiServices
+from api.services import ApiServices, of
 from handlers.classification import ClassificationError, decode_table, encode_table
 from handlers.tables import DEFAULT_TABLES
 from ledger.kinds import DOWNSTREAM_OF
@@ -79,7 +79,7 @@ def _mode(body: bytes) -> Mode:
 @router.get("/v1/breakers", response_model=list[BreakerView], summary="Each downstream's circuit breaker",
             responses=openapi.problems(401, 403, 503))  # fmt: skip
 async def breakers(request: Request, principal: Observer) -> Response:
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     kinds = {view.kind: view for view in await _read(services, services.queue.kinds())}
     documents = {doc.name: doc for doc in (await _read(services, services.queue.documents(BREAKERS))).documents}
     answer = []
@@ -101,7 +101,7 @@ async def breakers(request: Request, principal: Observer) -> Response:
 async def force(request: Request, downstream: Downstream, change: BreakerChange, principal: Operator) -> Response:
     """The workers act on it within a second: open holds the downstream's kinds paused and never
     probes; closed never trips and releases the breaker's pause; auto returns it to the workers."""
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     body = msgspec.json.encode({"mode": change.mode, "reason": change.reason})
     await _put(services, BREAKERS, downstream, body, principal.name, change.reason)
     return await breakers(request, principal)
@@ -129,13 +129,13 @@ async def _table(services: ApiServices, downstream: str) -> tuple[bytes, dict[st
 @router.get("/v1/downstreams/{downstream}/classification", response_model=dict[str, Any],
             summary="How a downstream's answers are classified", responses=openapi.problems(401, 403, 503))  # fmt: skip
 async def get_classification(request: Request, downstream: Downstream, principal: Observer) -> Response:
-    body, origin = await _table(request.app.state.services, downstream)
+    body, origin = await _table(of(request), downstream)
     return json_response({"table": msgspec.json.decode(body), **origin})
 
 
 @router.put(
     "/v1/downstreams/{downstream}/classification", response_model=dict[str, Any],
-    summary="Replace a downstream's classification table", responses=openapi.problems(400, 401, 403, 415, 422, 503),
+    summary="Replace a downstream's classification table", responses=openapi.problems(400, 401, 403, 413, 415, 422, 503),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                        "schema": {"$ref": "#/components/schemas/ClassificationTable"}}}},
                    "parameters": [{"name": "X-Reason", "in": "header", "required": True, "description": "Why (recorded).",
@@ -144,7 +144,7 @@ async def get_classification(request: Request, downstream: Downstream, principal
 async def set_classification(request: Request, downstream: Downstream, principal: Operator) -> Response:
     """The whole table (rules in order, the last one matching everything), validated strictly;
     answered with the table before and after. The workers use it within a second."""
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     reason = request.headers.get("x-reason", "").strip()
     if not reason or len(reason) > 1000:
         raise invalid([{"field": "X-Reason", "message": "say why the table changes (recorded with it)"}])
@@ -164,6 +164,6 @@ async def set_classification(request: Request, downstream: Downstream, principal
 @router.delete("/v1/downstreams/{downstream}/classification", response_model=dict[str, Any],
                summary="Return a downstream to its default table", responses=openapi.problems(401, 403, 503))  # fmt: skip
 async def reset_classification(request: Request, downstream: Downstream, principal: Operator) -> Response:
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     await _put(services, TABLES, downstream, None, principal.name, "back to the default table")
     return await get_classification(request, downstream, principal)

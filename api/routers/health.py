@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
+from api import openapi
 from api.auth import Operator
 from api.http import json_response
 from api.problems import Problem
@@ -20,7 +21,7 @@ async def healthz() -> Response:
     return json_response({"status": "alive"})
 
 
-@router.get("/readyz", summary="Ready to take requests")
+@router.get("/readyz", summary="Ready to take requests", responses=openapi.problems(503))
 async def readyz(request: Request) -> Response:
     services: ApiServices = request.app.state.services
     ready, detail = await services.readiness.check()
@@ -30,7 +31,7 @@ async def readyz(request: Request) -> Response:
     return json_response({"status": "ready", "checks": detail})
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response, responses=openapi.problems(401, 403))
 async def metrics(request: Request, principal: Operator) -> Response:
     services: ApiServices = request.app.state.services
     return Response(services.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

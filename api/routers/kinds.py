@@ -15,9 +15,10 @@ from starlette.responses import Response
 from api import openapi
 from api.auth import Observer, Operator
 from api.http import json_response, read_body, require_json, whole_numbers
-from api.problems import Problem, invalid, msgspec_error
+from api.problems import Problem, invalid, msgspec_error, problem_of
 from api.schemas import KindDetail, KindSummary, PauseCommand, PolicyChange, ResumeCommand, utc
-from api.services import ApiServices
+from api.services import ApiServices, of
+from api.submissions import too_deep
 from delay.policy import RetryPolicy
 from queues import ClientError, Code, KindView, QueueError
 
@@ -61,14 +62,14 @@ async def _kind(services: ApiServices, kind: str) -> tuple[KindView, dict[str, A
 @router.get("/v1/kinds", response_model=list[KindSummary], summary="Every kind: depth, oldest due age, pauses",
             responses=openapi.problems(401, 403, 503))  # fmt: skip
 async def list_kinds(request: Request, principal: Observer) -> Response:
-    kinds, counts, oldest = await _views(request.app.state.services)
+    kinds, counts, oldest = await _views(of(request))
     return json_response([_summary(view, counts, oldest) for view in kinds])
 
 
 @router.get("/v1/kinds/{kind}", response_model=KindDetail, summary="One kind, with its retry policy",
             responses=openapi.problems(401, 403, 404, 503))  # fmt: skip
 async def get_kind(request: Request, kind: KindPath, principal: Observer) -> Response:
-    view, summary = await _kind(request.app.state.services, kind)
+    view, summary = await _kind(of(request), kind)
     return json_response({**summary, "policy": _policy(view.policy)})
 
 
@@ -85,7 +86,7 @@ async def _command(services: ApiServices, call: Any) -> Any:
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
 async def pause(request: Request, kind: KindPath, command: PauseCommand, principal: Operator) -> Response:
     """Workers stop leasing the kind while any holder holds it. Holding twice is 409."""
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     holder = command.holder or principal.name
     result = await _command(services, services.queue.pause(kind, holder, command.reason, actor=principal.name))
     if result.code is Code.UNKNOWN_KIND:
@@ -101,7 +102,7 @@ async def pause(request: Request, kind: KindPath, command: PauseCommand, princip
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
 async def resume(request: Request, kind: KindPath, command: ResumeCommand, principal: Operator) -> Response:
     """The kind runs again once no holder holds it (a breaker's pause outlives an operator's)."""
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     holder = command.holder or principal.name
     result = await _command(services, services.queue.resume(kind, holder, actor=principal.name))
     if result.code is Code.UNKNOWN_KIND:
@@ -114,13 +115,13 @@ async def resume(request: Request, kind: KindPath, command: ResumeCommand, princ
 @router.get("/v1/kinds/{kind}/policy", summary="A kind's retry policy", responses=openapi.problems(401, 403, 404, 503),
             response_model=dict[str, Any])  # fmt: skip
 async def get_policy(request: Request, kind: KindPath, principal: Observer) -> Response:
-    view, _ = await _kind(request.app.state.services, kind)
+    view, _ = await _kind(of(request), kind)
     return json_response(_policy(view.policy))
 
 
 @router.put(
     "/v1/kinds/{kind}/policy", response_model=PolicyChange, summary="Replace a kind's retry policy",
-    responses=openapi.problems(400, 401, 403, 404, 415, 422, 503),
+    responses=openapi.problems(400, 401, 403, 404, 413, 415, 422, 503),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/RetryPolicy"}}}}},
 )  # fmt: skip
@@ -129,7 +130,7 @@ async def set_policy(request: Request, kind: KindPath, principal: Operator) -> R
     kind's downstream is declared to guarantee: no re-send past its deduplication window, no
     Retry-After cap under its in-flight horizon); answered with the policy before and after. The
     change applies to each request's next failure."""
-    services: ApiServices = request.app.state.services
+    services: ApiServices = of(request)
     require_json(request)
     body = await read_body(request, 64 * 1024)
     try:
@@ -138,6 +139,8 @@ async def set_policy(request: Request, kind: KindPath, principal: Operator) -> R
         raise invalid([msgspec_error(error)]) from None
     except msgspec.DecodeError:
         raise Problem("malformed-body", "the body is not valid JSON") from None
+    except RecursionError:
+        raise problem_of(too_deep()) from None
     problems = policy.problems() or services.settings.policy_problems(kind, policy)
     if problems:
         raise invalid([{"field": "policy", "message": problem} for problem in problems])

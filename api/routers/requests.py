@@ -17,16 +17,16 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import openapi
-from api.auth import SUBMIT, Principal, Reader, authenticate, masks_personal_data
+from api.auth import SUBMIT, Principal, Reader, authenticate
 from api.http import check_key, idempotency_key, json_response, read_body, require_json
 from api.ids import RequestId
 from api.intake import Answer, Item
 from api.problems import Problem, document, invalid, msgspec_error, problem_of
 from api.quotas import Throttled
 from api.schemas import Accepted, BatchResult, RequestView
-from api.services import ApiServices
-from api.submissions import Invalid, parse_submission
-from api.views import masked_request, request_document
+from api.services import ApiServices, of
+from api.submissions import Invalid, parse_submission, too_deep
+from api.views import request_document
 from queues import ClientError, QueueError, Role
 
 router = APIRouter(tags=["requests"])
@@ -96,6 +96,8 @@ def _items(body: bytes, items_max: int) -> list[Item | Problem]:
         raise invalid([msgspec_error(error)]) from None
     except msgspec.DecodeError:
         raise Problem("malformed-body", "the body is not valid JSON") from None
+    except RecursionError:
+        raise problem_of(too_deep()) from None
     if not 1 <= len(envelope.items) <= items_max:
         raise invalid([{"field": "items", "message": f"send 1 to {items_max} items"}])
     parsed: list[Item | Problem] = []
@@ -105,6 +107,8 @@ def _items(body: bytes, items_max: int) -> list[Item | Problem]:
             parsed.append(Item(check_key(item.idempotency_key), parse(bytes(item.request))))
         except msgspec.ValidationError as error:
             parsed.append(invalid([msgspec_error(error, f"items[{index}]")]))
+        except RecursionError:
+            parsed.append(problem_of(too_deep()))
         except Problem as problem:
             parsed.append(problem)
     return parsed
@@ -140,7 +144,7 @@ def _batch_item(answer: Answer, instance: str) -> dict[str, Any]:
     responses=openapi.problems(401, 403, 404, 503),
 )  # fmt: skip
 async def get_request(request: Request, request_id: str, principal: Reader) -> Response:
-    services: ApiServices = request.app.state.services
+    services = of(request)  # a viewer's reads are masked
     parsed = RequestId.parse(request_id)
     if parsed is None or parsed.set_id != services.settings.set_id:
         raise Problem("not-found", f"no request {request_id}")
@@ -152,5 +156,4 @@ async def get_request(request: Request, request_id: str, principal: Reader) -> R
         audit = (await services.queue.message_audit([view.message_id])).value
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None
-    document = request_document(view, request_id, events, audit)
-    return json_response(masked_request(document, view.kind) if masks_personal_data(principal) else document)
+    return json_response(request_document(view, request_id, events, audit))

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import StringConstraints
@@ -24,14 +25,16 @@ from starlette.responses import Response
 from api import openapi
 from api import review_actions as actions
 from api.audit_view import ACTION_PATTERN, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
-from api.auth import Observer, Principal, masks_personal_data, requires
-from api.http import json_response
+from api.auth import Observer, Principal, requires
+from api.http import json_response, known_query
+from api.ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
+from api.money_view import WhatIsPaid, money_document, money_of_payload, paid_document
 from api.problems import invalid
+from api.review_policy import current_payload
 from api.review_schemas import NAME_PATTERN, ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
 from api.schemas import REF_KEY_PATTERN, utc
-from api.services import ApiServices
-from api.views import audit_document, masked_audit
-from ledger.masking import mask_any_payload
+from api.services import ApiServices, of
+from api.views import audit_document
 from queues import (
     ClientError,
     DeadLetterFilter,
@@ -45,30 +48,35 @@ from queues import (
     proposal_action,
 )
 
-router = APIRouter(tags=["review"])
+router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 PROPOSED: dict[int | str, dict[str, Any]] = {202: {"description": "Proposed: four eyes are needed; the proposal waits for an approver."}}
+PAYMENTS_SHOWN: Final = 100
+"""A proposal's targets listed one by one with what each pays (its totals are of all of them)."""
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
 Approver = Annotated[Principal, Depends(requires(Role.APPROVER))]
 Decider = Annotated[Principal, Depends(requires(Role.REVIEWER, Role.APPROVER))]
-RequestIdPath = Annotated[str, Path(max_length=40, description="A request id, e.g. 1-42.")]
-ProposalIdPath = Annotated[int, Path(ge=1, le=(1 << 62), description="A proposal's number.")]
+RequestIdPath = Annotated[str, Path(max_length=PUBLIC_ID_LENGTH_MAX, description="A request id, e.g. 1-42.")]
+ProposalIdPath = Annotated[int, Path(ge=1, le=NUMBER_MAX, description="A proposal's number.")]
 
 
 def _services(request: Request) -> ApiServices:
-    services: ApiServices = request.app.state.services
-    return services
+    """The services as the caller may use them: a viewer's reads masked (api/masked_reads.py)."""
+    return of(request)
 
 
 def _refused(services: ApiServices, refused: actions.Refused) -> list[dict[str, str]]:
     return [{"id": actions.public(services, message_id), "reason": code.name.lower()} for message_id, code in refused]
 
 
-def proposal_document(services: ApiServices, view: ProposalView) -> dict[str, Any]:
+def proposal_document(services: ApiServices, view: ProposalView, paid: WhatIsPaid) -> dict[str, Any]:
+    """A proposal, with `pays`: what approving it pays (per currency, and target by target for the
+    first PAYMENTS_SHOWN, each beside what it held before where that changes: api/money_view.py)."""
     document: dict[str, Any] = {
         "id": view.proposal_id, "action": view.action, "proposer": view.proposer, "reason": view.reason,
         "targets": [actions.public(services, t) for t in view.targets], "state": view.state.value,
         "created_at": utc(view.created_ms), "expires_at": utc(view.expires_ms), "decided_by": view.decided_by,
         "decided_at": None if view.decided_ms is None else utc(view.decided_ms), "decision_reason": view.decision_reason,
+        "pays": paid_document(paid, lambda m: actions.public(services, m), PAYMENTS_SHOWN),
     }  # fmt: skip
     action = proposal_action(view)
     if isinstance(action, EditRedrive):
@@ -78,10 +86,23 @@ def proposal_document(services: ApiServices, view: ProposalView) -> dict[str, An
     return document
 
 
-def proposed_response(services: ApiServices, proposed: actions.Proposed, **extra: Any) -> Response:
-    body = {"outcome": "proposed", "why": proposed.why, "proposal": proposal_document(services, proposed.proposal),
+async def proposal_documents(services: ApiServices, views: Sequence[ProposalView]) -> list[dict[str, Any]]:
+    """Proposals as documents, their targets read once for all (what each pays is from them, as they are now)."""
+    targets = await actions.proposal_targets(services, views)
+    return [proposal_document(services, view, actions.what_is_paid(view, targets)) for view in views]
+
+
+async def proposed_response(services: ApiServices, proposed: actions.Proposed, **extra: Any) -> Response:
+    (document,) = await proposal_documents(services, [proposed.proposal])
+    body = {"outcome": "proposed", "why": proposed.why, "proposal": document,
             "refused": _refused(services, proposed.refused), **extra}  # fmt: skip
     return json_response(body, status=202)
+
+
+def edit_money(checked: actions.CheckedEdit) -> dict[str, Any]:
+    """What an edit pays: the money before and after (minor units, currency, and major units)."""
+    return {"before": money_document(money_of_payload(current_payload(checked.view))),
+            "after": money_document(money_of_payload(checked.payload))}  # fmt: skip
 
 
 # ---- actions ------------------------------------------------------------------------------------
@@ -101,7 +122,7 @@ async def redrive(request: Request, body: RedriveBody, principal: Reviewer) -> R
         views = await actions.matching(services, dead_filter, body.limit)
     outcome = await actions.redrive(services, principal.name, body.reason, views)
     if isinstance(outcome, actions.Proposed):
-        return proposed_response(services, outcome)
+        return await proposed_response(services, outcome)
     return json_response({"outcome": "done", "redriven": [actions.public(services, m) for m in outcome.ids],
                           "refused": _refused(services, outcome.refused)})  # fmt: skip
 
@@ -116,9 +137,9 @@ async def edit(request: Request, request_id: RequestIdPath, body: EditBody, prin
     checked = actions.checked_edit(await actions.request(services, request_id), body.payload)
     outcome = await actions.edit(services, principal.name, body.reason, checked)
     if isinstance(outcome, actions.Proposed):
-        return proposed_response(services, outcome, diff=checked.changes)
+        return await proposed_response(services, outcome, diff=checked.changes, money=edit_money(checked))
     return json_response({"outcome": "done", "id": request_id, "new_id": actions.public(services, outcome.new_ids[0]),
-                          "diff": checked.changes})  # fmt: skip
+                          "diff": checked.changes, "money": edit_money(checked)})  # fmt: skip
 
 
 @router.post("/v1/review/requests/{request_id}/discard", summary="Discard a request with a reason code and a comment",
@@ -129,14 +150,13 @@ async def discard(request: Request, request_id: RequestIdPath, body: DiscardBody
     view = await actions.request(services, request_id)
     outcome = await actions.discard(services, principal.name, view, body.reason_code, body.comment)
     if isinstance(outcome, actions.Proposed):
-        return proposed_response(services, outcome)
+        return await proposed_response(services, outcome)
     return json_response({"outcome": "done", "id": request_id, "state": "discarded"})
 
 
 # ---- the dead-letter tier -------------------------------------------------------------------------
 def _amount(view: MessageView) -> dict[str, Any] | None:
-    money = actions.amount(view)
-    return None if money is None else {"amount_minor": money[0], "currency": money[1]}
+    return money_document(money_of_payload(current_payload(view)))
 
 
 def _ms(moment: dt.datetime | None, field: str = "dead_from/dead_to") -> int | None:
@@ -182,14 +202,11 @@ async def dead_letters(
             responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
 async def list_proposals(
     request: Request, principal: Observer, pending: bool = False,
-    before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[int | None, Query(ge=1, le=NUMBER_MAX)] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:  # fmt: skip
     services = _services(request)
     views = (await actions.store(services, services.queue.proposals(pending_only=pending, before_id=before, limit=limit))).value
-    documents = [proposal_document(services, view) for view in views]
-    if masks_personal_data(principal):
-        documents = [{**d, "payload": mask_any_payload(d["payload"])} if "payload" in d else d for d in documents]
-    return json_response(documents)
+    return json_response(await proposal_documents(services, views))
 
 
 @router.post("/v1/review/proposals/{proposal_id}/approve", summary="Approve a proposal: it is done in the same command",
@@ -198,8 +215,9 @@ async def approve(request: Request, proposal_id: ProposalIdPath, body: ApproveBo
     services = _services(request)
     view, result = await actions.approve(services, principal.name, proposal_id, body.reason)
     public = actions.public
+    (document,) = await proposal_documents(services, [view])
     return json_response({
-        "proposal": proposal_document(services, view), "done": [public(services, m) for m in result.ids],
+        "proposal": document, "done": [public(services, m) for m in result.ids],
         "new_ids": [public(services, m) for m in result.new_ids], "refused": _refused(services, result.refused),
     })  # fmt: skip
 
@@ -211,14 +229,15 @@ async def reject(request: Request, proposal_id: ProposalIdPath, body: RejectBody
     view = await actions.reject(services, principal.name, proposal_id, body.reason,
                                 others=principal.role is not Role.REVIEWER)  # fmt: skip
     assert view.state is ProposalState.REJECTED
-    return json_response({"proposal": proposal_document(services, view)})
+    (document,) = await proposal_documents(services, [view])
+    return json_response({"proposal": document})
 
 
 # ---- the audit chain ----------------------------------------------------------------------------
 @router.get("/v1/audit", summary="The operator audit chain, newest first, filtered",
             responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
 async def audit(
-    request: Request, principal: Observer, before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None,
+    request: Request, principal: Observer, before: Annotated[int | None, Query(ge=1, le=NUMBER_MAX)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     actor: Annotated[str | None, Query(pattern=ACTOR_PATTERN, description="Who acted, exactly.")] = None,
     action: Annotated[list[Annotated[str, StringConstraints(pattern=ACTION_PATTERN)]], Query(max_length=32, description="Any of these actions (repeat the parameter): "
@@ -241,7 +260,5 @@ async def audit(
     read = services.queue.audit_log(before=before, limit=limit, audit_filter=selected)
     answer = (await actions.store(services, read)).value
     entries = [audit_document(e) for e in answer.entries]
-    if masks_personal_data(principal):
-        entries = [masked_audit(entry) for entry in entries]
     return json_response({"entries": entries, "count": answer.count,
                           "head": answer.head.hex()})  # fmt: skip

@@ -22,22 +22,23 @@ from starlette.responses import Response
 from api import openapi
 from api import review_actions as actions
 from api.auth import Observer, Principal, requires
-from api.http import json_response
+from api.http import json_response, known_query
+from api.ids import NUMBER_MAX
+from api.money_view import totals_document
 from api.problems import invalid
 from api.review_schemas import JobBody, JobControlBody, JobFilter, JobSelection
 from api.routers.review import PROPOSED, proposed_response
 from api.schemas import utc
-from api.services import ApiServices
+from api.services import ApiServices, of
 from queues import DeadLetterFilter, ItemResult, JobItem, JobView, Role
 
-router = APIRouter(tags=["review"])
+router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
-JobIdPath = Annotated[int, Path(ge=1, le=(1 << 62), description="A redrive job's number.")]
+JobIdPath = Annotated[int, Path(ge=1, le=NUMBER_MAX, description="A redrive job's number.")]
 
 
 def _services(request: Request) -> ApiServices:
-    services: ApiServices = request.app.state.services
-    return services
+    return of(request)
 
 
 def dead_filter(query: JobFilter) -> DeadLetterFilter:
@@ -79,7 +80,7 @@ async def dry_run(request: Request, body: JobSelection, principal: Reviewer) -> 
     result = await actions.dry_run(services, *_selection(body))
     return json_response({
         "count": result.count, "without_amount": result.without_amount, "needs_approval": result.needs_approval,
-        "totals": [{"currency": c, "count": n, "amount_minor": a} for c, n, a in result.by_currency],
+        "totals": totals_document(result.by_currency),
         "oldest": None if result.oldest_id is None else {
             "id": actions.public(services, result.oldest_id),
             "dead_at": None if result.oldest_dead_ms is None else utc(result.oldest_dead_ms)},
@@ -95,7 +96,7 @@ async def start(request: Request, body: JobBody, principal: Reviewer) -> Respons
     views = await actions.targets(services, *_selection(body))
     outcome = await actions.start_job(services, principal.name, body.reason, views, body.rate_per_s)
     if isinstance(outcome, actions.Proposed):
-        return proposed_response(services, outcome, rate_per_s=body.rate_per_s or services.settings.job_rate_per_s)
+        return await proposed_response(services, outcome, rate_per_s=body.rate_per_s or services.settings.job_rate_per_s)
     document = {**job_document(services, outcome.job),
                 "refused_ids": [{"id": actions.public(services, m), "reason": c.name.lower()} for m, c in outcome.refused]}  # fmt: skip
     return json_response(document, status=201, headers={"Location": f"/v1/review/jobs/{outcome.job.job_id}"})
@@ -104,7 +105,7 @@ async def start(request: Request, body: JobBody, principal: Reviewer) -> Respons
 @router.get("/v1/review/jobs", summary="Redrive jobs, newest first", responses=openapi.problems(401, 403, 422, 503))
 async def list_jobs(
     request: Request, principal: Observer, active: bool = False,
-    before: Annotated[int | None, Query(ge=1, le=(1 << 62))] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[int | None, Query(ge=1, le=NUMBER_MAX)] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:  # fmt: skip
     services = _services(request)
     jobs = (await actions.store(services, services.queue.jobs(active_only=active, before_id=before, limit=limit))).value

@@ -75,6 +75,10 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     created_ms: int
     seen_ms: int
     """Last seen, written back at most once a minute (sessions.SEEN_WRITE_EVERY_MS)."""
+    role: str = ""
+    """The user's role when they logged in: a session whose user has another role now has ended
+    (a role change ends the sessions; this makes the very next request see it). Empty in sessions
+    from before it was recorded."""
 
 
 class Logins(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,6 +204,15 @@ class Accounts:
         await self._replace(msgspec.structs.replace(user, disabled_ms=None, disabled_reason=""),
                             actor, reason or "enabled")  # fmt: skip
         await self.put(LOGINS, name, None, actor=actor, reason="enabled: lock and failures cleared")
+
+    async def unlock(self, name: str, *, actor: str, reason: str = "") -> bool:
+        """Lift a login lock and forget the failures (the login history stays); whether it was locked."""
+        await self.user(name)
+        record = (await self.logins()).get(name, Logins())
+        locked = record.locked_until_ms is not None and record.locked_until_ms > self.clock_ms()
+        unlocked = msgspec.structs.replace(record, failures=0, locked_until_ms=None)
+        await self.put(LOGINS, name, msgspec.json.encode(unlocked), actor=actor, reason=reason or "unlocked by an admin")
+        return locked
 
     async def _replace(self, user: User, actor: str, reason: str) -> None:
         await self.put(USERS, user.name, msgspec.json.encode(user), actor=actor, reason=reason)

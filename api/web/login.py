@@ -3,9 +3,11 @@ answers without a session (a redirect here) or without the right (the forbidden 
 
 A failed login answers the same page, with the same words and status, whether the name is
 unknown, the password wrong, the user disabled or locked: which names exist is not for anyone who
-can reach the page to learn. The login form is not CSRF-protected by a token (there is no session
-yet to bind one to); its Origin and Sec-Fetch-Site are checked instead, which is what stops a
-site from logging a browser in as the attacker.
+can reach the page to learn. A client address that failed too often lately is answered 429 with
+`Retry-After` before anything is tried (api/web/throttle.py), whatever the name. The login form is
+not CSRF-protected by a token (there is no session yet to bind one to); its Origin and
+Sec-Fetch-Site are checked instead, which is what stops a site from logging a browser in as the
+attacker.
 
 Must never: echo the password back into the page, or redirect anywhere but a path on this site.
 """
@@ -14,20 +16,30 @@ from __future__ import annotations
 
 from typing import Annotated, Final
 
-from fastapi import APIRouter, Depends, FastAPI, Form, Request
+from fastapi import Depends, FastAPI, Form, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from api.web import sessions
 from api.web.accounts import AccountError
+from api.web.headers import page_router, secure
 from api.web.templating import render
 from queues import ClientError, QueueError
 
-router = APIRouter()
+router = page_router()
 FAILED: Final = "Wrong name or password, or the account is locked for a while. Try again, or ask an admin."
+THROTTLED: Final = "Too many failed logins from your address. Try again in {minutes} minute{s}, or ask an admin."
 
 
 def forbidden_page(request: Request, detail: str) -> HTMLResponse:
     return render(request, "forbidden.html", {"detail": detail}, status=403)
+
+
+def unavailable_page(request: Request) -> HTMLResponse:
+    """Who is logged in could not be read: the store did not answer (never the login page, which
+    would say the session ended)."""
+    detail = "The store did not answer, so who you are could not be checked. Try again in a moment."
+    return render(request, "forbidden.html", {"detail": detail, "title": "Not available"}, status=503,
+                  headers={"Retry-After": "1"})  # fmt: skip
 
 
 def _login_page(request: Request, next_path: str, *, name: str = "", error: str = "", status: int = 200) -> HTMLResponse:
@@ -51,8 +63,15 @@ async def login(
 ) -> Response:  # fmt: skip
     sessions.check_origin(request)
     web = sessions._auth(request)
+    client = request.client.host if request.client else ""
     try:
-        found = await web.login(name.strip(), password)
+        found = await web.login(name.strip(), password, client=client)
+    except sessions.LoginThrottled as throttled:
+        minutes = -(-throttled.retry_after_s // 60)
+        page = _login_page(request, next, name=name, error=THROTTLED.format(minutes=minutes, s="" if minutes == 1 else "s"),
+                           status=429)  # fmt: skip
+        page.headers["Retry-After"] = str(throttled.retry_after_s)
+        return page
     except (ClientError, QueueError):
         return _login_page(request, next, name=name, error="The store did not answer: try again in a moment.", status=503)
     except AccountError as error:
@@ -84,16 +103,20 @@ def install(app: FastAPI) -> None:
     async def login_required(request: Request, error: Exception) -> Response:
         target = sessions.login_url(sessions.return_path(request))
         if request.headers.get("hx-request") == "true":
-            return Response(status_code=401, headers={"HX-Redirect": target})
+            return secure(Response(status_code=401, headers={"HX-Redirect": target}))
         response = RedirectResponse(target, status_code=303)
         if sessions.COOKIE in request.cookies:
             sessions.clear_cookie(response)
-        return response
+        return secure(response)
 
     async def forbidden(request: Request, error: Exception) -> Response:
         assert isinstance(error, sessions.Forbidden)
-        return forbidden_page(request, error.detail)
+        return secure(forbidden_page(request, error.detail))
+
+    async def unreachable(request: Request, error: Exception) -> Response:
+        return secure(unavailable_page(request))
 
     app.add_exception_handler(sessions.LoginRequired, login_required)
     app.add_exception_handler(sessions.Forbidden, forbidden)
+    app.add_exception_handler(sessions.StoreUnreachable, unreachable)
     app.router.routes.extend(router.routes)

@@ -1,12 +1,14 @@
 """What the review pages share: the dead-letter filter as a person types it, flash messages, the
-page a refused action renders, and payloads masked for those without personal-data rights.
+page a refused action renders, and the services as the logged-in user may use them (a store read
+masked for those without personal-data rights).
 
 The filter is typed in major units ("12.50" CNY) and UTC times, because that is how finance reads
 them; it becomes the store's `DeadLetterFilter` (minor units, milliseconds) here, exactly (no float
 touches an amount), and a value that cannot be converted is named next to its field.
 
 Must never: decide what an action does (api/review_actions.py does, for the JSON API too), or
-show a payload unmasked to a role without `Right.VIEW_PERSONAL_DATA`.
+read the store other than through `services` (which masks for a role without
+`Right.VIEW_PERSONAL_DATA`).
 """
 
 from __future__ import annotations
@@ -16,24 +18,24 @@ import decimal
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Final
 from urllib.parse import urlencode
 
+from fastapi import Path
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from api import review_actions as actions
 from api.audit_view import field_changes, links
+from api.ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from api.problems import Problem
 from api.review_schemas import NAME_PATTERN
 from api.schemas import REF_KEY_PATTERN
 from api.services import ApiServices
-from api.views import masked_audit
-from api.web.rights import Right, allowed
+from api.services import of as services_of
 from api.web.templating import render
 from ledger.currencies import MINOR_UNIT_DIGITS
 from ledger.kinds import AMOUNT_MINOR_MAX, Kind
-from ledger.masking import mask_payload
 from queues import DeadLetterFilter
 
 FILTER_FIELDS: Final = ("kind", "error_class", "ref_key", "dead_from", "dead_to", "currency", "amount_min",
@@ -46,16 +48,23 @@ _REF_KEY: Final = re.compile(REF_KEY_PATTERN)
 COUNT_MAX: Final = 1_000_000
 
 
+RequestIdPath = Annotated[str, Path(max_length=PUBLIC_ID_LENGTH_MAX)]
+"""A page's request id: longer is no id (a 422); one that is not this set's is a 404 page."""
+NumberPath = Annotated[int, Path(ge=1, le=NUMBER_MAX)]
+"""A page's proposal or job number, range-checked at the edge: 2**64 is a 422, never an overflow."""
+
+
 def services(request: Request) -> ApiServices:
-    found: ApiServices = request.app.state.services
-    return found
+    """The services as the logged-in user may use them: a store read masked unless their role may
+    see personal data (api/masked_reads.py, the one place that masks)."""
+    return services_of(request)
 
 
 def before_param(request: Request) -> int | None:
     """A newest-first list's `before` (the last number the page before showed); anything else is
     the first page."""
     text = request.query_params.get("before", "")
-    return int(text) if text.isdigit() and 0 < int(text) < (1 << 62) else None
+    return int(text) if text.isdigit() and len(text) <= 19 and 0 < int(text) <= NUMBER_MAX else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,22 +185,10 @@ def problem_page(request: Request, user: Any, problem: Problem) -> HTMLResponse:
                   status=problem.type.status)  # fmt: skip
 
 
-def shown_payload(user: Any, kind: str, document: Mapping[str, Any]) -> dict[str, Any]:
-    """The payload as this user may see it."""
-    if allowed(user.role, Right.VIEW_PERSONAL_DATA):
-        return dict(document)
-    return mask_payload(kind, document)
-
-
-def shown_audit(user: Any, document: dict[str, Any]) -> dict[str, Any]:
-    """An audit entry (`audit_document`) as this user may see it: an edit's payloads masked."""
-    return document if allowed(user.role, Right.VIEW_PERSONAL_DATA) else masked_audit(document)
-
-
-def shown_entry(services: ApiServices, user: Any, document: dict[str, Any]) -> dict[str, Any]:
-    """An audit entry (`audit_document`) as the pages show it: masked for this user first, then
-    its changes field by field (so a masked value is what the diff compares) and what it links to."""
-    document = shown_audit(user, document)
+def shown_entry(services: ApiServices, document: dict[str, Any]) -> dict[str, Any]:
+    """An audit entry (`audit_document`) as the pages show it: its changes field by field and what
+    it links to (its payloads are as the user may see them: the store was read masked for those
+    who may not see them, api/masked_reads.py)."""
     return {**document, "changes": field_changes(document["before"], document["after"]),
             **links(document, lambda message_id: actions.public(services, message_id))}  # fmt: skip
 

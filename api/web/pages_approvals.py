@@ -1,6 +1,8 @@
 """``/review/approvals``: the four-eyes inbox. Each pending proposal with what approving it would
-do (its targets and their amounts per currency, an edit's diff, a bulk job's size and totals),
-and approve or reject (with a reason); the proposer sees "withdraw" on their own instead.
+do: its targets, the money each will pay once it is done (beside what it held before where that
+changes: an edit's new amount, a discard's unpaid one) and the totals per currency of what will be
+paid, an edit's diff (an amount as money), a bulk job's size; and approve or reject (with a
+reason); the proposer sees "withdraw" on their own instead.
 
 The store decides the four-eyes rules it can alone (the approver is not the proposer, not
 expired, the targets still in a state the action allows) and performs the action in the approving
@@ -13,39 +15,47 @@ anyway), or show a refused target as done.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import Response
 
 from api import review_actions as actions
+from api.money_view import WhatIsPaid, diff_rows
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
-from api.web.page_support import Flash, before_param, problem_flash, services
+from api.web.headers import page_router
+from api.web.page_support import Flash, NumberPath, before_param, problem_flash, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
-from queues import Discard, EditRedrive, ProposalView, RedriveJob, proposal_action
+from queues import Discard, EditRedrive, MessageView, ProposalView, RedriveJob, proposal_action
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PostingUser = Annotated[WebUser, Depends(checked_csrf)]
 PAGE_SIZE: Final = 50
 TARGETS_SHOWN: Final = 20
 
 
-async def describe(found: ApiServices, view: ProposalView) -> dict[str, Any]:
-    """A proposal as the inbox shows it: what it would do, to what, for how much."""
+def describe(
+    found: ApiServices, view: ProposalView, paid: WhatIsPaid, targets: Mapping[int, MessageView]
+) -> dict[str, Any]:
+    """A proposal as the inbox shows it: what it would do, to what, and the money it would pay:
+    each target's amount once done beside the amount before where that changes, and the totals
+    per currency of what will be paid (api/money_view.py)."""
     action = proposal_action(view)
-    targets = await actions.views_of(found, view.targets)
     described: dict[str, Any] = {
         "view": view, "targets": [actions.public(found, t) for t in view.targets[:TARGETS_SHOWN]],
-        "target_count": len(view.targets), "totals": list(actions.totals(targets)[0]),
+        "target_count": len(view.targets), "paid": paid,
+        "payments": [{"id": actions.public(found, p.message_id), "payment": p} for p in paid.payments[:TARGETS_SHOWN]],
         "changes": None, "reason_code": None, "job": isinstance(action, RedriveJob),
     }  # fmt: skip
-    if isinstance(action, EditRedrive) and targets:
-        described["changes"] = diff(json.loads(current_payload(targets[0])), json.loads(action.payload))
+    if isinstance(action, EditRedrive) and action.message_id in targets:
+        before, after = json.loads(current_payload(targets[action.message_id])), json.loads(action.payload)
+        described["changes"] = diff_rows(before, after, diff(before, after))
     if isinstance(action, Discard):
         described["reason_code"] = action.reason_code
     return described
@@ -59,7 +69,8 @@ async def _inbox(request: Request, user: WebUser, flashes: list[Flash], status: 
     try:
         views = (await actions.store(found, found.queue.proposals(pending_only=not show_all, before_id=before,
                                                                   limit=PAGE_SIZE))).value  # fmt: skip
-        proposals = [await describe(found, view) for view in views]
+        targets = await actions.proposal_targets(found, views)
+        proposals = [describe(found, view, actions.what_is_paid(view, targets), targets) for view in views]
     except Problem as problem:
         # Never "no pending proposal" when the inbox could not be read: the error, and its status.
         proposals, views, flashes, unavailable = [], (), [*flashes, problem_flash(problem)], True
@@ -81,7 +92,7 @@ async def _reason(request: Request) -> str:
 
 
 @router.post("/review/approvals/{proposal_id}/approve")
-async def approve(request: Request, proposal_id: int, user: PostingUser) -> Response:
+async def approve(request: Request, proposal_id: NumberPath, user: PostingUser) -> Response:
     require(user, Right.APPROVE)
     found = services(request)
     try:
@@ -112,13 +123,13 @@ async def _decline(request: Request, user: WebUser, proposal_id: int, *, withdra
 
 
 @router.post("/review/approvals/{proposal_id}/reject")
-async def reject(request: Request, proposal_id: int, user: PostingUser) -> Response:
+async def reject(request: Request, proposal_id: NumberPath, user: PostingUser) -> Response:
     require(user, Right.REJECT)
     return await _decline(request, user, proposal_id, withdraw=False)
 
 
 @router.post("/review/approvals/{proposal_id}/withdraw")
-async def withdraw(request: Request, proposal_id: int, user: PostingUser) -> Response:
+async def withdraw(request: Request, proposal_id: NumberPath, user: PostingUser) -> Response:
     """The proposer takes their own proposal back (anyone else is refused: that is a rejection)."""
     require(user, Right.VIEW)
     return await _decline(request, user, proposal_id, withdraw=True)

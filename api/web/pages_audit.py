@@ -6,9 +6,8 @@ proposal or job.
 The chain is the store's (queues/audit_chain.py) and is verified by `compensator audit verify`;
 this page only reads it. The filter is applied in the store's query (api/audit_view.py), so a
 page is 50 matching entries and "Older" goes on from the last one shown. Payloads inside entries
-(an edit's before and after) are masked as the request page masks them.
-
-Must never: show an entry's payload unmasked to a role without personal-data rights.
+(an edit's before and after) are masked for a role without personal-data rights, as everything it
+reads is (api/masked_reads.py).
 """
 
 from __future__ import annotations
@@ -19,20 +18,21 @@ from dataclasses import dataclass, field
 from typing import Annotated, Final
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import Response
 
 from api import review_actions as actions
 from api.audit_view import ACTION_PATTERN, ACTIONS, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
 from api.problems import Problem
 from api.views import audit_document
+from api.web.headers import page_router
 from api.web.page_support import before_param, field_messages, problem_page, services, shown_entry, typed_times
 from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
 from api.web.templating import render
 from queues import AuditFilter
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PAGE_SIZE: Final = 50
 FORM_FIELDS: Final = ("actor", "action", "target", "since", "until", "sign_ins")
@@ -107,7 +107,7 @@ async def audit(request: Request, user: User) -> Response:
         answer = (await actions.store(found, read)).value
     except Problem as problem:
         return problem_page(request, user, problem)
-    entries = [shown_entry(found, user, audit_document(entry)) for entry in answer.entries]
+    entries = [shown_entry(found, audit_document(entry)) for entry in answer.entries]
     older = answer.entries[-1].seq if len(answer.entries) == PAGE_SIZE and answer.entries[-1].seq > 1 else None
     hiding = bool(form.audit_filter.exclude_target_prefixes)
     context.update(entries=entries, count=answer.count, head=answer.head.hex(), older=older, hiding_sign_ins=hiding)

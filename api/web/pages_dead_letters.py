@@ -19,7 +19,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from api import review_actions as actions
@@ -27,14 +27,15 @@ from api.problems import Problem, invalid
 from api.review_policy import current_payload
 from api.schemas import utc
 from api.services import ApiServices
-from api.web.page_support import CURRENCIES, KINDS, FilterForm, parse_filter, problem_page, row, services, shown_payload
+from api.web.headers import page_router
+from api.web.page_support import CURRENCIES, KINDS, FilterForm, parse_filter, problem_page, row, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
 from api.web.templating import render
 from ledger.currencies import major_units
 from queues import DeadLetterFilter
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PAGE_SIZE: Final = 50
 EXPORT_PAGE: Final = 1000
@@ -102,7 +103,7 @@ async def _csv_lines(found: ApiServices, user: WebUser, dead_filter: DeadLetterF
                 payload = json.loads(current_payload(view))
             except ValueError:
                 payload = {}
-            shown = shown_payload(user, view.kind, payload if isinstance(payload, dict) else {})
+            shown = payload if isinstance(payload, dict) else {}
             amount = "" if item["amount_minor"] is None else major_units(item["amount_minor"], item["currency"])
             yield line([item["id"], item["kind"], item["ref_key"], "" if item["dead_ms"] is None else utc(item["dead_ms"]), item["attempts"],
                         item["error_class"] or "", item["error_text"], item["dead_reason"], amount,

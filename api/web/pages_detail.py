@@ -2,7 +2,7 @@
 with it; and its single-request actions, redrive and discard.
 
 The page puts side by side what a reviewer otherwise gathers from four places: the payload (masked
-for a viewer), the original failure and trace headers, every attempt with the downstream's answer,
+for a viewer, as everything a viewer reads: api/masked_reads.py), the original failure and trace headers, every attempt with the downstream's answer,
 the whole timeline of its business id (the same entries `GET /v1/refs/{ref_key}/timeline` gives:
 lifecycle steps and, interleaved by time, the audit entries of every operator action on any of
 its requests, kept after the events' retention), and its earlier and later versions with what
@@ -17,29 +17,31 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import Response
 
 from api import review_actions as actions
+from api.money_view import diff_rows
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
-from api.views import masked_timeline, request_document, timeline_entries
+from api.views import request_document, timeline_entries
+from api.web.headers import page_router
 from api.web.page_support import (
     Flash,
+    RequestIdPath,
     field_messages,
     problem_flash,
     problem_page,
     services,
     shown_entry,
-    shown_payload,
 )
-from api.web.rights import Right, allowed
+from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
 from queues import MessageView
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PostingUser = Annotated[WebUser, Depends(checked_csrf)]
 VERSIONS_SHOWN: Final = 20
@@ -55,7 +57,7 @@ def _document(payload: bytes | None) -> dict[str, Any]:
     return document if isinstance(document, dict) else {"value": document}
 
 
-async def _versions(found: ApiServices, user: WebUser, view: MessageView) -> list[dict[str, Any]]:
+async def _versions(found: ApiServices, view: MessageView) -> list[dict[str, Any]]:
     """Every version of this request, first to last, each with what its edit changed (as this user
     may see the payloads: a changed account of a viewer's is two masked values)."""
     chain = [view]
@@ -73,25 +75,17 @@ async def _versions(found: ApiServices, user: WebUser, view: MessageView) -> lis
         return []
     versions = []
     for before, after in zip([None, *chain], chain, strict=False):
-        changes = {} if before is None else diff(shown_payload(user, before.kind, _document(current_payload(before))),
-                                                 shown_payload(user, after.kind, _document(current_payload(after))))  # fmt: skip
+        old, new = (None, None) if before is None else (_document(current_payload(before)), _document(current_payload(after)))
+        changes = [] if old is None or new is None else diff_rows(old, new, diff(old, new))
         versions.append({"id": actions.public(found, after.message_id), "version": after.version,
                          "state": after.state.value, "created_ms": after.created_ms, "changes": changes,
                          "current": after.message_id == view.message_id})  # fmt: skip
     return versions
 
 
-def _timeline(found: ApiServices, user: WebUser, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ref key's timeline as this user may read it: audit entries masked, with their changes
-    and links (`shown_entry`), operator events from before the chain with their payloads masked."""
-    personal = allowed(user.role, Right.VIEW_PERSONAL_DATA)
-    shown = []
-    for entry in entries:
-        if "audit" in entry:  # masked once, by shown_entry: a masked value masked again loses its last four
-            shown.append({**entry, "audit": shown_entry(found, user, entry["audit"])})
-        else:
-            shown.append(entry if personal else masked_timeline([entry])[0])
-    return shown
+def _timeline(found: ApiServices, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ref key's timeline with each audit entry's changes and links (`shown_entry`)."""
+    return [{**entry, "audit": shown_entry(found, entry["audit"])} if "audit" in entry else entry for entry in entries]
 
 
 async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> dict[str, Any]:
@@ -104,20 +98,18 @@ async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> 
     money = actions.amount(view)
     return {
         "request": document, "view": view,
-        "payload": shown_payload(user, view.kind, document["payload"]),
-        "edited_payload": None if document["edited_payload"] is None
-        else shown_payload(user, view.kind, document["edited_payload"]),
+        "payload": document["payload"], "edited_payload": document["edited_payload"],
         "amount_minor": None if money is None else money[0], "currency": None if money is None else money[1],
         "attempts": [{**a, "excerpt": (a["error_text"] or "")[:EXCERPT_CHARS]} for a in document["history"]],
-        "timeline": _timeline(found, user, timeline_entries(siblings, events, lambda m: actions.public(found, m), audit)),
-        "versions": await _versions(found, user, view),
+        "timeline": _timeline(found, timeline_entries(siblings, events, lambda m: actions.public(found, m), audit)),
+        "versions": await _versions(found, view),
         "redrivable": view.state.value in REDRIVABLE,
         "reason_codes": found.four_eyes.discard_reason_codes,
     }  # fmt: skip
 
 
 @router.get("/review/requests/{request_id}")
-async def detail(request: Request, request_id: str, user: User) -> Response:
+async def detail(request: Request, request_id: RequestIdPath, user: User) -> Response:
     require(user, Right.VIEW)
     try:
         context = await detail_context(services(request), user, request_id)
@@ -160,7 +152,7 @@ async def _after_action(
 
 
 @router.post("/review/requests/{request_id}/redrive")
-async def redrive_one(request: Request, request_id: str, user: PostingUser) -> Response:
+async def redrive_one(request: Request, request_id: RequestIdPath, user: PostingUser) -> Response:
     """One request, through the direct path (no job): done at once or proposed."""
     require(user, Right.REDRIVE)
     found = services(request)
@@ -177,7 +169,7 @@ async def redrive_one(request: Request, request_id: str, user: PostingUser) -> R
 
 
 @router.post("/review/requests/{request_id}/discard")
-async def discard(request: Request, request_id: str, user: PostingUser) -> Response:
+async def discard(request: Request, request_id: RequestIdPath, user: PostingUser) -> Response:
     """A listed reason code and a comment, both required: the audit says why, for ever."""
     require(user, Right.DISCARD)
     found = services(request)

@@ -1,6 +1,7 @@
 """``/review/requests/{id}/edit``: edit a payload and redrive it as a new version, in two steps.
 
-First the edited JSON is checked against the kind's schema and its diff shown (nothing is stored);
+First the edited JSON is checked against the kind's schema and its diff shown, with the money the
+new version will pay beside what the request held (nothing is stored);
 then the reviewer confirms exactly that payload, and it goes out as version n + 1 (or as a
 proposal when four eyes are needed). A refused edit keeps what was typed, with the field named
 beside the form, so a long payload is never lost to a typo.
@@ -14,31 +15,33 @@ import hashlib
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import Response
 
 from api import review_actions as actions
+from api.money_view import diff_rows, money_of_payload
 from api.problems import Problem, invalid
 from api.review_policy import current_payload
-from api.web.page_support import Flash, field_messages, problem_flash, problem_page, services
+from api.web.headers import page_router
+from api.web.page_support import Flash, RequestIdPath, field_messages, problem_flash, problem_page, services
 from api.web.pages_detail import outcome_flash
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import pretty, render
 from queues import MessageView
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PostingUser = Annotated[WebUser, Depends(checked_csrf)]
 
 
 def _context(view: MessageView, request_id: str, text: str, reason: str) -> dict[str, Any]:
     return {"request_id": request_id, "view": view, "text": text, "reason": reason, "errors": {}, "changes": None,
-            "previewed": ""}
+            "previewed": "", "pays": None, "paid_before": None}
 
 
 @router.get("/review/requests/{request_id}/edit")
-async def edit_form(request: Request, request_id: str, user: User) -> Response:
+async def edit_form(request: Request, request_id: RequestIdPath, user: User) -> Response:
     require(user, Right.EDIT)
     try:
         view = await actions.request(services(request), request_id)
@@ -49,7 +52,7 @@ async def edit_form(request: Request, request_id: str, user: User) -> Response:
 
 
 @router.post("/review/requests/{request_id}/edit")
-async def edit(request: Request, request_id: str, user: PostingUser) -> Response:
+async def edit(request: Request, request_id: RequestIdPath, user: PostingUser) -> Response:
     """`step=preview` checks and shows the diff; `step=submit` stores what the preview showed."""
     require(user, Right.EDIT)
     found = services(request)
@@ -66,7 +69,10 @@ async def edit(request: Request, request_id: str, user: PostingUser) -> Response
         except ValueError as error:
             raise invalid([{"field": "payload", "message": f"not JSON: {error}"}]) from None
         checked = actions.checked_edit(view, document)
-        context.update(changes=checked.changes, previewed=hashlib.sha256(checked.payload).hexdigest())
+        before = json.loads(current_payload(view))
+        context.update(changes=diff_rows(before, json.loads(checked.payload), checked.changes),
+                       pays=money_of_payload(checked.payload), paid_before=money_of_payload(current_payload(view)),
+                       previewed=hashlib.sha256(checked.payload).hexdigest())  # fmt: skip
         if step != "submit" or str(form.get("previewed") or "") != context["previewed"]:
             # a payload changed after its diff was shown is shown again, never stored unseen
             flashes = [Flash("info", "Check the diff, then redrive.")] if step == "submit" else []

@@ -14,20 +14,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Path, Request
 from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
 from api import review_actions as actions
 from api.problems import Problem, invalid
 from api.services import ApiServices
-from api.web.page_support import Flash, before_param, parse_filter, problem_flash, problem_page, services
+from api.web.headers import page_router
+from api.web.page_support import Flash, NumberPath, before_param, parse_filter, problem_flash, problem_page, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
 from queues import DeadLetterFilter, ItemResult, JobState
 
-router = APIRouter(include_in_schema=False)
+router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
 PostingUser = Annotated[WebUser, Depends(checked_csrf)]
 ITEMS_PAGE: Final = 100
@@ -137,7 +138,7 @@ async def _job_context(request: Request, job_id: int) -> dict[str, Any]:
 
 
 @router.get("/review/jobs/{job_id}")
-async def job_page(request: Request, job_id: int, user: User) -> Response:
+async def job_page(request: Request, job_id: NumberPath, user: User) -> Response:
     require(user, Right.VIEW)
     try:
         context = await _job_context(request, job_id)
@@ -150,7 +151,7 @@ async def job_page(request: Request, job_id: int, user: User) -> Response:
 
 
 @router.get("/review/jobs/{job_id}/progress")
-async def progress(request: Request, job_id: int, user: User) -> Response:
+async def progress(request: Request, job_id: NumberPath, user: User) -> Response:
     """The counters alone, for htmx to poll while the job runs (it stops polling once it ends)."""
     require(user, Right.VIEW)
     try:
@@ -161,7 +162,7 @@ async def progress(request: Request, job_id: int, user: User) -> Response:
 
 
 @router.post("/review/jobs/{job_id}/{action}")
-async def control(request: Request, job_id: int, action: str, user: PostingUser) -> Response:
+async def control(request: Request, job_id: NumberPath, action: Annotated[str, Path(max_length=16)], user: PostingUser) -> Response:
     """Pause, resume or cancel, with a reason for the audit."""
     require(user, Right.MANAGE_JOBS)
     found = services(request)

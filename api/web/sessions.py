@@ -61,6 +61,7 @@ from api.web.accounts import (
     verify_password,
 )
 from api.web.rights import Right, allowed
+from api.web.throttle import LoginThrottle
 from queues import ClientError, QueueClient, QueueError, Role
 
 log = logging.getLogger("api.web.sessions")
@@ -92,6 +93,18 @@ class LoginRequired(Exception):
     """No live session: a page answers 303 to the login page (401 with HX-Redirect for htmx)."""
 
 
+class LoginThrottled(Exception):
+    """This client failed too many logins lately: refused before any verification (a 429 page)."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class StoreUnreachable(Exception):
+    """Who is logged in could not be read from the store: a 503 page, never a login page."""
+
+
 class Forbidden(Exception):
     """The user may not do this (or the request failed CSRF): a 403 page, nothing changed."""
 
@@ -107,6 +120,8 @@ class WebSettings:
     cookie_secure: bool = False
     lockout_failures: int = 5
     lockout_s: float = 15 * 60
+    client_failures_max: int = 20
+    """Failed logins a client address may make across accounts per `lockout_s` (api/web/throttle.py)."""
     refresh_interval_s: float = 1.0
     public_origin: str = ""
     """The origin people use (scheme://host[:port]); a POST's Origin may also be the request's own."""
@@ -125,8 +140,8 @@ class _Mirror(Generic[T]):
         """The version of this process's own last write: an answer older than it (a read that
         began before the write) must not bring back what the write changed."""
 
-    async def refresh(self) -> None:
-        answer = (await self._queue.documents(self.namespace, known_version=self.version, stale_ok=True)).value
+    async def refresh(self, *, stale_ok: bool = True) -> None:
+        answer = (await self._queue.documents(self.namespace, known_version=self.version, stale_ok=stale_ok)).value
         if not answer.changed or answer.version <= self.version or answer.version < self._floor:
             return
         items: dict[str, T] = {}
@@ -164,7 +179,14 @@ class WebAuth:
         self._seen: dict[str, int] = {}
         """Session name -> the last request this process served for it."""
         self._misses = ReadsAfter(self._read_both, monotonic)
+        self._fresh_users = ReadsAfter(lambda: self._users.refresh(stale_ok=False), monotonic, spacing_s=0.0)
+        """Every request's read of the users' version (the leader's, linearizable: only the version
+        comes back while it is unchanged), shared by the requests that arrive before it starts."""
         self._monotonic = monotonic
+        self.throttle = LoginThrottle(
+            per_account=settings.lockout_failures - 1, per_client=settings.client_failures_max,
+            window_ms=int(settings.lockout_s * 1000), clock_ms=self._clock_ms,
+        )  # fmt: skip
         self._verifying = asyncio.Semaphore(VERIFICATIONS_AT_ONCE)
         self._task: asyncio.Task[None] | None = None
         self._swept_s = float("-inf")
@@ -207,9 +229,18 @@ class WebAuth:
 
     # ---- who is this -----------------------------------------------------------------------
     async def user_of(self, session_id: str | None) -> WebUser | None:
-        """The live session's user, or None (unknown, ended, or its user disabled or gone)."""
+        """The live session's user, or None (unknown, ended, or its user disabled or gone).
+
+        The users are read again if their version changed since this process last read them, in
+        a read that starts after the request arrived: a role change or a disable committed before
+        the request was sent is what the request sees (the poll alone left a second of the old
+        role). Raises StoreUnreachable when that read fails."""
         if not session_id or len(session_id) > 128:
             return None
+        try:
+            await self._fresh_users.after(self._monotonic(), raising=True)
+        except (ClientError, QueueError) as error:
+            raise StoreUnreachable(str(error)) from None
         name = session_name(session_id)
         session = self._sessions.items.get(name)
         if session is None or session.user not in self._users.items:
@@ -220,6 +251,8 @@ class WebAuth:
         user = self._users.items.get(session.user)
         if user is None or user.disabled:
             return None
+        if session.role and session.role != user.role.value:
+            return None  # its user's role changed since the login: ended (the change deletes it too)
         now_ms = self._clock_ms()
         if self._ended(name, session, now_ms):
             with contextlib.suppress(ClientError, QueueError):
@@ -239,9 +272,24 @@ class WebAuth:
         self._sessions.wrote(name, session, result.version)
 
     # ---- logging in and out ----------------------------------------------------------------
-    async def login(self, name: str, password: str) -> tuple[str, WebUser] | None:
+    async def login(self, name: str, password: str, *, client: str = "") -> tuple[str, WebUser] | None:
         """A new session's id and user, or None: a wrong password, an unknown, disabled or locked
-        user all answer None after the same work (an argon2 verification and one store write)."""
+        user all answer None after the same work (an argon2 verification and one store write).
+        A client that failed too often lately (api/web/throttle.py) is refused first, with
+        LoginThrottled, before any of that."""
+        retry_after_s = self.throttle.retry_after_s(client, name)
+        if retry_after_s is not None:
+            log.info("login throttled: %s from %s for %d s", name if NAME.match(name) else "(no name)", client,
+                     retry_after_s)  # fmt: skip
+            raise LoginThrottled(retry_after_s)
+        found = await self._login(name, password)
+        if found is None:
+            self.throttle.failed(client, name)
+        else:
+            self.throttle.succeeded(client, name)
+        return found
+
+    async def _login(self, name: str, password: str) -> tuple[str, WebUser] | None:
         now_ms = self._clock_ms()
         valid = NAME.match(name) is not None
         user: User | None = None
@@ -263,8 +311,8 @@ class WebAuth:
             await self._failed(name, record, now_ms, locked=locked, disabled=user.disabled)
             return None
         session_id = secrets.token_urlsafe(32)
-        await self._put_session(session_name(session_id), Session(user=name, created_ms=now_ms, seen_ms=now_ms),
-                                reason="login")  # fmt: skip
+        await self._put_session(session_name(session_id), Session(user=name, created_ms=now_ms, seen_ms=now_ms,
+                                                                   role=user.role.value), reason="login")  # fmt: skip
         self._users.items.setdefault(name, user)
         done = Logins(last_login_ms=now_ms, logins=record.logins + 1, last_failure_ms=record.last_failure_ms)
         await self.accounts.put(LOGINS, name, msgspec.json.encode(done), actor=name, reason="login")
@@ -272,6 +320,8 @@ class WebAuth:
         return session_id, WebUser(name, user.role, csrf_token_of(session_id))
 
     async def _failed(self, name: str, record: Logins, now_ms: int, *, locked: bool, disabled: bool) -> None:
+        if not locked and record.last_failure_ms is not None and now_ms - record.last_failure_ms >= self.settings.lockout_s * 1000:
+            record = msgspec.structs.replace(record, failures=0)  # failures in a row, within lockout_s of each other
         if locked:
             after, reason = msgspec.structs.replace(record, last_failure_ms=now_ms), "failed login: locked"
         elif record.failures + 1 >= self.settings.lockout_failures:
@@ -299,13 +349,15 @@ def _auth(request: Request) -> WebAuth:
 
 
 async def current_user(request: Request) -> WebUser:
-    """The logged-in user (a FastAPI dependency), or LoginRequired."""
+    """The logged-in user (a FastAPI dependency), or LoginRequired (StoreUnreachable when the store
+    could not say who it is)."""
     try:
         user = await _auth(request).user_of(request.cookies.get(COOKIE))
     except (ClientError, QueueError):
-        user = None  # the mirror answers from memory; only a miss reads, and a failed read is no user
+        user = None  # a miss's read failed: no user
     if user is None:
         raise LoginRequired
+    request.state.personal_data = allowed(user.role, Right.VIEW_PERSONAL_DATA)  # api.services.of reads it
     return user
 
 

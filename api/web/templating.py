@@ -1,5 +1,6 @@
-"""The review pages' Jinja2 environment: templates from the package, autoescaped, with the
-filters finance reads by (money in major units per ISO 4217, times in UTC).
+"""The review pages' Jinja2 environment: templates from the package, autoescaped, every printed
+value with its invisible characters shown escaped, with the filters finance reads by (money in
+major units per ISO 4217, times in UTC).
 
 Amounts are formatted from integers with the currency's minor-unit digits (ledger/currencies.py),
 never through a float: ``12345 JPY`` is ``12,345 JPY``, ``12345 BHD`` is ``12.345 BHD``. Times are
@@ -18,24 +19,20 @@ from pathlib import Path
 from typing import Any, Final
 
 import jinja2
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from api.money_view import display
 from api.web.rights import Right, allowed
-from ledger.currencies import MINOR_UNIT_DIGITS, major_units
+from ledger.text import escaped
 
 TEMPLATES: Final = Path(__file__).parent / "templates"
 
 
 def money(amount_minor: int | None, currency: str | None) -> str:
-    """``123456, "USD"`` -> ``"1,234.56 USD"``; an unknown currency shows its minor units as they are."""
-    if amount_minor is None:
-        return "—"
-    if currency is None or currency not in MINOR_UNIT_DIGITS:
-        return f"{amount_minor:,} minor units {currency or ''}".rstrip()
-    whole, dot, fraction = major_units(amount_minor, currency).partition(".")
-    sign = "-" if whole.startswith("-") else ""
-    return f"{sign}{int(whole.lstrip('-')):,}{dot}{fraction} {currency}"
+    """``123456, "USD"`` -> ``"1,234.56 USD"`` (api/money_view.py, which the JSON answers share)."""
+    return display(amount_minor, currency)
 
 
 def when(ms: int | None) -> str:
@@ -49,12 +46,35 @@ def pretty(document: Any) -> str:
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
 
 
+class Editable(str):
+    """A form field's value (`|editable`): given back to the browser exactly as it was typed or
+    stored, so that sending the form again sends the same text (HTML-escaped all the same)."""
+
+
+def editable(value: Any) -> Editable:
+    return Editable("" if value is None else value)
+
+
+def shown(value: Any) -> Any:
+    """Every value a template prints, before it is HTML-escaped: control and format characters
+    written as their escapes (``rp-\\u202eevil``, never "rp-live": ledger/text.py), whatever the
+    value is and wherever it came from (a ref key stored before intake refused them, an error
+    text, a memo). Newlines and tabs stay: a pretty-printed payload keeps its lines. A form field's
+    value (`Editable`) is given back as it was: escaping it would change what the form sends."""
+    if isinstance(value, Editable):
+        return str(value)
+    if isinstance(value, str):
+        text = escaped(value, keep_layout=True)
+        return type(value)(text) if isinstance(value, Markup) else text
+    return value
+
+
 def _environment() -> jinja2.Environment:
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
-        trim_blocks=True, lstrip_blocks=True,
+        trim_blocks=True, lstrip_blocks=True, finalize=shown,
     )  # fmt: skip
-    environment.filters.update(money=money, when=when, pretty=pretty)
+    environment.filters.update(money=money, when=when, pretty=pretty, editable=editable)
     environment.globals["Right"] = Right
     return environment
 

@@ -171,7 +171,8 @@ async def _ingest(config: Config) -> int:
     rejects = RecordSink(broker)
     settings = IngestSettings(topic=kafka.ingest_topic, rejects_topic=kafka.rejects_topic,
                               producer=kafka.ingest_producer, batch_max=kafka.ingest_batch_max,
-                              body_bytes_max=kafka.body_bytes_max)  # fmt: skip
+                              body_bytes_max=kafka.body_bytes_max,
+                              callback_targets=frozenset(t.name for t in config.handlers.callback.targets))  # fmt: skip
     ingest = Ingest(queue, consumer, rejects, settings, metrics=metrics, tracer=provider.get_tracer("compensator.kafka"),
                     clock_ms=lambda: time.time_ns() // 1_000_000)  # fmt: skip
     try:

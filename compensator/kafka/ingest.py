@@ -54,6 +54,8 @@ class IngestSettings:
     body_bytes_max: int = 256 * 1024 + 16 * 1024
     poll_ms: int = 500
     retry_ms: int = 500
+    callback_targets: frozenset[str] = frozenset()
+    """The registered callback targets (handlers.callback.targets): a callback naming another is rejected."""
 
 
 class _Stopped(Exception):
@@ -101,7 +103,8 @@ class Ingest:
             incoming = [_incoming(record) for record in records]
             now_ms = self._clock_ms()
             decided = [decide(item, producer=self._settings.producer, body_bytes_max=self._settings.body_bytes_max,
-                              now_ms=now_ms, trace_headers=carrier) for item in incoming]  # fmt: skip
+                              now_ms=now_ms, trace_headers=carrier, callback_targets=self._settings.callback_targets)
+                       for item in incoming]  # fmt: skip
             rejections = {index: d for index, d in enumerate(decided) if isinstance(d, Rejection)}
             commands = {index: d for index, d in enumerate(decided) if isinstance(d, Enqueue)}
             rejections.update(await self._store(commands, stop))

@@ -16,7 +16,7 @@ Must never: do I/O, read a clock, or put a rejected value into a reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -60,7 +60,8 @@ class Rejection:
 
 
 def decide(
-    record: Incoming, *, producer: str, body_bytes_max: int, now_ms: int, trace_headers: Mapping[str, str]
+    record: Incoming, *, producer: str, body_bytes_max: int, now_ms: int, trace_headers: Mapping[str, str],
+    callback_targets: Collection[str],
 ) -> Enqueue | Rejection:
     headers = dict(record.headers)
     raw_key = headers.get(HEADER_IDEMPOTENCY_KEY, record.key)
@@ -76,7 +77,8 @@ def decide(
         key = check_key(raw_key.decode("utf-8"))
         submission = parse_submission(record.value)
         return build_enqueue(producer=producer, key=key, submission=submission,
-                             trace_headers=_trace(headers) or trace_headers, now_ms=now_ms)  # fmt: skip
+                             trace_headers=_trace(headers) or trace_headers, now_ms=now_ms,
+                             callback_targets=callback_targets)  # fmt: skip
     except UnicodeDecodeError:
         return Rejection("idempotency-key-invalid", "the key is not UTF-8")
     except Invalid as refused:

@@ -7,6 +7,7 @@ for the fault tests, which run on processes (test_api_processes.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread
 
 ROLES = tuple(Role)
+CALLBACK_TARGET = "merchant-demo"
+"""The callback target the tests' API has registered (handlers.callback.targets): a callback naming
+another is refused at intake."""
 
 
 def queue_store(data_dir: Path) -> StoreThread:
@@ -35,7 +39,9 @@ def settings(store: StoreThread, **overrides: str) -> configuration.Config:
     """The service's configuration for this store, with `section__field` overrides as the
     environment would give them (e.g. ``quota__rate_per_s="5"``)."""
     environ = {"COMPENSATOR_STORE__ADDRESSES": store.addresses, "COMPENSATOR_STORE__DEADLINE_S": "3",
-               "COMPENSATOR_AUTH__REFRESH_INTERVAL_S": "0.2"}  # fmt: skip
+               "COMPENSATOR_AUTH__REFRESH_INTERVAL_S": "0.2",
+               "COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"targets": [
+                   {"name": CALLBACK_TARGET, "url": f"http://127.0.0.1:9/callbacks/{CALLBACK_TARGET}"}]})}  # fmt: skip
     environ.update({f"COMPENSATOR_{name.upper()}": value for name, value in overrides.items()})
     return configuration.load(None, environ)
 

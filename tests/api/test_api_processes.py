@@ -504,6 +504,14 @@ class Launcher:
     def left_running(self) -> list[int]:
         return [pid for pid, started in self.seen.items() if running(pid, started)]
 
+    def left_commands(self) -> dict[int, str]:
+        """What each process left running is, for the failure message."""
+        found: dict[int, str] = {}
+        for pid in self.left_running():
+            with contextlib.suppress(OSError):
+                found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        return found
+
     def cleanup(self) -> None:
         """Whatever a failed test left: the launcher, then anything it started, by pid."""
         if self.process.poll() is None:
@@ -616,7 +624,7 @@ def interrupt_and_check(launcher: Launcher) -> float:
     launcher.process.send_signal(signal.SIGINT)
     assert launcher.wait(20) == 0, launcher.stderr
     stopped_s = time.monotonic() - started
-    assert launcher.left_running() == []
+    assert launcher.left_running() == [], launcher.left_commands()
     return stopped_s
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import Api, running_api, transfer
+from api_support import CALLBACK_TARGET, Api, running_api, transfer
 
 from queues import Role
 from raft_store.testing.inprocess import StoreThread
@@ -103,11 +103,49 @@ async def test_every_bad_field_is_named_and_nothing_is_stored(api: Api) -> None:
         ({"kind": "callback", "ref_key": "r", "payload": {"target": "https://evil.example/", "body": {}}},
          "payload.target"),
         ([1, 2], "(body)"),
+        ({**transfer(), "ref_key": "rp-\u202eevil"}, "ref_key"),  # shown as "rp-live"
+        ({**transfer(), "ref_key": "rp 1"}, "ref_key"),  # the payment system's business id takes no space
+        ({**transfer(), "ref_key": "rp<1>"}, "ref_key"),
+        ({"kind": "callback", "ref_key": "rp-\u200b1", "payload": {"target": CALLBACK_TARGET, "body": {}}}, "ref_key"),
+        ({"kind": "callback", "ref_key": "rp-\x851", "payload": {"target": CALLBACK_TARGET, "body": {}}}, "ref_key"),
+        ({"kind": "list_update", "ref_key": "rp\u20281", "payload": {"red_packet_id": "rp", "receiver": "u", "version": 1,
+                                                                   "amount_minor": 1, "currency": "CNY"}}, "ref_key"),
+        ({"kind": "callback", "ref_key": "r", "payload": {"target": "not-registered", "body": {}}}, "payload.target"),
     ],
 )  # fmt: skip
 async def test_invalid_submissions_name_the_field(api: Api, body: Any, field: str) -> None:
     document = _problem(await _post(api, body), 422, "invalid-request")
     assert field in [error["field"] for error in document["errors"]], document
+
+
+async def test_a_ref_key_says_what_it_must_be_and_text_ref_keys_take_any_visible_character(api: Api) -> None:
+    refused = _problem(await _post(api, {**transfer(), "ref_key": "rp-\u202eevil"}), 422, "invalid-request")
+    assert refused["errors"] == [{"field": "ref_key", "message": "1-128 letters, digits and _.:@/- starting with a "
+                                  "letter or a digit (an identifier the downstream takes)"}]  # fmt: skip
+    callback = {"kind": "callback", "ref_key": "订单 <42> é", "payload": {"target": CALLBACK_TARGET, "body": {}}}
+    assert (await _post(api, callback, key="visible")).status_code == 201
+    hidden = _problem(await _post(api, {**callback, "ref_key": "a\u2066b"}, key="hidden"), 422, "invalid-request")
+    assert "control or format character" in hidden["errors"][0]["message"]
+
+
+async def test_a_body_nested_too_deep_is_said_to_be_too_deep(api: Api) -> None:
+    deep: Any = {}
+    for _ in range(500):
+        deep = {"a": deep}
+    body = {"kind": "callback", "ref_key": "r", "payload": {"target": CALLBACK_TARGET, "body": deep}}
+    document = _problem(await _post(api, body, key="deep"), 400, "body-too-deep")
+    assert "200 levels" in document["detail"]
+    shallow: Any = {}
+    for _ in range(150):
+        shallow = {"a": shallow}
+    assert (await _post(api, {**body, "payload": {"target": CALLBACK_TARGET, "body": shallow}}, key="ok")).status_code == 201
+    batch = await api.client.post("/v1/requests:batch", json={"items": [{"idempotency_key": "deep", "request": body}]},
+                                  headers=api.auth())  # fmt: skip
+    assert batch.status_code == 200 and batch.json()["items"][0]["problem"]["type"] == "/problems/body-too-deep"
+    nested = "[" * 5000 + "]" * 5000  # deeper than the envelope's decoder goes
+    envelope = await api.client.post("/v1/requests:batch", content=b'{"items": ' + nested.encode() + b"}",
+                                     headers={**api.auth(), "Content-Type": "application/json"})  # fmt: skip
+    _problem(envelope, 400, "body-too-deep")
 
 
 async def test_not_before_more_than_two_years_ahead_is_refused_and_a_past_one_is_due_now(api: Api) -> None:

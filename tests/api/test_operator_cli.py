@@ -159,7 +159,7 @@ def test_dead_letters_are_listed_edited_and_redriven_with_four_eyes(
     assert (code, err) == (0, "")
     (item,) = json.loads(out)["items"]
     assert (item["id"], item["error_class"], item["amount"]) == (request_id, "account_closed",
-                                                                 {"amount_minor": 1234, "currency": "CNY"})  # fmt: skip
+                                                                 {"amount_minor": 1234, "currency": "CNY", "amount": "12.34"})  # fmt: skip
 
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps({"transfer_id": "t-dead-1", "payer": "alice", "payee": "bob", "amount_minor": "x",
@@ -167,14 +167,22 @@ def test_dead_letters_are_listed_edited_and_redriven_with_four_eyes(
     code, out, err = operator(served, monkeypatch, capsys, "dead", "edit", request_id, str(edited), "--reason", "typo",
                               role=Role.REVIEWER)  # fmt: skip
     assert code == 1 and len(err.splitlines()) == 1 and "payload.amount_minor" in err, err
-    edited.write_text(json.dumps({"transfer_id": "t-dead-1", "payer": "alice", "payee": "carol", "amount_minor": 1234,
-                                  "currency": "CNY"}))  # fmt: skip
+    edited.write_text(json.dumps({"transfer_id": "t-dead-1", "payer": "alice", "payee": "carol", "amount_minor": 9_999_900,
+                                  "currency": "EUR"}))  # fmt: skip
     code, out, err = operator(served, monkeypatch, capsys, "dead", "edit", request_id, str(edited), "--reason",
                               "payee's account moved", role=Role.REVIEWER)  # fmt: skip
     assert (code, err) == (0, "")
     proposed = json.loads(out)
     assert proposed["outcome"] == "proposed"  # a transfer moves money: four eyes
     number = str(proposed["proposal"]["id"])
+    code, out, err = operator(served, monkeypatch, capsys, "proposal", "list", "--pending", role=Role.APPROVER)
+    assert (code, err) == (0, "")
+    (listed,) = json.loads(out)  # what approving it pays, in money, beside what it paid before
+    assert listed["pays"]["totals"] == [{"currency": "EUR", "count": 1, "amount_minor": 9_999_900, "amount": "99999.00"}]
+    assert listed["pays"]["before_totals"] == [{"currency": "CNY", "count": 1, "amount_minor": 1234, "amount": "12.34"}]
+    assert listed["pays"]["items"] == [{"id": request_id, "amount": {"amount_minor": 9_999_900, "currency": "EUR",
+                                                                     "amount": "99999.00"},
+                                        "before": {"amount_minor": 1234, "currency": "CNY", "amount": "12.34"}}]  # fmt: skip
     code, _, err = operator(served, monkeypatch, capsys, "proposal", "approve", number, role=Role.REVIEWER)
     assert code == 1 and "403" in err  # a reviewer cannot approve
     code, out, err = operator(served, monkeypatch, capsys, "proposal", "approve", number, role=Role.APPROVER)

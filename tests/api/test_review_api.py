@@ -224,6 +224,17 @@ async def test_the_audit_view_is_filtered_in_the_store_and_refuses_bad_filters(a
         assert [e["field"] for e in refused.json()["errors"]] == [field], (params, refused.json())
 
 
+async def test_an_unknown_query_parameter_on_a_filter_endpoint_is_a_422_naming_it(api: Api) -> None:
+    for path, params in (("/v1/review/dead-letters", {"currency": "USD"}), ("/v1/audit", {"acter": "ann"}),
+                         ("/v1/review/proposals", {"pending": "true", "state": "approved"}),
+                         ("/v1/review/jobs", {"activ": "true"}), ("/v1/review/jobs/1/items", {"results": "done"})):  # fmt: skip
+        refused = await api.client.get(path, params=params, headers=api.auth(OP))
+        assert refused.status_code == 422 and refused.headers["content-type"] == "application/problem+json", path
+        assert [e["field"] for e in refused.json()["errors"]] == [name for name in params if name not in (
+            "pending",)], (path, refused.json())  # fmt: skip
+    assert (await api.client.get("/v1/review/dead-letters", params={"kind": "transfer"}, headers=api.auth(OP))).status_code == 200
+
+
 @pytest.fixture
 def short_events(tmp_path: Path) -> Iterator[StoreThread]:
     """A store whose event retention may be set as short as 100 ms (the floor is a day by default)."""

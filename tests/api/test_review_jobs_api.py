@@ -47,8 +47,8 @@ async def test_dry_run_counts_and_totals_without_changing_anything(api: Api) -> 
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["count"] == 3 and body["without_amount"] == 0 and body["needs_approval"] is None
-    assert body["totals"] == [{"currency": "CNY", "count": 2, "amount_minor": 1500},
-                              {"currency": "JPY", "count": 1, "amount_minor": 7}]  # fmt: skip
+    assert body["totals"] == [{"currency": "CNY", "count": 2, "amount_minor": 1500, "amount": "15.00"},
+                              {"currency": "JPY", "count": 1, "amount_minor": 7, "amount": "7"}]  # fmt: skip
     assert body["oldest"]["id"] in ids
     selection = await api.client.post("/v1/review/jobs:dry-run", json={"ids": ids[:1]}, headers=api.auth(R))
     assert selection.json()["count"] == 1 and selection.json()["oldest"]["id"] == ids[0]

@@ -65,6 +65,24 @@ def test_add_list_role_passwd_disable_enable(tmp_path: Path) -> None:
         assert (enabled.returncode, enabled.stderr) == (0, "alice enabled\n")
         assert json.loads(_user(store, "list").stdout.splitlines()[0])["disabled"] is False
 
+        unlocked = _user(store, "unlock", "--name", "alice", "--reason", "ticket OPS-12")
+        assert (unlocked.returncode, unlocked.stderr) == (0, "alice was not locked; its failed logins are forgotten\n")
+        store.run(_lock(store, "alice"))
+        assert json.loads(_user(store, "list").stdout.splitlines()[0])["locked_until"] is not None
+        unlocked = _user(store, "unlock", "--name", "alice")
+        assert (unlocked.returncode, unlocked.stderr) == (0, "alice unlocked\n")
+        assert json.loads(_user(store, "list").stdout.splitlines()[0])["locked_until"] is None
+
+
+async def _lock(store: StoreThread, name: str) -> None:
+    """The account locked, as five failed logins from several addresses leave it."""
+    queue = QueueClient(RaftClient([store.address]))
+    try:
+        body = json.dumps({"failures": 0, "locked_until_ms": 4_000_000_000_000, "last_failure_ms": 1}).encode()
+        await queue.put_document("logins", name, body, actor="web", reason="failed login: locked now")
+    finally:
+        await queue.raft.close()
+
 
 def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
     with running_store(tmp_path / "store", machine_factory) as store:
@@ -80,6 +98,7 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
             (("passwd", "--name", "nobody"), PASSWORD, 1, "no user named 'nobody'"),
             (("passwd", "--name", "alice"), "short", 1, "the password is too short"),
             (("role", "--name", "nobody", "--role", "viewer"), "", 1, "no user named 'nobody'"),
+            (("unlock", "--name", "nobody"), "", 1, "no user named 'nobody'"),
             (("add", "--name", "carol", "--role", "viewer", "--password-file", str(tmp_path / "missing")), "", 1,
              "cannot read"),
         ]  # fmt: skip

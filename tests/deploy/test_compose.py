@@ -140,3 +140,12 @@ def test_the_image_is_multi_stage_pinned_non_root_and_built_from_the_lock() -> N
         name, sep, version = pin.partition("==")
         if sep:
             assert normalised.get(re.sub(r"[-_.]+", "-", name).lower()) == version, f"{pin} is not in requirements.lock"
+
+
+def test_every_intake_knows_the_callback_targets_the_workers_deliver_to(compose: dict[str, Any]) -> None:
+    """The API and the Kafka ingest refuse a callback to a target that is not registered: they must
+    read the same targets as the workers, or every callback would be refused (or die unsent)."""
+    services = compose["services"]
+    targets = {name: services[name]["environment"].get("COMPENSATOR_HANDLERS__CALLBACK")
+               for name in ("api", "worker", "kafka-ingest")}  # fmt: skip
+    assert targets["worker"] and len(set(targets.values())) == 1, targets

@@ -13,6 +13,7 @@ from queues import Enqueue
 BODY = {"kind": "transfer", "ref_key": "order-1", "payload": {"transfer_id": "t1", "payer": "a", "payee": "b",
         "amount_minor": 100, "currency": "CNY"}, "failure": {"error_class": "timeout"}}  # fmt: skip
 TRACE = {"traceparent": "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01"}
+TARGETS = frozenset({"merchant-demo"})
 
 
 def incoming(
@@ -22,13 +23,14 @@ def incoming(
 
 
 def decided(record: Incoming) -> Enqueue | Rejection:
-    return decide(record, producer="kafka", body_bytes_max=4096, now_ms=1_000, trace_headers={"traceparent": "batch"})
+    return decide(record, producer="kafka", body_bytes_max=4096, now_ms=1_000, trace_headers={"traceparent": "batch"},
+                  callback_targets=TARGETS)  # fmt: skip
 
 
 def test_a_valid_record_becomes_the_command_the_api_would_build_under_the_ingest_producer() -> None:
     command = decided(incoming(json.dumps(BODY).encode(), headers=tuple((k, v.encode()) for k, v in TRACE.items())))
     expected = build_enqueue(producer="kafka", key="key-1", submission=SUBMISSION.validate_python(BODY),
-                             trace_headers=TRACE, now_ms=1_000)  # fmt: skip
+                             trace_headers=TRACE, now_ms=1_000, callback_targets=TARGETS)  # fmt: skip
     assert command == expected
     assert isinstance(command, Enqueue) and command.idempotency_key == "kafka:key-1"
     assert command.headers["failure-class"] == "timeout" and command.headers["traceparent"] == TRACE["traceparent"]
@@ -54,6 +56,11 @@ def test_refusals_name_the_problem_and_every_bad_field() -> None:
         assert isinstance(refused, Rejection) and refused.reason == reason, (reason, refused)
     unknown_kind = decided(incoming(json.dumps({**BODY, "kind": "nope"}).encode()))
     assert isinstance(unknown_kind, Rejection) and unknown_kind.errors[0]["field"] == "kind"
+    callback = {"kind": "callback", "ref_key": "order-1", "payload": {"target": "merchant-demo", "body": {}}}
+    assert isinstance(decided(incoming(json.dumps(callback).encode())), Enqueue)
+    elsewhere = decided(incoming(json.dumps({**callback, "payload": {"target": "unknown", "body": {}}}).encode()))
+    assert isinstance(elsewhere, Rejection) and elsewhere.reason == "invalid-request"
+    assert [e["field"] for e in elsewhere.errors] == ["payload.target"]
     amount = decided(incoming(json.dumps(bad_amount).encode()))
     assert isinstance(amount, Rejection) and amount.errors == [
         {"field": "payload.amount_minor", "message": "Input should be a valid integer"}

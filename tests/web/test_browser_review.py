@@ -10,6 +10,8 @@ next is done through the pages only; the API is read to see that the worker real
 - a reviewer logs in, filters, opens a dead letter, is refused an invalid edit (the field named),
   makes a valid one and so proposes it (a transfer moves money: four eyes); the approver approves it
   in the inbox, the worker pays the new version through the stand-in, and the audit view shows both;
+- an edit of the amount, the currency and the payee: the approver sees the figures that will be paid,
+  in money terms, beside the old ones, approves, and the worker pays exactly those;
 - a discard with a reason code and a comment, proposed and approved;
 - a bulk redrive by filter: its dry run's count and totals, proposed, approved, the job's per-item
   results, every request paid;
@@ -44,6 +46,8 @@ PAYER: Final = "acct-6222020012345678"
 PAYEE: Final = "acct-6222020087654321"
 BACKUP_PAYER: Final = "acct-6222020099990000"
 EDIT_REF: Final = "rp-edit-1"
+MONEY_REF: Final = "rp-money-1"
+NEW_PAYEE: Final = "acct-6222020077778888"
 DISCARD_REF: Final = "rp-discard-1"
 BULK_REF: Final = "rp-bulk-1"
 BULK_AMOUNTS: Final = (100, 250, 1000)
@@ -64,9 +68,9 @@ class Review:
     shots: Path
 
 
-def _transfer(n: int, amount_minor: int) -> dict[str, Any]:
+def _transfer(n: int, amount_minor: int, currency: str = "CNY") -> dict[str, Any]:
     return {"transfer_id": f"tr-browser-{n}", "payer": PAYER, "payee": PAYEE, "amount_minor": amount_minor,
-            "currency": "CNY"}  # fmt: skip
+            "currency": currency}  # fmt: skip
 
 
 def _json(document: dict[str, Any]) -> str:
@@ -75,12 +79,13 @@ def _json(document: dict[str, Any]) -> str:
 
 def make_dead_letters(api: Api) -> dict[str, list[str]]:
     """Transfers refused by the payment stand-in for lack of funds: dead letters on their first attempt."""
-    plan = [(EDIT_REF, 1250), (DISCARD_REF, 4200), *((BULK_REF, amount) for amount in BULK_AMOUNTS)]
+    plan = [(EDIT_REF, 1250, "CNY"), (DISCARD_REF, 4200, "CNY"), (MONEY_REF, 6000, "USD"),
+            *((BULK_REF, amount, "CNY") for amount in BULK_AMOUNTS)]  # fmt: skip
     api.payment_faults({"permanent_rate": 1.0})
     try:
         made = [
-            (ref, api.submit_transfer(f"browser-{n}", ref, _transfer(n, amount)))
-            for n, (ref, amount) in enumerate(plan)
+            (ref, api.submit_transfer(f"browser-{n}", ref, _transfer(n, amount, currency)))
+            for n, (ref, amount, currency) in enumerate(plan)
         ]
         for _, request_id in made:
             view = api.wait_state(request_id, "dead")
@@ -288,6 +293,47 @@ def test_a_reviewer_edits_a_dead_transfer_an_approver_approves_it_and_the_worker
     assert re.search(r"\*+" + BACKUP_PAYER[-4:], audit), audit
     page.context.close()
     print(f"\nedit, approval and payment in the browser: {time.monotonic() - started:.1f} s")
+
+
+def test_an_edit_of_amount_currency_and_payee_is_approved_on_the_figures_that_will_be_paid(review: Review) -> None:
+    """60.00 USD to the old payee becomes 99,999.00 EUR to a new one: the reviewer's preview says
+    what the new version pays, and the approver's card shows 99,999.00 EUR (beside 60.00 USD, never
+    instead of it), the new payee, and the amount as money in the diff, before approving."""
+    (original,) = review.dead[MONEY_REF]
+    page = log_in(review, review.banner.reviewer)
+    page.goto(f"/review/requests/{original}/edit")
+    edited = _transfer(2, 9_999_900, "EUR") | {"payee": NEW_PAYEE}  # 2: its place in make_dead_letters' plan
+    page.get_by_test_id("edit-payload").fill(_json(edited))
+    page.get_by_test_id("edit-reason").fill("the customer asked to be paid in EUR to their new account")
+    page.get_by_test_id("edit-preview").click()
+    expect(page.get_by_test_id("edit-pays")).to_have_text("99,999.00 EUR")
+    expect(page.get_by_test_id("edit-pays-before")).to_have_text("60.00 USD")
+    expect(page.locator('[data-test="diff-row"][data-field="amount"]')).to_contain_text("60.00 USD")
+    page.get_by_test_id("edit-submit").click()
+    flash(page, "proposed")
+    log_out(page)
+
+    page = log_in(review, review.banner.approver)
+    page.get_by_test_id("nav-approvals").click()
+    card = page.locator('[data-test="proposal"][data-action="edit_redrive"][data-state="pending"]').filter(
+        has=page.locator(f'[data-test="proposal-targets"] a[href="/review/requests/{original}"]')
+    )
+    expect(card).to_have_count(1)
+    expect(card.get_by_test_id("proposal-total")).to_have_text("99,999.00 EUR")
+    expect(card.get_by_test_id("proposal-total")).to_have_attribute("data-currency", "EUR")
+    expect(card.get_by_test_id("proposal-total-before")).to_have_text("60.00 USD")
+    expect(card.get_by_test_id("proposal-payment")).to_contain_text("99,999.00 EUR")
+    expect(card.locator('[data-test="proposal-diff-row"][data-field="amount"]')).to_contain_text("60.00 USD → 99,999.00 EUR")
+    expect(card.locator('[data-test="proposal-diff-row"][data-field="payee"]')).to_contain_text(NEW_PAYEE)
+    screenshot(review, page, "approvals-money")
+    card.get_by_test_id("approve-reason").fill("customer's request FIN-3141 checked")
+    card.get_by_test_id("approve-submit").click()
+    flash(page, "success")
+    new_id = review.api.request(original)["superseded_by"]
+    paid = review.api.wait_state(new_id, "done", timeout_s=PAID_TIMEOUT_S)
+    assert (paid["payload"]["amount_minor"], paid["payload"]["currency"], paid["payload"]["payee"]) == (
+        9_999_900, "EUR", NEW_PAYEE)  # what was shown is what was paid
+    page.context.close()
 
 
 def test_a_discard_needs_a_reason_code_and_a_comment_and_an_approval(review: Review) -> None:

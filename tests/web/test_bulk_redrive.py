@@ -79,7 +79,8 @@ async def test_ten_thousand_by_filter_cancelled_halfway_then_the_rest(store: Sto
         api = pages.api
         stored = await dead_transfers(pages, COUNT)
         dry = (await api.client.post("/v1/review/jobs:dry-run", json={"filter": BULK}, headers=api.auth(R))).json()
-        assert dry["count"] == COUNT and dry["totals"] == [{"currency": "CNY", "count": COUNT, "amount_minor": 100 * COUNT}]
+        assert dry["count"] == COUNT and dry["totals"] == [{"currency": "CNY", "count": COUNT, "amount_minor": 100 * COUNT,
+                                                                   "amount": f"{COUNT}.00"}]
         assert dry["oldest"]["id"] == f"1-{stored[0]}" and dry["needs_approval"] is not None
 
         driver = MaintenanceDriver(QueueClient(RaftClient([store.address], deadline_s=10), coalesce=False),

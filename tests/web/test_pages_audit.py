@@ -94,8 +94,9 @@ async def test_an_edit_reads_as_field_changes_masked_for_a_viewer_and_once_on_th
         page = (await pages.get(R, "/review/audit?action=edit_redrive")).text
         assert [a for _, a, _ in entries(page)] == ["edit_redrive"]
         changed = set(re.findall(r'data-test="audit-change" data-field="([a-z_.]+)"', page))
-        assert {"payload.payer", "payload.amount_minor", "state", "superseded_by"} <= changed
-        assert "payload.currency" not in changed  # only what the edit changed
+        assert {"payload.payer", "payload.amount", "state", "superseded_by"} <= changed
+        assert not {"payload.currency", "payload.amount_minor"} & changed  # the amount as money, once
+        assert re.search(r'data-field="payload.amount">.*?12.50 CNY.*?→.*?13.00 CNY', page, re.S)
         assert re.search(r'data-field="payload.payer">.*?acct-6222020012345678.*?→.*?acct-6222020099990000', page, re.S)
         assert 'data-test="audit-raw"' in page and "\\&#34;" not in page.split('data-test="audit-raw"')[0]
 

@@ -52,7 +52,10 @@ async def test_edit_is_refused_naming_the_field_then_diffed_then_a_new_version(s
         not_json = await pages.post(R, path, {"payload": "{", "reason": "typo", "step": "preview"})
         assert not_json.status_code == 422 and 'data-field="payload"' in not_json.text
         preview = await pages.post(R, path, {"payload": json.dumps(good), "reason": "typo", "step": "preview"})
-        assert 'data-test="diff-row" data-field="amount_minor"' in preview.text and 'data-test="edit-submit"' in preview.text
+        assert 'data-test="edit-submit"' in preview.text
+        assert re.search(r'data-test="diff-row" data-field="amount">.*?1.00 CNY.*?1.20 CNY', preview.text, re.S)
+        assert re.search(r'data-test="edit-pays" data-currency="CNY" data-amount-minor="120">1.20 CNY<', preview.text)
+        assert 'data-test="edit-pays-before" data-currency="CNY" data-amount-minor="100">1.00 CNY<' in preview.text
         previewed = re.search(r'name="previewed" value="([0-9a-f]+)"', preview.text)
         assert previewed
         unseen = await pages.post(R, path, {"payload": json.dumps({**good, "amount_minor": 130}), "reason": "typo",
