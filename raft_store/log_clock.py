@@ -5,29 +5,30 @@ retention) compares a time written in the log with "now". If "now" were one node
 node 30 s slow that leads froze every due time for 30 s, and a node 30 s fast that took over
 expired every open lease at once. So "now" is this reading, the same rule on every node:
 
-* **A majority's time.** The leader reads the time that a majority of the voters' wall clocks
+* **A majority's time.** The leader's base is the time that a majority of the voters' wall clocks
   have reached (the median of three): its own clock, and each peer's as its last message carried
   it (`Message.wall_ms`; heartbeat answers refresh it every heartbeat). One node's clock, fast or
-  slow, is never the majority's in a set of three. A follower reads its leader's reading
+  slow, is never the majority's in a set of three. A follower's base is its leader's reading
   (`Message.clock_ms` on the leader's appends and heartbeats). Samples are used as they came,
-  not advanced by the local clock: a node whose own clocks run fast must not speed the log up,
-  and the price is that the reading lags true time by about a heartbeat.
+  never advanced by the local clock (a node whose clocks all run fast would carry time ahead).
+* **The node's own clock where it agrees.** The reading is the node's own wall clock held within
+  [base, base + `band_ms`]: a healthy node reads its own clock, smooth and current (the base trails
+  by up to a heartbeat); a slow one reads the base, a fast one at most `band_ms` above it.
 * **Never backwards, never frozen.** The reading never goes below a reading it gave before or the
-  greatest time the log committed. Between readings it advances by the smaller of the local
-  monotonic clock's advance and the reference's advance (the majority's time, or the leader's
-  reading), and jumps forward only to the reference. A log whose time ran ahead of the majority's
-  (a majority stepped back, an older version stamped its own clock) keeps advancing at the
-  majority's rate instead of freezing until the majority catches up. Without a reference (an
-  election going on, a follower cut off from its leader) the reading holds: a leader always has
-  one (it hears from a majority, or check-quorum deposes it), so the log's time does not stop.
+  greatest time the log committed. When it is ahead of that (a majority's clocks stepped back, an
+  older version stamped its own clock), it goes on by the smaller of the node's monotonic advance
+  and the base's advance since it went ahead, instead of freezing until the majority catches up.
+  Without a base (an election going on, a follower cut off from its leader) the reading holds: a
+  leader always has one (it hears from a majority, or check-quorum deposes it).
 * **A whole set that was down agrees that time moved on**: after a restart of every node the
   majority's time is far past the log's, and the reading jumps there (every lease is stale then,
   so nothing is lost by expiring them).
 
-Bound on a jump: a reading is never above the greatest of (an earlier reading plus the monotonic
-time since) and the reference. With at most f of 2f+1 voters' clocks wrong, the majority's time
-lies between correct clocks, so a lease granted at log time T for L ms expires in real time no
-earlier than L minus how far the majority's time runs ahead of real time (milliseconds with NTP).
+Bound on a jump: a reading is never above the greatest of an earlier reading carried on at the
+majority's rate, and the majority's time plus `band_ms`. With at most f of 2f+1 voters' clocks
+wrong, the majority's time lies between correct clocks, so a lease granted at log time T for L ms
+expires in real time no earlier than L minus how far the majority's time runs ahead of real time
+(milliseconds with NTP) minus `band_ms`.
 
 Pure: every time is an argument (wall and monotonic milliseconds read by the node, once per
 use), no lock, no I/O. The node serializes calls.
@@ -43,6 +44,12 @@ from raft_store.types import Message, MessageType
 SAMPLE_TTL_MS: Final = 2000
 """A peer's clock sample older than this (by the local monotonic clock) is not used: its node may
 be gone, or its clock stepped meanwhile. Heartbeats refresh every sample many times a second."""
+BAND_MS: Final = 120
+"""How far above the sampled majority's time the node's own wall clock is still taken as the
+reading (two heartbeats of 60 ms: samples trail true time by up to a heartbeat and a message's
+flight). Within it the reading is the node's own clock, smooth and current; outside it (a clock
+off by more) the reading is held to the band. It is also how far ahead of the majority's time a
+fast clock can carry the reading."""
 
 LEADER_MESSAGES: Final = frozenset({MessageType.APP, MessageType.HEARTBEAT, MessageType.SNAP})
 """Only a leader sends these: their `clock_ms` is a leader's reading. Any other message's is not
@@ -60,11 +67,12 @@ class _Sample:
 class LogClock:
     """One node's reading of the log's clock, fed by what it hears and what it applies."""
 
-    def __init__(self, node_id: int, *, sample_ttl_ms: int = SAMPLE_TTL_MS) -> None:
-        if sample_ttl_ms <= 0:
-            raise ValueError("sample_ttl_ms must be positive")
+    def __init__(self, node_id: int, *, sample_ttl_ms: int = SAMPLE_TTL_MS, band_ms: int = BAND_MS) -> None:
+        if sample_ttl_ms <= 0 or band_ms < 0:
+            raise ValueError("sample_ttl_ms must be positive and band_ms not negative")
         self.node_id = node_id
         self.sample_ttl_ms = sample_ttl_ms
+        self.band_ms = band_ms
         self._walls: dict[int, _Sample] = {}
         self._readings: dict[int, _Sample] = {}
         self._committed_ms = 0
@@ -72,10 +80,12 @@ class LogClock:
         self._leading = False
         self._leader = 0
         self._voters: frozenset[int] = frozenset({node_id})
-        # Invariant: _reading_ms never decreases once _mono_ms is set.
+        # Invariant: _reading_ms never decreases once _grounded.
         self._reading_ms = 0
-        self._mono_ms: int | None = None
-        self._reference_ms: int | None = None
+        self._grounded = False
+        self._ahead: tuple[int, int, int] | None = None
+        """(reading, monotonic ms, base) when the reading went ahead of its reference: from there it
+        advances by the smaller of the monotonic clock's and the base's advance."""
 
     # ---- inputs -----------------------------------------------------------------------------
     def heard(self, peer: int, *, wall_ms: int, clock_ms: int, mono_ms: int) -> None:
@@ -105,31 +115,39 @@ class LogClock:
     @property
     def grounded(self) -> bool:
         """The reading rests on the log or on what the node heard, not on its own wall clock alone."""
-        return self._mono_ms is not None
+        return self._grounded
 
     # ---- the reading ------------------------------------------------------------------------
     def read(self, *, wall_ms: int, mono_ms: int) -> int:
         """The log's clock now. Call with the node's wall and monotonic clocks read just before."""
-        reference = self.reference(wall_ms=wall_ms, mono_ms=mono_ms)
-        if self._mono_ms is None:
-            start = max(self._committed_ms, reference or 0)
+        base = self.base(wall_ms=wall_ms, mono_ms=mono_ms)
+        if not self._grounded:
+            start = max(self._committed_ms, 0 if base is None else self._within(wall_ms, base))
             if start == 0:
                 return wall_ms  # has heard nothing and applied nothing: its own clock, not kept
-            reading = start
-        else:
-            # Without a reference (no leader heard lately, no majority of fresh samples) it holds:
-            # a node whose clocks run fast would otherwise carry the log's time ahead alone.
-            advanced = 0
-            if reference is not None and self._reference_ms is not None:
-                advanced = max(0, min(mono_ms - self._mono_ms, reference - self._reference_ms))
-            reading = self._reading_ms + advanced
-            if reference is not None:
-                reading = max(reading, reference)
-            reading = max(reading, self._committed_ms)
-        self._reading_ms, self._mono_ms, self._reference_ms = reading, mono_ms, reference
-        return reading
+            self._grounded, self._reading_ms = True, start
+            return start
+        reading = self._reading_ms
+        if base is not None:
+            reference = self._within(wall_ms, base)
+            if reference >= reading:
+                reading, self._ahead = reference, None
+            else:  # ahead of the majority: on at the majority's rate, never faster than monotonic
+                ahead = self._ahead
+                if ahead is None or base < ahead[2]:
+                    ahead = self._ahead = (reading, mono_ms, base)
+                reading = max(reading, ahead[0] + max(0, min(mono_ms - ahead[1], base - ahead[2])))
+        # Without a base (no leader heard lately, no majority of fresh samples) it holds: a node
+        # whose clocks run fast would otherwise carry the log's time ahead alone.
+        self._reading_ms = max(reading, self._committed_ms)
+        return self._reading_ms
 
-    def reference(self, *, wall_ms: int, mono_ms: int) -> int | None:
+    def _within(self, wall_ms: int, base: int) -> int:
+        """The node's own wall clock where it agrees with the base (the majority's time as sampled,
+        which trails by up to a heartbeat): never below it, at most `band_ms` above."""
+        return min(max(wall_ms, base), base + self.band_ms)
+
+    def base(self, *, wall_ms: int, mono_ms: int) -> int | None:
         """What the reading follows: the majority's time on a leader, the leader's reading on a
         follower; None when not known (too few fresh samples, no leader heard lately)."""
         if self._leading:
@@ -138,7 +156,7 @@ class LogClock:
         return None if sample is None else sample.value_ms
 
     def majority_ms(self, *, wall_ms: int, mono_ms: int) -> int | None:
-        """The latest time that a majority of the voters' wall clocks have reached, or None."""
+        """The latest time that a majority of the voters' wall clocks have reached (as sampled), or None."""
         clocks: list[int] = []
         for voter in self._voters:
             if voter == self.node_id:
@@ -160,4 +178,4 @@ class LogClock:
         return sample
 
 
-__all__ = ["SAMPLE_TTL_MS", "LogClock"]
+__all__ = ["BAND_MS", "SAMPLE_TTL_MS", "LogClock"]

@@ -140,7 +140,7 @@ class Node:
         self.machine = machine
         self.metrics = NodeMetrics()
         self.core: RaftCore | None = None
-        self.clock = NodeClock(config.node_id)  # the log's: every stamp, and every query's "now"
+        self.clock = NodeClock(config.node_id, band_ms=2 * config.tick_ms * config.heartbeat_ticks)  # stamps, "now"
         if isinstance(machine, ClockedMachine):
             machine.use_clock(self.clock.read_ms)
         self.wal: Wal | None = None

@@ -27,9 +27,9 @@ class NodeClock:
     """Thread-safe: every method takes the lock; `read_ms` is what queries call "now"."""
 
     def __init__(
-        self, node_id: int, *, wall: Callable[[], int] = wall_ms, monotonic: Callable[[], int] = monotonic_ms
+        self, node_id: int, *, band_ms: int, wall: Callable[[], int] = wall_ms, monotonic: Callable[[], int] = monotonic_ms
     ) -> None:
-        self._clock = LogClock(node_id)
+        self._clock = LogClock(node_id, band_ms=band_ms)
         self._wall, self._monotonic = wall, monotonic
         self._lock = threading.Lock()
         self._role: tuple[bool, int, frozenset[int]] | None = None

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raft_store.core import Role
-from raft_store.simulation.clocks import EPOCH_MS, SLACK_MS, majority_ahead_ms
+from raft_store.simulation.clocks import BAND_MS, EPOCH_MS, SLACK_MS, majority_ahead_ms
 from raft_store.types import Entry, HardState, Message, MessageType, ReadState, Snapshot, SnapshotMeta
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class Checker:
             self.allowed_ahead_ms = max(majority, self.allowed_ahead_ms + max(0, majority - previous))
             self._majority_ahead_ms = majority
             self._bound_at = cluster.now
-        return self.allowed_ahead_ms + SLACK_MS
+        return self.allowed_ahead_ms + BAND_MS + SLACK_MS
 
     def check_clock_bound(self, what: str, value: int) -> None:
         ahead = value - (EPOCH_MS + self.cluster.now)

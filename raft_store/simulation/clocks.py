@@ -33,6 +33,8 @@ SAMPLE_TTL_MS: Final = 500
 """The nodes' LogClock sample lifetime: five election timeouts here, as 2 s is in a deployment."""
 SLACK_MS: Final = 100
 """Message delay and the rounding of integer clocks, on top of the computed bound."""
+BAND_MS: Final = 40
+"""The nodes' LogClock band: two heartbeats of 2 ticks of 10 ms, as 120 ms is in a deployment."""
 
 
 @dataclass(slots=True)
@@ -137,7 +139,7 @@ class SimTime:
         return self.clocks[node_id].monotonic(self.cluster.now)
 
     def started(self, node: SimNode) -> None:
-        node.clock, node.clock_role = LogClock(node.node_id, sample_ttl_ms=SAMPLE_TTL_MS), None
+        node.clock, node.clock_role = LogClock(node.node_id, sample_ttl_ms=SAMPLE_TTL_MS, band_ms=BAND_MS), None
 
     def read(self, node_id: int) -> int:
         """The node's reading of the log's clock, checked against the bound."""
@@ -184,5 +186,5 @@ class SimTime:
             cluster._pump(leader)
 
 
-__all__ = ["EPOCH_MS", "SAMPLE_TTL_MS", "SLACK_MS", "ClockFaults", "ClockPlan", "SimClock", "SimTime",
+__all__ = ["BAND_MS", "EPOCH_MS", "SAMPLE_TTL_MS", "SLACK_MS", "ClockFaults", "ClockPlan", "SimClock", "SimTime",
            "majority_ahead_ms", "plan_clock_faults"]  # fmt: skip

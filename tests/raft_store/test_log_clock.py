@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from raft_store import codec
-from raft_store.log_clock import SAMPLE_TTL_MS, LogClock
+from raft_store.log_clock import BAND_MS, SAMPLE_TTL_MS, LogClock
 from raft_store.types import Message, MessageType
 
 T0 = 1_700_000_000_000
@@ -39,7 +39,16 @@ def test_one_skewed_leader_reads_the_majority_time_and_advances_with_real_time(o
     for step in range(0, 10_001, 50):
         hear(clock, step, n2=T0 + step, n3=T0 + step + 3)
         reading = clock.read(wall_ms=T0 + own_offset_ms + step, mono_ms=step)
-        assert T0 + step <= reading <= T0 + step + 3, step  # between the two correct clocks
+        assert T0 + step <= reading <= T0 + step + 3 + BAND_MS, step  # the majority's time, plus the band at most
+
+
+def test_a_healthy_leader_reads_its_own_clock_between_heartbeats() -> None:
+    """Samples trail by up to a heartbeat: where its own clock agrees, the reading is its own clock."""
+    clock = leader(committed_ms=T0)
+    for real in range(0, 3000, 5):
+        if real % 60 == 0:
+            hear(clock, real, n2=T0 + real - 2, n3=T0 + real + 1)
+        assert clock.read(wall_ms=T0 + real, mono_ms=real) == T0 + real
 
 
 def test_a_majority_moves_time_forward_and_it_never_comes_back() -> None:
@@ -65,7 +74,7 @@ def test_a_leader_whose_clocks_run_fast_follows_the_majority_not_its_own_rate() 
         if real % 60 == 0:  # heartbeat answers every 60 ms
             hear(clock, fast, n2=T0 + real, n3=T0 + real + 1)
         reading = clock.read(wall_ms=T0 + fast, mono_ms=fast)
-        assert T0 + real - 60 <= reading <= T0 + real + 1, real
+        assert T0 + real - 60 <= reading <= T0 + real + 1 + BAND_MS, real
 
 
 def test_the_whole_set_restarted_after_an_hour_jumps_to_the_majority_time() -> None:
@@ -89,15 +98,15 @@ def test_a_follower_reads_its_leaders_reading_and_holds_without_one() -> None:
     clock = LogClock(2)
     clock.set_role(leading=False, leader=1, voters=VOTERS)
     clock.heard(1, wall_ms=T0 - 30_000, clock_ms=T0, mono_ms=1_000)
-    assert clock.read(wall_ms=T0 + 99_000, mono_ms=1_000) == T0
-    assert clock.read(wall_ms=T0 + 99_000, mono_ms=1_040) == T0  # between heartbeats: as last heard
+    assert clock.read(wall_ms=T0 + 99_000, mono_ms=1_000) == T0 + BAND_MS  # its own clock, far off: held to the band
+    assert clock.read(wall_ms=T0 + 40, mono_ms=1_040) == T0 + BAND_MS  # never back
     clock.heard(1, wall_ms=T0 - 29_500, clock_ms=T0 + 500, mono_ms=1_500)
-    assert clock.read(wall_ms=T0 + 99_000, mono_ms=1_500) == T0 + 500
+    assert clock.read(wall_ms=T0 + 530, mono_ms=1_530) == T0 + 530  # its own clock, where it agrees
     later = 1_500 + SAMPLE_TTL_MS + 1_000  # the leader went quiet: its sample is stale, the reading holds
-    assert clock.read(wall_ms=T0 + 99_000, mono_ms=later) == T0 + 500
+    assert clock.read(wall_ms=T0 + 3_500, mono_ms=later) == T0 + 530
     clock.set_role(leading=False, leader=3, voters=VOTERS)  # a new leader, far ahead: followed at once
     clock.heard(3, wall_ms=T0 + 9_000, clock_ms=T0 + 9_000, mono_ms=later + 10)
-    assert clock.read(wall_ms=T0 + 99_000, mono_ms=later + 10) == T0 + 9_000
+    assert clock.read(wall_ms=T0 + 3_510, mono_ms=later + 10) == T0 + 9_000
 
 
 def test_a_leader_without_a_majority_of_fresh_samples_holds_its_reading() -> None:
@@ -109,7 +118,7 @@ def test_a_leader_without_a_majority_of_fresh_samples_holds_its_reading() -> Non
     assert clock.majority_ms(wall_ms=T0 + 40_000, mono_ms=far) is None
     assert clock.read(wall_ms=T0 + 40_000, mono_ms=far) == T0
     hear(clock, far, n2=T0 + far, n3=T0 + far)
-    assert clock.read(wall_ms=T0 + 40_000, mono_ms=far) == T0 + far
+    assert clock.read(wall_ms=T0 + 40_000, mono_ms=far) == T0 + far + BAND_MS
 
 
 def test_a_single_voter_is_its_own_majority() -> None:
@@ -141,3 +150,14 @@ def test_only_a_message_only_leaders_send_carries_a_reading_a_follower_takes() -
     clock.heard_message(Message(MessageType.VOTE, to=2, frm=1, term=2, wall_ms=T0 + 30_000, clock_ms=T0 + 30_000),
                         mono_ms=5)  # fmt: skip
     assert clock.read(wall_ms=T0, mono_ms=10) == T0
+
+
+def test_ahead_of_the_majority_it_goes_on_at_the_majoritys_pace_read_often_or_not() -> None:
+    """After a majority's clocks stepped back, readings many times between heartbeats still advance
+    at the rate of real time (by the base's advance since it went ahead, not read by read)."""
+    clock = leader(committed_ms=T0 + 30_000)  # the log ran 30 s ahead of every clock
+    for real in range(0, 2001, 5):
+        if real % 60 == 0:
+            hear(clock, real, n2=T0 + real, n3=T0 + real)
+        reading = clock.read(wall_ms=T0 + real, mono_ms=real)
+    assert T0 + 30_000 + 2000 - 60 <= reading <= T0 + 30_000 + 2000
