@@ -11,9 +11,13 @@ expired every open lease at once. So "now" is this reading, the same rule on eve
   slow, is never the majority's in a set of three. A follower's base is its leader's reading
   (`Message.clock_ms` on the leader's appends and heartbeats). Samples are used as they came,
   never advanced by the local clock (a node whose clocks all run fast would carry time ahead).
-* **The node's own clock where it agrees.** The reading is the node's own wall clock held within
-  [base, base + `band_ms`]: a healthy node reads its own clock, smooth and current (the base trails
-  by up to a heartbeat); a slow one reads the base, a fast one at most `band_ms` above it.
+* **The leader's own clock where it agrees.** The leader's reading is its own wall clock held
+  within [base, base + `band_ms`]: a healthy leader reads its own clock, smooth and current (the
+  base trails by up to a heartbeat); a slow one reads the base, a fast one at most `band_ms` above
+  it. A follower reads its leader's reading as last heard: its reads (work due, states, long
+  polls) never call ready or expired what the leader would not, and it trails the leader by at
+  most a heartbeat and a message's flight (a staircase; its own clock is not consulted, so a
+  follower's clock, however wrong, changes nothing).
 * **Never backwards, never frozen.** The reading never goes below a reading it gave before or the
   greatest time the log committed. When it is ahead of that (a majority's clocks stepped back, an
   older version stamped its own clock), it goes on by the smaller of the node's monotonic advance
@@ -45,11 +49,11 @@ SAMPLE_TTL_MS: Final = 2000
 """A peer's clock sample older than this (by the local monotonic clock) is not used: its node may
 be gone, or its clock stepped meanwhile. Heartbeats refresh every sample many times a second."""
 BAND_MS: Final = 120
-"""How far above the sampled majority's time the node's own wall clock is still taken as the
+"""How far above the sampled majority's time a leader's own wall clock is still taken as its
 reading (two heartbeats of 60 ms: samples trail true time by up to a heartbeat and a message's
-flight). Within it the reading is the node's own clock, smooth and current; outside it (a clock
-off by more) the reading is held to the band. It is also how far ahead of the majority's time a
-fast clock can carry the reading."""
+flight). Within it the leader reads its own clock, smooth and current; outside it (a clock off by
+more) the reading is held to the band. It is also how far ahead of the majority's time a fast
+leader's clock can carry the reading. A follower has no band: it reads its leader's reading."""
 
 LEADER_MESSAGES: Final = frozenset({MessageType.APP, MessageType.HEARTBEAT, MessageType.SNAP})
 """Only a leader sends these: their `clock_ms` is a leader's reading. Any other message's is not
@@ -143,8 +147,12 @@ class LogClock:
         return self._reading_ms
 
     def _within(self, wall_ms: int, base: int) -> int:
-        """The node's own wall clock where it agrees with the base (the majority's time as sampled,
-        which trails by up to a heartbeat): never below it, at most `band_ms` above."""
+        """On a leader, its own wall clock where it agrees with the base (the majority's time as
+        sampled, which trails by up to a heartbeat): never below it, at most `band_ms` above. On a
+        follower the leader's reading itself: a follower's read never runs ahead of what the leader
+        would grant (nor stacks a band of its own on the leader's)."""
+        if not self._leading:
+            return base
         return min(max(wall_ms, base), base + self.band_ms)
 
     def base(self, *, wall_ms: int, mono_ms: int) -> int | None:

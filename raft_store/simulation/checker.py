@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raft_store.core import Role
-from raft_store.simulation.clocks import BAND_MS, EPOCH_MS, SLACK_MS, majority_ahead_ms
+from raft_store.simulation.clocks import BAND_MS, EPOCH_MS, SAMPLE_TTL_MS, SLACK_MS, majority_ahead_ms
 from raft_store.types import Entry, HardState, Message, MessageType, ReadState, Snapshot, SnapshotMeta
 
 if TYPE_CHECKING:
@@ -50,7 +50,9 @@ class Checker:
         self._events = 0
         self._readings: dict[int, tuple[int, int]] = {}  # node -> (generation, last reading)
         self._bound_at = -1  # true ms of the last bound computed
-        self._majority_ahead_ms: int | None = None
+        self._majority_ahead_ms: dict[frozenset[int], int] = {}  # voter configuration -> its majority's lead
+        self._rate_rise_ms = 0.0  # the fastest clock's lead not yet added to allowed_ahead_ms (under 1 ms)
+        self._degraded_until = -1  # true ms until which no correct majority of clocks may be assumed
         self.allowed_ahead_ms = 0
         """How far ahead of true time the log's clock may read: the majority's time, carried on as it moves."""
         self.log_ahead_max_ms = 0
@@ -131,17 +133,49 @@ class Checker:
         self.check_clock_bound(f"n{node}'s reading of the log's clock", reading)
 
     def clock_allowed_ahead_ms(self) -> int:
-        """How far ahead of true time the log's clock may read now: where the majority's time is, or,
-        once the log was carried ahead of it, that lead moved on only as the majority's time moves
-        (the log's clock never goes back, and above the majority advances by the majority's advance)."""
+        """How far ahead of true time the log's clock may read now: where the highest majority's time
+        is, or, once the log was carried ahead of it, that lead moved on only as a majority's time
+        moves (the log's clock never goes back, and above its base advances by the smaller of the
+        monotonic and the base's advance); without a majority of correct clocks up, as the fastest
+        monotonic clock gains."""
         cluster = self.cluster
         if self._bound_at != cluster.now:
-            majority = majority_ahead_ms(cluster.time.clocks, cluster.now)
-            previous = majority if self._majority_ahead_ms is None else self._majority_ahead_ms
-            self.allowed_ahead_ms = max(majority, self.allowed_ahead_ms + max(0, majority - previous))
-            self._majority_ahead_ms = majority
+            # Each configuration a node may lead with has a majority of its own (with membership
+            # changes, the voters of a set of five may be four): the bound takes the highest.
+            clocks = cluster.time.clocks
+            confs = {frozenset(clocks)} | {node.core.conf.voters for node in cluster.nodes.values()
+                                           if node.core is not None and node.core.conf.voters}  # fmt: skip
+            majorities = {conf: majority_ahead_ms({n: clocks[n] for n in conf}, cluster.now) for conf in confs}
+            rises = [now - self._majority_ahead_ms[conf] for conf, now in majorities.items()
+                     if conf in self._majority_ahead_ms]  # fmt: skip
+            if self._without_correct_majority(confs):
+                self._degraded_until = cluster.now + SAMPLE_TTL_MS + SLACK_MS
+            if cluster.now <= self._degraded_until and self._bound_at >= 0:
+                # Beyond the fault model (docs/queue.md, "One clock"): with a voter down or cut off and
+                # a bad clock among the rest, a leader's base may be the bad clock itself, and a reading
+                # carried above it moves on by the smaller of its monotonic advance and the base's: at
+                # most the fastest monotonic clock's rate. Summed exactly (a millisecond rounded up per
+                # step would let the bound run at true rate).
+                fastest = max(clock.rate for clock in clocks.values())
+                self._rate_rise_ms += max(0.0, fastest - 1) * (cluster.now - self._bound_at)
+                whole = int(self._rate_rise_ms)
+                self._rate_rise_ms -= whole
+                rises.append(whole)
+            else:
+                self._rate_rise_ms = 0.0
+            self.allowed_ahead_ms = max(max(majorities.values()), self.allowed_ahead_ms + max([0, *rises]))
+            self._majority_ahead_ms = majorities
             self._bound_at = cluster.now
         return self.allowed_ahead_ms + BAND_MS + SLACK_MS
+
+    def _without_correct_majority(self, confs: set[frozenset[int]]) -> bool:
+        """Whether some configuration's voters that are up and connected hold no majority of correct
+        clocks (a crash or a partition on top of a clock fault: two faults in a set of three)."""
+        cluster = self.cluster
+        bad = set(cluster.time.plan.bad)
+        cut = {n for pair in cluster.blocked for n in pair}
+        down = {n for n, node in cluster.nodes.items() if node.core is None} | cut
+        return any(len(conf & (bad | down)) > (len(conf) - 1) // 2 for conf in confs if conf & bad)
 
     def check_clock_bound(self, what: str, value: int) -> None:
         ahead = value - (EPOCH_MS + self.cluster.now)

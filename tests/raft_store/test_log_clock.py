@@ -98,15 +98,31 @@ def test_a_follower_reads_its_leaders_reading_and_holds_without_one() -> None:
     clock = LogClock(2)
     clock.set_role(leading=False, leader=1, voters=VOTERS)
     clock.heard(1, wall_ms=T0 - 30_000, clock_ms=T0, mono_ms=1_000)
-    assert clock.read(wall_ms=T0 + 99_000, mono_ms=1_000) == T0 + BAND_MS  # its own clock, far off: held to the band
-    assert clock.read(wall_ms=T0 + 40, mono_ms=1_040) == T0 + BAND_MS  # never back
+    assert clock.read(wall_ms=T0 + 99_000, mono_ms=1_000) == T0  # the leader's reading, not its own clock
+    assert clock.read(wall_ms=T0 + 40, mono_ms=1_040) == T0  # between heartbeats: as last heard
     clock.heard(1, wall_ms=T0 - 29_500, clock_ms=T0 + 500, mono_ms=1_500)
-    assert clock.read(wall_ms=T0 + 530, mono_ms=1_530) == T0 + 530  # its own clock, where it agrees
+    assert clock.read(wall_ms=T0 + 530, mono_ms=1_530) == T0 + 500  # its clock within a band: still the leader's
     later = 1_500 + SAMPLE_TTL_MS + 1_000  # the leader went quiet: its sample is stale, the reading holds
-    assert clock.read(wall_ms=T0 + 3_500, mono_ms=later) == T0 + 530
+    assert clock.read(wall_ms=T0 + 3_500, mono_ms=later) == T0 + 500
     clock.set_role(leading=False, leader=3, voters=VOTERS)  # a new leader, far ahead: followed at once
     clock.heard(3, wall_ms=T0 + 9_000, clock_ms=T0 + 9_000, mono_ms=later + 10)
     assert clock.read(wall_ms=T0 + 3_510, mono_ms=later + 10) == T0 + 9_000
+
+
+def test_a_follower_ahead_of_a_new_leader_never_goes_back_and_goes_on_at_its_pace() -> None:
+    """The old leader read at the top of its band, the new one reads its base: the follower keeps its
+    reading and moves on by the smaller of its monotonic advance and the new leader's."""
+    clock = LogClock(2)
+    clock.set_role(leading=False, leader=1, voters=VOTERS)
+    clock.heard(1, wall_ms=T0, clock_ms=T0 + BAND_MS, mono_ms=1_000)
+    assert clock.read(wall_ms=T0, mono_ms=1_000) == T0 + BAND_MS
+    clock.set_role(leading=False, leader=3, voters=VOTERS)
+    clock.heard(3, wall_ms=T0 + 10, clock_ms=T0 + 10, mono_ms=1_010)
+    assert clock.read(wall_ms=T0 + 10, mono_ms=1_010) == T0 + BAND_MS  # never back
+    clock.heard(3, wall_ms=T0 + 70, clock_ms=T0 + 70, mono_ms=1_070)
+    assert clock.read(wall_ms=T0 + 70, mono_ms=1_070) == T0 + BAND_MS + 60  # on by the leader's advance
+    clock.heard(3, wall_ms=T0 + 900, clock_ms=T0 + 900, mono_ms=1_100)  # the leader's reading leaps
+    assert clock.read(wall_ms=T0 + 100, mono_ms=1_100) == T0 + 900  # caught up: followed
 
 
 def test_a_leader_without_a_majority_of_fresh_samples_holds_its_reading() -> None:
