@@ -21,7 +21,9 @@ expired every open lease at once. So "now" is this reading, the same rule on eve
 * **Never backwards, never frozen.** The reading never goes below a reading it gave before or the
   greatest time the log committed. When it is ahead of that (a majority's clocks stepped back, an
   older version stamped its own clock), it goes on by the smaller of the node's monotonic advance
-  and the base's advance since it went ahead, instead of freezing until the majority catches up.
+  and the base's advance since it went ahead (a leap of the base, as another clock becomes the
+  majority's, counts for no more than the monotonic advance, and the count starts again there),
+  instead of freezing until the majority catches up.
   Without a base (an election going on, a follower cut off from its leader) the reading holds: a
   leader always has one (it hears from a majority, or check-quorum deposes it).
 * **A whole set that was down agrees that time moved on**: after a restart of every node the
@@ -140,7 +142,13 @@ class LogClock:
                 ahead = self._ahead
                 if ahead is None or base < ahead[2]:
                     ahead = self._ahead = (reading, mono_ms, base)
-                reading = max(reading, ahead[0] + max(0, min(mono_ms - ahead[1], base - ahead[2])))
+                mono_advance, base_advance = mono_ms - ahead[1], base - ahead[2]
+                reading = max(reading, ahead[0] + max(0, min(mono_advance, base_advance)))
+                if base_advance > mono_advance:
+                    # The base leapt (another clock became the majority's, a sample came after a
+                    # gap): a leap is not a rate. Counted from here, or a fast monotonic clock would
+                    # carry the reading on at its own rate for as long as the base stays below it.
+                    self._ahead = (reading, mono_ms, base)
         # Without a base (no leader heard lately, no majority of fresh samples) it holds: a node
         # whose clocks run fast would otherwise carry the log's time ahead alone.
         self._reading_ms = max(reading, self._committed_ms)

@@ -125,6 +125,20 @@ def test_a_follower_ahead_of_a_new_leader_never_goes_back_and_goes_on_at_its_pac
     assert clock.read(wall_ms=T0 + 100, mono_ms=1_100) == T0 + 900  # caught up: followed
 
 
+def test_a_leap_of_the_base_below_a_carried_reading_is_not_a_rate() -> None:
+    """A leader 40 s slow at 1.5x, its log carried 5 s ahead: its base is its own clock while one
+    peer is quiet, then leaps to the peers' when both are heard. From there the reading goes on at
+    the peers' pace, not its own monotonic 1.5x (seed 3001091 of the simulation: 8 % over true time)."""
+    clock = leader(committed_ms=T0 + 5_000)
+    hear(clock, 0, n3=T0)
+    for _ in range(2):  # base: its own clock, far below (the second read finds the reading ahead of it)
+        assert clock.read(wall_ms=T0 - 40_000, mono_ms=0) == T0 + 5_000
+    hear(clock, 150, n2=T0 + 100, n3=T0 + 100)  # 100 ms of true time, 150 of its monotonic clock
+    assert clock.read(wall_ms=T0 - 39_850, mono_ms=150) == T0 + 5_150  # the leap counts no more than the monotonic advance
+    hear(clock, 1_500, n2=T0 + 1_000, n3=T0 + 1_000)
+    assert clock.read(wall_ms=T0 - 38_500, mono_ms=1_500) == T0 + 6_050  # on by the peers' 900 ms, not 1,350
+
+
 def test_a_leader_without_a_majority_of_fresh_samples_holds_its_reading() -> None:
     """Its own clocks alone (fast here) would carry the log's time ahead: it waits for the others."""
     clock = leader(committed_ms=T0)
