@@ -12,8 +12,10 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from local_reads import LocalReads
 
 from queues import codec, queries
 from queues import query_codec as qc
@@ -23,18 +25,9 @@ from queues.machine import QueueConfig
 from queues.model import Ack, BatchResult, Enqueue, Lease, LeaseResult, Purge, QueueCommand, Redrive
 from queues.replicated import ReplicatedQueueMachine
 from raft_store.state_machine import Command
+from raft_store.testing.credentials import cluster_auth
 
 T0 = 1_700_000_000_000
-
-
-class _LocalReads:
-    """A replica's query server reached in process: the client's read path without a network."""
-
-    def __init__(self, machine: ReplicatedQueueMachine) -> None:
-        self.machine = machine
-
-    async def read(self, data: bytes, *, linearizable: bool) -> tuple[bytes, int]:
-        return self.machine.query(data), self.machine.applied_index()
 
 
 class Replicas:
@@ -54,7 +47,7 @@ class Replicas:
         return results[0]
 
     def clients(self) -> dict[str, QueueClient]:
-        return {name: QueueClient(_LocalReads(m), coalesce=False) for name, m in self.machines.items()}  # type: ignore[arg-type]
+        return {name: QueueClient(LocalReads(m), coalesce=False) for name, m in self.machines.items()}  # type: ignore[arg-type]
 
     def traffic(self, count: int, prefix: str = "k") -> None:
         self.apply([Enqueue(kind="transfer", idempotency_key=f"{prefix}{i}", ref_key="r", payload=b"p") for i in range(count)])
@@ -124,7 +117,7 @@ def test_events_purged_before_the_audit_reached_them_are_skipped_and_counted() -
 def test_the_digest_query_covers_a_range_and_reports_the_bounds() -> None:
     replicas = Replicas(count=1)
     replicas.traffic(10)  # events 1-25
-    reads = QueueClient(_LocalReads(replicas.machines["n1"]))  # type: ignore[arg-type]
+    reads = QueueClient(LocalReads(replicas.machines["n1"]))  # type: ignore[arg-type]
     bounds = asyncio.run(reads.events_digest(0, 0)).value
     assert (bounds.first_seq, bounds.last_seq, bounds.through, bounds.count) == (1, 25, 0, 0)
     whole = asyncio.run(reads.events_digest(0)).value
@@ -146,9 +139,10 @@ def test_cli_refuses_bad_input_with_one_line_and_a_nonzero_exit() -> None:
         assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr
 
 
-def test_cli_with_no_replica_answering_says_so_and_exits_2() -> None:
+def test_cli_with_no_replica_answering_says_so_and_exits_2(tmp_path: Path) -> None:
+    secret = ["--secret-file", str(cluster_auth(tmp_path).secrets.path)]
     done = subprocess.run(
-        [sys.executable, "-m", "queues.audit", "--addresses", "127.0.0.1:9,127.0.0.1:10", "--once"],
+        [sys.executable, "-m", "queues.audit", "--addresses", "127.0.0.1:9,127.0.0.1:10", "--once", *secret],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2, done.stderr

@@ -55,7 +55,7 @@ def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
 
 @pytest.fixture
 async def queue(cluster: ProcessCluster) -> AsyncIterator[QueueClient]:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20.0)
     try:
         yield QueueClient(raft)
     finally:

@@ -22,7 +22,9 @@ import pytest
 
 from queues.client import QueueClient
 from queues.model import Code
+from raft_store.auth import StoreAuth
 from raft_store.client import ClientError, RaftClient
+from raft_store.testing.credentials import SECRET_NAME, cluster_auth
 from raft_store.testing.processes import free_ports
 
 pytestmark = pytest.mark.slow
@@ -32,9 +34,9 @@ MOUNT = 'd="$1"; o="$2"; shift 2; mount -t tmpfs -o size=4m none "$d" || exit 97
 """Mount a small tmpfs over the data directory, run the node, copy its files out, exit as it did."""
 
 
-def node_command(port: int, data: Path) -> list[str]:
+def node_command(port: int, data: Path, secret: Path) -> list[str]:
     return [sys.executable, "-m", "compensator", "node", "--id", "1", "--peer", f"1=127.0.0.1:{port}",
-            "--data", str(data)]  # fmt: skip
+            "--data", str(data), "--secret-file", str(secret)]  # fmt: skip
 
 
 def unshare_works(tmp_path: Path) -> bool:
@@ -47,23 +49,23 @@ def unshare_works(tmp_path: Path) -> bool:
 
 def filling(tmp_path: Path, port: int) -> tuple[list[str], Path]:
     """The command of a node whose disk fills, and where its files are once it has stopped."""
-    mount, saved = tmp_path / "mount", tmp_path / "saved"
+    mount, saved, secret = tmp_path / "mount", tmp_path / "saved", tmp_path / SECRET_NAME
     mount.mkdir()
     saved.mkdir()
     if unshare_works(mount):
-        return ["unshare", "-Urm", "sh", "-c", MOUNT, "sh", str(mount), str(saved), *node_command(port, mount / "node1")], saved / "node1"
+        return ["unshare", "-Urm", "sh", "-c", MOUNT, "sh", str(mount), str(saved), *node_command(port, mount / "node1", secret)], saved / "node1"
     tracer = shutil.which("strace")
     if tracer is None:
         pytest.fail("no mount namespace here, and strace is needed to fill the disk instead: apt-get install strace"
                     " (deploy/install-system-packages.sh installs it)", pytrace=False)  # fmt: skip
     inject = ["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync,fdatasync", "-e", "inject=fsync,fdatasync:error=ENOSPC:when=30+"]
-    return [tracer, *inject, *node_command(port, saved / "node1")], saved / "node1"
+    return [tracer, *inject, *node_command(port, saved / "node1", secret)], saved / "node1"
 
 
-async def fill(port: int, node: subprocess.Popen[bytes]) -> list[str]:
+async def fill(port: int, node: subprocess.Popen[bytes], auth: StoreAuth) -> list[str]:
     """Enqueue until the node has stopped; the keys it acknowledged (an enqueue without an answer
     from a node still running, slow on a loaded machine, is not counted and the next one goes on)."""
-    raft = RaftClient([("127.0.0.1", port)], attempt_timeout_s=1.0, deadline_s=3.0)
+    raft = RaftClient([("127.0.0.1", port)], auth=auth, attempt_timeout_s=1.0, deadline_s=3.0)
     queue = QueueClient(raft)
     acked: list[str] = []
     try:
@@ -84,12 +86,13 @@ async def fill(port: int, node: subprocess.Popen[bytes]) -> list[str]:
 
 async def test_a_full_disk_stops_the_node_with_the_reason_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
     (port,) = free_ports(1)
+    auth = cluster_auth(tmp_path)
     command, data = filling(tmp_path, port)
     stderr_path = tmp_path / "node.err"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
         try:
-            acked = await fill(port, proc)
+            acked = await fill(port, proc, auth)
             returncode = await asyncio.to_thread(proc.wait, 60)
         finally:
             if proc.poll() is None:
@@ -105,8 +108,8 @@ async def test_a_full_disk_stops_the_node_with_the_reason_and_loses_nothing_ackn
 
     # Space again (the copy is on the test's own disk): every acknowledged request is there.
     with open(tmp_path / "restarted.err", "wb") as stderr:
-        restarted = subprocess.Popen(node_command(port, data), stdout=subprocess.DEVNULL, stderr=stderr)
-    raft = RaftClient([("127.0.0.1", port)], attempt_timeout_s=1.0, deadline_s=20.0)
+        restarted = subprocess.Popen(node_command(port, data, tmp_path / SECRET_NAME), stdout=subprocess.DEVNULL, stderr=stderr)
+    raft = RaftClient([("127.0.0.1", port)], auth=auth, attempt_timeout_s=1.0, deadline_s=20.0)
     try:
         found = (await QueueClient(raft).by_idempotency_keys(acked)).value
     except ClientError as error:
