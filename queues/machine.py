@@ -90,6 +90,7 @@ class QueueMachine:
         self.config.validate()
         self._store: Store = open_store(store, threaded=threaded) if isinstance(store, str | Path) else store
         self._catalog = Catalog(self.config)
+        self._failed = False
         self._applied: int = self._store.call(self._open)
 
     def _open(self) -> int:
@@ -149,6 +150,24 @@ class QueueMachine:
         """End the store's open group of applies (the node does when its apply pipeline is idle)."""
         self._store.call(self._store.commit)
 
+    def rollback(self) -> None:
+        """After a storage failure: drop the applies since the last commit, and let `close` leave
+        the store as a crash would (no sync, no clean stop), so that nothing is committed or made
+        durable on the way out; the next start rolls back to the last checkpoint and the log
+        replays the rest."""
+        self._failed = True
+        self._store.call(self._rollback)
+
+    def _rollback(self) -> None:
+        self._catalog.forget()
+        self._store.discard()
+        self._applied = load_meta(self._store.read()).applied_index
+
+    def log_time_ms(self) -> int:
+        """The time of the last applied entry (0 before the first): a read's "now" is never below it."""
+        result: int = self._store.call(lambda: load_meta(self._store.read()).clock_ms)
+        return result
+
     def checkpoint(self) -> int:
         """An applied index whose state is durable (0: this store cannot make one; copy instead)."""
         return self._store.checkpoint(_applied_index)
@@ -194,7 +213,10 @@ class QueueMachine:
         assert self._applied == index, f"image says {self._applied}, expected {index}"
 
     def close(self) -> None:
-        self._store.close()
+        if self._failed:
+            self._store.abandon()
+        else:
+            self._store.close()
 
     # ---- the state as values ----------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:

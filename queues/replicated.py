@@ -10,8 +10,10 @@ election timeout). The answer is the core's (queues.core.answers), read on the s
 from the applied state.
 
 Queries are not applied: they change nothing and are not replicated, so reading a clock here is
-allowed (unlike in apply). The clock decides only "delayed versus ready" in the views, and the
-caller may pin it with `now_ms`.
+allowed (unlike in apply). The clock is the log's, as the node reads it (raft_store/log_clock.py,
+handed over by `use_clock`), never the node's raw wall clock: a read must call "ready" exactly
+what the next Lease would grant, or a worker waits on a node whose clock is behind the log's. A
+caller may pin it with `now_ms` (a view "as of").
 
 Must never: raise out of `query` (the node would answer a bare ERROR, not a `QueryError` the
 client can read), or write.
@@ -48,7 +50,11 @@ class ReplicatedQueueMachine(QueueMachine):
         clock_ms: Callable[[], int] = wall_clock_ms, threaded: bool | None = None,
     ) -> None:  # fmt: skip
         self._clock_ms = clock_ms
+        """Outside a node (tests, tools) the wall clock; a node hands over the log's (`use_clock`)."""
         super().__init__(store, config, threaded=threaded)
+
+    def use_clock(self, read_ms: Callable[[], int]) -> None:
+        self._clock_ms = read_ms
 
     def query(self, data: bytes) -> bytes:
         """Answer one encoded query. Bad bytes or a failing query give a `QueryError` answer."""

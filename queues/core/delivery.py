@@ -340,8 +340,11 @@ def fail(entry: Entry, command: Fail) -> QueueResult:
     if refusal is not None:
         return refusal
     assert record is not None
+    not_before_ms = command.not_before_ms  # an older worker's Retry-After, as an absolute time
+    if command.retry_after_ms is not None:  # a duration from the entry's time, on the log's clock
+        not_before_ms = max(not_before_ms or 0, entry.now_ms + command.retry_after_ms)
     return fail_attempt(entry, record, error_class=command.error_class, error_text=command.error_text,
-                        permanent=command.permanent, not_before_ms=command.not_before_ms, expired=False,
+                        permanent=command.permanent, not_before_ms=not_before_ms, expired=False,
                         in_doubt_ms=command.in_doubt_ms)[0]  # fmt: skip
 
 

@@ -88,7 +88,17 @@ class Store(Protocol):
         """Replace the whole state by a copy written by `pin` or `copy_to` of a store of this kind."""
         ...
 
-    def close(self) -> None: ...
+    def discard(self) -> None:
+        """Undo every write since the last commit (after a storage failure: the log replays them)."""
+        ...
+
+    def abandon(self) -> None:
+        """Close as a crash would: nothing more committed or made durable, no clean stop recorded."""
+        ...
+
+    def close(self) -> None:
+        """Commit, make durable, and record a clean stop."""
+        ...
 
 
 __all__ = ["Pinned", "Store", "StoreError"]

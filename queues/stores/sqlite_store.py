@@ -212,6 +212,12 @@ class SqliteStore:
         self.commit()
         self._conn.close()
 
+    def abandon(self) -> None:
+        """Close without committing: what was not committed is gone, as after a crash."""
+        with contextlib.suppress(sqlite3.Error):
+            self.discard()
+        self._conn.close()
+
 
 def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)

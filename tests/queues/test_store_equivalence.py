@@ -1,6 +1,6 @@
 """The queue core computes what the SQL queue machine computed, on every store.
 
-tests/queues/equivalence/recorded.msgpack.gz holds logs applied by the SQL machine of bc0d106 (a
+tests/queues/equivalence/recorded.msgpack.gz holds logs applied by the SQL machine of fe4a6b3 (a
 scripted workload over every command, and two queue simulation seeds' committed logs), with the
 result of every command, the answers to a battery of queries and the canonical state at points of
 each log (equivalence/record.py says how it was recorded, and how to record it again). Replaying

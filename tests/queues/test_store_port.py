@@ -364,3 +364,45 @@ def test_a_file_that_is_not_an_lmdb_store_is_refused_in_one_line(tmp_path: Path)
     side.write_bytes(side.read_bytes()[:-1] + b"\x00")
     with pytest.raises(StoreError, match="corrupt"):
         LmdbStore(corrupt)
+
+
+# ---- after a storage failure ------------------------------------------------------------------------
+def test_discard_undoes_the_uncommitted_group_and_nothing_before_it(store: Store) -> None:
+    _put(store, Table.KINDS, (b"committed", b"1"))
+    store.commit()
+    _put(store, Table.KINDS, (b"uncommitted", b"2"))
+    store.discard()
+    assert dict(store.read().scan(Table.KINDS)) == {b"committed": b"1"}
+    assert not store.uncommitted
+
+
+def test_a_machine_rolled_back_after_a_failure_closes_as_a_crash_would(tmp_path: Path) -> None:
+    """What run_node does after a storage failure (rollback, then close): nothing after the
+    failure is committed or recorded as a clean stop, so the next start rolls back to the last
+    checkpoint and the log replays the rest; and the machine says the time its state reached."""
+    from queues import codec
+    from queues.machine import QueueMachine
+    from queues.model import Enqueue
+    from raft_store.state_machine import Command
+
+    def enqueue(machine: QueueMachine, index: int, now_ms: int) -> None:
+        command = Enqueue(kind="transfer", idempotency_key=f"k{index}", ref_key="r", payload=b"p")
+        machine.apply_batch(index, now_ms, [Command(0, 0, codec.encode_command(command))])
+
+    path = tmp_path / "queue.lmdb"
+    machine = QueueMachine(path)
+    assert machine.log_time_ms() == 0
+    enqueue(machine, 1, 1_000)
+    assert machine.checkpoint() == 1  # the first checkpoint waits for its fsync
+    enqueue(machine, 2, 2_000)
+    machine.commit()
+    enqueue(machine, 3, 3_000)
+    assert (machine.applied_index(), machine.log_time_ms()) == (3, 3_000)
+    machine.rollback()
+    assert (machine.applied_index(), machine.log_time_ms()) == (2, 2_000)
+    machine.close()
+    assert not Path(ckpt.clean_path(str(path))).exists()
+    reopened = QueueMachine(path)
+    # The last checkpoint: the first one, or the commit of entry 2 if the syncer's fsync moved it there.
+    assert (reopened.applied_index(), reopened.log_time_ms()) in ((1, 1_000), (2, 2_000))
+    reopened.close()

@@ -12,6 +12,10 @@ same state. This script records all three from the *old* machine:
 It is self-contained (it imports only what the old machine's modules export) so that it can be run
 against any older checkout again, for instance after a change of semantics lands on main before
 the new core: re-record there, then make the new core pass `test_store_equivalence.py`.
+The fixture was last recorded on main at fe4a6b3 (issue 26: a Fail's Retry-After as a duration,
+`retry_after_ms`, beside the absolute `not_before_ms` of older workers; the simulation seeds'
+leaders stamp the log's clock), which is why the script draws `retry_after_ms` (a checkout
+before issue 26 has no such field).
 
 What is recorded (msgpack, gzip):
   * `entries`: (index, now_ms, [(client_id, seq, data)] or None for a no-op entry, respond), in log
@@ -375,6 +379,7 @@ class Script:
                 command = Fail(message_id=message_id, token=token, error_class=rng.choice(ERRORS),
                                error_text="boom" * rng.randint(0, 3), permanent=rng.random() < 0.35,
                                not_before_ms=rng.choice((None, None, self.now_ms + 1_000, self.now_ms + 10**10)),
+                               retry_after_ms=rng.choice((None, None, 0, 800, 5_000, 10**10)),
                                in_doubt_ms=rng.choice((None, None, 0, 400, 20_000)))  # fmt: skip
             elif kind < 0.9:
                 command = ExtendLease(message_id=message_id, token=token, lease_ms=rng.choice((100, 5_000)))
