@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from opentelemetry.trace import TracerProvider
 
 from api import openapi, problems
+from api.direct import DirectRoutes, direct_routes
 from api.metrics import MetricsMiddleware
 from api.routers import downstreams, health, kinds, refs, requests, review, review_jobs
 from api.services import ApiServices
@@ -28,6 +29,8 @@ from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_deta
 STATIC_DIR: Final = Path(__file__).parent / "static"
 SWAGGER: Final = "/static/swagger-ui"
 UNTRACED: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+DIRECT: Final = (("POST", "/v1/requests"),)
+"""Served by their endpoint without the router (api/direct.py): the single submission."""
 DESCRIPTION = """\
 Payment services POST the calls that failed (a transfer, a red-packet list update, a callback); the
 compensator stores each in a Raft-replicated queue (201 means a majority fsynced it), retries it
@@ -74,6 +77,9 @@ def create_app(services: ApiServices, *, tracer: TracerProvider) -> FastAPI:
         # router's prefix or dependencies.
         app.router.routes.extend(router.routes)
     openapi.install(app)
+    # Innermost of the three: the single POST skips the router and FastAPI's handler, not the
+    # metrics and the span every request gets.
+    app.add_middleware(DirectRoutes, routes=direct_routes(app.router.routes, DIRECT))
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
     app.add_middleware(TracingMiddleware, tracer=tracer.get_tracer("compensator.api"), excluded_paths=UNTRACED)
     return app

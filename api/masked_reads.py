@@ -44,6 +44,7 @@ from queues import (
     AuditEntry,
     EditRedrive,
     Event,
+    LongPoll,
     MessageView,
     ProposalView,
     QueueClient,
@@ -241,8 +242,8 @@ class MaskedQueueClient(QueueClient):
         super().__init__(queue.raft, reader=queue.reader, coalesce=False)
         self._plain = queue
 
-    async def query(self, query: Any, *, stale_ok: bool = False) -> Read[Any]:
-        read = await super().query(query, stale_ok=stale_ok)
+    async def query(self, query: Any, *, stale_ok: bool = False, wait: LongPoll | None = None) -> Read[Any]:
+        read = await super().query(query, stale_ok=stale_ok, wait=wait)
         views = list(messages_in(read.value))
         versions = await self._versions(views, stale_ok) if views else {}
         return Read(masked_answer(read.value, versions), read.applied_index, read.now_ms)

@@ -335,7 +335,7 @@ class Window:
     """CPU seconds by process group from the first POST to the last poll that saw a request end."""
     cpu_wall_s: float = 0.0
     leader: dict[str, float] = field(default_factory=dict)
-    """The leader's log entries, applied commands and fsyncs over the window (`leader_progress`)."""
+    """The leader's log entries, applied commands, fsyncs and stale reads over the window (`leader_progress`)."""
     settled: bool = False
     backlog_max: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -395,12 +395,12 @@ async def settle(
 
 
 async def leader_progress(queue: QueueClient) -> dict[str, float]:
-    """The leader's commit index, applied commands and fsyncs so far (none if no node says it leads)."""
+    """The leader's commit index, applied commands, fsyncs and stale reads taken so far (none if no node says it leads)."""
     for status in await queue.node_statuses():
         if status.get("role") == "leader":
             metrics = status.get("metrics") or {}
             return {"entries": float(status["commit"]), "commands": float(metrics.get("applied_commands", 0)),
-                    "fsyncs": float(metrics.get("fsyncs", 0))}  # fmt: skip
+                    "fsyncs": float(metrics.get("fsyncs", 0)), "stale_reads": float(metrics.get("stale_reads", 0))}  # fmt: skip
     return {}
 
 

@@ -161,8 +161,7 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
     limits = Limits(
         per_kind=dict.fromkeys(handlers, settings.concurrency_per_kind),
         # Never more attempts at once than the downstream's client has connections: an attempt
-        # waiting for a pooled connection can only time out (and a cancelled wait leaks the slot
-        # in httpcore 1.0.9, encode/httpcore#1093).
+        # waiting for a pooled connection can only time out (`pool_exhausted`).
         per_downstream={h.downstream: min(settings.concurrency_per_downstream, pools[h.downstream].connections_max)
                         for h in handlers.values()},
         downstream_of={kind: h.downstream for kind, h in handlers.items()},

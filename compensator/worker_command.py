@@ -38,7 +38,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def serve(args: argparse.Namespace) -> int:
     config = load(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per downstream request, ids in its URL
     try:
         import uvloop
 

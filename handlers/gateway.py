@@ -1,17 +1,19 @@
 """The one way a handler reaches a downstream: a pooled HTTP client that knows what was sent.
 
-Owns, per downstream: one `httpx.AsyncClient` (a bounded connection pool, a timeout per phase:
-connect, write, read, pool; an overall deadline per attempt; no redirects followed; no proxy or
-certificate settings taken from the environment), passing on the attempt's trace context, reading
-at most `BODY_BYTES_MAX` of an answer, and turning every ending of a call into an `Outcome` value.
+Owns, per downstream: one connection pool (handlers/http11.py: bounded, keep-alive, a timeout per
+phase: pool, connect, write, read; an overall deadline per attempt; no redirects followed; no proxy
+or certificate settings taken from the environment), passing on the attempt's trace context,
+reading at most `BODY_BYTES_MAX` of an answer, and turning every ending of a call into an
+`Outcome` value.
 
 The rule that makes this safe for payments: inside one attempt the gateway repeats a request only
 when it *certainly was not sent*: a connect error or connect timeout, or no pooled connection free
-within the pool timeout. It knows because httpcore reports each phase (the ``trace`` extension):
-a failure counts as not sent only if no byte of the request headers was written yet. Everything
-after that (a read timeout, a connection cut, even a write error) may have reached the downstream
-and been applied, so it is returned as `OutcomeUnknown` and never repeated here: whether and when
-to try again is the next attempt's business, and the transfer handler looks before it repeats.
+within the pool timeout. It knows because the client writes a request in one call and says on
+which side of that call a failure happened (`http_request.NotSentError` or `SentError`).
+Everything after the write (a read timeout, a connection cut, an answer that does not parse) may
+have reached the downstream and been applied, so it is returned as `OutcomeUnknown` and never
+repeated here: whether and when to try again is the next attempt's business, and the transfer
+handler looks before it repeats.
 
 Must never: log a header, a body, a URL's query or a secret; follow a redirect; retry after the
 request may have been written.
@@ -26,13 +28,13 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, Protocol
+from typing import Annotated, Final, Protocol
 
-import httpx
 import msgspec
 from opentelemetry import propagate, trace
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from handlers import http11, http_request
 from handlers.answers import BODY_BYTES_MAX, Answer, NotSent, NotSentClass, Outcome, OutcomeUnknown, UnknownClass
 
 log = logging.getLogger(__name__)
@@ -41,10 +43,14 @@ TRACE_HEADERS: Final = ("traceparent", "tracestate")
 """W3C trace context: the only headers of an attempt that are passed downstream."""
 USER_AGENT: Final = "compensator/1"
 """Sent with ``Accept-Encoding: identity``: answers are small, and the body limit counts real bytes."""
+DEFAULT_HEADERS: Final = (("accept", "*/*"), ("accept-encoding", "identity"), ("user-agent", USER_AGENT))
 CONNECT_TRIES_LIMIT: Final = 10
 TIMEOUT_S_LIMIT: Final = 120.0
 CONNECTIONS_LIMIT: Final = 1024
-_HEADERS_STARTED: Final = "http11.send_request_headers.started"
+LEASE_ENDED_SAID: Final = "the attempt's lease had ended before the request was written: not sent"
+TARGETS_CACHED_MAX: Final = 1024
+"""Absolute URLs parsed and kept (callback targets: a configured, bounded set)."""
+
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=TIMEOUT_S_LIMIT)]
 
@@ -104,72 +110,50 @@ class Outbound:
     send_by: float | None = None
     """A moment of the monotonic clock (`time.monotonic`) after which no byte of this request may
     be written: the attempt's lease has ended and another delivery may hold the message. Checked
-    before each try and again just before the headers are written; past it the outcome is
-    `NotSent(lease_ended)`. None: no such limit (a lookup)."""
+    before each try and again once a connection is ready, just before the request is written; past
+    it the outcome is `NotSent(lease_ended)`. None: no such limit (a lookup)."""
 
 
 class Sender(Protocol):
-    """What a handler needs of a gateway (a port: handlers never see httpx)."""
+    """What a handler needs of a gateway (a port: handlers never see the HTTP client)."""
 
     async def send(self, request: Outbound) -> Outcome: ...
 
 
 class _Unsent(Exception):
-    """A try that certainly wrote nothing: the one thing repeated inside an attempt."""
+    """A try that certainly wrote nothing: the one thing repeated inside an attempt (unless `final`:
+    the attempt's deadline or its lease leaves no room for another try)."""
 
-    def __init__(self, error_class: NotSentClass, detail: str) -> None:
+    def __init__(self, error_class: NotSentClass, detail: str, *, final: bool = False) -> None:
         super().__init__(detail)
         self.error_class = error_class
         self.detail = detail
-
-
-class _LeaseEnded(Exception):
-    """Raised from httpcore's trace hook before the headers are written: nothing was sent."""
+        self.final = final
 
 
 @dataclass(slots=True)
-class _Progress:
-    """Whether any try of this attempt began writing the request (from httpcore's trace events)."""
-
-    written: bool = False
-    tries: int = 0
-    send_by: float | None = None
-
-    def lease_ended(self) -> bool:
-        return self.send_by is not None and time.monotonic() >= self.send_by
-
-    async def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        if event == _HEADERS_STARTED:
-            if self.lease_ended():  # the last moment before a byte goes out
-                raise _LeaseEnded
-            self.written = True
+class _Tries:
+    made: int = 1
 
 
-def _backoff(settings: GatewaySettings, rng: random.Random) -> Callable[[RetryCallState], float]:
+def _backoff(settings: GatewaySettings, rng: random.Random, try_number: int) -> float:
     """Full jitter between the bounds, doubling per try, from the gateway's own generator."""
-
-    def wait(state: RetryCallState) -> float:
-        ceiling = min(settings.connect_backoff_max_s, settings.connect_backoff_min_s * 2 ** (state.attempt_number - 1))
-        return rng.uniform(settings.connect_backoff_min_s, max(settings.connect_backoff_min_s, ceiling))
-
-    return wait
+    ceiling = min(settings.connect_backoff_max_s, settings.connect_backoff_min_s * 2 ** (try_number - 1))
+    return rng.uniform(settings.connect_backoff_min_s, max(settings.connect_backoff_min_s, ceiling))
 
 
-def _client(settings: GatewaySettings, base_url: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        base_url=base_url,
-        timeout=httpx.Timeout(connect=settings.connect_timeout_s, read=settings.read_timeout_s,
-                              write=settings.write_timeout_s, pool=settings.pool_timeout_s),
-        limits=httpx.Limits(max_connections=settings.connections_max,
-                            max_keepalive_connections=settings.keepalive_connections_max,
-                            keepalive_expiry=settings.keepalive_expiry_s),
-        follow_redirects=False, trust_env=False, headers={"user-agent": USER_AGENT, "accept-encoding": "identity"},
+def _limits(settings: GatewaySettings) -> http_request.PoolLimits:
+    return http_request.PoolLimits(
+        connections_max=settings.connections_max, keepalive_max=settings.keepalive_connections_max,
+        keepalive_expiry_s=settings.keepalive_expiry_s, connect_timeout_s=settings.connect_timeout_s,
+        write_timeout_s=settings.write_timeout_s, read_timeout_s=settings.read_timeout_s,
+        pool_timeout_s=settings.pool_timeout_s,
     )  # fmt: skip
 
 
 class Gateway:
     """One downstream's client. `send` never raises for anything the network or the downstream
-    does; it raises only for a programmer error (an invalid URL, a closed gateway)."""
+    does; it raises only for a programmer error (an invalid URL or header, a closed gateway)."""
 
     def __init__(
         self, *, downstream: str, settings: GatewaySettings, base_url: str = "",
@@ -184,13 +168,15 @@ class Gateway:
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self._tracer = tracer or trace.NoOpTracer()
-        self._client = _client(settings, base_url)
+        self._base = http_request.parse_url(base_url) if base_url else None
+        self._targets: dict[str, http_request.Target] = {}
+        self._pool = http11.Pool(_limits(settings))
 
     def __repr__(self) -> str:
         return f"Gateway(downstream={self.downstream!r})"
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._pool.aclose()
 
     async def send(self, request: Outbound) -> Outcome:
         """One call, as a CLIENT span under the attempt's; the downstream gets this span's context
@@ -211,94 +197,100 @@ class Gateway:
             return outcome
 
     async def _send(self, request: Outbound) -> Outcome:
-        progress = _Progress(send_by=request.send_by)
+        target = self._target(request.url)
+        headers = [*DEFAULT_HEADERS, *request.headers,
+                   *((k, v) for k, v in request.trace.items() if k.lower() in TRACE_HEADERS)]  # fmt: skip
+        deadline = asyncio.get_running_loop().time() + self._settings.attempt_timeout_s
+        tries = _Tries()
         outcome: Outcome
         try:
-            async with asyncio.timeout(self._settings.attempt_timeout_s):
-                outcome = await self._send_until_sent(request, progress)
+            try:  # the first try without tenacity: the path nearly every call takes
+                outcome = await self._try(request, target, headers, deadline)
+            except _Unsent as unsent:
+                if unsent.final or self._settings.connect_tries_max == 1:
+                    raise
+                outcome = await self._send_until_sent(request, target, headers, deadline, tries)
         except _Unsent as unsent:
-            outcome = NotSent(error_class=unsent.error_class, detail=unsent.detail, tries=progress.tries)
-        except TimeoutError:
-            limit = f"no answer within the attempt's {self._settings.attempt_timeout_s} s"
-            outcome = (OutcomeUnknown(error_class=UnknownClass.TIMEOUT, detail=limit) if progress.written
-                       else NotSent(error_class=NotSentClass.DEADLINE, detail=limit, tries=progress.tries))  # fmt: skip
-        self._log(request, outcome)
+            outcome = NotSent(error_class=unsent.error_class, detail=unsent.detail, tries=tries.made)
+        self._log(request, target, outcome)
         return outcome
 
-    async def _send_until_sent(self, request: Outbound, progress: _Progress) -> Outcome:
-        """Tries until one is sent (whatever then happens) or `connect_tries_max` were not; the last
-        `_Unsent` propagates."""
+    async def _send_until_sent(
+        self, request: Outbound, target: http_request.Target, headers: list[tuple[str, str]], deadline: float,
+        tries: _Tries,
+    ) -> Outcome:  # fmt: skip
+        """Tries 2 to `connect_tries_max` of a request whose first try was not sent, after a
+        backoff each, until one is sent (whatever then happens); the last `_Unsent` propagates."""
+        settings = self._settings
+
+        def wait(state: RetryCallState) -> float:
+            return _backoff(settings, self._rng, tries.made)
+
+        async def pause(seconds: float) -> None:
+            if asyncio.get_running_loop().time() + seconds >= deadline:
+                raise _Unsent(NotSentClass.DEADLINE, self._deadline_said(), final=True)
+            await asyncio.sleep(seconds)
+
+        await pause(_backoff(settings, self._rng, tries.made))
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(_Unsent), stop=stop_after_attempt(self._settings.connect_tries_max),
-            wait=_backoff(self._settings, self._rng), reraise=True,
+            retry=retry_if_exception(lambda error: isinstance(error, _Unsent) and not error.final),
+            stop=stop_after_attempt(settings.connect_tries_max - 1), wait=wait, sleep=pause, reraise=True,
         )  # fmt: skip
         async for retry in retrying:
             with retry:
-                progress.tries = retry.retry_state.attempt_number
-                return await self._try(request, progress)
+                tries.made += 1
+                return await self._try(request, target, headers, deadline)
         raise AssertionError("tenacity returns the try's value or re-raises its exception")
 
-    async def _try(self, request: Outbound, progress: _Progress) -> Outcome:
-        headers = [*request.headers, *((k, v) for k, v in request.trace.items() if k.lower() in TRACE_HEADERS)]
-        if progress.lease_ended():
-            return _not_sent_lease_ended(progress)
+    async def _try(
+        self, request: Outbound, target: http_request.Target, headers: list[tuple[str, str]], deadline: float
+    ) -> Outcome:
+        if request.send_by is not None and time.monotonic() >= request.send_by:
+            raise _Unsent(NotSentClass.LEASE_ENDED, LEASE_ENDED_SAID, final=True)
         try:
-            async with self._client.stream(
-                request.method, request.url, headers=headers, content=request.body,
-                extensions={"trace": progress.trace},
-            ) as response:  # fmt: skip
-                body, truncated = await _read_limited(response)
-                outcome: Outcome = Answer(
-                    status=response.status_code, headers=tuple((k.lower(), v) for k, v in response.headers.multi_items()),
-                    body=body, received_unix_s=self._clock(), body_truncated=truncated,
-                )  # fmt: skip
-        except _LeaseEnded:
-            return _not_sent_lease_ended(progress)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as error:
-            if progress.written:  # cannot happen with httpcore today; if it ever does, it may have been sent
-                outcome = OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
-            else:
-                kind = (
-                    NotSentClass.POOL_EXHAUSTED if isinstance(error, httpx.PoolTimeout) else NotSentClass.CONNECT_FAILED
-                )
-                raise _Unsent(kind, _said(error)) from None
-        except httpx.TimeoutException as error:  # read or write timeout: the request may be applied
-            outcome = OutcomeUnknown(error_class=UnknownClass.TIMEOUT, detail=_said(error))
-        except (httpx.NetworkError, httpx.RemoteProtocolError) as error:
-            outcome = OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
-        except httpx.HTTPError as error:
-            if not progress.written:  # an invalid URL or request: ours to fix, not the downstream's
-                raise
-            outcome = OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
-        return outcome
+            response = await self._pool.request(request.method, target, headers, request.body, deadline=deadline,
+                                                body_max=BODY_BYTES_MAX, send_by=request.send_by)  # fmt: skip
+        except http_request.SendByPassed:
+            raise _Unsent(NotSentClass.LEASE_ENDED, LEASE_ENDED_SAID, final=True) from None
+        except http_request.DeadlineBeforeSend:
+            raise _Unsent(NotSentClass.DEADLINE, self._deadline_said(), final=True) from None
+        except http_request.PoolTimeout as error:
+            raise _Unsent(NotSentClass.POOL_EXHAUSTED, _said(error)) from None
+        except http_request.NotSentError as error:  # ConnectError, ConnectTimeout
+            raise _Unsent(NotSentClass.CONNECT_FAILED, _said(error)) from None
+        except http_request.DeadlineAfterSend:
+            return OutcomeUnknown(error_class=UnknownClass.TIMEOUT, detail=self._deadline_said())
+        except http_request.TIMEOUTS as error:  # a write or read timeout: the request may be applied
+            return OutcomeUnknown(error_class=UnknownClass.TIMEOUT, detail=_said(error))
+        except http_request.SentError as error:  # cut, or an answer that does not parse or decode
+            return OutcomeUnknown(error_class=UnknownClass.CONNECTION_LOST, detail=_said(error))
+        return Answer(status=response.status, headers=response.headers, body=response.body,
+                      received_unix_s=self._clock(), body_truncated=response.truncated)  # fmt: skip
 
-    def _log(self, request: Outbound, outcome: Outcome) -> None:
-        path = httpx.URL(request.url).path  # never the query, never a header
+    def _target(self, url: str) -> http_request.Target:
+        if url.startswith("/") or "://" not in url:
+            if self._base is None:
+                raise ValueError(f"{self.downstream} gateway: a relative URL and no base URL")
+            return self._base.relative(url)
+        target = self._targets.get(url)
+        if target is None:
+            if len(self._targets) >= TARGETS_CACHED_MAX:
+                self._targets.clear()
+            target = self._targets[url] = http_request.parse_url(url)
+        return target
+
+    def _deadline_said(self) -> str:
+        return f"no answer within the attempt's {self._settings.attempt_timeout_s} s"
+
+    def _log(self, request: Outbound, target: http_request.Target, outcome: Outcome) -> None:
+        path = target.path.partition("?")[0]  # never the query, never a header
         if isinstance(outcome, Answer):
             log.debug("%s %s %s -> %d", self.downstream, request.method, path, outcome.status)
         else:
             log.info("%s %s %s -> %s", self.downstream, request.method, path, outcome.error_class.value)
 
 
-def _not_sent_lease_ended(progress: _Progress) -> NotSent:
-    return NotSent(error_class=NotSentClass.LEASE_ENDED, tries=progress.tries,
-                   detail="the attempt's lease had ended before the request was written: not sent")  # fmt: skip
-
-
-async def _read_limited(response: httpx.Response) -> tuple[bytes, bool]:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        room = BODY_BYTES_MAX - size
-        if len(chunk) > room:
-            chunks.append(chunk[:room])
-            return b"".join(chunks), True
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks), False
-
-
-def _said(error: httpx.HTTPError) -> str:
-    """The error's type and message: httpx names the failure, never a header or a body."""
+def _said(error: http_request.HttpError) -> str:
+    """The error's type and message: the client names the failure, never a header or a body."""
     text = str(error)
     return (f"{type(error).__name__}: {text}" if text else type(error).__name__)[:200]

@@ -50,7 +50,7 @@ from queues.model import (
 )
 from queues.proposals import proposal_action, proposal_with_action
 from queues.query_codec import KindView, PauseView
-from raft_store.client import ClientError, OutcomeUnknown, RaftClient, Unavailable
+from raft_store.client import ClientError, LongPoll, OutcomeUnknown, RaftClient, Unavailable
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -82,6 +82,7 @@ __all__ = [
     "KindResult",
     "KindView",
     "LeaseResult",
+    "LongPoll",
     "MessageView",
     "Outcome",
     "OutcomeUnknown",

@@ -95,7 +95,7 @@ from queues.model import (
     TokenResult,
     content_hash,
 )
-from raft_store.client import ClientError, RaftClient
+from raft_store.client import ClientError, LongPoll, RaftClient
 
 log = logging.getLogger("queues.client")
 
@@ -390,9 +390,9 @@ class QueueClient:
             found.append({"address": f"{host}:{port}", **status})
         return found
 
-    async def query(self, query: qc.QueueQuery, *, stale_ok: bool = False) -> Read[qc.QueryAnswer]:
-        client = self.reader if stale_ok else self.raft
-        raw, applied = await client.read(qc.encode_query(query), linearizable=not stale_ok)
+    async def query(self, query: qc.QueueQuery, *, stale_ok: bool = False, wait: LongPoll | None = None) -> Read[qc.QueryAnswer]:
+        client = self.reader if stale_ok else self.raft  # `wait`: a long poll (RaftClient.read), stale only
+        raw, applied = await client.read(qc.encode_query(query), linearizable=not stale_ok, wait=wait)
         answer = qc.decode_answer(raw)
         if isinstance(answer, qc.QueryError):
             raise QueueError(answer)

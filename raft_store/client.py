@@ -82,6 +82,18 @@ class _NoAnswer(Exception):
     """An attempt's request was written and no definitive answer came: a node may act on it."""
 
 
+@dataclass(frozen=True, slots=True)
+class LongPoll:
+    """How a stale read waits at the node (`RaftClient.read`)."""
+
+    after_index: int
+    """Answer once a command after this index has applied (the index the caller's last answer reflected)..."""
+    seconds: float
+    """...or after this long, from the state as it is then."""
+    wakes_one: bool = False
+    """Of the reads waiting with the same query, the node answers one per apply (codec.Read.wakes_one)."""
+
+
 Build = Callable[[int], tuple[FrameType, bytes]]
 """Makes a request's frame for a request id (each attempt has its own id)."""
 
@@ -293,13 +305,24 @@ class RaftClient:
             self._lanes.append(lane)
         return list(result.results)
 
-    async def read(self, query: bytes, *, linearizable: bool = True) -> tuple[bytes, int]:
+    async def read(self, query: bytes, *, linearizable: bool = True, wait: LongPoll | None = None) -> tuple[bytes, int]:
         """Returns (answer, applied index the answer reflects). Raises Unavailable or
         OutcomeUnknown as commands do; a read changes nothing either way, but the difference says
-        whether any node got it (a cluster without a leader) or one got it and went quiet."""
-        result = await self._call_with_retries(
-            lambda request_id: (FrameType.READ, codec.encode_read(codec.Read(request_id, linearizable, query))), "read"
-        )
+        whether any node got it (a cluster without a leader) or one got it and went quiet.
+
+        With `wait` (a stale read only) the node holds the read until a command after
+        `wait.after_index` has applied, or for `wait.seconds`: a long poll, so a caller hears of a
+        change one apply after it without asking again and again."""
+        if wait is not None and linearizable:
+            raise ValueError("a waiting read must be stale (linearizable=False)")
+        wait_ms = 0 if wait is None else max(0, min(round(wait.seconds * 1000), codec.READ_WAIT_MS_MAX))
+        after, wakes_one = (wait.after_index, wait.wakes_one) if wait is not None else (0, False)
+
+        def build(request_id: int) -> tuple[FrameType, bytes]:
+            read = codec.Read(request_id, linearizable, query, after, wait_ms, wakes_one)
+            return FrameType.READ, codec.encode_read(read)
+
+        result = await self._call_with_retries(build, "read", wait_ms / 1000)
         answer, applied = result.results
         return answer, int.from_bytes(applied, "big")
 
@@ -364,18 +387,20 @@ class RaftClient:
         rotation = self.addresses + [a for a in self._ids.values() if a not in self.addresses]
         return rotation[self._rotate % len(rotation)]
 
-    async def _call_with_retries(self, build: Build, noun: str) -> codec.Result:
+    async def _call_with_retries(self, build: Build, noun: str, held_s: float = 0.0) -> codec.Result:
         """Attempts until an answer or the deadline, then raises what the attempts established:
-        OutcomeUnknown if any attempt may have been applied, else Unavailable."""
+        OutcomeUnknown if any attempt may have been applied, else Unavailable. `held_s`: how long
+        a node may hold the request before it answers (a waiting read), added to each attempt's
+        timeout and to the deadline."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.deadline_s
+        deadline = loop.time() + self.deadline_s + held_s
         backoff_s = 0.01
         trail = _Trail(noun)
         while loop.time() < deadline:
             address = self._target()
             trail.last_address = address
             try:
-                result = await self._attempt(address, build)
+                result = await self._attempt(address, build, held_s)
             except _NotSent as exc:
                 trail.last_error = f"{_show(address)}: {exc}"
             except _NoAnswer as exc:
@@ -399,7 +424,7 @@ class RaftClient:
             backoff_s = min(backoff_s * 2, 0.5)
         raise trail.error(self.deadline_s)
 
-    async def _attempt(self, address: Address, build: Build) -> codec.Result:
+    async def _attempt(self, address: Address, build: Build, held_s: float = 0.0) -> codec.Result:
         """One try at one node: its answer, or _NotSent / _NoAnswer saying whether the request
         was written (once written, the node may act on it whatever happens next)."""
         try:
@@ -415,12 +440,12 @@ class RaftClient:
         conn.write(data)
         # One timer per attempt, no wrapper task: asyncio.wait_for costs more than the rest of a
         # request on the hot path.
-        timer = loop.call_later(self.attempt_timeout_s, _expire, future)
+        timer = loop.call_later(self.attempt_timeout_s + held_s, _expire, future)
         try:
             _, reply = await future
             return codec.decode_result(reply)
         except TimeoutError:
-            raise _NoAnswer(f"no answer came within {self.attempt_timeout_s} s") from None
+            raise _NoAnswer(f"no answer came within {self.attempt_timeout_s + held_s} s") from None
         except (OSError, codec.CodecError) as exc:
             raise _NoAnswer(f"the connection failed after the request was sent ({exc!r})") from None
         finally:

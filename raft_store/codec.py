@@ -269,7 +269,12 @@ def result_request_id(buf: bytes) -> int:
 
 
 _LENGTH = struct.Struct(">I")
-_READ = struct.Struct(">QB")  # request id, linearizable
+_READ = struct.Struct(">QB")  # request id, flags (READ_LINEARIZABLE, READ_WAITS)
+_READ_WAIT = struct.Struct(">QI")  # with READ_WAITS: answer once the applied index passes this, or after this many ms
+READ_LINEARIZABLE = 0x01
+READ_WAITS = 0x02
+READ_WAKES_ONE = 0x04
+READ_WAIT_MS_MAX = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,18 +282,45 @@ class Read:
     request_id: int
     linearizable: bool
     query: bytes
+    wait_after_index: int = 0
+    """With `wait_ms`: the node holds the read until its applied index is past this one (a
+    command applied since the caller's last answer), then answers it from that state."""
+    wait_ms: int = 0
+    """How long the node may hold the read (0: answer at once); it answers when it runs out."""
+    wakes_one: bool = False
+    """Of the waiting reads with the same query, one is answered per applied index (the oldest);
+    the rest wait for the next apply: idle workers asking the same question do not all rush to
+    lease the one message an enqueue made ready."""
 
 
 def encode_read(r: Read) -> bytes:
-    return _READ.pack(r.request_id, r.linearizable) + r.query
+    """A read waits only when asked to: a frame without READ_WAITS is the same bytes as a node
+    that knows no waiting reads expects (flags 0 or 1)."""
+    if r.wait_ms <= 0:
+        return _READ.pack(r.request_id, READ_LINEARIZABLE if r.linearizable else 0) + r.query
+    flags = READ_WAITS | (READ_LINEARIZABLE if r.linearizable else 0) | (READ_WAKES_ONE if r.wakes_one else 0)
+    return (
+        _READ.pack(r.request_id, flags)
+        + _READ_WAIT.pack(r.wait_after_index, min(r.wait_ms, READ_WAIT_MS_MAX))
+        + r.query
+    )
 
 
 def decode_read(buf: bytes) -> Read:
     try:
-        request_id, linearizable = _READ.unpack_from(buf, 0)
+        request_id, flags = _READ.unpack_from(buf, 0)
+        if not flags & READ_WAITS:
+            return Read(request_id, bool(flags & READ_LINEARIZABLE), bytes(buf[_READ.size :]))
+        after, wait_ms = _READ_WAIT.unpack_from(buf, _READ.size)
     except struct.error as exc:
         raise CodecError(f"bad read frame: {exc}") from None
-    return Read(request_id, bool(linearizable), bytes(buf[_READ.size :]))
+    if flags & ~(READ_LINEARIZABLE | READ_WAITS | READ_WAKES_ONE):
+        raise CodecError(f"bad read frame: unknown flags {flags:#x}")
+    start = _READ.size + _READ_WAIT.size
+    return Read(
+        request_id, bool(flags & READ_LINEARIZABLE), bytes(buf[start:]), after, min(wait_ms, READ_WAIT_MS_MAX),
+        bool(flags & READ_WAKES_ONE),
+    )  # fmt: skip
 
 
 def frame(ftype: FrameType, body: bytes) -> bytes:

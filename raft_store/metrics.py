@@ -21,6 +21,8 @@ class NodeMetrics:
     fsync_batch_histogram: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
     proposed_commands: int = 0
     applied_commands: int = 0
+    stale_reads: int = 0
+    """Stale client reads taken (long polls included, each once)."""
     snapshots: int = 0
     checkpoints: int = 0
     torn_tails: int = 0
@@ -47,6 +49,7 @@ class NodeMetrics:
             ),
             "proposed_commands": self.proposed_commands,
             "applied_commands": self.applied_commands,
+            "stale_reads": self.stale_reads,
             "snapshots": self.snapshots,
             "checkpoints": self.checkpoints,
             "torn_tails": self.torn_tails,

@@ -34,6 +34,7 @@ from raft_store.core import Config as CoreConfig
 from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
+from raft_store.reads import ReadsDue
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
     BatchFormatError,
@@ -163,7 +164,7 @@ class Node:
         self._admin_waiting: dict[int, tuple[int, _Waiter]] = {}
         self._reads: dict[bytes, list[tuple[ClientConnection, codec.Read]]] = {}
         self._read_batch: list[tuple[ClientConnection, codec.Read]] = []
-        self._ready_reads: list[tuple[int, ClientConnection, codec.Read]] = []
+        self._reads_due = ReadsDue(self._serve_reads, self.metrics)
         self._read_seq = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -339,13 +340,12 @@ class Node:
     def _client_read(self, conn: ClientConnection, read: codec.Read) -> None:
         core = self.core
         assert core is not None
-        if not read.linearizable:
-            self._ready_reads.append((0, conn, read))
-            return
-        if core.leader == 0:
+        if not read.linearizable or read.wait_ms:  # due at once, or a long poll (reads.py)
+            self._reads_due.take_stale(conn, read, core.log.applied)
+        elif core.leader == 0:
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, Status.NOT_LEADER, 0, ())))
-            return
-        self._read_batch.append((conn, read))
+        else:
+            self._read_batch.append((conn, read))
 
     def _request_read_index(self) -> None:
         """All linearizable reads that arrived since the last turn share one ReadIndex round
@@ -488,7 +488,7 @@ class Node:
                 self._apply_running = False
         for state in rd.read_states:
             for conn, read in self._reads.pop(state.context, []):
-                self._ready_reads.append((state.index, conn, read))
+                self._reads_due.add(state.index, conn, read)
         if rd.hard_state is not None and not rd.must_sync and not rd.entries:
             # Only the commit index moved: it is volatile in Raft (relearned from the leader,
             # and the machine's applied index survives), so it rides along with the next write.
@@ -715,15 +715,11 @@ class Node:
         that long. On the apply thread a query is still serialized with applies on the same
         connection (it sees one applied state), while the loop goes on. One job takes every
         ready read (one thread hop per batch); answers are sent from the loop when it ends."""
-        if not self._ready_reads or self._apply_running or self._reading or self._stopping:
+        if not self._reads_due or self._apply_running or self._reading or self._stopping or self.core is None:
             return
-        core = self.core
-        assert core is not None
-        applied = core.log.applied
-        ready = [r for r in self._ready_reads if r[0] <= applied]
+        ready = self._reads_due.due(self.core.log.applied)
         if not ready:
             return
-        self._ready_reads = [r for r in self._ready_reads if r[0] > applied]
         self._reading = True
         queries = [read.query for _, _, read in ready]
         future = asyncio.get_running_loop().run_in_executor(self._apply_pool, self._query_batch, queries)
@@ -767,7 +763,7 @@ class Node:
             conn.send(FrameType.RESULT, codec.encode_result(codec.Result(read.request_id, status, hint, results)))
         # What the budget left unanswered goes first into the next job, after any apply queued
         # behind this one. Reads that arrived meanwhile are served by that job too.
-        self._ready_reads[:0] = ready[len(answers) :]
+        self._reads_due.put_back(ready[len(answers) :])
         self._serve_reads()
         self._kick_apply()
         self._arm_idle_commit()

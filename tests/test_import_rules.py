@@ -90,11 +90,11 @@ OVERSIZED: Final[Mapping[str, int]] = {
     "queues/client.py::QueueClient": 378,
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
-    "raft_store/node.py": 1049,
-    "raft_store/node.py::Node": 918,
+    "raft_store/node.py": 1045,
+    "raft_store/node.py::Node": 913,
     "raft_store/simulation/cluster.py::Cluster": 463,
     "raft_store/wal.py::Wal": 315,
-    "compensator/worker/runner.py::Worker": 321,
+    "compensator/worker/runner.py::Worker": 314,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The
 list only shrinks: split one and lower its number (or drop it once under the limit)."""

@@ -1,6 +1,13 @@
-"""Acks, fails and releases, batched: everything settled within a few milliseconds goes to the
-store in one frame (one log entry, one fsync): acks as one AckMany, each fail and release as a
-command of its own beside it.
+"""Acks, fails and releases, batched by what is waiting: one frame in flight at a time (one log
+entry, one fsync), acks as one AckMany, each fail and release as a command of its own beside it.
+
+The Nagle trade-off, tuned by what is waiting rather than by a timer: a completion goes to the
+store at once when no frame is in flight and few attempts are running (after the event loop's
+current turn, so the attempts that finished in that turn share its frame); the completions that
+finish while a frame is in flight wait for its answer and go together; and while many attempts
+run (`busy`: more completions are moments away) the first of a batch lingers `linger_s` for them,
+as PostgreSQL's commit_delay does only with commit_siblings. An idle worker acks in one store
+round trip; a busy one sends one frame per round trip or linger, as large as what finished.
 
 A frame whose answer is lost is sent again. That is safe without session lanes to protect it:
 the machine fences every one of these by the lease's token, so a second ack is ALREADY_ACKED, a
@@ -43,12 +50,14 @@ Settled = Callable[[Completion, Code], None]
 
 class Completions:
     def __init__(
-        self, queue: QueueClient, *, on_settled: Settled, flush_s: float = 0.005, frame_max: int = 2000
-    ) -> None:
+        self, queue: QueueClient, *, on_settled: Settled, frame_max: int = 2000, linger_s: float = 0.005,
+        busy: Callable[[], bool] = lambda: False,
+    ) -> None:  # fmt: skip
         self._queue = queue
         self._on_settled = on_settled
-        self._flush_s = flush_s
         self._frame_max = frame_max
+        self._linger_s = linger_s
+        self._busy = busy
         self._pending: list[Completion] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -90,11 +99,12 @@ class Completions:
         return len(self._pending)
 
     async def run(self) -> None:
-        """Flush whenever something is pending, a few milliseconds after the first of a batch."""
+        """Flush whenever something is pending and no frame is in flight (the one awaited here)."""
         backoff_s = 0.05
         while True:
             await self._wake.wait()
-            await asyncio.sleep(self._flush_s)
+            # The rest of this loop turn's completions join the frame; under load, a linger's.
+            await asyncio.sleep(self._linger_s if self._busy() else 0)
             try:
                 await self.flush()
                 backoff_s = 0.05

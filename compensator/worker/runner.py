@@ -1,10 +1,10 @@
 """The worker's loop: wait for work with reads, lease what there is room for, run each grant
 through its kind's handler, settle it, and drain on SIGTERM.
 
-Waiting is a read. An idle worker asks the leader which of its kinds have a message ready and when
-the next delayed one is due (`QueueClient.work_due`, a stale read of the leader's applied state:
-no ReadIndex round and no log entry), sleeps until then or for `idle_poll_s`, and leases only when
-something is ready. Four idle workers write nothing to the log.
+Waiting is a read: which of the worker's kinds have a message ready, and when the next delayed
+one is due (`QueueClient.work_due`, a stale read of the leader's applied state: no log entry).
+An idle worker's read is a long poll the leader answers one apply after new work arrives, and a
+busy one leases its backlog without reading first (waiting.py). Idle workers write nothing.
 
 Leasing is fair across kinds and bounded by room: one Lease command per ready kind, each for no
 more than that kind's free slots (per kind and per downstream, limits.py), all in one frame.
@@ -39,18 +39,17 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgspec
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
 from compensator.worker.breaker import DOWNSTREAM_FAILURES, Breaker, BreakerSettings, Mode, holder
-from compensator.worker.breaker import NAMESPACE as BREAKERS
 from compensator.worker.completions import Completion, Completions
+from compensator.worker.documents import OperatorDocuments
 from compensator.worker.keeper import LeaseKeeper
 from compensator.worker.limits import Limits
 from compensator.worker.metrics import WorkerMetrics
-from handlers.classification import ClassificationTable, decode_table
+from compensator.worker.waiting import WorkWatch, sleep_unless
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
 from handlers.lease_time import LeaseTime
 from handlers.registry import Registry
@@ -76,8 +75,13 @@ class WorkerSettings:
     batch_max: int = 100
     """Grants per Lease command at most."""
     idle_poll_s: float = 0.1
+    """The longest a worker waits for work before it asks again (a long poll ends sooner when the
+    store changes)."""
     drain_grace_s: float = 10.0
-    flush_s: float = 0.005
+    linger_s: float = 0.005
+    """Under load only (`siblings_min` attempts running): how long an ack waits for others to
+    share its frame, and a lease from a backlog for more slots to free."""
+    siblings_min: int = 4
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     modes_refresh_s: float = 1.0
     """How often the breakers' modes (operators' settings documents) are read."""
@@ -114,19 +118,22 @@ class Worker:
             downstream: Breaker(downstream, settings.breaker, clock=time.monotonic, rng=rng)
             for downstream in self._kinds_of
         }
-        self._registry = registry
-        self._modes_version = -1
-        self._tables_version = -1
-        self._modes_read_s = float("-inf")
+        self._documents = OperatorDocuments(queue, registry, refresh_s=settings.modes_refresh_s)
         self._breaker_tasks: set[asyncio.Task[None]] = set()
-        self.completions = Completions(queue, on_settled=self._settled, flush_s=settings.flush_s)
+        self.completions = Completions(queue, on_settled=self._settled, linger_s=settings.linger_s,
+                                       busy=self._busy)  # fmt: skip
         self.keeper = LeaseKeeper(queue, lease_ms=settings.lease_ms)
         self.leased = 0
         self.lease_commands = 0
+        self._watch = WorkWatch(queue, sorted(handlers), idle_poll_s=settings.idle_poll_s)
 
     @property
     def running(self) -> int:
         return len(self._running)
+
+    def _busy(self) -> bool:
+        """Enough attempts running that more completions and free slots come within a linger."""
+        return len(self._running) >= self._settings.siblings_min
 
     @property
     def queue(self) -> QueueClient:
@@ -166,22 +173,40 @@ class Worker:
                 backoff_s = 0.05
             except (ClientError, QueueError) as error:
                 log.warning("could not lease (will retry): %s", error)
-                wait_s, backoff_s = backoff_s, min(backoff_s * 2, ERROR_BACKOFF_MAX_S)
+                self._watch.forget()
+                await sleep_unless(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, ERROR_BACKOFF_MAX_S)
+                continue
             if wait_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), wait_s)
+                await self._watch.wait(stop, wait_s, self._slot_freed)
 
     async def _lease_once(self, room: dict[str, int]) -> float:
         """Lease what is ready; the seconds to wait before asking again (0: at once)."""
-        due = (await self._queue.work_due(sorted(self._handlers))).value
+        watch = self._watch
+        self._ramp(room)
+        backlog = watch.backlogged(room)
+        if backlog and self._busy():
+            await asyncio.sleep(self._settings.linger_s)  # slots freed meanwhile join one lease
+            room = self._limits.free()
+            self._ramp(room)
+            backlog = watch.backlogged(room)
+        if backlog:
+            return watch.wait_after(await self._lease(backlog, [], room), from_read=False)
+        due = await watch.read()
         await self._follow_breakers(due.paused)
         self._ramp(room)
         ready = [kind for kind in sorted(due.ready) if room.get(kind)]
+        watch.found(sorted(due.ready), ready)
         probes = self._probes(due.paused, due.paused_ready, room)
         if not ready and not probes:
             if due.next_due_ms is None:
                 return self._settings.idle_poll_s
             return min(self._settings.idle_poll_s, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
+        return watch.wait_after(await self._lease(ready, probes, room), from_read=True)
+
+    async def _lease(self, ready: list[str], probes: list[str], room: dict[str, int]) -> int:
+        """One Lease command per kind (`ready`, then one-grant probes), in one frame; starts the
+        grants and says how many there were."""
         settings = self._settings
         commands: list[QueueCommand] = [
             Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms,
@@ -202,8 +227,10 @@ class Worker:
             if not isinstance(result, LeaseResult):
                 raise QueueError(f"expected a lease result, got {result!r}")
             self._metrics.leases_expired.inc(result.expired)
-            grants = (await self._queue.checked(result)).grants
             probe = index >= len(ready)
+            if not probe:
+                self._watch.leased(ready[index], len(result.grants), min(room[ready[index]], settings.batch_max))
+            grants = (await self._queue.checked(result)).grants
             for grant in grants:
                 lease = LeaseTime.granted(lease_ms=settings.lease_ms, deadline_ms=grant.deadline_ms,
                                           requested_s=requested_s, received_s=received_s)  # fmt: skip
@@ -211,12 +238,12 @@ class Worker:
                 granted += 1
             if grants and not probe:
                 self.breakers[self._handlers[grants[0].kind].downstream].took(len(grants))
-        return 0.0 if granted else self._settings.idle_poll_s  # raced another worker to it: back off
+        return granted
 
     # ---- breakers ------------------------------------------------------------------------------
     async def _follow_breakers(self, paused: Mapping[str, tuple[str, ...]]) -> None:
         """Take in what the store says (held or not) and what operators forced."""
-        await self._read_modes()
+        await self._documents.refresh(self.breakers)
         for downstream, breaker in self.breakers.items():
             name = holder(downstream)
             held = any(name in paused.get(kind, ()) for kind in self._kinds_of[downstream])
@@ -226,36 +253,6 @@ class Worker:
                 self._spawn(self._hold(downstream, "forced open by an operator"))
             elif breaker.mode is Mode.CLOSED and held:
                 self._spawn(self._release_hold(downstream))
-
-    async def _read_modes(self) -> None:
-        now = time.monotonic()
-        if now - self._modes_read_s < self._settings.modes_refresh_s:
-            return
-        self._modes_read_s = now
-        answer = (await self._queue.documents(BREAKERS, known_version=self._modes_version, stale_ok=True)).value
-        if answer.changed:
-            modes = {doc.name: _mode(doc.body) for doc in answer.documents}
-            for downstream, breaker in self.breakers.items():
-                breaker.mode = modes.get(downstream, Mode.AUTO)
-            self._modes_version = answer.version
-        if self._registry is not None:
-            await self._read_tables(self._registry)
-
-    async def _read_tables(self, registry: Registry) -> None:
-        """Operators' classification tables (settings documents, validated by the API before they
-        were stored); a downstream without one is classified by its default table."""
-        answer = (await self._queue.documents(TABLES, known_version=self._tables_version, stale_ok=True)).value
-        if not answer.changed:
-            return
-        tables: dict[str, ClassificationTable] = {}
-        for doc in answer.documents:
-            try:
-                tables[doc.name] = decode_table(doc.body)
-            except (ValueError, msgspec.DecodeError) as error:
-                log.error("classification table %s in the store is invalid; keeping the default: %s", doc.name, error)
-        registry.use_tables(tables)
-        self._tables_version = answer.version
-        log.info("classification tables in force: %s", ", ".join(sorted(tables)) or "the defaults")
 
     def _ramp(self, room: dict[str, int]) -> None:
         """Cap each downstream's room by its breaker's ramp, if it is ramping."""
@@ -442,16 +439,6 @@ def _in_doubt_ms(lease: LeaseTime) -> int | None:
     """What the attempt reports of how long its requests stay in doubt (None: it does not report)."""
     reported = lease.in_doubt_report_ms()
     return None if reported is None else min(reported, LEASE_MS_MAX)
-TABLES: Final = "classification"
-"""The settings documents' namespace of classification tables, one per downstream."""
-
-
-def _mode(body: bytes) -> Mode:
-    try:
-        return Mode(msgspec.json.decode(body).get("mode", "auto"))
-    except (ValueError, AttributeError, msgspec.DecodeError):
-        log.warning('a breaker document is not {"mode": "auto|open|closed"}: %r', body[:100])
-        return Mode.AUTO
 
 
 async def _first(*waits: object) -> None:

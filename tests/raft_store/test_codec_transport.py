@@ -50,6 +50,20 @@ def test_garbage_never_decodes_silently_into_something_else(blob: bytes) -> None
         assert encode(decoded) == blob  # type: ignore[operator]
 
 
+@given(st.integers(0, 2**63), st.booleans(), st.binary(max_size=64), st.integers(0, 2**63), st.integers(0, 120_000),
+       st.booleans())  # fmt: skip
+def test_reads_round_trip_and_a_read_that_does_not_wait_keeps_its_old_bytes(
+    request_id: int, linearizable: bool, query: bytes, after: int, wait_ms: int, wakes_one: bool
+) -> None:
+    plain = codec.Read(request_id, linearizable, query)
+    assert codec.encode_read(plain) == struct.pack(">QB", request_id, linearizable) + query
+    assert codec.decode_read(codec.encode_read(plain)) == plain
+    waiting = codec.Read(request_id, linearizable, query, after, wait_ms, wakes_one)
+    decoded = codec.decode_read(codec.encode_read(waiting))
+    expected = codec.Read(request_id, linearizable, query, after, min(wait_ms, codec.READ_WAIT_MS_MAX), wakes_one)
+    assert decoded == (expected if wait_ms else plain)
+
+
 def test_truncated_message_is_refused() -> None:
     m = Message(MessageType.APP, to=2, frm=1, term=3, entries=(Entry(3, 1, EntryKind.NORMAL, b"payload"),))
     blob = codec.encode_message(m)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from raft_store.client import ClientError, RaftClient, RequestRefused
+from raft_store.client import ClientError, LongPoll, RaftClient, RequestRefused
 from raft_store.codec import Status
 from raft_store.core import Role
 from raft_store.machines import CounterMachine
@@ -135,5 +135,58 @@ async def test_a_node_stopped_during_a_slow_query_does_not_leave_its_client_wait
             with contextlib.suppress(ClientError):  # answered before the close, or told it cannot be
                 await asyncio.wait_for(slow, 3.0)
             assert time.perf_counter() - began < 3.0
+        finally:
+            await client.close()
+
+
+async def test_a_waiting_read_is_answered_when_a_command_applies_or_when_its_wait_runs_out(tmp_path: Path) -> None:
+    """The long poll an idle worker waits for work with: held until a command past the index the
+    caller last saw has applied, then answered from that state; else answered when the wait ends."""
+    async with two_nodes(tmp_path, election_ticks=10) as (leader, _):
+        assert leader.core is not None
+        client = RaftClient([leader.config.listen], attempt_timeout_s=2.0, deadline_s=5.0)
+        try:
+            _, seen = await client.read(b"", linearizable=False)
+            began = time.perf_counter()
+            answer, applied = await client.read(b"", linearizable=False, wait=LongPoll(seen, 0.3))
+            assert time.perf_counter() - began >= 0.29 and applied == seen  # nothing applied: the wait ran out
+            assert b'"count": 0' in answer
+
+            waiting = asyncio.ensure_future(client.read(b"", linearizable=False, wait=LongPoll(seen, 5.0)))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            began = time.perf_counter()
+            assert (await leader.propose_local([(0, 0, b"x")])).status is Status.OK
+            answer, applied = await asyncio.wait_for(waiting, 1.0)
+            assert time.perf_counter() - began < 1.0 and applied > seen and b'"count": 1' in answer
+
+            answer, _ = await client.read(b"", linearizable=False, wait=LongPoll(seen, 5.0))
+            assert b'"count": 1' in answer  # already past that index: answered at once
+            with pytest.raises(ValueError, match="must be stale"):
+                await client.read(b"", wait=LongPoll(seen, 1.0))
+        finally:
+            await client.close()
+
+
+async def test_wake_one_reads_of_one_query_are_answered_one_per_apply_oldest_first(tmp_path: Path) -> None:
+    """Idle workers asking the same question: an apply wakes one of them, the next apply the next."""
+    async with two_nodes(tmp_path, election_ticks=10) as (leader, _):
+        client = RaftClient([leader.config.listen], attempt_timeout_s=2.0, deadline_s=5.0)
+        try:
+            _, seen = await client.read(b"", linearizable=False)
+            waiting = []
+            for _ in range(2):
+                waiting.append(asyncio.ensure_future(client.read(b"", linearizable=False, wait=LongPoll(seen, 5.0, True))))
+                await asyncio.sleep(0.05)  # in this order at the node
+            other = asyncio.ensure_future(client.read(b"other", linearizable=False, wait=LongPoll(seen, 5.0, True)))
+            await asyncio.sleep(0.05)
+            assert (await leader.propose_local([(0, 0, b"x")])).status is Status.OK
+            first = await asyncio.wait_for(waiting[0], 1.0)
+            await asyncio.wait_for(other, 1.0)  # another query: woken by the same apply
+            await asyncio.sleep(0.2)
+            assert not waiting[1].done()
+            assert (await leader.propose_local([(0, 0, b"y")])).status is Status.OK
+            second = await asyncio.wait_for(waiting[1], 1.0)
+            assert first[1] < second[1] and b'"count": 2' in second[0]
         finally:
             await client.close()

@@ -89,7 +89,7 @@ async def running(queue: QueueClient, handlers: dict[str, Scripted], *, per_kind
                   **settings: object) -> AsyncIterator[tuple[Worker, asyncio.Event]]:  # fmt: skip
     limits = Limits(per_kind={k: per_kind for k in handlers}, per_downstream={h.downstream: per_downstream
                     for h in handlers.values()}, downstream_of={k: h.downstream for k, h in handlers.items()})  # fmt: skip
-    worker = Worker(queue, handlers, limits, WorkerSettings(worker_id="w1", idle_poll_s=0.02, **settings),  # type: ignore[arg-type]
+    worker = Worker(queue, handlers, limits, WorkerSettings(**{"worker_id": "w1", "idle_poll_s": 0.02, **settings}),  # type: ignore[arg-type]
                     tracer=trace.NoOpTracer(), metrics=WorkerMetrics())  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
@@ -173,6 +173,23 @@ async def test_an_idle_worker_writes_nothing_to_the_log(queue: QueueClient) -> N
             return (await _states(queue, [message_id])) == [State.DONE]
 
         await _until(done, timeout_s=2)
+
+
+async def test_an_idle_worker_hears_of_an_enqueue_when_it_applies_not_at_its_next_poll(queue: QueueClient) -> None:
+    """Its wait is a long poll that the store answers after the next apply: with a 5 s poll the
+    attempt still starts, and is acked, within a fraction of that."""
+    handler = Scripted(Kind.TRANSFER, "payment")
+    async with running(queue, {"transfer": handler}, idle_poll_s=5.0):
+        await asyncio.sleep(0.3)  # the worker is waiting now
+        began = asyncio.get_running_loop().time()
+        (message_id,) = await _enqueue(queue, 1, start=700)
+
+        async def done() -> bool:
+            return (await _states(queue, [message_id])) == [State.DONE]
+
+        await _until(done, timeout_s=5.0)
+        assert asyncio.get_running_loop().time() - began < 1.5
+        assert len(handler.seen) == 1
 
 
 async def test_a_handler_that_raises_is_a_retry_with_an_unknown_outcome(queue: QueueClient) -> None:
