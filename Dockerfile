@@ -5,6 +5,9 @@
 # package, transitive ones included, at an exact version) plus the project itself; the second
 # copies only that environment onto the same pinned base and runs as an unprivileged user.
 # Java and Debian's JDBC driver are in the runtime stage for the nightly Spark reconciliation.
+# Secrets are never in the image: the cluster secret, the database's password and the callback
+# secrets are files mounted at run time (compose.yaml's secrets, made by deploy/make-secrets), read
+# by uid 10001; the nodes keep their data 0700/0600 under /var/lib/compensator (its own 0700).
 
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
@@ -32,7 +35,8 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless libpostgresql-jdbc-java \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 compensator \
-    && useradd --system --uid 10001 --gid compensator --home-dir /var/lib/compensator --create-home compensator
+    && useradd --system --uid 10001 --gid compensator --home-dir /var/lib/compensator --create-home compensator \
+    && chmod 0700 /var/lib/compensator
 COPY --from=build /opt/compensator /opt/compensator
 ENV PATH=/opt/compensator/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER compensator:compensator

@@ -242,9 +242,16 @@ class KindDetail(KindSummary):
     policy: dict[str, Any]
 
 
+HOLDER_PATTERN: Final = r"^[a-z0-9][a-z0-9_.-]{0,31}(:[a-z0-9][a-z0-9_.-]{0,31})?$"
+"""A new pause's holder: a principal name, optionally qualified (`breaker:payment`, `ops:alice`).
+Checked where pauses come in (here, and the command line), not by the store's machine: an older
+log may hold other holders, and replaying it must give what it gave."""
+
+
 class PauseCommand(_Strict):
-    holder: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
-        None, description="Who holds the pause (default: the caller's token name); each holder releases its own."
+    holder: Annotated[str, StringConstraints(pattern=HOLDER_PATTERN)] | None = Field(
+        None, description="Who holds the pause (default: the caller's token name), a name like a token's, optionally"
+        " qualified (`ops:alice`); each holder releases its own."
     )
     reason: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 

@@ -418,7 +418,7 @@ class Bench:
 
 
 async def stored_counts(cluster: ProcessCluster) -> dict[str, int]:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     try:
         counts = (await QueueClient(raft).counts()).value
     finally:

@@ -213,7 +213,7 @@ class Stack:
         (metrics_port,) = free_ports(1)
         self.projector_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         env = child_environment(
-            COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in self.cluster.addresses()),
+            **self.cluster.service_settings(),
             COMPENSATOR_PG_DSN=self.postgres.dsn, COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port),
         )  # fmt: skip
         projector = self.projector = Server("compensator project", [*compensator_command(), "project", "--id", "e2e"],
@@ -301,7 +301,7 @@ def worker_server(
     `breaker` "off" makes the breakers trip only when every attempt of their window failed;
     `payment`: what the payment system is declared to guarantee (`payment_settings`)."""
     env = child_environment(
-        COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in cluster.addresses()),
+        **cluster.service_settings(),
         COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"], **(payment or {})}),
         COMPENSATOR_HANDLERS__RED_PACKET=json.dumps({"base_url": urls["red_packet"]}),
         COMPENSATOR_HANDLERS__CALLBACK=callback_targets(urls["callback"], CALLBACK_TARGET),
@@ -316,7 +316,7 @@ def worker_server(
 async def configure_store(cluster: ProcessCluster, token: str, settings: Settings) -> None:
     await create_producer(cluster, token, reason="bench/e2e.py")
     policy = RetryPolicy(tiers_ms=(settings.retry_ms,), tier_jitter_ratio=0.1, attempts_max=settings.attempts_max)
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     try:
         queue = QueueClient(raft)
         for kind in Kind:
@@ -348,7 +348,7 @@ async def measure(stack: Stack, settings: Settings, planned: list[load.Planned])
     window = Window()
     limits = httpx.Limits(max_connections=settings.in_flight, max_keepalive_connections=settings.in_flight)
     assert stack.cluster is not None
-    raft = RaftClient(stack.cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     profiler = profiler_for(stack, settings)
     async with httpx.AsyncClient(base_url=stack.api_url, limits=limits, timeout=load.POST_TIMEOUT_S) as http:
         client = load.Client(http=http, token=stack.token, rate_per_s=settings.rate_per_s, in_flight=settings.in_flight)
@@ -421,7 +421,7 @@ def profiler_for(stack: Stack, settings: Settings) -> Profiler | None:
 # ---- reading back ----------------------------------------------------------------------------------
 async def read_views(stack: Stack, ids: list[int]) -> dict[int, MessageView]:
     assert stack.cluster is not None
-    raft = RaftClient(stack.cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     views: dict[int, MessageView] = {}
     try:
         queue = QueueClient(raft)
@@ -457,7 +457,7 @@ async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, 
     """Once the projector has every event: the ledger's request count beside the store's, and the
     projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
     assert stack.cluster is not None and stack.postgres is not None
-    queue = QueueClient(RaftClient(stack.cluster.addresses(), deadline_s=30))
+    queue = QueueClient(RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, deadline_s=30))
     try:
         last = (await queue.events_digest(0, 0)).value.last_seq
         counts = (await queue.counts()).value

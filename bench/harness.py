@@ -154,7 +154,7 @@ def api_server(
     """`compensator api` on this cluster; `extra_env`: more COMPENSATOR_* settings (the callback
     targets the workers deliver to, which the API checks callbacks against)."""
     env = child_environment(**(extra_env or {}), **{
-        f"{configuration.ENV_PREFIX}STORE__ADDRESSES": ",".join(f"{h}:{p}" for h, p in cluster.addresses()),
+        **cluster.service_settings(),
         f"{configuration.ENV_PREFIX}API__HOST": "127.0.0.1",
         f"{configuration.ENV_PREFIX}API__PORT": str(port),
         f"{configuration.ENV_PREFIX}API__WORKERS": str(workers),
@@ -270,7 +270,7 @@ class Profiler:
 # ---- the store and the run -----------------------------------------------------------------------
 async def create_producer(cluster: ProcessCluster, token: str, *, reason: str) -> None:
     """The producer `PRODUCER` with `token`, and a quota that never holds a request."""
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=60.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
     try:
         await cluster.wait_leader(raft)
         queue = QueueClient(raft)

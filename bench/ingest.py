@@ -116,13 +116,13 @@ async def measure(cluster: ProcessCluster, bootstrap: str, root: Path, args: arg
     malformed = await produce(bootstrap, args.records)
     produce_s = time.perf_counter() - produce_started
     env = child_environment(
-        COMPENSATOR_STORE__ADDRESSES=",".join(f"{h}:{p}" for h, p in cluster.addresses()),
+        **cluster.service_settings(),
         COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS=bootstrap, COMPENSATOR_KAFKA__INGEST_TOPIC="requests",
         COMPENSATOR_KAFKA__REJECTS_TOPIC="rejects", COMPENSATOR_KAFKA__INGEST_BATCH_MAX=str(args.batch),
         COMPENSATOR_KAFKA__SESSION_TIMEOUT_MS="6000", COMPENSATOR_KAFKA__HEARTBEAT_INTERVAL_MS="1000",
         COMPENSATOR_KAFKA__CREATE_TOPICS="false",
     )  # fmt: skip
-    queue = QueueClient(RaftClient(cluster.addresses(), deadline_s=30))
+    queue = QueueClient(RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=30))
     with open(root / "ingest.log", "ab") as log:
         started = time.perf_counter()
         ingest = subprocess.Popen([*compensator_command(), "kafka-ingest"], env=env, stdout=log, stderr=subprocess.STDOUT)

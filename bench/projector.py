@@ -74,9 +74,9 @@ def lag_buckets(built: Projector) -> list[tuple[float, float]]:
 
 
 async def measure(cluster: ProcessCluster, dsn: str, args: argparse.Namespace) -> dict[str, Any]:
-    addresses = ",".join(f"{h}:{p}" for h, p in cluster.addresses())
-    config = configuration.load(None, {"COMPENSATOR_STORE__ADDRESSES": addresses, "COMPENSATOR_STORE__DEADLINE_S": "30"})
-    queue = QueueClient(RaftClient(cluster.addresses(), deadline_s=30))
+    config = configuration.load(None, {**cluster.service_settings(),
+                                       "COMPENSATOR_STORE__DEADLINE_S": "30"})  # fmt: skip
+    queue = QueueClient(RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=30))
     try:
         await cluster.wait_leader(queue.raft)
         for start in range(0, args.requests, BATCH):

@@ -73,7 +73,7 @@ def rss_mib(cluster: ProcessCluster) -> dict[int, float]:
 
 
 async def connect(cluster: ProcessCluster) -> tuple[RaftClient, QueueClient]:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=10.0, deadline_s=120.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=120.0)
     await cluster.wait_leader(raft)
     return raft, QueueClient(raft)
 
@@ -405,7 +405,7 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         cluster.kill(node, signal.SIGKILL)
     t0 = time.perf_counter()
     cluster.start_all()
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=5.0, deadline_s=600.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=5.0, deadline_s=600.0)
     queue = QueueClient(raft)
     await cluster.wait_leader(raft, timeout_s=600.0)
     counted = (await queue.by_idempotency_keys([key_of(count - 1)])).value

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from raft_store.client import RaftClient
+from raft_store.testing.credentials import certificates
 from raft_store.testing.processes import ProcessCluster
 
 
@@ -39,7 +40,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def throughput(cluster: ProcessCluster, concurrency: int, seconds: float, payload_bytes: int) -> dict[str, Any]:
-    client = RaftClient(cluster.addresses(), deadline_s=30)
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=30)
     leader = await cluster.wait_leader(client)
     payload = os.urandom(payload_bytes)
     latencies: list[float] = []
@@ -93,7 +94,7 @@ async def throughput(cluster: ProcessCluster, concurrency: int, seconds: float, 
 
 
 async def failover(cluster: ProcessCluster, workers: int = 16) -> dict[str, Any]:
-    client = RaftClient(cluster.addresses(), deadline_s=30, attempt_timeout_s=1.0)
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=30, attempt_timeout_s=1.0)
     leader = await cluster.wait_leader(client)
     acked: dict[int, list[int]] = {w: [] for w in range(workers)}
     first_new_commit: list[float] = []
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failover", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    parser.add_argument("--tls", action="store_true", help="client and peer traffic over mutual TLS (openssl makes the certificates)")
     args = parser.parse_args(argv)
     if args.concurrency <= 0 or args.seconds <= 0:
         parser.error("--concurrency and --seconds must be positive")
@@ -166,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     with tempfile.TemporaryDirectory(prefix="bench-raft-") as tmp:
-        cluster = ProcessCluster(Path(tmp), machine="kv" if args.failover else "counter")
+        tls = certificates(Path(tmp) / "tls") if args.tls else None
+        cluster = ProcessCluster(Path(tmp), machine="kv" if args.failover else "counter", tls=tls)
         cluster.start_all()
         try:
             if args.failover:
@@ -175,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = asyncio.run(throughput(cluster, args.concurrency, args.seconds, args.payload_bytes))
         finally:
             cluster.stop_all()
+    result["tls"] = args.tls
     result["machine"] = f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
     result["date"] = time.strftime("%Y-%m-%d")
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))

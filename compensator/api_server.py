@@ -4,7 +4,8 @@ The configuration is validated here, once, before anything listens; the worker p
 build their app from the same file and environment (COMPENSATOR_CONFIG, and the command line's
 overrides passed on as environment variables), so every process runs the same validated model.
 
-Must never: start serving on a configuration that did not validate.
+Must never: start serving on a configuration that did not validate, or without the store's
+cluster secret.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.config is not None:
         os.environ[configuration.CONFIG_PATH_ENV] = str(args.config.resolve())
     config = load(args)
+    from compensator.store import store_auth
+
+    store_auth(config)  # a missing or too open cluster secret is one line here, not a traceback per worker
     made = None
     if config.api.workers > 1 and not os.environ.get(configuration.METRICS_DIR_ENV):
         made = os.environ[configuration.METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="compensator-metrics-")

@@ -24,7 +24,7 @@ from typing import Any
 
 from compensator.api_server import add_config_argument, load
 from compensator.config import Config, parse_address
-from compensator.store import queue_client
+from compensator.store import queue_client, store_auth
 from queues import ClientError, QueueClient, QueueError
 from queues.audit import close_clients, replica_clients
 from queues.audit_chain import AUDIT_PAGE_MAX, Broken, ChainVerifier, Head, head, verify
@@ -119,7 +119,7 @@ async def _walk(queue: QueueClient) -> tuple[ChainVerifier, dict[int, bytes], He
 async def _replica_heads(config: Config, hashes: dict[int, bytes]) -> list[str]:
     """Each replica's head, read from that replica: it must be the leader's chain at its count (a
     replica may lag, never differ). A replica that does not answer is reported, not failed."""
-    clients = replica_clients([parse_address(address) for address in config.store.addresses])
+    clients = replica_clients([parse_address(address) for address in config.store.addresses], store_auth(config))
     problems: list[str] = []
     try:
         for name, client in sorted(clients.items()):

@@ -1,7 +1,9 @@
 """The ``compensator`` command: one argparse parser, one subcommand per capability.
 
 Owns: argument parsing and the exit-code contract. A bad argument prints one line
-(``compensator: error: ...``) and exits 2; a failed command prints one line and exits 1.
+(``compensator: error: ...``) and exits 2; a failed command prints one line and exits 1. And what
+reaches the terminal: standard output and error go through `compensator.terminal.visible` for
+the whole command, so a control or format character from anyone's input is shown escaped.
 
 To add a subcommand, write ``register(subparsers)`` next to the capability (see
 :mod:`spark_reconcile.command`), add it to ``_REGISTRARS`` and its expected-failure error types to
@@ -35,6 +37,7 @@ from compensator import (
 )
 from compensator.config import ConfigError
 from compensator.kafka import command as kafka_command
+from compensator.terminal import VisibleStream
 from spark_reconcile import command as reconcile_command
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
@@ -75,6 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = VisibleStream(sys.stdout), VisibleStream(sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = arguments.handler
@@ -82,9 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(arguments)
     except _EXPECTED_ERRORS as error:
         lines = str(error).splitlines() or [type(error).__name__]
-        if isinstance(error, ConfigError):  # one line per problem, each a complete sentence
+        if isinstance(error, ConfigError):  # one line per problem, each naming its file or variable and field
             for line in lines:
-                print(f"compensator {arguments.command}: config: {line}", file=sys.stderr)
+                print(f"compensator {arguments.command}: {line}", file=sys.stderr)
             return 1
         print(f"compensator {arguments.command}: error: {lines[0]}", file=sys.stderr)
         return 1

@@ -19,7 +19,6 @@ line); the packages it configures take typed values, never this module or os.env
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tomllib
@@ -30,6 +29,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from api.review_policy import DISCARD_REASON_CODES
+from compensator import config_sources as sources
 from compensator.worker.breaker import BreakerSettings
 from handlers.settings import HandlersSettings
 from outbox import RelaySettings
@@ -41,6 +41,8 @@ METRICS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONFIG_PATH_ENV: Final = "COMPENSATOR_CONFIG"
 """The file to read when the command line names none (how uvicorn's worker processes find it)."""
 LOCAL_ADDRESSES: Final = ("127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103")
+LOCAL_SECRET_NAME: Final = "cluster.secret"
+"""The cluster secret `make run` makes in `local.data_dir`, where clients look when `store.secret_file` is empty."""
 OTHER_VARIABLES: Final = {
     CONFIG_PATH_ENV: "The TOML file to read when the command line names none.",
     "COMPENSATOR_PG_DSN": "The PostgreSQL of the compensation ledger (projector, reconciliation, stand-ins), as "
@@ -75,6 +77,16 @@ class StoreConfig(_Section, frozen=True):
     """One try at one node; past it the client tries the next (the outcome of a write may then be unknown)."""
     deadline_s: float = 5.0
     """How long one store call may retry (leader changes, redirects) before the API answers 503."""
+    secret_file: str = ""
+    """The cluster secret every node and every client of the store proves it holds (mode 0600; one
+    secret per line, the first presented, all accepted: docs/security.md). Empty: `local.data_dir`/cluster.secret,
+    which `make run` makes."""
+    tls_ca: str = ""
+    """A PEM CA that the nodes' and clients' certificates chain to: set it, `tls_cert` and `tls_key` for TLS to the store."""
+    tls_cert: str = ""
+    """This process's PEM certificate for TLS to the store (the nodes take theirs as `compensator node --tls-cert`)."""
+    tls_key: str = ""
+    """The PEM private key of `tls_cert` (mode 0600)."""
 
 
 class ApiConfig(_Section, frozen=True):
@@ -345,6 +357,11 @@ class Config(_Section, frozen=True):
     def api_url(self) -> str:
         return self.api.public_url or f"http://{self.api.host}:{self.api.port}"
 
+    @property
+    def secret_path(self) -> Path:
+        """The cluster secret's file: `store.secret_file`, else the local run's."""
+        return Path(self.store.secret_file or Path(self.local.data_dir) / LOCAL_SECRET_NAME)
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message has one line per problem."""
@@ -380,6 +397,8 @@ def _problems(config: Config) -> list[str]:
     check(1 <= store.set_id <= 65535, "store.set_id", "must be in 1..65535")
     check(0 < store.attempt_timeout_s <= store.deadline_s, "store.attempt_timeout_s", "must be in (0, deadline_s]")
     check(store.deadline_s <= 60, "store.deadline_s", "must be at most 60 s (callers wait this long for a 503)")
+    tls = [store.tls_ca, store.tls_cert, store.tls_key]
+    check(all(tls) or not any(tls), "store.tls_ca", "TLS needs all three of tls_ca, tls_cert and tls_key")
     review = config.review
     check(review.amount_threshold_minor >= 0, "review.amount_threshold_minor", "must be at least 0")
     check(1 <= review.bulk_count_max <= 1000, "review.bulk_count_max", "must be in 1..1000")
@@ -493,70 +512,35 @@ def worker_breaker(worker: WorkerConfig) -> BreakerSettings:
     )  # fmt: skip
 
 
-def _env_value(text: str, field_type: Any) -> Any:
-    """An environment string as the field's type: JSON when it parses, else the string itself,
-    and a comma-separated list for a tuple field."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = text
-    if getattr(field_type, "__origin__", None) is tuple and isinstance(value, str):
-        value = [item.strip() for item in value.split(",") if item.strip()]
-    return value
-
-
-def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    sections = {field.name: field.type for field in msgspec.structs.fields(Config)}
-    found: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        section, _, field = name[len(ENV_PREFIX) :].lower().partition("__")
-        section_type = sections.get(section)
-        fields = {} if section_type is None else {f.name: f.type for f in msgspec.structs.fields(section_type)}
-        if field not in fields:
-            problems.append(f"{name}: no such setting ({section}.{field})")
-            continue
-        found.setdefault(section, {})[field] = _env_value(environ[name], fields[field])
-    return found, problems
-
-
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """The file (if any) overlaid with the environment, validated as a whole."""
+    """The file (if any) overlaid with the environment, validated as a whole: every problem is
+    found, each one line that starts with where the value came from (the file, or the variable)
+    and names the field."""
     environ = os.environ if environ is None else environ
+    where = str(path) if path is not None else "defaults"
     document: dict[str, Any] = {}
     if path is not None:
         try:
             document = tomllib.loads(path.read_text())
         except OSError as error:
             raise ConfigError([f"{path}: cannot read: {error.strerror or error}"]) from None
-        except tomllib.TOMLDecodeError as error:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
             raise ConfigError([f"{path}: not valid TOML: {error}"]) from None
-    overrides, problems = _env_overrides(environ)
+    origins = {(section, name): where for section, fields in document.items() if isinstance(fields, dict)
+               for name in fields}  # fmt: skip
+    overrides, problems = sources.env_overrides(environ, Config, ENV_PREFIX)
     for section, fields in overrides.items():
         target = document.setdefault(section, {})
         if isinstance(target, dict):
             target.update(fields)
-    if problems:
-        raise ConfigError(problems)
-    try:
-        config = msgspec.convert(document, Config, strict=False)
-    except msgspec.ValidationError as error:
-        origin = f"{path}" if path is not None else "environment"
-        raise ConfigError([f"{origin}: {_readable(str(error))}"]) from None
-    problems = _problems(config)
+            origins.update({(section, name): f"{ENV_PREFIX}{section.upper()}__{name.upper()}" for name in fields})
+    checked, found = sources.typed(document, origins, where, Config)
+    problems += found
+    config = msgspec.convert(checked, Config, strict=False)  # each field was converted on its own above
+    problems += [sources.located(problem, origins, where) for problem in _problems(config)]
     if problems:
         raise ConfigError(problems)
     return config
-
-
-def _readable(message: str) -> str:
-    """msgspec says ``... - at `$.api.port` ``; people read ``api.port: ...``."""
-    text, sep, where = message.rpartition(" - at `$.")
-    if not sep:
-        return message
-    return f"{where.rstrip('`')}: {text}"
 
 
 def load_from_environment(environ: Mapping[str, str] | None = None) -> Config:

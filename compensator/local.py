@@ -50,6 +50,8 @@ from compensator.store import queue_client
 from queues import ClientError, QueueClient, QueueError, Role
 from queues.audit import ReplicaAuditor, close_clients, replica_clients
 from queues.maintenance import MaintenanceDriver
+from raft_store.auth import write_secret_file
+from raft_store.files import private_dir
 
 EXITS_MAX: Final = 3
 EXIT_WINDOW_S: Final = 30.0
@@ -139,9 +141,13 @@ class LocalService:
         python = [sys.executable, "-m", "compensator"]
         peers = [arg for i, (h, p) in enumerate(self.addresses, 1) for arg in ("--peer", f"{i}={h}:{p}")]
         config_args = ["--config", str(config_path.resolve())] if config_path else []
+        self.secret_file = config.secret_path
+        store = config.store
+        auth_args = ["--secret-file", str(self.secret_file.resolve())] + (
+            ["--tls-ca", store.tls_ca, "--tls-cert", store.tls_cert, "--tls-key", store.tls_key] if store.tls_ca else [])
         self.nodes = [
-            Child(f"node {i}", [*python, "node", "--id", str(i), *peers, "--data", str(self.data_dir / f"node{i}")],
-                  self.data_dir / f"node{i}.log")
+            Child(f"node {i}", [*python, "node", "--id", str(i), *peers, "--data", str(self.data_dir / f"node{i}"),
+                                *auth_args], self.data_dir / f"node{i}.log")
             for i in range(1, len(self.addresses) + 1)
         ]  # fmt: skip
         local = config.local
@@ -149,7 +155,7 @@ class LocalService:
             "payment": _port(config.handlers.payment.base_url), "red_packet": _port(config.handlers.red_packet.base_url),
             "callback": local.callback_port,
         } if local.standins else {}  # fmt: skip
-        secrets = self.data_dir / "callback-secrets.json"
+        callback_secrets = self.data_dir / "callback-secrets.json"
         self.pg_data = local_pg_data(config)
         self.pg_dsn: str | None = None
         self._pg: Any = None  # the EmbeddedPostgres this launcher started, if any
@@ -157,7 +163,7 @@ class LocalService:
         self.standins = [Child("stand-ins", [
             *python, "standins", *config_args, "--payment-port", str(self.standin_ports["payment"]),
             "--red-packet-port", str(self.standin_ports["red_packet"]), "--callback-port", str(local.callback_port),
-            "--secrets-file", str(secrets),
+            "--secrets-file", str(callback_secrets),
         ], self.data_dir / "standins.log")] if local.standins else []  # fmt: skip
         target_url = f"http://127.0.0.1:{local.callback_port}/callbacks/{local.callback_target}"
         targets = {"COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"targets": [{"name": local.callback_target,
@@ -166,7 +172,7 @@ class LocalService:
         self.api = Child("api", [*python, "api", *config_args], self.data_dir / "api.log", env=dict(targets))
         worker_env = {
             **targets,
-            "COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE": str(secrets),
+            "COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE": str(callback_secrets),
             "COMPENSATOR_WORKER__MAINTENANCE": "false",  # the launcher runs the driver itself
             "COMPENSATOR_WORKER__BREAKER_ATTEMPTS_MIN": str(local.breaker_attempts_min),  # a person's traffic
         }  # fmt: skip
@@ -175,7 +181,7 @@ class LocalService:
                   self.data_dir / f"worker{i}.log", env=worker_env)
             for i in range(1, local.workers + 1)
         ]  # fmt: skip
-        self.secrets_file = secrets
+        self.secrets_file = callback_secrets
         self.projectors = [Child("projector", [
             *python, "project", *config_args, "--id", "local-projector",
         ], self.data_dir / "projector.log")] if local.projector else []  # fmt: skip
@@ -216,6 +222,13 @@ class LocalService:
     @property
     def children(self) -> list[Child]:
         return [*self.nodes, *self.projectors, *self.standins, *self.workers, self.api]
+
+    def ensure_cluster_secret(self) -> None:
+        """The store's cluster secret, made once (0600, in a 0700 folder) and kept: every node and
+        client of this run presents it, and so do `compensator token` and `user` run beside it."""
+        private_dir(self.data_dir)
+        if not self.secret_file.exists():
+            write_secret_file(self.secret_file)
 
     def ensure_secrets(self) -> None:
         """The demo target's signing secret, made once and kept beside the data (0600): the local
@@ -485,6 +498,7 @@ def _log_to(path: Path) -> None:
 async def serve(config: Config, *, config_path: Path | None) -> int:
     service = LocalService(config, config_path=config_path)
     service.check_ports()
+    service.ensure_cluster_secret()
     _log_to(service.data_dir / "launcher.log")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -507,7 +521,7 @@ async def serve(config: Config, *, config_path: Path | None) -> int:
         driver.start()
         for projector in service.projectors:
             projector.start()
-        auditor = ReplicaAuditor(replica_clients(service.addresses))  # names a replica that diverged
+        auditor = ReplicaAuditor(replica_clients(service.addresses, queue.raft.auth))  # names a replica that diverged
         auditor.start()
         if service.standins:
             service.ensure_secrets()

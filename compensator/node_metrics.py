@@ -67,6 +67,15 @@ class NodeCollector(Collector):
                 connected.add_metric([node, follower], 1.0 if progress["connected"] else 0.0)
         yield lag
         yield connected
+        refused = CounterMetricFamily(
+            "compensator_raft_connections_refused",
+            "Connections to this node refused before they were let in, by reason: no or a wrong cluster secret"
+            " (unknown_secret, bad_proof), TLS, a wrong cluster or protocol, garbage, a handshake that timed out or"
+            " was abandoned.", labels=["node", "reason"],
+        )  # fmt: skip
+        for reason, count in sorted(status["metrics"].get("refused", {}).items()):
+            refused.add_metric([node, reason], float(count))
+        yield refused
         yield from self._storage(node, status["metrics"])
         if self._query is not None:
             yield from self._queue(node)

@@ -23,6 +23,7 @@ from compensator.config import parse_address
 from compensator.node_metrics import MetricsServer, NodeCollector
 from queues.replicated import DB_NAME, ReplicatedQueueMachine
 from raft_store import cli as raft_cli
+from raft_store.files import private_dir
 from raft_store.node import Node
 
 
@@ -49,8 +50,8 @@ def serve(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise NodeCommandError(f"--metrics-address: {error}") from None
     data_dir = Path(config.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
     raft_cli.prepare_node_process()
+    private_dir(data_dir)
     machine = ReplicatedQueueMachine(str(data_dir / DB_NAME))
     beside = None if metrics_address is None else functools.partial(_metrics, address=metrics_address)
     return asyncio.run(raft_cli.run_node(config, machine, beside))

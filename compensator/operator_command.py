@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Final
@@ -146,6 +147,11 @@ def _kind(api: Api, args: argparse.Namespace) -> Any:
     if args.action == "show":
         return api.call("GET", f"/v1/kinds/{args.kind}")
     if args.action == "pause":
+        from api.schemas import HOLDER_PATTERN
+
+        if args.holder is not None and re.match(HOLDER_PATTERN, args.holder) is None:
+            raise OperatorError("--holder must be a name like a token's (a-z 0-9 _ . -, up to 32), optionally"
+                                " qualified: ops:alice")  # fmt: skip
         return api.call("POST", f"/v1/kinds/{args.kind}/pause", body={"reason": args.reason, "holder": args.holder})
     if args.action == "resume":
         return api.call("POST", f"/v1/kinds/{args.kind}/resume", body={"holder": args.holder})

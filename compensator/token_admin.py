@@ -21,7 +21,7 @@ from api.tokens import new_token, token_hash
 from compensator.api_server import add_config_argument, load
 from compensator.config import Config
 from compensator.store import queue_client
-from queues import ClientError, Code, QueueClient, QueueError, Role, TokenResult
+from queues import AuthenticationFailed, ClientError, Code, QueueClient, QueueError, Role, TokenResult
 
 T = TypeVar("T")
 
@@ -75,6 +75,8 @@ async def with_store(
     queue = queue_client(config)
     try:
         return await action(queue)
+    except AuthenticationFailed as error:
+        raise error_type(f"the store refused this command's cluster secret ({config.secret_path}): {error}") from None
     except ClientError as error:
         raise error_type(f"the store at {','.join(config.store.addresses)} did not answer: {error}") from None
     except QueueError as error:

@@ -8,6 +8,8 @@
 #   prometheus               promtool, the alert rules' unit tests (tests/deploy/test_monitoring.py)
 #   chromium                 /usr/bin/chromium, the review pages' browser tests (Playwright drives it)
 #   faketime                 a process on a skewed clock (the clock-skew tests)
+#   openssl                  the certificates of the store's TLS tests (tests/raft_store/test_auth.py) and
+#                            deploy/make-secrets
 #
 # Only what is missing is installed: with apt-get as root, or through sudo when it needs no password.
 # Anyone else gets one line saying which command installs it; the tests that need a missing package
@@ -31,6 +33,7 @@ command -v strace >/dev/null 2>&1 || missing+=(strace)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 [ -x "${COMPENSATOR_CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

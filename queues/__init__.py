@@ -50,7 +50,8 @@ from queues.model import (
 )
 from queues.proposals import proposal_action, proposal_with_action
 from queues.query_codec import KindView, PauseView
-from raft_store.client import ClientError, LongPoll, OutcomeUnknown, RaftClient, Unavailable
+from raft_store.auth import StoreAuth
+from raft_store.client import AuthenticationFailed, ClientError, LongPoll, OutcomeUnknown, RaftClient, Unavailable
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -61,6 +62,7 @@ __all__ = [
     "AttemptView",
     "AuditEntry",
     "AuditFilter",
+    "AuthenticationFailed",
     "ClientError",
     "Code",
     "DeadLetterFilter",
@@ -101,6 +103,7 @@ __all__ = [
     "ReviewResult",
     "Role",
     "State",
+    "StoreAuth",
     "TokenResult",
     "TokenView",
     "Unavailable",

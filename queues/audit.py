@@ -1,7 +1,7 @@
 """The replica audit: finds a replica whose state has diverged from the others', while the set runs.
 
-    python -m queues.audit --addresses h1:p1,h2:p2,h3:p3 --once    # exit 0: agree, 1: diverged or corrupt
-    python -m queues.audit --addresses h1:p1,h2:p2,h3:p3           # every 10 s, logs at ERROR
+    python -m queues.audit --addresses h1:p1,h2:p2,h3:p3 --secret-file F --once   # exit 0: agree, 1: diverged or corrupt
+    python -m queues.audit --addresses h1:p1,h2:p2,h3:p3 --secret-file F          # every 10 s, logs at ERROR
 
 Why: Raft makes every replica's *log* the same; their *states* are the same only if each applies
 the log deterministically, with the same code, on a store nothing corrupted. A replica that breaks
@@ -47,6 +47,8 @@ from dataclasses import asdict, dataclass, field
 from queues import query_codec as qc
 from queues.client import EventsPurged, QueueClient, QueueError
 from queues.model import Event
+from raft_store import cli as raft_cli
+from raft_store.auth import StoreAuth
 from raft_store.client import ClientError, RaftClient
 
 log = logging.getLogger("queues.audit")
@@ -279,11 +281,11 @@ class ReplicaAuditor:
             await asyncio.sleep(every_s)
 
 
-def replica_clients(addresses: list[tuple[str, int]]) -> dict[str, QueueClient]:
+def replica_clients(addresses: list[tuple[str, int]], auth: StoreAuth) -> dict[str, QueueClient]:
     """One read-only QueueClient per replica, named host:port, each reading from that replica only."""
     clients: dict[str, QueueClient] = {}
     for host, port in addresses:
-        raft = RaftClient([(host, port)], attempt_timeout_s=2.0, deadline_s=4.0)
+        raft = RaftClient([(host, port)], auth=auth, attempt_timeout_s=2.0, deadline_s=4.0)
         clients[f"{host}:{port}"] = QueueClient(raft, coalesce=False)
     return clients
 
@@ -300,8 +302,8 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def _main(addresses: list[tuple[str, int]], *, once: bool, every_s: float) -> int:
-    clients = replica_clients(addresses)
+async def _main(addresses: list[tuple[str, int]], auth: StoreAuth, *, once: bool, every_s: float) -> int:
+    clients = replica_clients(addresses, auth)
     try:
         auditor = ReplicaAuditor(clients)
         if not once:
@@ -330,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addresses", required=True, help="every replica of the set: host:port,host:port,...")
     parser.add_argument("--once", action="store_true", help="audit up to the newest common event, then exit")
     parser.add_argument("--every-s", type=float, default=10.0, help="seconds between rounds (without --once)")
+    raft_cli.add_auth_arguments(parser)
     args = parser.parse_args(argv)
     try:
         addresses = [_address(a) for a in args.addresses.split(",") if a]
@@ -339,9 +342,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--addresses needs at least two replicas")
     if args.every_s <= 0:
         parser.error("--every-s must be positive")
+    try:
+        auth = raft_cli.store_auth(args)
+    except raft_cli.UsageError as error:
+        parser.error(str(error))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_main(addresses, once=args.once, every_s=args.every_s))
+        return asyncio.run(_main(addresses, auth, once=args.once, every_s=args.every_s))
     return 130
 
 

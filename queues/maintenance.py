@@ -1,6 +1,6 @@
 """The lease-expiry (and tombstone purge) driver: proposes ExpireLeases and Purge periodically.
 
-    python -m queues.maintenance --addresses 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
+    python -m queues.maintenance --addresses 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 --secret-file F
 
 Owns: *when* maintenance commands are proposed. The machine decides *what* they do, from the
 leader's now_ms in the log entry, so a driver never reads the queue's state and any number of
@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from queues.client import QueueClient, QueueError
 from queues.jobs import JOBS_ACTIVE_MAX
 from queues.model import EVENTS_PURGE_MAX, Code, JobState
+from raft_store import cli as raft_cli
+from raft_store.auth import StoreAuth
 from raft_store.client import ClientError, RaftClient
 
 log = logging.getLogger("queues.maintenance")
@@ -189,8 +191,8 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def _main(addresses: list[tuple[str, int]], config: MaintenanceConfig) -> None:
-    raft = RaftClient(addresses, attempt_timeout_s=1.0, deadline_s=5.0)
+async def _main(addresses: list[tuple[str, int]], auth: StoreAuth, config: MaintenanceConfig) -> None:
+    raft = RaftClient(addresses, auth=auth, attempt_timeout_s=1.0, deadline_s=5.0)
     driver = MaintenanceDriver(QueueClient(raft, coalesce=False), config)
     try:
         await driver.run()
@@ -203,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addresses", required=True, help="host:port,host:port,...")
     parser.add_argument("--expire-every-ms", type=float, default=150.0)
     parser.add_argument("--purge-every-s", type=float, default=60.0)
+    raft_cli.add_auth_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        auth = raft_cli.store_auth(args)
+    except raft_cli.UsageError as error:
+        parser.error(str(error))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = MaintenanceConfig(expire_every_s=args.expire_every_ms / 1000, purge_every_s=args.purge_every_s)
     try:
@@ -211,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_main([_address(a) for a in args.addresses.split(",") if a], config))
+        asyncio.run(_main([_address(a) for a in args.addresses.split(",") if a], auth, config))
     return 0
 
 

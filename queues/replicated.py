@@ -28,6 +28,7 @@ from queues import access, audit_chain, documents, jobs, proposals, queries
 from queues import query_codec as qc
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import MessageView
+from raft_store.files import private_dir
 
 DB_NAME: Final = "queue.sqlite"
 
@@ -184,5 +185,5 @@ def answer_query(
 def machine_factory(data_dir: Path) -> ReplicatedQueueMachine:
     """`--machine queues.replicated:machine_factory`: one SQLite file in the node's data dir."""
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     return ReplicatedQueueMachine(str(data_dir / DB_NAME))

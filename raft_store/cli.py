@@ -15,15 +15,19 @@ import contextlib
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raft_store.auth import AuthConfigError, StoreAuth
 from raft_store.client import RaftClient
+from raft_store.files import private_dir
 from raft_store.machines import CounterMachine, KvMachine
-from raft_store.node import Node, NodeConfig
+from raft_store.node import Node
+from raft_store.node_config import NodeConfig
 from raft_store.state_machine import StateMachine
 from raft_store.wal import GroupCommitPolicy
 
@@ -54,6 +58,24 @@ def _address_map(items: object, what: str) -> dict[int, tuple[str, int]]:
     if not isinstance(items, dict):
         raise UsageError(f"'{what}' in the config file is not an object of id: host:port")
     return parse_peers([f"{node}={address}" for node, address in items.items()], what)
+
+
+def store_auth(args: argparse.Namespace, settings: dict[str, Any] | None = None) -> StoreAuth:
+    """The cluster secret file and TLS files from the options of `add_auth_arguments` (or a node's
+    config file); raises UsageError on a missing, unreadable or too open file."""
+    settings = settings or {}
+
+    def path(name: str) -> Path | None:
+        value = getattr(args, name, None) or settings.get(name)
+        return Path(value) if value else None
+
+    secret_file = path("secret_file")
+    if secret_file is None:
+        raise UsageError("--secret-file is required: the file holding the cluster secret (docs/security.md)")
+    try:
+        return StoreAuth.from_files(secret_file, tls_ca=path("tls_ca"), tls_cert=path("tls_cert"), tls_key=path("tls_key"))
+    except AuthConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def node_config(args: argparse.Namespace) -> NodeConfig:
@@ -104,6 +126,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         snapshot_every_bytes=int(settings.get("snapshot_every_mib", args.snapshot_every_mib)) << 20,
         volatile_until_fsync=bool(args.volatile or settings.get("volatile_until_fsync", False)),
         client_addresses=client_addresses,
+        auth=store_auth(args, settings),
     )
     try:
         config.validate()
@@ -115,7 +138,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
 def make_machine(name: str, data_dir: Path) -> StateMachine:
     """`kv`, `counter`, or `package.module:factory` where factory(data_dir) returns a machine:
     other packages plug their machines in without raft_store importing them."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     if name == "counter":
         return CounterMachine()
     if name == "kv":
@@ -133,6 +156,9 @@ def make_machine(name: str, data_dir: Path) -> StateMachine:
 
 def prepare_node_process() -> None:
     """Process-wide settings for a node, before its event loop starts."""
+    # The node's files hold password hashes and unmasked payloads: whatever the caller's umask,
+    # what this process creates (SQLite's -wal and -shm files too) is its user's alone.
+    os.umask(0o077)
     # The WAL and apply threads hand results back often; a shorter GIL switch interval keeps
     # them from waiting 5 ms behind a busy event loop.
     sys.setswitchinterval(0.0005)
@@ -183,8 +209,8 @@ async def _serve_until_stopped(node: Node) -> int:
     return 1 if failed else 0
 
 
-async def show_status(addresses: list[tuple[str, int]]) -> int:
-    client = RaftClient(addresses, attempt_timeout_s=1.0)
+async def show_status(addresses: list[tuple[str, int]], auth: StoreAuth) -> int:
+    client = RaftClient(addresses, auth=auth, attempt_timeout_s=1.0)
     rows = []
     for address in addresses:
         try:
@@ -196,8 +222,8 @@ async def show_status(addresses: list[tuple[str, int]]) -> int:
     return 0 if any("error" not in r for r in rows) else 1
 
 
-async def admin(addresses: list[tuple[str, int]], op: str, node: int, address: str | None) -> int:
-    client = RaftClient(addresses, deadline_s=10)
+async def admin(addresses: list[tuple[str, int]], auth: StoreAuth, op: str, node: int, address: str | None) -> int:
+    client = RaftClient(addresses, auth=auth, deadline_s=10)
     try:
         print((await client.admin(op, node, address)).decode())
     finally:
@@ -205,9 +231,20 @@ async def admin(addresses: list[tuple[str, int]], op: str, node: int, address: s
     return 0
 
 
+def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cluster secret and optional TLS files, for `store_auth` (a node's and a client's alike)."""
+    parser.add_argument("--secret-file", help="the cluster secret (mode 0600; one per line: the first is presented)")
+    parser.add_argument("--tls-ca", help="PEM CA that node and client certificates chain to (TLS on when given)")
+    parser.add_argument("--tls-cert", help="PEM certificate of this node or client")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+
+
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option of `raft-store run` except --machine, for `node_config`."""
-    parser.add_argument("--config", help="JSON file with id, peers, client_addresses, data_dir, tick_ms, ...")
+    parser.add_argument(
+        "--config", help="JSON file with id, peers, client_addresses, data_dir, tick_ms, secret_file, tls_*, ..."
+    )
+    add_auth_arguments(parser)
     parser.add_argument("--id", type=int)
     parser.add_argument("--listen")
     parser.add_argument("--peer", action="append", help="ID=host:port, once per node (including this one)")
@@ -235,10 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--machine", default="kv", help="kv, counter, or module:factory")
     status = sub.add_parser("status", help="role, term, commit, applied and follower lag of each node")
     status.add_argument("--addresses", required=True, help="host:port,host:port,...")
+    add_auth_arguments(status)
     for name in ("add-voter", "add-learner", "remove", "transfer"):
         cmd = sub.add_parser(name, help=f"{name.replace('-', ' ')} (through the leader)")
         cmd.add_argument("--addresses", required=True)
         cmd.add_argument("--node", type=int, required=True)
+        add_auth_arguments(cmd)
         if name.startswith("add"):
             cmd.add_argument("--address", help="host:port of the node being added")
     return parser
@@ -251,16 +290,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             config = node_config(args)
-            machine = make_machine(args.machine, config.data_dir)
             prepare_node_process()
+            machine = make_machine(args.machine, config.data_dir)
             return asyncio.run(run_node(config, machine))
         addresses = [parse_address(a) for a in args.addresses.split(",") if a]
+        auth = store_auth(args)
         if args.command == "status":
-            return asyncio.run(show_status(addresses))
+            return asyncio.run(show_status(addresses, auth))
         op = {"add-voter": "add_voter", "add-learner": "add_learner", "remove": "remove", "transfer": "transfer"}[
             args.command
         ]
-        return asyncio.run(admin(addresses, op, args.node, getattr(args, "address", None)))
+        return asyncio.run(admin(addresses, auth, op, args.node, getattr(args, "address", None)))
     except UsageError as exc:
         print(f"raft-store: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,10 @@ node that got it answered that it did not log it), `OutcomeUnknown` when one may
 a retry with the command's own idempotency key is safe after `OutcomeUnknown`: the session the
 command travelled on is dropped with the failure.
 
+Every connection opens with the handshake of raft_store/handshake.py (the cluster secret, proven
+both ways; TLS when configured). A node that refuses our secret, or cannot prove it holds it,
+ends the call at once with `AuthenticationFailed`: retrying with the same secret cannot help.
+
 Node ids, needed to follow a leader hint, are learned only from the addresses the client was
 given (a node's status says its id) and from the client addresses nodes advertise; never from
 the peer addresses nodes use among themselves, which clients may have no route to.
@@ -24,13 +28,16 @@ import asyncio
 import contextlib
 import json
 import secrets
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from raft_store import codec
+from raft_store.auth import StoreAuth
 from raft_store.codec import FrameType, Status
-from raft_store.transport import CoalescingWriter, FrameParser, hello
+from raft_store.handshake import HANDSHAKE_TIMEOUT_S, DialerHandshake, HandshakeFailed
+from raft_store.transport import CoalescingWriter, FrameParser
 
 Address = tuple[str, int]
 AUTO_BATCH_MAX = 1024  # commands per automatic batch frame
@@ -43,6 +50,11 @@ class ClientError(Exception):
 
 class RequestRefused(ClientError):
     """The request is wrong (Status.ERROR): retrying will not help."""
+
+
+class AuthenticationFailed(ClientError):
+    """A node refused this client's cluster secret, or could not prove it holds it: the secret
+    file is wrong, or the node is not ours. Nothing was sent to it."""
 
 
 class Unavailable(ClientError):
@@ -154,10 +166,14 @@ class _Lane:
 
 
 class _Connection(asyncio.Protocol):
-    """One connection to a node; many requests in flight, matched to results by request id."""
+    """One connection to a node; many requests in flight, matched to results by request id.
+    `ready` resolves once the handshake let us in (or fails with HandshakeFailed)."""
 
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, handshake: DialerHandshake) -> None:
         self.address = address
+        self.handshake: DialerHandshake | None = handshake
+        self._challenged = False
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.parser = FrameParser()
         self.pending: dict[int, asyncio.Future[tuple[FrameType, bytes]]] = {}
         self.status_waiters: list[asyncio.Future[tuple[FrameType, bytes]]] = []
@@ -169,12 +185,28 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports do not subclass asyncio.Transport but implement it.
         self.transport = cast(asyncio.Transport, transport)
         self.out = CoalescingWriter(self.transport)
+        assert self.handshake is not None
+        self.transport.write(self.handshake.hello())
+
+    def _handshake(self, ftype: FrameType, body: bytes) -> None:
+        handshake = self.handshake
+        assert handshake is not None and self.transport is not None
+        if not self._challenged:
+            self._challenged = True
+            self.transport.write(handshake.on_challenge(ftype, body))
+            return
+        handshake.on_welcome(ftype, body)
+        self.handshake = None
+        if not self.ready.done():
+            self.ready.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         try:
             frames = self.parser.feed(data)
             for ftype, body in frames:
-                if ftype is FrameType.RESULT:
+                if self.handshake is not None:
+                    self._handshake(ftype, body)
+                elif ftype is FrameType.RESULT:
                     future = self.pending.pop(codec.result_request_id(body), None)
                     if future is not None and not future.done():
                         future.set_result((ftype, body))
@@ -182,7 +214,7 @@ class _Connection(asyncio.Protocol):
                     waiter = self.status_waiters.pop(0)
                     if not waiter.done():
                         waiter.set_result((ftype, body))
-        except codec.CodecError as exc:
+        except (codec.CodecError, HandshakeFailed) as exc:
             self._fail(exc)
             if self.transport is not None:
                 self.transport.abort()
@@ -192,6 +224,10 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         self.lost = True
+        if not self.ready.done():
+            self.ready.set_exception(exc if isinstance(exc, HandshakeFailed) else ConnectionError(
+                f"connection to {_show(self.address)} lost during the handshake: {exc!r}"))  # fmt: skip
+            self.ready.exception()  # retrieved here: nobody may be waiting any more
         for future in [*self.pending.values(), *self.status_waiters]:
             if not future.done():
                 future.set_exception(ConnectionError(f"connection to {self.address} lost: {exc!r}"))
@@ -222,6 +258,7 @@ class RaftClient:
         self,
         addresses: Sequence[Address],
         *,
+        auth: StoreAuth,
         cluster_id: int = 1,
         attempt_timeout_s: float = 2.0,
         deadline_s: float = 30.0,
@@ -229,6 +266,7 @@ class RaftClient:
         if not addresses:
             raise ValueError("need at least one node address")
         self.addresses = list(addresses)
+        self.auth = auth
         self.cluster_id = cluster_id
         self.attempt_timeout_s = attempt_timeout_s
         self.deadline_s = deadline_s
@@ -371,10 +409,24 @@ class RaftClient:
         if conn is not None and conn.alive:
             return conn
         loop = asyncio.get_running_loop()
-        _, opened = await asyncio.wait_for(
-            loop.create_connection(lambda: _Connection(address), *address), self.attempt_timeout_s
-        )
-        opened.write(hello(0, self.cluster_id))
+        handshake = DialerHandshake(self.auth.secrets.presented(), 0, self.cluster_id)
+        context = self.auth.client_ssl
+        try:
+            _, opened = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(address, handshake), *address, ssl=context,
+                                       server_hostname=address[0] if context is not None else None),
+                self.attempt_timeout_s,
+            )  # fmt: skip
+        except ssl.SSLCertVerificationError as exc:
+            raise AuthenticationFailed(f"{_show(address)}: its TLS certificate is not one we trust: {exc}") from None
+        try:
+            await asyncio.wait_for(asyncio.shield(opened.ready), min(self.attempt_timeout_s, HANDSHAKE_TIMEOUT_S))
+        except HandshakeFailed as exc:
+            await opened.close()
+            raise AuthenticationFailed(f"{_show(address)}: {exc}") from None
+        except BaseException:
+            await opened.close()
+            raise
         self._conns[address] = opened
         return opened
 

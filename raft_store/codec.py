@@ -15,7 +15,7 @@ from raft_store.types import ConfState, Entry, EntryKind, Message, MessageType, 
 
 FRAME_HEADER = struct.Struct(">IB")
 FRAME_BYTES_MAX = 64 << 20
-HELLO_MAGIC = b"RSTR\x01"
+HELLO_MAGIC = b"RSTR\x02"  # version 2: the handshake of raft_store/handshake.py
 
 
 class CodecError(ValueError):
@@ -23,7 +23,11 @@ class CodecError(ValueError):
 
 
 class FrameType(enum.IntEnum):
-    HELLO = 1  # u64 sender node id (0 for a client), u64 cluster id
+    HELLO = 1  # magic, u64 sender node id (0 for a client), u64 cluster id, key id, nonce
+    CHALLENGE = 4  # the node's nonce and proof (raft_store/handshake.py)
+    AUTH = 5  # the dialer's proof
+    WELCOME = 6  # the node let the dialer in
+    REFUSED = 7  # the node did not; it closes the connection
     RAFT = 2  # one Message
     SNAP_CHUNK = 3  # a piece of a snapshot file on its way to a follower
     PROPOSE = 10  # a batch of client commands

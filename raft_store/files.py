@@ -8,6 +8,10 @@ Two modes:
   kill -9 (or `close()` without sync) loses exactly the un-fsynced data. This turns "power loss"
   into something a test can do on real files.
 
+Every file is created 0600 and every directory 0700, whatever the umask: a node's files hold
+password hashes and unmasked payloads (`private_dir`, `make_private` tighten what older versions
+left readable).
+
 A `FaultHook` sees every operation first; tests use it to count fsyncs, fail an fsync with EIO,
 or stop at a failpoint with `SimulatedCrash`.
 
@@ -19,13 +23,53 @@ to stop and recover from what is durable (or from the other replicas).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Literal
 
 Op = Literal["create", "write", "fsync", "fsync_dir", "rename", "remove", "truncate"]
+
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+
+
+def private_dir(path: Path) -> None:
+    """`path` as a directory only its owner may enter (created if missing; parents as the umask says)."""
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    os.chmod(path, PRIVATE_DIR)
+
+
+def private_file(path: Path) -> None:
+    """Create `path` empty with mode 0600 unless it exists, so that a library creating it later
+    (SQLite, and its -wal and -shm files, which take the database file's mode) keeps it private."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE))
+
+
+def private_copy(source: Path, target: Path) -> None:
+    """`source` copied to `target`, made anew with mode 0600 (a file already at `target` is replaced)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)
+    private_file(target)
+    shutil.copyfile(source, target)
+
+
+def make_private(tree: Path) -> None:
+    """`tree` and everything in it: directories 0700, files 0600 (symbolic links left alone)."""
+    private_dir(tree)
+    for root, directories, names in os.walk(tree):
+        for name in directories:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, PRIVATE_DIR)
+        for name in names:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, PRIVATE_FILE)
 
 
 class WalFailedError(RuntimeError):
@@ -116,7 +160,7 @@ class FileSystem:
         """Create a new, empty file for appending (never reuses a name: O_EXCL)."""
         self.before_op("create", path)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, PRIVATE_FILE)
         except OSError as err:
             raise self.fail(err, "create", path) from err
         return AppendFile(self, path, fd, 0)

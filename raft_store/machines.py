@@ -12,6 +12,7 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+from raft_store.files import private_file
 from raft_store.sqlite_machine import SqliteStateMachine
 from raft_store.state_machine import Command
 
@@ -73,6 +74,7 @@ class CounterMachine:
         self._applied = index
 
     def write_snapshot(self, path: Path) -> int:
+        private_file(path)
         path.write_bytes(_APPLIED.pack(self._applied, self._count))
         return self._applied
 

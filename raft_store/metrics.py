@@ -6,6 +6,7 @@ instruments, so raft_store stays free of the service's dependencies.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 # Upper bounds of the fsync batch-size buckets (entries per fsync).
@@ -26,6 +27,8 @@ class NodeMetrics:
     snapshots: int = 0
     checkpoints: int = 0
     torn_tails: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    """Connections refused before they were let in, by reason (the transport counts them)."""
 
     def observe_fsync(self, entries: int, seconds: float) -> None:
         self.fsyncs += 1
@@ -53,4 +56,5 @@ class NodeMetrics:
             "snapshots": self.snapshots,
             "checkpoints": self.checkpoints,
             "torn_tails": self.torn_tails,
+            "refused": dict(self.refused),
         }

@@ -24,7 +24,7 @@ import random
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,8 +32,10 @@ from raft_store import codec
 from raft_store.codec import FrameType, Status
 from raft_store.core import Config as CoreConfig
 from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
+from raft_store.files import make_private
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
+from raft_store.node_config import NodeConfig
 from raft_store.reads import ReadsDue
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
@@ -58,7 +60,7 @@ from raft_store.types import (
     Snapshot,
     SnapshotMeta,
 )
-from raft_store.wal import GroupCommitPolicy, Wal
+from raft_store.wal import Wal
 
 log = logging.getLogger("raft_store.node")
 
@@ -76,46 +78,6 @@ many reviewers ask at once."""
 
 class Queryable(Protocol):
     def query(self, data: bytes) -> bytes: ...
-
-
-@dataclass(frozen=True, slots=True)
-class NodeConfig:
-    node_id: int
-    data_dir: Path
-    listen: tuple[str, int]
-    peers: dict[int, tuple[str, int]]
-    initial_voters: frozenset[int] = frozenset()
-    cluster_id: int = 1
-    tick_ms: int = 30
-    election_ticks: int = 10
-    heartbeat_ticks: int = 2
-    batch_commands_max: int = 8192
-    group_commit: GroupCommitPolicy = field(
-        default_factory=lambda: GroupCommitPolicy(max_entries=8192, max_delay_ms=0.0)
-    )
-    snapshot_every_entries: int = 20_000
-    # Entries carry batches of commands, so bound the log kept in memory by bytes too.
-    snapshot_every_bytes: int = 64 << 20
-    volatile_until_fsync: bool = False
-    segment_bytes: int = 64 << 20
-    client_addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
-    """Node id -> the address clients use for that node, advertised in the status answer. Peers
-    may talk on a network clients cannot reach, so clients never use `peers` addresses."""
-
-    def validate(self) -> None:
-        if self.node_id <= 0:
-            raise ValueError("node_id must be positive")
-        if self.tick_ms <= 0:
-            raise ValueError("tick_ms must be positive")
-        if self.initial_voters and self.node_id not in self.initial_voters and self.node_id not in self.peers:
-            log.info("node %d starts outside the initial voters: it waits to be added", self.node_id)
-        self.group_commit.validate()
-        for node, (host, port) in self.client_addresses.items():
-            if node <= 0 or not host or not 0 < port < 65536:
-                raise ValueError(f"client address {host}:{port} of node {node} is not a node id and host:port")
-        for node in self.initial_voters:
-            if node != self.node_id and node not in self.peers:
-                raise ValueError(f"initial voter {node} has no address in peers")
 
 
 @dataclass(slots=True)
@@ -145,7 +107,7 @@ class Node:
             {n: a for n, a in config.peers.items() if n != config.node_id},
             self._on_peer_frame,
             self._on_client_frame,
-            TransportConfig(cluster_id=config.cluster_id),
+            TransportConfig(cluster_id=config.cluster_id), auth=config.auth, refused=self.metrics.refused,
         )
         self.transport.on_unreachable = self._on_unreachable
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"wal-{config.node_id}")
@@ -189,7 +151,7 @@ class Node:
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.config.data_dir)  # 0700 and 0600 throughout, also what older versions left
         self.core = await loop.run_in_executor(self._io, self._recover)
         await self.transport.start()
         self._tasks = [

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 from raft_store import framing
-from raft_store.files import AppendFile, FaultHook, FileSystem
+from raft_store.files import AppendFile, FaultHook, FileSystem, private_dir
 from raft_store.types import ConfState, SnapshotMeta
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class SnapshotStore:
         # Corruption found by latest() that was survived by falling back; for metrics/alerts.
         self.reported: list[CorruptSnapshotError] = []
         if not self.directory.exists():
-            self.directory.mkdir(parents=True)
+            private_dir(self.directory)
             self.fs.fsync_dir(self.directory.parent)
         stale = [*self.directory.glob("snap-*.tmp"), *self.directory.glob("checkpoint.tmp")]
         for p in stale:

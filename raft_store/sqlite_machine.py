@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from raft_store.files import private_copy, private_file
 from raft_store.state_machine import Command
 
 SESSION_RESULT_STALE = b"\x00stale-session"
@@ -218,7 +218,7 @@ class SqliteStateMachine:
                 if extra.exists():
                     extra.unlink()
             tmp = self._path + ".restore"
-            shutil.copyfile(path, tmp)
+            private_copy(path, Path(tmp))
             os.replace(tmp, self._path)
             self._conn = self._connect(self._path)
         self._init_schema()
@@ -256,6 +256,8 @@ class SqliteStateMachine:
     # ---- internals ----------------------------------------------------------------
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
+        if path != ":memory:":
+            private_file(Path(path))  # SQLite gives its -wal and -shm files the database file's mode
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         if path != ":memory:":
             conn.execute("PRAGMA journal_mode=WAL")
@@ -372,6 +374,7 @@ def _copy_to(source: sqlite3.Connection, path: Path) -> int:
     tmp = path.with_suffix(path.suffix + ".tmp")
     if tmp.exists():
         tmp.unlink()
+    private_file(tmp)
     target = sqlite3.connect(str(tmp))
     try:
         source.backup(target)

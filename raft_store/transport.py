@@ -1,11 +1,13 @@
-"""asyncio TCP between nodes and from clients: framed binary, bounded, self-healing.
+"""asyncio TCP between nodes and from clients: framed binary, bounded, self-healing, authenticated.
 
-Each node listens on one address. A connection opens with a HELLO frame naming the sender (a
-node id, or 0 for a client) and the cluster id; frames that do not decode, a wrong cluster id or
-an oversized frame close the connection (a peer that sends garbage is disconnected, not
-trusted). Node-to-node traffic flows over one outbound connection per peer, fed from a bounded
-queue: Raft tolerates lost messages, so when a peer is slow or down we drop and tell the core
-(report_unreachable) instead of buffering without limit.
+Each node listens on one address. A connection opens with the handshake of raft_store/handshake.py
+(HELLO naming the sender, a node id or 0 for a client, and the cluster; both sides prove they hold
+the cluster secret), over TLS when it is configured; until it succeeds nothing else is read. A
+connection that fails it, sends frames that do not decode or an oversized frame is closed, logged
+and counted by reason (`refused`, in the node's status and metrics): a peer that sends garbage is
+disconnected, not trusted. Node-to-node traffic flows over one outbound connection per peer, fed
+from a bounded queue: Raft tolerates lost messages, so when a peer is slow or down we drop and tell
+the core (report_unreachable) instead of buffering without limit.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ import asyncio
 import contextlib
 import logging
 import random
-import struct
-from collections import deque
+import ssl
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
-from raft_store.codec import FRAME_BYTES_MAX, FRAME_HEADER, HELLO_MAGIC, CodecError, FrameType, frame
+from raft_store.auth import StoreAuth
+from raft_store.codec import FRAME_BYTES_MAX, FRAME_HEADER, CodecError, FrameType, frame
+from raft_store.handshake import HANDSHAKE_TIMEOUT_S, DialerHandshake, HandshakeFailed, NodeHandshake, Refusal
 
 log = logging.getLogger("raft_store.transport")
-
-_HELLO = struct.Struct(">5sQQ")
 
 FrameHandler = Callable[[int, FrameType, bytes], None]
 ClientHandler = Callable[["ClientConnection", FrameType, bytes], None]
@@ -46,10 +48,6 @@ class TransportConfig:
             raise ValueError("need 0 < reconnect_min_ms <= reconnect_max_ms")
 
 
-def hello(node_id: int, cluster_id: int) -> bytes:
-    return frame(FrameType.HELLO, _HELLO.pack(HELLO_MAGIC, node_id, cluster_id))
-
-
 async def read_frame(reader: asyncio.StreamReader) -> tuple[FrameType, bytes]:
     header = await reader.readexactly(FRAME_HEADER.size)
     length, ftype = FRAME_HEADER.unpack(header)
@@ -63,9 +61,16 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[FrameType, bytes]:
     return kind, body
 
 
-async def read_hello(reader: asyncio.StreamReader, cluster_id: int) -> int:
-    kind, body = await read_frame(reader)
-    return parse_hello(kind, body, cluster_id)
+async def dial(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handshake: DialerHandshake) -> None:
+    """The dialer's side of the handshake on a stream; raises HandshakeFailed, or OSError /
+    IncompleteReadError / TimeoutError when the connection fails meanwhile."""
+
+    async def exchange() -> None:
+        writer.write(handshake.hello())
+        writer.write(handshake.on_challenge(*await read_frame(reader)))
+        handshake.on_welcome(*await read_frame(reader))
+
+    await asyncio.wait_for(exchange(), HANDSHAKE_TIMEOUT_S)
 
 
 class FrameParser:
@@ -100,22 +105,19 @@ class FrameParser:
         return frames
 
 
-def parse_hello(kind: FrameType, body: bytes, cluster_id: int) -> int:
-    if kind is not FrameType.HELLO or len(body) != _HELLO.size:
-        raise CodecError("connection did not open with HELLO")
-    magic, sender, cluster = _HELLO.unpack(body)
-    if magic != HELLO_MAGIC:
-        raise CodecError("bad HELLO magic")
-    if cluster != cluster_id:
-        raise CodecError(f"peer belongs to cluster {cluster}, we are {cluster_id}")
-    return int(sender)
+class Writable(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 class CoalescingWriter:
     """Collects the frames written during one event-loop iteration and hands them to the socket
     in one write: at hundreds of replies per batch, one syscall per reply is the hot path."""
 
-    def __init__(self, writer: asyncio.StreamWriter | asyncio.WriteTransport) -> None:
+    def __init__(self, writer: Writable) -> None:
         self._writer = writer
         self._parts: list[bytes] = []
         self._loop = asyncio.get_running_loop()
@@ -134,7 +136,7 @@ class CoalescingWriter:
 class ClientConnection:
     """One client's connection; replies may be sent from any task of the event loop."""
 
-    def __init__(self, writer: asyncio.WriteTransport) -> None:
+    def __init__(self, writer: Writable) -> None:
         self._writer = writer
         self._out = CoalescingWriter(writer)
         self.closed = False
@@ -161,6 +163,8 @@ class _PeerLink:
         self.connected = False
         self.writer: asyncio.StreamWriter | None = None
         self.dropped = 0
+        self.refused_by = ""
+        """Why the last handshake with this peer failed (logged once, not at every retry)."""
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"peer-{peer}")
 
     def enqueue(self, data: bytes) -> bool:
@@ -191,16 +195,34 @@ class _PeerLink:
         while not self.transport.closing:
             writer: asyncio.StreamWriter | None = None
             try:
-                _, opened = await asyncio.wait_for(asyncio.open_connection(*self.address), 2.0)
+                auth = self.transport.auth
+                host, port = self.address
+                reader, opened = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, ssl=auth.client_ssl, server_hostname=host if auth.client_ssl else None),
+                    2.0,
+                )
                 writer = opened
                 opened.transport.set_write_buffer_limits(high=cfg.write_buffer_high)
-                opened.write(hello(self.transport.node_id, cfg.cluster_id))
+                handshake = DialerHandshake(auth.secrets.presented(), self.transport.node_id, cfg.cluster_id)
+                await dial(reader, opened, handshake)
+                if self.refused_by:
+                    log.warning("peer %d lets this node in again", self.peer)
+                    self.refused_by = ""
                 self.connected = True
                 self.writer = opened
                 backoff = cfg.reconnect_min_ms
                 await self._pump(opened)
             except asyncio.CancelledError:
                 raise
+            except (HandshakeFailed, CodecError) as exc:
+                # Logged when it starts (and when it ends, above), not at every reconnect.
+                if str(exc) != self.refused_by:
+                    log.warning("peer %d at %s:%d: %s", self.peer, *self.address, exc)
+                    self.refused_by = str(exc)
+            except ssl.SSLError as exc:
+                if str(exc) != self.refused_by:
+                    log.warning("peer %d at %s:%d: TLS failed: %s", self.peer, *self.address, exc)
+                    self.refused_by = str(exc)
             except (OSError, asyncio.IncompleteReadError, ConnectionError, TimeoutError):
                 pass
             except RuntimeError:
@@ -250,8 +272,12 @@ class Transport:
         on_peer_frame: FrameHandler,
         on_client_frame: ClientHandler,
         config: TransportConfig | None = None,
+        *,
+        auth: StoreAuth,
+        refused: Counter[str] | None = None,
     ) -> None:
         self.node_id = node_id
+        self.auth = auth
         self.listen = listen
         self.peers = dict(peers)
         self.config = config or TransportConfig()
@@ -263,6 +289,12 @@ class Transport:
         self._links: dict[int, _PeerLink] = {}
         self._server: asyncio.Server | None = None
         self._inbound: set[_Inbound] = set()
+        self.refused: Counter[str] = Counter() if refused is None else refused
+        """Connections refused before they were let in, by reason (the node's metrics export it)."""
+
+    def refuse(self, peer: object, reason: str, message: str) -> None:
+        self.refused[reason] += 1
+        log.warning("refused the connection from %s: %s", peer, message)
 
     def is_closing(self) -> bool:
         return self.closing
@@ -302,46 +334,151 @@ class Transport:
                 await asyncio.wait_for(self._server.wait_closed(), 1)
 
 
+class _TlsLayer:
+    """Server-side TLS over a plain transport, through memory BIOs, so the node sees a failed TLS
+    handshake (to log and count it with the dialer's address), which a server started with
+    `ssl=` hides inside the event loop. It stands in for the transport as a `Writable`."""
+
+    def __init__(self, context: ssl.SSLContext, transport: asyncio.Transport) -> None:
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._transport = transport
+        self.established = False
+
+    def feed(self, data: bytes) -> bytes:
+        """The plaintext that `data` completes; raises ssl.SSLError when the handshake fails."""
+        self._incoming.write(data)
+        if not self.established:
+            try:
+                self._tls.do_handshake()
+                self.established = True
+            except ssl.SSLWantReadError:
+                pass
+            finally:
+                self._flush()
+            if not self.established:
+                return b""
+        chunks = []
+        while True:
+            try:
+                chunk = self._tls.read(256 * 1024)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        self._flush()
+        return b"".join(chunks)
+
+    def _flush(self) -> None:
+        pending = self._outgoing.read()
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending)
+
+    def write(self, data: bytes) -> None:
+        if not self._transport.is_closing():
+            self._tls.write(data)
+            self._flush()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self._transport.close()
+
+
 class _Inbound(asyncio.Protocol):
     """One accepted connection: a peer's (Raft frames in) or a client's (requests in, results
-    out). The first frame must be HELLO; anything malformed aborts the connection."""
+    out). It must first complete TLS (when configured) and the handshake within
+    HANDSHAKE_TIMEOUT_S; a failure is refused: logged, counted, and the connection closed."""
 
     def __init__(self, owner: Transport) -> None:
         self.owner = owner
         self.parser = FrameParser()
         self.sender: int | None = None
+        """Set once the dialer proved it holds the cluster secret."""
         self.client: ClientConnection | None = None
         self.transport: asyncio.Transport | None = None
-        self._hello_timer: asyncio.TimerHandle | None = None
+        self.out: Writable | None = None
+        self.tls: _TlsLayer | None = None
+        self.handshake: NodeHandshake | None = None
+        self.peername: object = None
+        self._awaiting_hello = True
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport but implement it.
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=self.owner.config.write_buffer_high)
+        self.peername = transport.get_extra_info("peername")
         self.owner._inbound.add(self)
-        self._hello_timer = asyncio.get_running_loop().call_later(5.0, self.abort)
+        self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, self._timed_out)
+        context = self.owner.auth.server_ssl
+        if context is not None:
+            self.tls = _TlsLayer(context, self.transport)
+        self.out = self.tls or self.transport
+        self.handshake = NodeHandshake(self.owner.auth.secrets, self.owner.config.cluster_id)
+
+    def _timed_out(self) -> None:
+        if self.sender is None:
+            self._refuse("timeout", f"no handshake within {HANDSHAKE_TIMEOUT_S} s", tell=False)
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
 
+    def _refuse(self, reason: str, message: str, *, tell: bool) -> None:
+        self.owner.refuse(self.peername, reason, message)
+        self.handshake = None
+        if self._timer is not None:
+            self._timer.cancel()
+        if tell and self.out is not None:
+            self.out.write(NodeHandshake.refused())
+        if self.transport is not None:
+            self.transport.pause_reading()
+            if tell:
+                self.transport.close()  # after the REFUSED frame is written
+            else:
+                self.transport.abort()
+
     def data_received(self, data: bytes) -> None:
+        if self.tls is not None:
+            try:
+                data = self.tls.feed(data)
+            except ssl.SSLError as exc:
+                self._refuse("tls", f"TLS handshake failed: {exc}", tell=False)
+                return
+            if not data:
+                return
         try:
             for ftype, body in self.parser.feed(data):
                 self._dispatch(ftype, body)
+        except Refusal as refusal:
+            self._refuse(refusal.reason, str(refusal), tell=True)
         except CodecError as exc:
-            peer = self.transport.get_extra_info("peername") if self.transport else None
-            log.warning("disconnecting %s: %s", peer, exc)
-            self.abort()
+            if self.sender is None:
+                self._refuse("malformed", str(exc), tell=False)
+            else:
+                log.warning("disconnecting %s: %s", self.peername, exc)
+                self.abort()
 
     def _dispatch(self, ftype: FrameType, body: bytes) -> None:
         if self.sender is None:
-            self.sender = parse_hello(ftype, body, self.owner.config.cluster_id)
-            if self._hello_timer is not None:
-                self._hello_timer.cancel()
-            if self.sender == 0:
-                assert self.transport is not None
-                self.client = ClientConnection(self.transport)
+            handshake, out = self.handshake, self.out
+            if handshake is None or out is None:
+                return  # refused: the rest of what it sent is ignored until the close
+            if self._awaiting_hello:
+                out.write(handshake.on_hello(ftype, body))
+                self._awaiting_hello = False
+                return
+            sender = handshake.on_auth(ftype, body)
+            self.sender, self.handshake = sender, None
+            if self._timer is not None:
+                self._timer.cancel()
+            out.write(NodeHandshake.welcome())
+            if sender == 0:
+                self.client = ClientConnection(out)
             return
         if self.client is not None:
             self.owner.on_client_frame(self.client, ftype, body)
@@ -362,6 +499,10 @@ class _Inbound(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.client is not None:
             self.client.closed = True
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
+        if self.sender is None and self.handshake is not None and not self.owner.closing:
+            # Gone before the handshake ended: a probe, or a dialer that did not trust our proof.
+            self.owner.refused["abandoned"] += 1
+            log.info("%s closed the connection during the handshake", self.peername)
+        if self._timer is not None:
+            self._timer.cancel()
         self.owner._inbound.discard(self)

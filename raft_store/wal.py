@@ -29,6 +29,7 @@ from raft_store.files import (
     FsyncFailedError,
     SimulatedCrash,
     WalFailedError,
+    private_dir,
 )
 from raft_store.framing import CorruptLogError, TornTail
 from raft_store.types import Entry, EntryKind, HardState
@@ -238,7 +239,7 @@ class Wal:
         directory = Path(directory)
         fs = FileSystem(volatile=volatile, fault=fault)
         if not directory.exists():
-            directory.mkdir(parents=True)
+            private_dir(directory)
             fs.fsync_dir(directory.parent)
 
         segments: list[_Segment] = []

@@ -361,7 +361,7 @@ def _require_upstream_tables(dsn: str) -> None:
 
 
 def run_seed(arguments: argparse.Namespace) -> int:
-    from ledger import migrate
+    from ledger import migrate, pg
     from spark_reconcile import synthetic
     from spark_reconcile.params import ReconcileParams
 
@@ -378,6 +378,6 @@ def run_seed(arguments: argparse.Namespace) -> int:
         with _database(arguments, create=True) as dsn:
             migrate.apply(dsn)
             synthetic.load_postgres(ledgers, dsn)
-            print(f"loaded ledgers into {dsn}")
+            print(f"loaded ledgers into {pg.redacted(dsn)}")
     print(json.dumps({"injected": ledgers.injection.counts}, sort_keys=True))
     return 0

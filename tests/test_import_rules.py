@@ -90,7 +90,7 @@ OVERSIZED: Final[Mapping[str, int]] = {
     "queues/client.py::QueueClient": 378,
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
-    "raft_store/node.py": 1045,
+    "raft_store/node.py": 1007,
     "raft_store/node.py::Node": 913,
     "raft_store/simulation/cluster.py::Cluster": 463,
     "raft_store/wal.py::Wal": 315,

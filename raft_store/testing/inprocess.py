@@ -1,7 +1,8 @@
 """A one-node store running in this process, on a thread of its own with its own event loop.
 
 One node is a whole Raft set of one: a real WAL with real fsyncs, the real client protocol over
-loopback TCP. On its own loop it serves async tests (which talk to it over TCP like any client)
+loopback TCP, behind its own cluster secret (`auth` for clients in the test's process,
+`secret_file` for command lines it starts). On its own loop it serves async tests (which talk to it over TCP like any client)
 and synchronous ones (schemathesis, which blocks the test's thread) alike. Fault tests need real
 processes instead (processes.py).
 """
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from raft_store.client import RaftClient
-from raft_store.node import Node, NodeConfig
+from raft_store.node import Node
+from raft_store.node_config import NodeConfig
 from raft_store.state_machine import StateMachine
+from raft_store.testing.credentials import cluster_auth, service_settings
 from raft_store.testing.processes import free_ports
 
 T = TypeVar("T")
@@ -30,9 +33,12 @@ class StoreThread:
         self._machine_factory = machine_factory
         (port,) = free_ports(1)
         self.address = ("127.0.0.1", port)
+        name = f"{data_dir.name}.secret"
+        self.auth = cluster_auth(data_dir.parent, name=name)
+        self.secret_file = data_dir.parent / name
         self._config = NodeConfig(
             node_id=1, data_dir=data_dir, listen=self.address, peers={1: self.address},
-            initial_voters=frozenset({1}), tick_ms=10, election_ticks=5,
+            initial_voters=frozenset({1}), tick_ms=10, election_ticks=5, auth=self.auth,
         )  # fmt: skip
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -49,7 +55,7 @@ class StoreThread:
         self.run(self._wait_leader())
 
     async def _wait_leader(self) -> None:
-        client = RaftClient([self.address], attempt_timeout_s=0.5, deadline_s=10)
+        client = RaftClient([self.address], auth=self.auth, attempt_timeout_s=0.5, deadline_s=10)
         try:
             for _ in range(200):
                 if (await client.status(self.address)).get("role") == "leader":
@@ -65,6 +71,10 @@ class StoreThread:
             self.node.machine.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+
+    def service_settings(self) -> dict[str, str]:
+        """This store as the service's configuration names it (COMPENSATOR_STORE__ variables)."""
+        return service_settings([self.address], self.auth)
 
     @property
     def addresses(self) -> str:

@@ -1,7 +1,9 @@
 """Start, kill, pause and restart real node processes on loopback.
 
 Used by the process-level fault tests and the benchmarks, so both exercise exactly the
-`raft-store run` command an operator would start.
+`raft-store run` command an operator would start. A cluster makes its own cluster secret (and
+uses TLS files when given): its `auth` is what a client of it presents, `secret_file` what a
+command line of the service is given (COMPENSATOR_STORE__SECRET_FILE).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raft_store.auth import StoreAuth, TlsFiles
 from raft_store.client import RaftClient
+from raft_store.testing.credentials import SECRET_NAME, cluster_auth, service_settings
 
 
 def free_ports(count: int) -> list[int]:
@@ -39,10 +43,26 @@ class ProcessCluster:
     extra_args: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    tls: TlsFiles | None = None
+    secret_file: Path = field(init=False)
+    auth: StoreAuth = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.ports:
             self.ports = free_ports(self.size)
+        self.auth = cluster_auth(self.root, tls=self.tls)
+        self.secret_file = self.root / SECRET_NAME
+
+    def service_settings(self) -> dict[str, str]:
+        """This cluster as the service's configuration names it (COMPENSATOR_STORE__ variables)."""
+        return service_settings(self.addresses(), self.auth)
+
+    def auth_args(self) -> list[str]:
+        """The options that give a node or a command line this cluster's secret (and TLS files)."""
+        args = ["--secret-file", str(self.secret_file)]
+        if self.tls is not None:
+            args += ["--tls-ca", str(self.tls.ca), "--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
+        return args
 
     @property
     def ids(self) -> list[int]:
@@ -72,6 +92,7 @@ class ProcessCluster:
             str(self.root / f"node{node}"),
             "--machine",
             self.machine,
+            *self.auth_args(),
         ]
         for peer in self.ids:
             host, port = self.address(peer)

@@ -38,7 +38,7 @@ def queue_store(data_dir: Path) -> StoreThread:
 def settings(store: StoreThread, **overrides: str) -> configuration.Config:
     """The service's configuration for this store, with `section__field` overrides as the
     environment would give them (e.g. ``quota__rate_per_s="5"``)."""
-    environ = {"COMPENSATOR_STORE__ADDRESSES": store.addresses, "COMPENSATOR_STORE__DEADLINE_S": "3",
+    environ = {**store.service_settings(), "COMPENSATOR_STORE__DEADLINE_S": "3",
                "COMPENSATOR_AUTH__REFRESH_INTERVAL_S": "0.2",
                "COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"targets": [
                    {"name": CALLBACK_TARGET, "url": f"http://127.0.0.1:9/callbacks/{CALLBACK_TARGET}"}]})}  # fmt: skip
@@ -48,7 +48,7 @@ def settings(store: StoreThread, **overrides: str) -> configuration.Config:
 
 async def put_tokens(store: StoreThread, roles: tuple[Role, ...] = ROLES, prefix: str = "") -> dict[Role, str]:
     """A live token per role, named after it (``producer``, ``operator``, ...)."""
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     tokens: dict[Role, str] = {}
     try:
         for role in roles:
@@ -78,7 +78,7 @@ async def running_api(store: StoreThread, **overrides: str) -> AsyncIterator[Api
     tokens = await put_tokens(store)
     spans = InMemorySpanExporter()
     app = api_app(settings(store, **overrides), span_exporter=spans)
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:

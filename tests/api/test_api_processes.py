@@ -134,7 +134,7 @@ class Stack:
     tokens: dict[str, str]
     """Producer name -> its token."""
     store_env: dict[str, str]
-    """COMPENSATOR_STORE__ADDRESSES for the command line."""
+    """COMPENSATOR_STORE__ADDRESSES and __SECRET_FILE for the command line."""
     api_log: Path
 
     def api_log_tail(self) -> str:
@@ -148,8 +148,8 @@ class Stack:
 @contextlib.asynccontextmanager
 async def store_client(stack: Stack, node: int | None = None) -> AsyncIterator[QueueClient]:
     """A queue client of the stack's store; with `node`, its stale reads go to that replica."""
-    raft = RaftClient(stack.cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20.0)
-    reader = None if node is None else RaftClient([stack.cluster.address(node)], attempt_timeout_s=1.0, deadline_s=10.0)
+    raft = RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, attempt_timeout_s=1.0, deadline_s=20.0)
+    reader = None if node is None else RaftClient([stack.cluster.address(node)], auth=stack.cluster.auth, attempt_timeout_s=1.0, deadline_s=10.0)
     try:
         yield QueueClient(raft, reader=reader)
     finally:
@@ -159,7 +159,7 @@ async def store_client(stack: Stack, node: int | None = None) -> AsyncIterator[Q
 
 
 async def create_tokens(cluster: ProcessCluster) -> dict[str, str]:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20.0)
     try:
         await cluster.wait_leader(raft)
         queue = QueueClient(raft)
@@ -195,7 +195,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         try:
             tokens = asyncio.run(create_tokens(cluster))
             port = free_ports(1)[0]
-            store_env = {"COMPENSATOR_STORE__ADDRESSES": ",".join(f"{h}:{p}" for h, p in cluster.addresses())}
+            store_env = cluster.service_settings()
             env = child_env({
                 **store_env, "COMPENSATOR_STORE__DEADLINE_S": str(STORE_DEADLINE_S),
                 "COMPENSATOR_STORE__ATTEMPT_TIMEOUT_S": "1", "COMPENSATOR_API__PORT": str(port),
@@ -235,7 +235,7 @@ async def enqueued_per_key(queue: QueueClient, *, stale_ok: bool = False) -> Cou
 
 async def converged(stack: Stack, timeout_s: float = 20.0) -> int:
     """The applied index every replica reached once they agree."""
-    raft = RaftClient(stack.cluster.addresses(), attempt_timeout_s=1.0, deadline_s=5.0)
+    raft = RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, attempt_timeout_s=1.0, deadline_s=5.0)
     deadline = time.monotonic() + timeout_s
     applied: dict[int, int] = {}
     try:
@@ -369,7 +369,7 @@ async def inject_faults(stack: Stack, faults: Faults) -> None:
     later, kill -9 that one too: with one node of three no request can commit, for longer than
     the API's deadline, so the API must answer 503. Then start both again."""
     cluster = stack.cluster
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20.0)
     try:
         await asyncio.sleep(2.0)
         faults.leader = await cluster.wait_leader(raft)
@@ -591,7 +591,7 @@ def ledger_dsn(data_dir: Path) -> str:
         return None
 
     poll_until(lambda: port() is not None, timeout_s=30.0)
-    address = pg.ServerAddress(host=pg.HOST, port=port() or 0)
+    address = pg.ServerAddress(host=pg.HOST, port=port() or 0, password=pg.EmbeddedPostgres(data_dir).password())
     pg.wait_until_accepting(address)
     return address.dsn
 

@@ -86,7 +86,7 @@ async def test_problems_tell_401_from_403(api: Api) -> None:
 
 async def test_a_revoked_token_stops_and_a_new_one_starts_within_the_refresh(store: StoreThread) -> None:
     async with running_api(store) as api:
-        queue = QueueClient(RaftClient([store.address]))
+        queue = QueueClient(RaftClient([store.address], auth=store.auth))
         try:
             assert (await api.client.get("/v1/kinds", headers=api.auth(OP))).status_code == 200
             await queue.revoke_token("operator", actor="tests", reason="leaked")

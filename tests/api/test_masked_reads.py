@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import typing
+from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -26,6 +27,7 @@ from queues import (
 )
 from queues import query_codec as qc
 from queues.model import AttemptView, Redrive
+from raft_store.testing.credentials import cluster_auth
 
 PAYLOAD = {"transfer_id": "tr-1", "payer": "acct-6222020012345678", "payee": "acct-6222020087654321",
            "amount_minor": 6000, "currency": "USD", "memo": "for Zhang Wei"}  # fmt: skip
@@ -101,8 +103,8 @@ def test_an_edit_proposal_hides_the_payload_it_proposes() -> None:
     assert masked_proposal(redrive) == redrive
 
 
-async def test_the_masked_client_writes_nothing() -> None:
-    raft = RaftClient([("127.0.0.1", 9)], deadline_s=0.1)
+async def test_the_masked_client_writes_nothing(tmp_path: Path) -> None:
+    raft = RaftClient([("127.0.0.1", 9)], auth=cluster_auth(tmp_path), deadline_s=0.1)
     client = MaskedQueueClient(QueueClient(raft))
     with pytest.raises(QueueError, match="writes nothing"):
         await client.redrive("ann", "why", ids=[1])

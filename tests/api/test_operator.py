@@ -45,6 +45,10 @@ async def test_pauses_are_held_by_named_holders(api: Api) -> None:
     assert no_reason.status_code == 422 and no_reason.json()["errors"][0]["field"] == "reason"
     unknown = await api.client.post("/v1/kinds/refund/pause", json={"reason": "x"}, headers=api.auth(OP))
     assert unknown.status_code == 404
+    for holder in ("\x1b[2J\x1b[31mbreaker:payment", "ops\u202eecila", "Ops", "a b", "ops:", ":ops", "x" * 33):
+        bad = await api.client.post("/v1/kinds/transfer/pause", json={"holder": holder, "reason": "x"},
+                                    headers=api.auth(OP))  # fmt: skip
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "holder", (holder, bad.text)
     events = [e for e in (await api.queue.events_after(0)).value if e.type in (EventType.PAUSED, EventType.RESUMED)]
     assert [(e.type, e.data["holder"], e.data["actor"]) for e in events] == [
         (EventType.PAUSED, "operator", "operator"), (EventType.PAUSED, "breaker:payment", "operator"),

@@ -137,7 +137,7 @@ def test_no_token_or_no_api_is_one_line(
 
 async def _dead_transfer(store: StoreThread, key: str) -> str:
     """A transfer submitted through the queue and failed permanently: a dead letter, as a worker leaves one."""
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     try:
         payload = encode_payload(TransferPayload(transfer_id=f"t-{key}", payer="alice", payee="bob", amount_minor=1234,
                                                  currency="CNY"))  # fmt: skip

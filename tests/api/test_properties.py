@@ -90,7 +90,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 async def _add_page_user(store: Any) -> None:
     """The pages' user, through a client of its own (the app's belongs to uvicorn's event loop)."""
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     try:
         await Accounts(queue, clock_ms=lambda: time.time_ns() // 1_000_000).add(PAGE_USER, Role.ADMIN, PAGE_PASSWORD,
                                                                               actor="tests")  # fmt: skip

@@ -94,7 +94,7 @@ async def test_bounded_waiting_room() -> None:
 
 async def test_the_api_holds_then_answers_429_with_retry_after(store: StoreThread) -> None:
     async with running_api(store, quota__hold_max_ms="300") as api:
-        queue = QueueClient(RaftClient([store.address]))
+        queue = QueueClient(RaftClient([store.address], auth=store.auth))
         await queue.set_quota("producer", actor="tests", rate_per_s=5, burst=2)
         await queue.raft.close()
         await asyncio.sleep(0.5)  # the API's token refresh carries the new quota

@@ -184,7 +184,7 @@ def test_the_four_eyes_rules_come_from_configuration() -> None:
         "b.c": {"before": 2, "after": 3}, "d": {"before": None, "after": None}}  # fmt: skip
     with pytest.raises(configuration.ConfigError) as refused:
         configuration.load(None, {"COMPENSATOR_REVIEW__BULK_COUNT_MAX": "0"})
-    assert refused.value.problems == ["review.bulk_count_max: must be in 1..1000"]
+    assert refused.value.problems == ["COMPENSATOR_REVIEW__BULK_COUNT_MAX: review.bulk_count_max: must be in 1..1000"]
 
 
 async def test_the_audit_view_is_filtered_in_the_store_and_refuses_bad_filters(api: Api) -> None:

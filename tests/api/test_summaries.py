@@ -35,7 +35,7 @@ class GatedQueue(QueueClient):
 
 async def test_asks_during_a_read_share_the_next_read_which_starts_after_them(api: Api) -> None:
     await dead_letters(api, transfer("a"))
-    queue = GatedQueue(RaftClient(api.queue.raft.addresses, deadline_s=5))
+    queue = GatedQueue(RaftClient(api.queue.raft.addresses, auth=api.queue.raft.auth, deadline_s=5))
     reads = SummaryReads(queue)
     try:
         first = asyncio.ensure_future(reads.get(TRANSFERS))
@@ -55,7 +55,7 @@ async def test_asks_during_a_read_share_the_next_read_which_starts_after_them(ap
 
 
 async def test_a_failed_read_fails_its_askers_only_and_the_next_ask_reads_again(api: Api) -> None:
-    nowhere = QueueClient(RaftClient([("127.0.0.1", 1)], attempt_timeout_s=0.2, deadline_s=0.5))
+    nowhere = QueueClient(RaftClient([("127.0.0.1", 1)], auth=api.queue.raft.auth, attempt_timeout_s=0.2, deadline_s=0.5))
     reads = SummaryReads(nowhere)
     try:
         with pytest.raises(ClientError):

@@ -14,6 +14,7 @@ from pathlib import Path
 from queues import Code, QueueClient, RaftClient
 from queues.model import Discard, ProposalState, Redrive
 from queues.replicated import DB_NAME, machine_factory
+from raft_store.testing.credentials import cluster_auth, service_settings
 from raft_store.testing.inprocess import StoreThread, running_store
 
 HOUR_MS = 3_600_000
@@ -26,7 +27,7 @@ def _compensator(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
 
 async def _review(store: StoreThread) -> None:
     """Dead letters, then every review action through the client, as the API will send them."""
-    queue = QueueClient(RaftClient([store.address]))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth))
     try:
         ids = []
         for key in ("a", "b", "c"):
@@ -57,7 +58,7 @@ def test_verify_passes_on_the_store_and_its_copy_and_names_the_entry_altered_in_
     data = tmp_path / "node"
     with running_store(data, machine_factory) as store:
         store.run(_review(store))
-        clean = _compensator("audit", "verify", env={"COMPENSATOR_STORE__ADDRESSES": store.addresses})
+        clean = _compensator("audit", "verify", env=store.service_settings())
         assert clean.returncode == 0, clean.stderr
         assert json.loads(clean.stdout)["entries"] == 6 and json.loads(clean.stdout)["verified"] is True
     copy, altered = tmp_path / "copy.sqlite", tmp_path / "altered.sqlite"
@@ -82,7 +83,7 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path: Path) -> None:
     wrong = _compensator("audit", "verify", "--state", str(other))
     assert wrong.returncode == 1
     assert wrong.stderr == f"compensator audit: error: {other} is not a queue state store with an audit chain\n"
-    unreachable = _compensator("audit", "verify", env={"COMPENSATOR_STORE__ADDRESSES": "127.0.0.1:9",
+    unreachable = _compensator("audit", "verify", env={**service_settings([("127.0.0.1", 9)], cluster_auth(tmp_path)),
                                                         "COMPENSATOR_STORE__DEADLINE_S": "1"})  # fmt: skip
     assert unreachable.returncode == 1 and len(unreachable.stderr.splitlines()) == 1
     assert unreachable.stderr.startswith("compensator audit: error: the store at 127.0.0.1:9 did not answer")

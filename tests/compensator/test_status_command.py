@@ -16,6 +16,7 @@ from ledger import migrate, pg
 from queues import QueueClient, RaftClient
 from queues.model import Enqueue
 from queues.replicated import machine_factory
+from raft_store.testing.credentials import cluster_auth
 from raft_store.testing.inprocess import StoreThread, running_store
 from raft_store.testing.processes import free_ports
 
@@ -27,7 +28,7 @@ def store(tmp_path: Path) -> Iterator[StoreThread]:
 
 
 async def _traffic(store: StoreThread) -> None:
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     try:
         await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key=f"t{i}", ref_key=f"r{i}", payload=b"p")
                                   for i in range(3)])  # fmt: skip
@@ -43,9 +44,10 @@ async def _traffic(store: StoreThread) -> None:
 
 
 def status(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], addresses: str, *args: str
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], addresses: str, *args: str, secret: Path
 ) -> tuple[int, str, str]:
     monkeypatch.setenv("COMPENSATOR_STORE__ADDRESSES", addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__SECRET_FILE", str(secret))
     monkeypatch.setenv("COMPENSATOR_STORE__DEADLINE_S", "1.0")
     monkeypatch.delenv("COMPENSATOR_CONFIG", raising=False)
     code = cli.main(["status", *args])
@@ -57,7 +59,7 @@ def test_a_healthy_set_shows_its_leader_depths_and_breakers(
     store: StoreThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store.run(_traffic(store))
-    code, out, err = status(monkeypatch, capsys, store.addresses, "--json")
+    code, out, err = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
     assert (code, err) == (0, "")
     report = json.loads(out)
     assert (report["healthy"], report["leader"]) == (True, 1)
@@ -69,7 +71,7 @@ def test_a_healthy_set_shows_its_leader_depths_and_breakers(
     assert breakers["payment"]["state"] == "open" and "503" in breakers["payment"]["reason"]
     assert breakers["callback"]["state"] == "closed"  # an operator's pause is not the breaker
 
-    code, out, err = status(monkeypatch, capsys, store.addresses)
+    code, out, err = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].startswith("store: leader node 1, term ")
@@ -82,15 +84,18 @@ def test_a_node_down_is_shown_and_fails_the_check(
     store: StoreThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dead = free_ports(1)[0]
-    code, out, err = status(monkeypatch, capsys, f"{store.addresses},127.0.0.1:{dead}")
+    code, out, err = status(monkeypatch, capsys, f"{store.addresses},127.0.0.1:{dead}", secret=store.secret_file)
     assert code == 1 and err == ""
     assert any(f"127.0.0.1:{dead}" in line and "DOWN" in line for line in out.splitlines()), out
     assert "(UNHEALTHY)" in out.splitlines()[0]
 
 
-def test_nothing_answering_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_nothing_answering_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     ports = free_ports(2)
-    code, out, err = status(monkeypatch, capsys, ",".join(f"127.0.0.1:{p}" for p in ports))
+    secret = cluster_auth(tmp_path).secrets.path
+    code, out, err = status(monkeypatch, capsys, ",".join(f"127.0.0.1:{p}" for p in ports), secret=secret)
     assert code == 1 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("compensator status: error: no store node answered"), err
 
@@ -101,7 +106,7 @@ def test_the_projector_and_the_publisher_are_shown_with_their_lag(
     store.run(_traffic(store))
 
     async def publisher_at(cursor: int) -> None:
-        queue = QueueClient(RaftClient([store.address], deadline_s=10))
+        queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
         try:
             body = json.dumps({"v": 1, "holder": "pub-a", "cursor": cursor, "lease_ms": 60_000}).encode()
             await queue.put_document("kafka_publisher", "compensator.events", body, actor="events-publish")
@@ -123,8 +128,8 @@ def test_the_projector_and_the_publisher_are_shown_with_their_lag(
 
         asyncio.run(projected(2))
         monkeypatch.setenv("COMPENSATOR_PG_DSN", server.dsn)
-        code, out, err = status(monkeypatch, capsys, store.addresses, "--json")
-        text_code, text, _ = status(monkeypatch, capsys, store.addresses)
+        code, out, err = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
+        text_code, text, _ = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
     assert (code, err, text_code) == (0, "", 0)
     report = json.loads(out)
     last = report["last_event_seq"]
@@ -140,7 +145,37 @@ def test_a_projector_without_a_database_is_named_not_fatal(
 ) -> None:
     monkeypatch.delenv("COMPENSATOR_PG_DSN", raising=False)
     monkeypatch.setenv("COMPENSATOR_LOCAL__DATA_DIR", str(tmp_path / "local"))
-    code, out, _ = status(monkeypatch, capsys, store.addresses, "--json")
+    code, out, _ = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
     assert code == 0
     (projector,) = json.loads(out)["followers"]
     assert projector["cursor"] is None and "COMPENSATOR_PG_DSN" in projector["error"]
+
+
+def test_what_others_typed_is_printed_escaped_never_raw(
+    store: StoreThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A holder and a reason with terminal escape codes and a bidi override (stored before holders
+    were checked, or by anything that reaches the store): `status` shows them escaped, as text and
+    as JSON that still parses to the stored value."""
+    holder, reason = "\x1b]0;owned\x07\x1b[2Jops\u202eecila", "disk \x9b31m full\u200b"
+
+    async def pause() -> None:
+        queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
+        try:
+            await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key="t", ref_key="r", payload=b"p")])
+            await queue.pause("transfer", holder, reason)
+            await queue.pause("callback", "breaker:callback", reason)
+        finally:
+            await queue.raft.close()
+
+    store.run(pause())
+    code, out, err = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
+    assert code == 0 and err == ""
+    raw = [c for c in out if c not in "\n\t" and (ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c in "\u202e\u200b")]
+    assert raw == []
+    assert "\\u001b]0;owned\\u0007\\u001b[2Jops\\u202eecila" in out and "disk \\u009b31m full\\u200b" in out
+    code, out, err = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
+    assert code == 0 and "\x1b" not in out and "\u202e" not in out and "\x9b" not in out
+    report = json.loads(out)
+    assert report["paused"]["transfer"] == [holder]
+    assert next(b for b in report["breakers"] if b["downstream"] == "callback")["reason"] == reason

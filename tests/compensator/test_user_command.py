@@ -10,6 +10,7 @@ from pathlib import Path
 
 from queues import QueueClient, RaftClient
 from queues.replicated import machine_factory
+from raft_store.testing.credentials import cluster_auth, service_settings
 from raft_store.testing.inprocess import StoreThread, running_store
 
 PASSWORD = "correct horse battery"
@@ -18,13 +19,13 @@ PASSWORD = "correct horse battery"
 def _user(store: StoreThread, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "compensator", "user", *args], input=stdin, capture_output=True, text=True, timeout=60,
-        env={"COMPENSATOR_STORE__ADDRESSES": store.addresses, "PATH": "/usr/bin:/bin"}, check=False,
+        env={**store.service_settings(), "PATH": "/usr/bin:/bin"}, check=False,
     )  # fmt: skip
 
 
 def _documents(store: StoreThread, namespace: str) -> str:
     async def read() -> str:
-        queue = QueueClient(RaftClient([store.address]))
+        queue = QueueClient(RaftClient([store.address], auth=store.auth))
         try:
             answer = (await queue.documents(namespace)).value
             return f"version {answer.version}: {answer.documents}"
@@ -76,7 +77,7 @@ def test_add_list_role_passwd_disable_enable(tmp_path: Path) -> None:
 
 async def _lock(store: StoreThread, name: str) -> None:
     """The account locked, as five failed logins from several addresses leave it."""
-    queue = QueueClient(RaftClient([store.address]))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth))
     try:
         body = json.dumps({"failures": 0, "locked_until_ms": 4_000_000_000_000, "last_failure_ms": 1}).encode()
         await queue.put_document("logins", name, body, actor="web", reason="failed login: locked now")
@@ -108,3 +109,32 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
             assert len(done.stderr.splitlines()) == 1 and words in done.stderr, (args, done.stderr)
             assert PASSWORD not in done.stderr + done.stdout
         assert _documents(store, "users") == before
+
+
+def test_without_the_cluster_secret_no_token_or_user_is_made(tmp_path: Path) -> None:
+    """The store's administrators are the holders of its cluster secret: `token create` and `user
+    add` without it (or with another) fail in one line and change nothing."""
+    with running_store(tmp_path / "store", machine_factory) as store:
+        before = _documents(store, "users")
+        stranger = tmp_path / "stranger"
+        stranger.mkdir()
+        environments = {
+            "no secret": {"COMPENSATOR_STORE__ADDRESSES": store.addresses,
+                          "COMPENSATOR_STORE__SECRET_FILE": str(tmp_path / "missing.secret")},
+            "another secret": service_settings([store.address], cluster_auth(stranger)),
+        }  # fmt: skip
+        for case, environment in environments.items():
+            for command in (["token", "create", "--name", "mallory", "--role", "admin"],
+                            ["user", "add", "--name", "mallory", "--role", "approver"]):  # fmt: skip
+                done = subprocess.run(
+                    [sys.executable, "-m", "compensator", *command], input=PASSWORD + "\n", capture_output=True,
+                    text=True, timeout=60, env={**environment, "PATH": "/usr/bin:/bin"}, check=False,
+                )  # fmt: skip
+                assert done.returncode == 1 and done.stdout == "", (case, done.stderr)
+                (line,) = done.stderr.splitlines()
+                assert line.startswith(f"compensator {command[0]}: error: "), line
+                assert ("cannot read" in line) if case == "no secret" else ("refused" in line), line
+        assert _documents(store, "users") == before
+        tokens = subprocess.run([sys.executable, "-m", "compensator", "token", "list"], capture_output=True, text=True,
+                                timeout=60, env={**store.service_settings(), "PATH": "/usr/bin:/bin"})  # fmt: skip
+        assert tokens.returncode == 0 and "mallory" not in tokens.stdout

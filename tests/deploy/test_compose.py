@@ -142,6 +142,45 @@ def test_the_image_is_multi_stage_pinned_non_root_and_built_from_the_lock() -> N
             assert normalised.get(re.sub(r"[-_.]+", "-", name).lower()) == version, f"{pin} is not in requirements.lock"
 
 
+def test_every_node_and_every_store_client_holds_the_cluster_secret(compose: dict[str, Any]) -> None:
+    """Nothing reaches the store without the cluster secret: the nodes are started with it, and
+    every service of ours that is a store client has it mounted and configured."""
+    assert compose["secrets"]["cluster_secret"] == {"file": "./deploy/secrets/cluster_secret"}
+    for name, service in ours(compose).items():
+        command = [str(part) for part in service["command"]]
+        environment = service.get("environment") or {}
+        if command[1] == "node":
+            assert command[command.index("--secret-file") + 1] == "/run/secrets/cluster_secret", name
+            assert "cluster_secret" in service["secrets"], name
+        elif "COMPENSATOR_STORE__ADDRESSES" in environment:
+            assert environment["COMPENSATOR_STORE__SECRET_FILE"] == "/run/secrets/cluster_secret", name
+            assert "cluster_secret" in service.get("secrets", []), name
+        else:
+            assert "cluster_secret" not in service.get("secrets", []), f"{name} is no store client: no secret"
+
+
+def test_make_secrets_makes_each_file_once_private_and_a_cluster_secret_the_nodes_accept(tmp_path: Path) -> None:
+    import os
+    import stat
+    import subprocess
+
+    from raft_store.auth import read_secret_file
+
+    folder = tmp_path / "secrets"
+    environ = {**os.environ, "COMPENSATOR_SECRETS_OWNER": f"{os.getuid()}:{os.getgid()}"}
+    made = subprocess.run([str(ROOT / "deploy" / "make-secrets"), str(folder)], capture_output=True, text=True,
+                          env=environ, timeout=60, check=True)  # fmt: skip
+    names = {secret["file"].removeprefix("./deploy/secrets/") for secret in yaml.safe_load(
+        (ROOT / "compose.yaml").read_text())["secrets"].values()} - {"api_metrics_token"}  # fmt: skip
+    assert {path.name for path in folder.iterdir()} == names, made.stdout
+    assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in folder.iterdir())
+    assert len(read_secret_file(folder / "cluster_secret")) == 1
+    before = (folder / "cluster_secret").read_text()
+    again = subprocess.run([str(ROOT / "deploy" / "make-secrets"), str(folder)], capture_output=True, text=True,
+                           env=environ, timeout=60, check=True)  # fmt: skip
+    assert "nothing made" in again.stdout and (folder / "cluster_secret").read_text() == before
+
+
 def test_every_intake_knows_the_callback_targets_the_workers_deliver_to(compose: dict[str, Any]) -> None:
     """The API and the Kafka ingest refuse a callback to a target that is not registered: they must
     read the same targets as the workers, or every callback would be refused (or die unsent)."""

@@ -56,7 +56,7 @@ def exported(store: StoreThread) -> set[str]:
     Prometheus gives counters and histograms)."""
 
     async def node_families() -> list[Metric]:
-        queue = QueueClient(RaftClient([store.address], deadline_s=10))
+        queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
         try:
             await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key="k", ref_key="r", payload=b"p")])
         finally:

@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from delay.policy import RetryPolicy
 from ledger.pg import free_tcp_port
+from raft_store.testing.inprocess import StoreThread
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 SESSION_TIMEOUT_MS: Final = 4000
@@ -128,8 +129,8 @@ def child_env(overrides: Mapping[str, str]) -> dict[str, str]:
     return {**env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **overrides}
 
 
-def kafka_env(bootstrap: str, store_addresses: str, **kafka: Any) -> dict[str, str]:
-    env = {"COMPENSATOR_STORE__ADDRESSES": store_addresses, "COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+def kafka_env(bootstrap: str, store: StoreThread, **kafka: Any) -> dict[str, str]:
+    env = {**store.service_settings(), "COMPENSATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
            "COMPENSATOR_KAFKA__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
            "COMPENSATOR_KAFKA__HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_INTERVAL_MS)}  # fmt: skip
     env.update({f"COMPENSATOR_KAFKA__{name.upper()}": json.dumps(value) for name, value in kafka.items()})

@@ -81,7 +81,7 @@ async def test_ingest_killed_mid_stream_enqueues_every_valid_record_once_and_rej
 ) -> None:
     await ensure_topics(BrokerSettings(bootstrap_servers=(broker.bootstrap,)), ["requests", "rejects"], 3)
     malformed = await produce(broker.bootstrap)
-    env = kafka_env(broker.bootstrap, store.addresses, ingest_topic="requests", rejects_topic="rejects",
+    env = kafka_env(broker.bootstrap, store, ingest_topic="requests", rejects_topic="rejects",
                     ingest_batch_max=10, group_id=GROUP, ingest_producer="orders-kafka")  # fmt: skip
     log = tmp_path / "ingest.log"
     for kill_at in (60, 200):

@@ -22,8 +22,8 @@ from raft_store.testing.processes import ProcessCluster
 pytestmark = pytest.mark.slow
 
 
-def publisher_env(broker: Broker, addresses: str) -> dict[str, str]:
-    return kafka_env(broker.bootstrap, addresses, events_topic=TOPIC, publisher_batch_max=10, publisher_poll_ms=50,
+def publisher_env(broker: Broker, store: StoreThread) -> dict[str, str]:
+    return kafka_env(broker.bootstrap, store, events_topic=TOPIC, publisher_batch_max=10, publisher_poll_ms=50,
                      publisher_lease_ms=1500, partitions=3)  # fmt: skip
 
 
@@ -31,7 +31,7 @@ async def test_a_publisher_killed_mid_stream_is_replaced_by_one_standby_without_
     queue: QueueClient, store: StoreThread, broker: Broker, tmp_path: Path
 ) -> None:
     await enqueue(queue, 0, 300)
-    env = publisher_env(broker, store.addresses)
+    env = publisher_env(broker, store)
     first = spawn("events-publish", env, tmp_path / "a.log", "--holder", "a")
     try:
         await until(lambda: _published(broker, 60), what="a published some events")
@@ -75,7 +75,7 @@ def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
 
 @pytest.fixture
 async def cluster_queue(cluster: ProcessCluster) -> AsyncIterator[QueueClient]:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20.0)
     try:
         await cluster.wait_leader(raft, timeout_s=30.0)
         queue = QueueClient(raft)

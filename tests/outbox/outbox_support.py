@@ -58,7 +58,7 @@ class ApiServer:
 
     async def up(self) -> None:
         environ = {
-            "COMPENSATOR_STORE__ADDRESSES": self.store.addresses, "COMPENSATOR_STORE__DEADLINE_S": "3",
+            **self.store.service_settings(), "COMPENSATOR_STORE__DEADLINE_S": "3",
             "COMPENSATOR_AUTH__REFRESH_INTERVAL_S": "0.2",
             **{f"COMPENSATOR_{name.upper()}": value for name, value in self.overrides.items()},
         }  # fmt: skip
@@ -85,7 +85,7 @@ class ApiServer:
 @contextlib.asynccontextmanager
 async def producer_token(store: StoreThread) -> AsyncIterator[str]:
     token = new_token()
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     try:
         await queue.put_token(PRODUCER, Role.PRODUCER, token_hash(token), actor="tests")
         yield token
@@ -95,7 +95,7 @@ async def producer_token(store: StoreThread) -> AsyncIterator[str]:
 
 async def enqueued_keys(store: StoreThread) -> list[str]:
     """The idempotency key of every ENQUEUED event in the store's log, in order (duplicates kept)."""
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     keys: list[str] = []
     try:
         seq = 0

@@ -73,7 +73,7 @@ async def test_what_is_missing_is_one_line(producer_dsn: str, tmp_path: Path) ->
          "outbox.token_file: cannot read it"),
         ({"COMPENSATOR_OUTBOX__DSN": bare, "COMPENSATOR_OUTBOX_TOKEN": "cmp_x"}, "table compensator_outbox is missing"),
         ({"COMPENSATOR_OUTBOX__DSN": producer_dsn, "COMPENSATOR_OUTBOX__BACKOFF_MIN_S": "9",
-          "COMPENSATOR_OUTBOX__BACKOFF_MAX_S": "1"}, "config: outbox: backoff must satisfy"),
+          "COMPENSATOR_OUTBOX__BACKOFF_MAX_S": "1"}, "environment: outbox: backoff must satisfy"),
     ]  # fmt: skip
     for env, expected in cases:
         code, out, err = await relay_once(env)

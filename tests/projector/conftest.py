@@ -48,7 +48,7 @@ def store(tmp_path: Path) -> Iterator[StoreThread]:
 
 @pytest.fixture
 async def queue(store: StoreThread) -> AsyncIterator[QueueClient]:
-    client = QueueClient(RaftClient([store.address], deadline_s=10))
+    client = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     for kind in KINDS:
         await client.set_policy(kind, FAST)
     yield client
@@ -65,7 +65,7 @@ async def gapped(tmp_path: Path) -> AsyncIterator[tuple[StoreThread, QueueClient
         return ReplicatedQueueMachine(str(data_dir / DB_NAME), QueueConfig(event_retention_ms=200))
 
     with running_store(tmp_path / "gapped", short_retention) as store:
-        client = QueueClient(RaftClient([store.address], deadline_s=10))
+        client = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
         try:
             for kind in KINDS:
                 await client.set_policy(kind, FAST)

@@ -13,6 +13,6 @@ def test_the_projector_section_has_working_defaults_and_checked_overrides() -> N
     with pytest.raises(ConfigError) as raised:
         load(None, {"COMPENSATOR_PROJECTOR__BATCH_MAX": "5000", "COMPENSATOR_PROJECTOR__IDLE_POLL_MS": "1"})
     assert raised.value.problems == [
-        "projector.batch_max: must be in 1..1000",
-        "projector.idle_poll_ms: must be in 10..60000",
+        "COMPENSATOR_PROJECTOR__BATCH_MAX: projector.batch_max: must be in 1..1000",
+        "COMPENSATOR_PROJECTOR__IDLE_POLL_MS: projector.idle_poll_ms: must be in 10..60000",
     ]

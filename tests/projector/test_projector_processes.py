@@ -35,7 +35,7 @@ SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid
 
 def environment(store: StoreThread, dsn: str, **settings: str) -> dict[str, str]:
     environ = {name: value for name, value in os.environ.items() if not name.startswith("COMPENSATOR_")}
-    environ.update({"COMPENSATOR_PG_DSN": dsn, "COMPENSATOR_STORE__ADDRESSES": store.addresses,
+    environ.update({"COMPENSATOR_PG_DSN": dsn, **store.service_settings(),
                     "COMPENSATOR_STORE__DEADLINE_S": "3", "COMPENSATOR_PROJECTOR__BATCH_MAX": "20",
                     "COMPENSATOR_PROJECTOR__IDLE_POLL_MS": "20", "COMPENSATOR_PROJECTOR__STANDBY_POLL_MS": "50"})  # fmt: skip
     environ.update({f"COMPENSATOR_{name.upper()}": value for name, value in settings.items()})

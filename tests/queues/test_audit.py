@@ -12,6 +12,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from queues.machine import QueueConfig
 from queues.model import Ack, BatchResult, Enqueue, Lease, LeaseResult, Purge, QueueCommand, Redrive
 from queues.replicated import ReplicatedQueueMachine
 from raft_store.state_machine import Command
+from raft_store.testing.credentials import cluster_auth
 
 T0 = 1_700_000_000_000
 
@@ -146,9 +148,10 @@ def test_cli_refuses_bad_input_with_one_line_and_a_nonzero_exit() -> None:
         assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr
 
 
-def test_cli_with_no_replica_answering_says_so_and_exits_2() -> None:
+def test_cli_with_no_replica_answering_says_so_and_exits_2(tmp_path: Path) -> None:
+    secret = ["--secret-file", str(cluster_auth(tmp_path).secrets.path)]
     done = subprocess.run(
-        [sys.executable, "-m", "queues.audit", "--addresses", "127.0.0.1:9,127.0.0.1:10", "--once"],
+        [sys.executable, "-m", "queues.audit", "--addresses", "127.0.0.1:9,127.0.0.1:10", "--once", *secret],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2, done.stderr

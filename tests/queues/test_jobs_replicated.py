@@ -94,7 +94,7 @@ async def drivers(cluster: ProcessCluster) -> AsyncIterator[tuple[ProcessCluster
 
 
 def _driver(nodes: ProcessCluster, started: list[MaintenanceDriver]) -> MaintenanceDriver:
-    driver = MaintenanceDriver(QueueClient(RaftClient(nodes.addresses(), attempt_timeout_s=1.0, deadline_s=20.0),
+    driver = MaintenanceDriver(QueueClient(RaftClient(nodes.addresses(), auth=nodes.auth, attempt_timeout_s=1.0, deadline_s=20.0),
                                            coalesce=False), DRIVER)  # fmt: skip
     started.append(driver)
     driver.start()

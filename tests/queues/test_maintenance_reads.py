@@ -23,7 +23,7 @@ def store(tmp_path: Path) -> Iterator[StoreThread]:
 
 
 async def test_an_idle_driver_writes_nothing_and_a_due_expiry_is_proposed(store: StoreThread) -> None:
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     driver = MaintenanceDriver(queue, MaintenanceConfig(expire_every_s=0.05, purge_every_s=0.1))
     try:
         await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key="k", ref_key="r", payload=b"p")])

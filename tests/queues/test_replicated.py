@@ -48,7 +48,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[ProcessCluster]:
 
 
 async def _connect(cluster: ProcessCluster) -> tuple[RaftClient, QueueClient]:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20.0)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20.0)
     await cluster.wait_leader(raft)
     queue = QueueClient(raft)
     await queue.set_policy("test", FAST)
@@ -146,7 +146,7 @@ async def test_lifecycle_queries_and_follower_reads(cluster: ProcessCluster) -> 
         # follower reads: answer with the applied index they reflect, equal once converged
         applied = await _converged(cluster, raft)
         for node in cluster.ids:
-            follower = QueueClient(raft, reader=RaftClient([cluster.address(node)], deadline_s=5.0))
+            follower = QueueClient(raft, reader=RaftClient([cluster.address(node)], auth=cluster.auth, deadline_s=5.0))
             stale = await follower.get(third.message_id, stale_ok=True)
             assert stale.applied_index == applied
             assert stale.value is not None and stale.value.state is State.DELAYED
@@ -277,7 +277,7 @@ async def test_enqueue_under_leader_kill_loses_nothing_and_duplicates_nothing(cl
         # every replica holds the same state
         await _converged(cluster, raft)
         for node in cluster.ids:
-            reader = RaftClient([cluster.address(node)], deadline_s=5.0)
+            reader = RaftClient([cluster.address(node)], auth=cluster.auth, deadline_s=5.0)
             counts = (await QueueClient(raft, reader=reader).counts(stale_ok=True)).value
             await reader.close()
             assert counts == {("test", "done"): len(keys)}, (node, counts)
@@ -316,7 +316,7 @@ async def test_stale_token_refused_across_leader_change(cluster: ProcessCluster)
 
 async def test_replica_audit_names_a_replica_whose_store_was_corrupted_while_it_was_down(cluster: ProcessCluster) -> None:
     raft, queue = await _connect(cluster)
-    clients = replica_clients(cluster.addresses())
+    clients = replica_clients(cluster.addresses(), cluster.auth)
     names = {node: f"{host}:{port}" for node, (host, port) in zip(cluster.ids, cluster.addresses(), strict=True)}
     try:
         for start in range(0, 300, 100):
@@ -351,7 +351,8 @@ async def test_replica_audit_names_a_replica_whose_store_was_corrupted_while_it_
         assert found.differ == (names[victim],) and set(found.agree) == set(names.values()) - {names[victim]}
         done = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "queues.audit", "--once", "--addresses", ",".join(names.values())],
+            [sys.executable, "-m", "queues.audit", "--once", "--addresses", ",".join(names.values()),
+             *cluster.auth_args()],
             capture_output=True, text=True, timeout=60,
         )
         assert done.returncode == 1, done.stderr

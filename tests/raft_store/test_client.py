@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 
 from raft_store import codec
+from raft_store.auth import StoreAuth
 from raft_store.client import ClientError, OutcomeUnknown, RaftClient, RequestRefused, Unavailable
 from raft_store.codec import FrameType, Status
+from raft_store.testing.credentials import accept_dialer, cluster_auth
 from raft_store.testing.processes import free_ports
-from raft_store.transport import read_frame, read_hello
+from raft_store.transport import read_frame
 
 Address = tuple[str, int]
 
@@ -38,6 +40,7 @@ Script = Callable[[int], Status | Act]
 class FakeNode:
     node_id: int
     script: Script
+    auth: StoreAuth
     leader_hint: int = 0
     status_fields: dict[str, Any] = field(default_factory=dict)
     requests: int = 0
@@ -65,7 +68,7 @@ class FakeNode:
         assert task is not None
         self._serving[task] = writer
         try:
-            await read_hello(reader, 1)
+            await accept_dialer(reader, writer, self.auth)
             while True:
                 ftype, body = await read_frame(reader)
                 if ftype is FrameType.STATUS:
@@ -106,16 +109,26 @@ def first_then(first: Status | Act, then: Status | Act) -> Script:
     return lambda n: first if n == 1 else then
 
 
+AUTH: list[StoreAuth] = []
+"""The fake cluster's secret, made once per module by the `auth` fixture."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def auth(tmp_path_factory: pytest.TempPathFactory) -> StoreAuth:
+    AUTH[:] = [cluster_auth(tmp_path_factory.mktemp("fake-cluster"))]
+    return AUTH[0]
+
+
 def quick_client(*addresses: Address) -> RaftClient:
-    return RaftClient(list(addresses), attempt_timeout_s=0.05, deadline_s=0.3)
+    return RaftClient(list(addresses), auth=AUTH[0], attempt_timeout_s=0.05, deadline_s=0.3)
 
 
 @pytest.fixture
-async def fake() -> Any:
+async def fake(auth: StoreAuth) -> Any:
     nodes: list[FakeNode] = []
 
     async def make(node_id: int, script: Script, **fields: Any) -> FakeNode:
-        node = FakeNode(node_id, script, **fields)
+        node = FakeNode(node_id, script, auth, **fields)
         await node.start()
         nodes.append(node)
         return node

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,9 @@ from hypothesis import strategies as st
 
 from raft_store import codec
 from raft_store.codec import CodecError, FrameType
-from raft_store.transport import Transport, hello
+from raft_store.handshake import DialerHandshake
+from raft_store.testing.credentials import cluster_auth
+from raft_store.transport import Transport, dial
 from raft_store.types import ConfState, Entry, EntryKind, Message, MessageType, Snapshot, SnapshotMeta
 
 entries = st.lists(
@@ -72,22 +75,33 @@ def test_truncated_message_is_refused() -> None:
             codec.decode_message(blob[:cut])
 
 
-async def test_a_peer_sending_garbage_is_disconnected() -> None:
+async def test_a_peer_sending_garbage_is_disconnected(tmp_path: Path) -> None:
     received: list[bytes] = []
-    transport = Transport(1, ("127.0.0.1", 0), {}, lambda s, t, b: received.append(b), lambda c, t, b: None)
+    auth = cluster_auth(tmp_path)
+    transport = Transport(1, ("127.0.0.1", 0), {}, lambda s, t, b: received.append(b), lambda c, t, b: None, auth=auth)
     await transport.start()
     assert transport._server is not None
     port = transport._server.sockets[0].getsockname()[1]
-    for opening in (b"GET / HTTP/1.1\r\n\r\n", hello(2, 99), hello(2, 1) + struct.pack(">IB", 10, 250) + b"x" * 9):
+    key = auth.secrets.presented()
+    for opening in (b"GET / HTTP/1.1\r\n\r\n", DialerHandshake(key, 2, 99).hello(),
+                    codec.frame(FrameType.HELLO, struct.pack(">5sQQ", b"RSTR\x01", 2, 1))):  # fmt: skip
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(opening)
         await writer.drain()
-        assert await asyncio.wait_for(reader.read(), 5) == b""  # the node hung up
+        assert b"\x00" not in (await asyncio.wait_for(reader.read(), 5))[5:]  # at most REFUSED, then it hung up
         writer.close()
+    assert transport.refused == {"malformed": 1, "cluster": 1, "version": 1}
+    # Let in, then an unknown frame type: disconnected.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await dial(reader, writer, DialerHandshake(key, 2, 1))
+    writer.write(struct.pack(">IB", 10, 250) + b"x" * 9)
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
     # A well-formed peer frame still gets through afterwards.
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await dial(reader, writer, DialerHandshake(key, 2, 1))
     m = Message(MessageType.HEARTBEAT, to=1, frm=2, term=1)
-    writer.write(hello(2, 1) + codec.frame(FrameType.RAFT, codec.encode_message(m)))
+    writer.write(codec.frame(FrameType.RAFT, codec.encode_message(m)))
     await writer.drain()
     for _ in range(100):
         if received:

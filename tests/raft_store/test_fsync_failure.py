@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from raft_store.client import ClientError, RaftClient
+from raft_store.testing.credentials import SECRET_NAME, cluster_auth
 from raft_store.testing.processes import free_ports
 
 pytestmark = pytest.mark.slow
@@ -33,20 +34,21 @@ def strace() -> str:
 
 def node_args(port: int, data: Path) -> list[str]:
     return [sys.executable, "-m", "raft_store", "run", "--id", "1", "--peer", f"1=127.0.0.1:{port}",
-            "--data", str(data), "--machine", "kv"]
+            "--data", str(data), "--machine", "kv", "--secret-file", str(data.parent / SECRET_NAME)]
 
 
 async def test_fsync_eio_stops_the_node(tmp_path: Path) -> None:
     tracer = strace()
     (port,) = free_ports(1)
     data = tmp_path / "node1"
+    auth = cluster_auth(tmp_path)
     log = open(tmp_path / "node.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [tracer, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "-e", "inject=fsync:error=EIO:when=40+",
          *node_args(port, data)],
         stdout=log, stderr=log,
     )
-    client = RaftClient([("127.0.0.1", port)], attempt_timeout_s=1.0, deadline_s=3.0)
+    client = RaftClient([("127.0.0.1", port)], auth=auth, attempt_timeout_s=1.0, deadline_s=3.0)
     acked: list[int] = []
     try:
         for value in range(1, 10_000):
@@ -68,7 +70,7 @@ async def test_fsync_eio_stops_the_node(tmp_path: Path) -> None:
     # A healthy restart holds exactly what was acknowledged before the failure (and maybe
     # commands whose answer never came, but nothing acknowledged is missing).
     proc = subprocess.Popen(node_args(port, data), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = RaftClient([("127.0.0.1", port)], deadline_s=20)
+    client = RaftClient([("127.0.0.1", port)], auth=auth, deadline_s=20)
     try:
         answer, _ = await client.read(json.dumps({"key": "k"}).encode())
     finally:

@@ -41,7 +41,7 @@ async def test_learner_promotion_transfer_and_removal(tmp_path: Path) -> None:
     cluster.root.mkdir(parents=True, exist_ok=True)
     for node in (1, 2, 3):
         cluster.start(node, "--voters", "1,2,3")
-    client = RaftClient(cluster.addresses()[:3], deadline_s=20)
+    client = RaftClient(cluster.addresses()[:3], auth=cluster.auth, deadline_s=20)
     try:
         leader = await cluster.wait_leader(client)
         for i in range(200):  # enough history that the newcomer needs a snapshot
@@ -49,7 +49,7 @@ async def test_learner_promotion_transfer_and_removal(tmp_path: Path) -> None:
         cluster.start(4, "--join")
         addresses = ",".join(f"{h}:{p}" for h, p in cluster.addresses()[:3])
         host, port = cluster.address(4)
-        result = cli("add-learner", "--addresses", addresses, "--node", "4", "--address", f"{host}:{port}")
+        result = cli("add-learner", *cluster.auth_args(), "--addresses", addresses, "--node", "4", "--address", f"{host}:{port}")
         assert result.returncode == 0, result.stderr
 
         async def learner_caught_up() -> bool:
@@ -63,20 +63,20 @@ async def test_learner_promotion_transfer_and_removal(tmp_path: Path) -> None:
         assert leader_status["metrics"]["checkpoints"] >= 1
         assert leader_status["metrics"]["snapshots"] >= 1
         assert (await client.status(cluster.address(4)))["snapshot_index"] > 0
-        assert cli("add-voter", "--addresses", addresses, "--node", "4").returncode == 0
+        assert cli("add-voter", *cluster.auth_args(), "--addresses", addresses, "--node", "4").returncode == 0
 
         async def four_voters() -> bool:
             status = await client.status(cluster.address(leader))
             return bool(status["voters"] == [1, 2, 3, 4])
 
         await wait_for(four_voters)
-        assert cli("transfer", "--addresses", addresses, "--node", "4").returncode == 0
+        assert cli("transfer", *cluster.auth_args(), "--addresses", addresses, "--node", "4").returncode == 0
 
         async def node4_leads() -> bool:
             return (await client.status(cluster.address(4)))["role"] == "leader"
 
         await wait_for(node4_leads)
-        assert cli("remove", "--addresses", addresses, "--node", str(leader)).returncode == 0
+        assert cli("remove", *cluster.auth_args(), "--addresses", addresses, "--node", str(leader)).returncode == 0
 
         async def removed() -> bool:
             status = await client.status(cluster.address(4))
@@ -85,7 +85,7 @@ async def test_learner_promotion_transfer_and_removal(tmp_path: Path) -> None:
         await wait_for(removed)
         answer, _ = await client.read(json.dumps({"key": "k199"}).encode())
         assert json.loads(answer)["value"] == "199"
-        status = cli("status", "--addresses", addresses + f",{host}:{port}")
+        status = cli("status", *cluster.auth_args(), "--addresses", addresses + f",{host}:{port}")
         assert status.returncode == 0 and '"role": "leader"' in status.stdout
     finally:
         await client.close()

@@ -19,7 +19,9 @@ from raft_store.client import ClientError, LongPoll, RaftClient, RequestRefused
 from raft_store.codec import Status
 from raft_store.core import Role
 from raft_store.machines import CounterMachine
-from raft_store.node import Node, NodeConfig
+from raft_store.node import Node
+from raft_store.node_config import NodeConfig
+from raft_store.testing.credentials import cluster_auth
 from raft_store.testing.processes import free_ports
 
 
@@ -41,9 +43,10 @@ async def two_nodes(
     """(leader, follower) of a new two-voter cluster: with two voters an entry needs both."""
     ports = free_ports(2)
     peers = {1: ("127.0.0.1", ports[0]), 2: ("127.0.0.1", ports[1])}
+    auth = cluster_auth(tmp_path)
     nodes = [
         Node(NodeConfig(node_id=n, data_dir=tmp_path / f"node{n}", listen=peers[n], peers=peers,
-                        initial_voters=frozenset(peers), tick_ms=10, election_ticks=election_ticks), machine())
+                        initial_voters=frozenset(peers), tick_ms=10, election_ticks=election_ticks, auth=auth), machine())
         for n in peers
     ]
     for node in nodes:
@@ -102,7 +105,7 @@ async def test_a_slow_query_leaves_the_loop_leading_and_a_failing_one_answers_an
     async with two_nodes(tmp_path, election_ticks=10, machine=SlowQueries) as (leader, _):
         assert leader.core is not None
         term = leader.core.term
-        client = RaftClient([leader.config.listen], attempt_timeout_s=5.0, deadline_s=5.0)
+        client = RaftClient([leader.config.listen], auth=leader.transport.auth, attempt_timeout_s=5.0, deadline_s=5.0)
         try:
             slow = asyncio.ensure_future(client.read(b"slow", linearizable=False))
             await asyncio.sleep(0.05)  # the slow query is on the apply thread now
@@ -126,7 +129,7 @@ async def test_a_slow_query_leaves_the_loop_leading_and_a_failing_one_answers_an
 
 async def test_a_node_stopped_during_a_slow_query_does_not_leave_its_client_waiting(tmp_path: Path) -> None:
     async with two_nodes(tmp_path, election_ticks=10, machine=SlowQueries) as (leader, _):
-        client = RaftClient([leader.config.listen], attempt_timeout_s=5.0, deadline_s=2.0)
+        client = RaftClient([leader.config.listen], auth=leader.transport.auth, attempt_timeout_s=5.0, deadline_s=2.0)
         try:
             slow = asyncio.ensure_future(client.read(b"slow", linearizable=False))
             await asyncio.sleep(0.05)
@@ -144,7 +147,7 @@ async def test_a_waiting_read_is_answered_when_a_command_applies_or_when_its_wai
     caller last saw has applied, then answered from that state; else answered when the wait ends."""
     async with two_nodes(tmp_path, election_ticks=10) as (leader, _):
         assert leader.core is not None
-        client = RaftClient([leader.config.listen], attempt_timeout_s=2.0, deadline_s=5.0)
+        client = RaftClient([leader.config.listen], auth=leader.transport.auth, attempt_timeout_s=2.0, deadline_s=5.0)
         try:
             _, seen = await client.read(b"", linearizable=False)
             began = time.perf_counter()
@@ -171,7 +174,7 @@ async def test_a_waiting_read_is_answered_when_a_command_applies_or_when_its_wai
 async def test_wake_one_reads_of_one_query_are_answered_one_per_apply_oldest_first(tmp_path: Path) -> None:
     """Idle workers asking the same question: an apply wakes one of them, the next apply the next."""
     async with two_nodes(tmp_path, election_ticks=10) as (leader, _):
-        client = RaftClient([leader.config.listen], attempt_timeout_s=2.0, deadline_s=5.0)
+        client = RaftClient([leader.config.listen], auth=leader.transport.auth, attempt_timeout_s=2.0, deadline_s=5.0)
         try:
             _, seen = await client.read(b"", linearizable=False)
             waiting = []

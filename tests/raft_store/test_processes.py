@@ -85,7 +85,7 @@ def cluster(tmp_path: Path):
 
 
 async def test_kill_leader_under_load_loses_nothing(cluster: ProcessCluster) -> None:
-    client = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20)
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20)
     leader = await cluster.wait_leader(client)
     load = Appender(client, workers=8)
     await asyncio.sleep(2.0)
@@ -107,7 +107,7 @@ async def test_kill_leader_under_load_loses_nothing(cluster: ProcessCluster) -> 
 
 
 async def test_paused_node_past_election_timeout(cluster: ProcessCluster) -> None:
-    client = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20)
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20)
     leader = await cluster.wait_leader(client)
     load = Appender(client, workers=4)
     await asyncio.sleep(1.0)
@@ -132,7 +132,7 @@ async def test_paused_node_past_election_timeout(cluster: ProcessCluster) -> Non
 
 async def test_whole_cluster_power_loss(cluster: ProcessCluster) -> None:
     """kill -9 of all three at once drops every un-fsynced write; acknowledged ones survive."""
-    client = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=20)
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20)
     await cluster.wait_leader(client)
     load = Appender(client, workers=8)
     await asyncio.sleep(2.0)
@@ -154,14 +154,14 @@ async def test_whole_cluster_power_loss(cluster: ProcessCluster) -> None:
 async def test_concurrent_linearizable_reads_see_every_acknowledged_write(cluster: ProcessCluster) -> None:
     """Reads that arrive together share one ReadIndex round; each still sees every write
     acknowledged before it was sent, on the leader and through followers."""
-    client = RaftClient(cluster.addresses(), deadline_s=20)
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=20)
     await cluster.wait_leader(client)
     for round_ in range(5):
         await client.propose(json.dumps({"op": "put", "key": "x", "value": str(round_)}).encode())
         answers = await asyncio.gather(*[client.read(json.dumps({"key": "x"}).encode()) for _ in range(500)])
         assert {json.loads(answer)["value"] for answer, _ in answers} == {str(round_)}
     for node in cluster.ids:
-        follower = RaftClient([cluster.address(node)], deadline_s=20)
+        follower = RaftClient([cluster.address(node)], auth=cluster.auth, deadline_s=20)
         answer, _ = await follower.read(json.dumps({"key": "x"}).encode())
         assert json.loads(answer)["value"] == "4"
         await follower.close()
@@ -174,14 +174,14 @@ async def test_a_client_given_one_follower_reaches_the_leader_by_advertised_clie
     cluster = ProcessCluster(tmp_path, machine="kv")
     cluster.extra_args += cluster.client_address_args("localhost")
     cluster.start_all()
-    operator = RaftClient(cluster.addresses(), deadline_s=20)
+    operator = RaftClient(cluster.addresses(), auth=cluster.auth, deadline_s=20)
     try:
         leader = await cluster.wait_leader(operator)
         status = await operator.status(cluster.address(leader))
         assert status["client_addresses"] == {str(n): f"localhost:{cluster.address(n)[1]}" for n in cluster.ids}
         assert status["addresses"] == {str(n): f"127.0.0.1:{cluster.address(n)[1]}" for n in cluster.ids}
         follower = next(node for node in cluster.ids if node != leader)
-        client = RaftClient([("localhost", cluster.address(follower)[1])], deadline_s=20)
+        client = RaftClient([("localhost", cluster.address(follower)[1])], auth=cluster.auth, deadline_s=20)
         try:
             await client.propose(json.dumps({"op": "put", "key": "k", "value": "v"}).encode())
             answer, _ = await client.read(json.dumps({"key": "k"}).encode())

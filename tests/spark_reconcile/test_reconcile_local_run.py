@@ -32,6 +32,7 @@ from browser_support import ROOT, Banner, LocalRun, child_env, local_run, poll_u
 from pyspark.sql import SparkSession
 
 from compensator import cli
+from ledger import pg
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.usefixtures("jdbc_driver")]
 
@@ -76,9 +77,10 @@ def wait_paid(banner: Banner, ids: list[str]) -> None:
 
 
 def ledger_dsn(run: LocalRun) -> str:
-    """The run's PostgreSQL (its port is line 4 of postmaster.pid); the launcher stops it."""
-    port = (run.data_dir / "pg" / "data" / "postmaster.pid").read_text().splitlines()[3].strip()
-    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    """The run's PostgreSQL (its port, from postmaster.pid, and its generated password); the launcher stops it."""
+    dsn = pg.EmbeddedPostgres(run.data_dir / "pg" / "data").running_dsn()
+    assert dsn is not None, "the local run's PostgreSQL is not running"
+    return dsn
 
 
 def fetch(dsn: str, query: str, *args: object) -> list[asyncpg.Record]:

@@ -209,7 +209,7 @@ async def test_disabling_a_user_or_changing_their_role_or_password_ends_their_se
 
 async def test_idle_timeout_lifetime_and_the_minute_between_last_seen_writes(store: StoreThread) -> None:
     now = [1_800_000_000_000]
-    queue = QueueClient(RaftClient([store.address], deadline_s=10))
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     auth = WebAuth(queue, WebSettings(idle_timeout_s=900, lifetime_s=3600), clock_ms=lambda: now[0])
     try:
         await Accounts(queue, clock_ms=lambda: now[0]).add("alice", Role.VIEWER, PASSWORD, actor="tests")

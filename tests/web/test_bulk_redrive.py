@@ -83,7 +83,7 @@ async def test_ten_thousand_by_filter_cancelled_halfway_then_the_rest(store: Sto
                                                                    "amount": f"{COUNT}.00"}]
         assert dry["oldest"]["id"] == f"1-{stored[0]}" and dry["needs_approval"] is not None
 
-        driver = MaintenanceDriver(QueueClient(RaftClient([store.address], deadline_s=10), coalesce=False),
+        driver = MaintenanceDriver(QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10), coalesce=False),
                                    MaintenanceConfig(expire_every_s=0.1, purge_every_s=60.0, job_limit=500))  # fmt: skip
         driver.start()
         try:

@@ -151,7 +151,7 @@ def worker_env(cluster: ProcessCluster, standins: Standins, proxy: RunningProxy,
     timeouts = {"connect_timeout_s": 0.5, "write_timeout_s": 0.5, "read_timeout_s": READ_TIMEOUT_S,
                 "pool_timeout_s": 1.0, "attempt_timeout_s": ATTEMPT_TIMEOUT_S}  # fmt: skip
     return {
-        "COMPENSATOR_STORE__ADDRESSES": ",".join(f"{host}:{port}" for host, port in cluster.addresses()),
+        **cluster.service_settings(),
         "COMPENSATOR_HANDLERS__PAYMENT": json.dumps({"base_url": f"http://127.0.0.1:{proxy.port}",
                                                      "gateway": timeouts, **payment}),
         "COMPENSATOR_HANDLERS__RED_PACKET": json.dumps({"base_url": standins.urls["red_packet"]}),
@@ -274,8 +274,7 @@ async def check_none_lost(queue: QueueClient, workload: Workload) -> list[Messag
 @contextlib.asynccontextmanager
 async def review_api(cluster: ProcessCluster) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str]]]:
     """The service's API app over this store, and a viewer's headers: what the review pages read."""
-    addresses = ",".join(f"{host}:{port}" for host, port in cluster.addresses())
-    config = configuration.load(None, {"COMPENSATOR_STORE__ADDRESSES": addresses, "COMPENSATOR_STORE__DEADLINE_S": "10"})
+    config = configuration.load(None, {**cluster.service_settings(), "COMPENSATOR_STORE__DEADLINE_S": "10"})
     token = new_token()
     app = api_app(config)
     async with app.router.lifespan_context(app):

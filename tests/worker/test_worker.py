@@ -69,7 +69,7 @@ def store(tmp_path: Path) -> Iterator[StoreThread]:
 
 @pytest.fixture
 async def queue(store: StoreThread) -> AsyncIterator[QueueClient]:
-    client = QueueClient(RaftClient([store.address], deadline_s=10))
+    client = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
     for kind in ("transfer", "list_update"):
         await client.set_policy(kind, FAST)
     yield client

@@ -45,6 +45,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from delay.policy import RetryPolicy
+from ledger import pg
 from ledger.kinds import CallbackPayload, ListUpdatePayload, Payload, TransferPayload, encode_payload
 from queues import ClientError, Code, EventType, QueueClient, RaftClient, State
 from queues.model import Enqueue, Event, MessageView
@@ -158,7 +159,7 @@ def wait_serving(process: subprocess.Popen[bytes], urls: Mapping[str, str], pg_d
             if all(httpx.get(f"{url}/_faults", timeout=2.0).status_code == 200 for url in urls.values()):
                 found = postmaster(pg_data)
                 assert found is not None, "the stand-ins serve, but their PostgreSQL left no postmaster.pid"
-                return f"postgresql://postgres@127.0.0.1:{found[1]}/postgres"
+                return pg.ServerAddress(host=pg.HOST, port=found[1], password=pg.EmbeddedPostgres(pg_data).password()).dsn
         time.sleep(0.2)
     raise AssertionError(f"the stand-ins did not serve within {START_TIMEOUT_S} s: {log.read_text()[-2000:]}")
 
@@ -215,7 +216,7 @@ def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
 
 @contextlib.asynccontextmanager
 async def store_queue(cluster: ProcessCluster) -> AsyncIterator[QueueClient]:
-    raft = RaftClient(cluster.addresses(), attempt_timeout_s=1.0, deadline_s=STORE_DEADLINE_S)
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=STORE_DEADLINE_S)
     try:
         await cluster.wait_leader(raft, timeout_s=30.0)
         yield QueueClient(raft)
@@ -247,7 +248,7 @@ def worker_env(cluster: ProcessCluster, standins: Standins, *, read_timeout_s: f
     timeouts = gateway(read_timeout_s=read_timeout_s, attempt_timeout_s=attempt_timeout_s)
     callback_url = f"{standins.urls['callback']}/callbacks/{TARGET}"
     env = {
-        "COMPENSATOR_STORE__ADDRESSES": ",".join(f"{host}:{port}" for host, port in cluster.addresses()),
+        **cluster.service_settings(),
         "COMPENSATOR_HANDLERS__PAYMENT": json.dumps({"base_url": standins.urls["payment"], "gateway": timeouts}),
         "COMPENSATOR_HANDLERS__RED_PACKET": json.dumps({"base_url": standins.urls["red_packet"], "gateway": timeouts}),
         "COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"gateway": timeouts,

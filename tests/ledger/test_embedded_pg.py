@@ -1,0 +1,93 @@
+"""The embedded PostgreSQL (`make run`'s, the tests'): nobody else on the machine gets in. Its
+superuser has a generated password, asked on TCP and on the unix socket alike; the socket sits in
+a private folder; a data directory an older version made trusting every local connection gets a
+password at its next start; and the DSN's password never reaches a printed line."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from ledger import pg
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    # A path longer than the unix socket's limit allows beside it: the socket goes to a private folder.
+    root = Path(tempfile.mkdtemp(prefix="compensator-pg-test-"))
+    try:
+        yield root / ("deep-" * 16)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+async def refused(**connect: object) -> str:
+    with pytest.raises((asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)) as error:
+        connection = await asyncpg.connect(**connect, timeout=10)  # type: ignore[arg-type]
+        await connection.close()
+    return type(error.value).__name__
+
+
+def test_only_the_generated_password_gets_in_on_tcp_and_on_the_socket(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGPASSFILE", str(folder.parent / "no-pgpass"))  # nothing but what each test gives
+    with pg.EmbeddedPostgres(folder / "data") as server:
+        address = server.address
+        password = server.password()
+        assert password and len(password) >= 32 and password in server.dsn
+        assert password not in pg.redacted(server.dsn) and ":***@" in pg.redacted(server.dsn)
+        assert password not in repr(address)
+        data = server.data_dir
+        assert mode(data) == 0o700 and mode(data / pg.PASSWORD_FILE) == 0o600
+        postmaster = (data / "postmaster.pid").read_text().splitlines()
+        socket_dir = Path(postmaster[4])
+        assert socket_dir != Path(tempfile.gettempdir()) and mode(socket_dir) == 0o700
+        assert mode(socket_dir / f".s.PGSQL.{address.port}") & 0o077 == 0
+
+        async def check() -> None:
+            connection = await asyncpg.connect(server.dsn, timeout=10)
+            assert await connection.fetchval("SELECT current_user") == pg.SUPERUSER
+            await connection.close()
+            tcp = {"host": address.host, "port": address.port, "user": pg.SUPERUSER, "database": pg.DATABASE}
+            await refused(**tcp)
+            await refused(**tcp, password="not-the-password")
+            await refused(**{**tcp, "host": str(socket_dir)})
+            await refused(**{**tcp, "host": str(socket_dir), "user": "embedded_postgres"})
+
+        asyncio.run(check())
+        assert pg.EmbeddedPostgres(folder / "data").running_dsn() == server.dsn  # a reader finds it too
+    assert not socket_dir.exists()
+
+
+def test_a_data_directory_that_trusted_everyone_gets_a_password_at_its_next_start(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGPASSFILE", str(folder.parent / "no-pgpass"))
+    old = pg.EmbeddedPostgres(folder / "data")
+    (folder / "data").mkdir(parents=True, mode=0o700)
+    old._prepare_permissions()
+    pg._wheel_commands().initdb(["--auth=trust", "--encoding=UTF8", "--locale=C", "-U", pg.SUPERUSER],
+                                pgdata=old.data_dir, **old._run_as())  # fmt: skip
+    assert old.password() is None
+    with pg.EmbeddedPostgres(folder / "data") as server:
+        assert server.password() is not None
+
+        async def check() -> None:
+            connection = await asyncpg.connect(server.dsn, timeout=10)
+            await connection.close()
+            await refused(host=server.address.host, port=server.address.port, user=pg.SUPERUSER)
+
+        asyncio.run(check())
