@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from api.schemas import SUBMISSION
 from api.tokens import new_token
 from bench import hello_app
 from bench.harness import (
@@ -73,6 +72,7 @@ from bench.harness import (
 from ledger.kinds import MEMO_LENGTH_MAX
 from queues import QueueClient, RaftClient
 from raft_store.testing.processes import ProcessCluster, free_ports
+from submission.models import SUBMISSION
 
 LUA_SCRIPT: Final = REPO_ROOT / "bench" / "api_load.lua"
 PHASES: Final = ("single", "hello", "batch")

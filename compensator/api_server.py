@@ -4,6 +4,11 @@ The configuration is validated here, once, before anything listens; the worker p
 build their app from the same file and environment (COMPENSATOR_CONFIG, and the command line's
 overrides passed on as environment variables), so every process runs the same validated model.
 
+The API is the one process kind the process shell (compensator/shell.py) does not run: uvicorn
+starts the worker processes and owns their event loop (uvloop), their signals and their logging
+(`api.log_level`); its metrics are served on the API's own port (`GET /metrics`, operator token).
+The app itself comes from the composition root (compensator/wiring/api.py).
+
 Must never: start serving on a configuration that did not validate, or without the store's
 cluster secret.
 """
@@ -14,25 +19,13 @@ import argparse
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from typing import Any
 
 from compensator import config as configuration
+from compensator.config_file import add_config_argument, load_for
 
-FACTORY = "compensator.wiring:api_app_from_environment"
+FACTORY = "compensator.wiring.api:api_app_from_environment"
 """uvicorn starts worker processes from an import string; this one is fixed, not a choice."""
-
-
-def add_config_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", type=Path, help=f"TOML configuration file (default ${configuration.CONFIG_PATH_ENV}, else defaults)"
-    )
-
-
-def load(args: argparse.Namespace) -> configuration.Config:
-    path = args.config or (Path(os.environ[configuration.CONFIG_PATH_ENV])
-                           if os.environ.get(configuration.CONFIG_PATH_ENV) else None)  # fmt: skip
-    return configuration.load(path)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -51,7 +44,7 @@ def serve(args: argparse.Namespace) -> int:
             os.environ[f"{configuration.ENV_PREFIX}API__{field}"] = str(value)
     if args.config is not None:
         os.environ[configuration.CONFIG_PATH_ENV] = str(args.config.resolve())
-    config = load(args)
+    config = load_for(args)
     from compensator.store import store_auth
 
     store_auth(config)  # a missing or too open cluster secret is one line here, not a traceback per worker

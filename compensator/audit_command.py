@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compensator.api_server import add_config_argument, load
-from compensator.config import Config, parse_address
+from compensator.config import Config
+from compensator.config_file import add_config_argument, load_for
+from compensator.config_processes import parse_address
 from compensator.store import queue_client, store_auth
 from queues import ClientError, QueueClient, QueueError
 from queues.audit import close_clients, replica_clients
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.state is not None:
         count, broken, head = verify_file(args.state)
         return _report(count, broken, head, source=str(args.state))
-    config = load(args)
+    config = load_for(args)
     return asyncio.run(_verify_store(config))
 
 

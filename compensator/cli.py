@@ -5,11 +5,13 @@ Owns: argument parsing and the exit-code contract. A bad argument prints one lin
 reaches the terminal: standard output and error go through `compensator.terminal.visible` for
 the whole command, so a control or format character from anyone's input is shown escaped.
 
-To add a subcommand, write ``register(subparsers)`` next to the capability (see
-:mod:`spark_reconcile.command`), add it to ``_REGISTRARS`` and its expected-failure error types to
-``_EXPECTED_ERRORS``. A capability owns its error type: this module is the composition root and
-imports the capabilities, never the reverse. Registrars must keep heavy imports (Spark, database
-drivers) inside their handlers so ``compensator --help`` stays instant.
+To add a subcommand, write ``register(subparsers)`` in a command module of this package (see
+compensator/worker_command.py): it owns the flags, turns them into overrides of the configuration,
+and hands the configuration to the composition root (compensator/wiring/), whose process the
+process shell runs (compensator/shell.py). Add it to ``_REGISTRARS``, and its expected-failure
+error types to ``_EXPECTED_ERRORS`` unless they are ValueErrors. Registrars must keep heavy imports
+(Spark, database drivers, the web framework) inside their handlers so ``compensator --help`` stays
+instant.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from compensator import (
     audit_command,
     config_command,
     demo,
+    kafka_command,
     local,
     node_server,
     operator_command,
     outbox_relay,
     projector_command,
+    reconcile_command,
     standins_server,
     status_command,
     token_admin,
@@ -36,9 +40,8 @@ from compensator import (
     worker_command,
 )
 from compensator.config import ConfigError
-from compensator.kafka import command as kafka_command
 from compensator.terminal import VisibleStream
-from spark_reconcile import command as reconcile_command
+from spark_reconcile.command import ReconcileError
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (
@@ -59,9 +62,10 @@ _REGISTRARS: tuple[Registrar, ...] = (
     standins_server.register,
     audit_command.register,
 )
-_EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)
+_EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, ReconcileError)
 """ValueError is a parameter check refusing a value, in any capability; each capability's own
-error (TokenCommandError, NodeCommandError, LocalRunError) is one."""
+error (TokenCommandError, NodeCommandError, StandinsError) is one, and so is the process shell's
+ProcessError (an expected failure of a long-running process)."""
 
 
 class _Parser(argparse.ArgumentParser):

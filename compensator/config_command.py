@@ -29,7 +29,7 @@ from typing import Annotated, Any, Final, Union, get_args, get_origin
 import msgspec
 
 from compensator import config as configuration
-from compensator.api_server import add_config_argument, load
+from compensator.config_file import add_config_argument, load_for
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         configuration.load(args.file)  # raises ConfigError: one line per problem
         print(f"{args.file}: ok")
     elif args.action == "show":
-        print(to_toml(msgspec.to_builtins(load(args))), end="")
+        print(to_toml(msgspec.to_builtins(load_for(args))), end="")
     else:
         print(reference(), end="")
     return 0

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote
 
-from compensator.api_server import add_config_argument, load
+from compensator.config_file import add_config_argument, load_for
 from compensator.operator_command import TOKEN_ENV, Api, api_token
 
 PAYER: Final = "red-packet-escrow"
@@ -124,7 +124,7 @@ def _whole(most: int) -> Callable[[str], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load(args)
+    config = load_for(args)
     api_url = (args.api_url or config.api_url).rstrip("/")
     red_packet_url = (args.red_packet_url or config.handlers.red_packet.base_url).rstrip("/")
     api = Api(api_url, api_token(args.token_file))

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -44,8 +44,11 @@ from urllib.parse import urlsplit
 
 from api.tokens import new_token, token_hash
 from compensator import demo
-from compensator.api_server import add_config_argument, load
-from compensator.config import Config, parse_address
+from compensator.config import Config
+from compensator.config_file import add_config_argument, load_for
+from compensator.config_processes import parse_address
+from compensator.shell import Running, Shell
+from compensator.shell import run as run_process
 from compensator.store import queue_client
 from queues import ClientError, QueueClient, QueueError, Role
 from queues.audit import ReplicaAuditor, close_clients, replica_clients
@@ -60,7 +63,7 @@ LOCAL_TOKENS: Final = (("local-producer", Role.PRODUCER), ("local-operator", Rol
 DEMO_USERS: Final = (("demo-reviewer", Role.REVIEWER), ("demo-approver", Role.APPROVER))
 
 
-class LaunchError(Exception):
+class LaunchError(ValueError):
     """Why the local service cannot run; one line for the person at the terminal."""
 
 
@@ -139,15 +142,14 @@ class LocalService:
         self.data_dir = Path(config.local.data_dir)
         self.addresses = [parse_address(a) for a in config.store.addresses]
         python = [sys.executable, "-m", "compensator"]
-        peers = [arg for i, (h, p) in enumerate(self.addresses, 1) for arg in ("--peer", f"{i}={h}:{p}")]
         config_args = ["--config", str(config_path.resolve())] if config_path else []
         self.secret_file = config.secret_path
         store = config.store
         auth_args = ["--secret-file", str(self.secret_file.resolve())] + (
             ["--tls-ca", store.tls_ca, "--tls-cert", store.tls_cert, "--tls-key", store.tls_key] if store.tls_ca else [])
         self.nodes = [
-            Child(f"node {i}", [*python, "node", "--id", str(i), *peers, "--data", str(self.data_dir / f"node{i}"),
-                                *auth_args], self.data_dir / f"node{i}.log")
+            Child(f"node {i}", [*python, "node", *config_args, "--id", str(i), "--data", str(self.data_dir / f"node{i}"),
+                                *auth_args], self.data_dir / f"node{i}.log")  # the set: store.addresses
             for i in range(1, len(self.addresses) + 1)
         ]  # fmt: skip
         local = config.local
@@ -468,42 +470,25 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_local(args: argparse.Namespace) -> int:
-    config = load(args)
-    try:
-        return asyncio.run(serve(config, config_path=args.config))
-    except LaunchError as error:
-        raise LocalRunError(str(error)) from None
-
-
-class LocalRunError(ValueError):
-    """The local service cannot run: one line, exit 1."""
-
-
-def _log_to(path: Path) -> None:
-    """The driver's and the auditor's log lines go to a file beside the children's logs; only
-    what needs a person (a diverged replica: ERROR) is also printed. A replica that does not answer
-    while its node restarts is a line in the file, not noise over the launcher's own messages."""
-    import logging
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    to_file = logging.FileHandler(path)
-    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    to_console = logging.StreamHandler()
-    to_console.setLevel(logging.ERROR)
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    root.handlers[:] = [to_file, to_console]
-
-
-async def serve(config: Config, *, config_path: Path | None) -> int:
-    service = LocalService(config, config_path=config_path)
+    config = load_for(args)
+    service = LocalService(config, config_path=args.config)
     service.check_ports()
     service.ensure_cluster_secret()
-    _log_to(service.data_dir / "launcher.log")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    # The driver's and the auditor's log lines go to a file beside the children's logs; only what
+    # needs a person (a diverged replica: ERROR) is also printed. A replica that does not answer
+    # while its node restarts is a line in the file, not noise over the launcher's own messages.
+    settings = Shell(name="run", log_file=service.data_dir / "launcher.log")
+    return run_process(settings, lambda: _launcher(service))
+
+
+@contextlib.asynccontextmanager
+async def _launcher(service: LocalService) -> AsyncIterator[Running]:
+    yield Running(lambda stop: serve(service, stop))
+
+
+async def serve(service: LocalService, stop: asyncio.Event) -> int:
+    """Everything started in order, supervised until `stop` (Ctrl-C or SIGTERM), then stopped in order."""
+    config = service.config
     queue = queue_client(config)
     driver = auditor = None
     try:

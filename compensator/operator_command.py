@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from compensator.api_server import add_config_argument, load
+from compensator.config_file import add_config_argument, load_for
 
 TOKEN_ENV: Final = "COMPENSATOR_API_TOKEN"
 TIMEOUT_S: Final = 10.0
@@ -115,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    api = Api(load(args).api_url, api_token(args.token_file))
+    api = Api(load_for(args).api_url, api_token(args.token_file))
     command = args.command
     if command == "kind":
         answer = _kind(api, args)

@@ -22,15 +22,15 @@ import asyncio
 import json
 from typing import Any
 
-from compensator.api_server import add_config_argument, load
 from compensator.config import Config
-from compensator.kafka.publisher_lease import NAMESPACE as PUBLISHER_NAMESPACE
+from compensator.config_file import add_config_argument, load_for
 from compensator.local import local_pg_data
 from compensator.store import queue_client
-from compensator.worker.breaker import holder
 from ledger import pg
 from ledger.kinds import DOWNSTREAM_OF
 from queues import ClientError, QueueError, State
+from services.kafka.publisher_lease import NAMESPACE as PUBLISHER_NAMESPACE
+from services.worker.breaker import holder
 
 _STATES = [state.value for state in State]
 
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load(args)
+    config = load_for(args)
     report = asyncio.run(gather(config))
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0 if report["healthy"] else 1
@@ -106,7 +106,7 @@ async def gather(config: Config) -> dict[str, Any]:
 
 
 def _publisher(topic: str, body: bytes | None, updated_ms: int, last_seq: int, now_ms: int) -> dict[str, Any]:
-    """An events publisher's cursor in the store (compensator/kafka/publisher_lease.py's document)."""
+    """An events publisher's cursor in the store (services/kafka/publisher_lease.py's document)."""
     document = json.loads(body) if body else {}
     cursor = int(document.get("cursor", 0))
     live = document.get("holder") is not None and now_ms - updated_ms < int(document.get("lease_ms", 0))

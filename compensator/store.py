@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compensator.config import Config, parse_address
+from compensator.config import Config
+from compensator.config_processes import parse_address
 from queues import QueueClient, RaftClient, StoreAuth
 from raft_store.auth import AuthConfigError
 

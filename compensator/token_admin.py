@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from api.tokens import new_token, token_hash
-from compensator.api_server import add_config_argument, load
 from compensator.config import Config
+from compensator.config_file import add_config_argument, load_for
 from compensator.store import queue_client
 from queues import AuthenticationFailed, ClientError, Code, QueueClient, QueueError, Role, TokenResult
 
@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load(args)
+    config = load_for(args)
     action: Callable[[QueueClient], Awaitable[int]] = {
         "create": lambda q: _create(q, args), "revoke": lambda q: _revoke(q, args),
         "quota": lambda q: _quota(q, args), "list": lambda q: _list(q),

@@ -26,8 +26,8 @@ from typing import Any
 
 from api.web.accounts import AccountError, Accounts
 from api.web.rights import WEB_ROLES
-from compensator.api_server import add_config_argument, load
 from compensator.config import Config
+from compensator.config_file import add_config_argument, load_for
 from compensator.token_admin import actor_name, with_store
 from queues import QueueClient, Role
 
@@ -78,7 +78,7 @@ def read_password(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load(args)
+    config = load_for(args)
     password = read_password(args) if args.action in ("add", "passwd") else ""
     action: Callable[[Accounts], Awaitable[str]] = {
         "add": lambda a: _add(a, args, password),

@@ -173,8 +173,10 @@ def prepare_node_process() -> None:
 async def run_node(
     config: NodeConfig, machine: StateMachine,
     beside: Callable[[Node], contextlib.AbstractAsyncContextManager[None]] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> int:  # fmt: skip
-    """Runs the node until SIGTERM or SIGINT (0) or until it stops itself on a storage failure
+    """Runs the node until SIGTERM or SIGINT (0), or until `stop` is set when an embedding process
+    gives one (its own signal handling sets it), or until it stops itself on a storage failure
     (1). It owns `machine` from here on and closes it, which only it can do after the node's
     last apply. `beside` is entered once the node started and left once it stopped (an
     embedding command's endpoints on the node's loop, such as its metrics)."""
@@ -182,15 +184,15 @@ async def run_node(
         node = Node(config, machine)
         await node.start()
         async with beside(node) if beside is not None else contextlib.nullcontext():
-            return await _serve_until_stopped(node)
+            return await _serve_until_stopped(node, stop)
     finally:
         machine.close()
 
 
-async def _serve_until_stopped(node: Node) -> int:
+async def _serve_until_stopped(node: Node, given: asyncio.Event | None = None) -> int:
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    signals = (signal.SIGTERM, signal.SIGINT)
+    stop = given or asyncio.Event()
+    signals = (signal.SIGTERM, signal.SIGINT) if given is None else ()
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:

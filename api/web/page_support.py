@@ -27,17 +27,17 @@ from starlette.responses import HTMLResponse
 
 from api import review_actions as actions
 from api.audit_view import field_changes, links
-from api.ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from api.problems import Problem
 from api.review_schemas import NAME_PATTERN
-from api.schemas import REF_KEY_PATTERN
 from api.services import ApiServices
 from api.services import of as services_of
 from api.web.readable import action_label, changes_for_people, target_label
 from api.web.templating import render
 from ledger.currencies import MINOR_UNIT_DIGITS
 from ledger.kinds import AMOUNT_MINOR_MAX, Kind
+from ledger.request_ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from queues import DeadLetterFilter
+from submission.models import REF_KEY_PATTERN
 
 FILTER_FIELDS: Final = ("kind", "error_class", "ref_key", "dead_from", "dead_to", "currency", "amount_min",
                         "amount_max", "attempts_min", "attempts_max")  # fmt: skip

@@ -1,4 +1,4 @@
-"""A store node's Prometheus endpoint: its Raft role, term, indexes, each follower's lag, fsync
+"""A store node's Prometheus metrics: its Raft role, term, indexes, each follower's lag, fsync
 batching, and the queue's depth as this replica sees it.
 
 Why in the node process: "a node is down" is only visible to a scraper that scrapes each node (its
@@ -6,9 +6,9 @@ Why in the node process: "a node is down" is only visible to a scraper that scra
 to the leader. The depth gauges come from the node's own replica (no Raft round, no load on the
 leader): Prometheus takes them from the leader (`... * on(instance) compensator_raft_is_leader`).
 
-Served by a tiny asyncio HTTP server on the node's own event loop, so reading the node's state
-needs no lock: queries run between applies, as the node's own reads do. It answers `GET /metrics`
-and nothing else.
+Served by the process's metrics endpoint on the node's own event loop (compensator/
+metrics_endpoint.py), so reading the node's state needs no lock: queries run between applies, as
+the node's own reads do.
 
 Must never: block the node's loop for long (one status dict and two indexed queries per scrape),
 or listen anywhere the operator did not ask.
@@ -16,22 +16,13 @@ or listen anywhere the operator did not ask.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from queues import query_codec as qc
-
-CONTENT_TYPE: Final = b"text/plain; version=0.0.4; charset=utf-8"
-REQUEST_BYTES_MAX: Final = 8192
-APPLY_WAITS_MAX: Final = 200
-APPLY_WAIT_S: Final = 0.005
-"""A scrape waits up to a second for a running apply to end, checking between the loop's turns."""
 
 
 class NodeCollector(Collector):
@@ -132,45 +123,3 @@ class NodeCollector(Collector):
             for kind, age_ms in ages.ages_ms.items():
                 oldest.add_metric([node, kind], age_ms / 1000)
         yield oldest
-
-
-class MetricsServer:
-    """`GET /metrics` on the node's loop."""
-
-    def __init__(
-        self, registry: CollectorRegistry, host: str, port: int, applying: Callable[[], bool] = lambda: False
-    ) -> None:
-        self._registry = registry
-        self._host, self._port = host, port
-        self._applying = applying
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._answer, self._host, self._port)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
-            method, path, *_ = [*head.split(b"\r\n", 1)[0].split(b" "), b"", b""]
-            if len(head) > REQUEST_BYTES_MAX or method != b"GET" or path.split(b"?")[0] != b"/metrics":
-                body, status, kind = b"only GET /metrics here\n", b"404 Not Found", b"text/plain"
-            else:
-                for _ in range(APPLY_WAITS_MAX):  # an apply takes milliseconds; the queue gauges need it done
-                    if not self._applying():
-                        break
-                    await asyncio.sleep(APPLY_WAIT_S)
-                body, status, kind = generate_latest(self._registry), b"200 OK", CONTENT_TYPE
-            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind + b"\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)  # fmt: skip
-            await writer.drain()
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()

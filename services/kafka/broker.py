@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from compensator.kafka.event_records import Record
+from services.kafka.event_records import Record
 
 log = logging.getLogger("compensator.kafka")
 

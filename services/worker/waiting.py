@@ -26,9 +26,8 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
-from queues import ClientError, QueueClient, QueueError, Read
+from queues import ClientError, LongPoll, QueueClient, QueueError, Read, RequestRefused
 from queues.query_codec import WorkDue, WorkDueAnswer
-from raft_store.client import LongPoll, RequestRefused
 
 log = logging.getLogger("compensator.worker")
 EMPTY_LEASE_BACKOFF_S: Final = 0.005

@@ -43,13 +43,6 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
-from compensator.worker.breaker import DOWNSTREAM_FAILURES, Breaker, BreakerSettings, Mode, holder
-from compensator.worker.completions import Completion, Completions
-from compensator.worker.documents import OperatorDocuments
-from compensator.worker.keeper import LeaseKeeper
-from compensator.worker.limits import Limits
-from compensator.worker.metrics import WorkerMetrics
-from compensator.worker.waiting import WorkWatch, sleep_unless
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
 from handlers.lease_time import LeaseTime
 from handlers.registry import Registry
@@ -57,6 +50,13 @@ from ledger.kinds import Kind, decode_payload
 from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
 from queues.lateness import grant_lateness_ms
 from queues.model import LEASE_MS_MAX, Lease, QueueCommand
+from services.worker.breaker import DOWNSTREAM_FAILURES, Breaker, BreakerSettings, Mode, holder
+from services.worker.completions import Completion, Completions
+from services.worker.documents import OperatorDocuments
+from services.worker.keeper import LeaseKeeper
+from services.worker.limits import Limits
+from services.worker.metrics import WorkerMetrics
+from services.worker.waiting import WorkWatch, sleep_unless
 
 log = logging.getLogger("compensator.worker")
 ERROR_BACKOFF_MAX_S: Final = 2.0

@@ -25,12 +25,12 @@ from typing import Final, Protocol
 
 from opentelemetry import trace
 
-from compensator.kafka.broker import SinkError
-from compensator.kafka.event_records import TRACE_HEADERS, MessageRef, Record, event_record
-from compensator.kafka.metrics import KafkaMetrics
-from compensator.kafka.publisher_lease import PublisherLease
 from queues import ClientError, Event, EventsPurged, EventType, QueueClient, QueueError
 from queues.query_codec import IDS_PER_QUERY_MAX
+from services.kafka.broker import SinkError
+from services.kafka.event_records import TRACE_HEADERS, MessageRef, Record, event_record
+from services.kafka.metrics import KafkaMetrics
+from services.kafka.publisher_lease import PublisherLease
 
 log = logging.getLogger("compensator.kafka.publisher")
 RENEWALS_PER_LEASE: Final = 3

@@ -2,7 +2,7 @@
 reason it is refused, and the rejects topic's record for a refused one.
 
 A record's value is the body of ``POST /v1/requests``, validated by the same code
-(api/submissions.py); its idempotency key is the ``idempotency-key`` header, or else the record's
+(submission/rules.py); its idempotency key is the ``idempotency-key`` header, or else the record's
 key, with the API's rules; it is stored as ``{producer}:{key}`` under the ingest's configured
 producer name. A ``traceparent`` header continues the producer's trace.
 
@@ -22,9 +22,9 @@ from typing import Final
 
 import msgspec
 
-from api.submissions import Invalid, build_enqueue, check_key, parse_submission
-from compensator.kafka.event_records import TRACE_HEADERS, Record
 from queues import Enqueue
+from services.kafka.event_records import TRACE_HEADERS, Record
+from submission.rules import Invalid, build_enqueue, check_key, parse_submission
 
 HEADER_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HEADER_REASON: Final = "reject-reason"

@@ -1,7 +1,7 @@
 """A submission's validation and its store command, shared by every intake: the HTTP API
 (``POST /v1/requests``) and the Kafka ingest (``compensator kafka-ingest``).
 
-One set of rules wherever a failed request comes from: the same body model (api/schemas.py), the
+One set of rules wherever a failed request comes from: the same body model (submission/models.py), the
 same Idempotency-Key rule, the same per-producer key ``{producer}:{key}``, the same headers (the
 body's fingerprint, the producer, the original failure, the trace context), so a request sent
 through Kafka and then again over HTTP with the same key is recognised as the same request.
@@ -23,11 +23,11 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from api.schemas import DELAY_MAX_S, IDEMPOTENCY_KEY_LENGTH_MAX, KIND_TAGS, SUBMISSION, AnySubmission
 from delay.policy import DELAY_MAX_MS
 from ledger.kinds import IDENTIFIER_PATTERN, CallbackPayload, canonical_json, encode_payload
 from ledger.text import IDENTIFIER_TEXT
 from queues import Enqueue
+from submission.models import DELAY_MAX_S, IDEMPOTENCY_KEY_LENGTH_MAX, KIND_TAGS, SUBMISSION, AnySubmission
 
 HEADER_FINGERPRINT: Final = "fingerprint"
 HEADER_PRODUCER: Final = "producer"

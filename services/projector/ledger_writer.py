@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import asyncpg
 
-from compensator.projector.rows import AttemptEnd, AttemptRow, BatchRows, RequestChange, RequestRow
+from services.projector.rows import AttemptEnd, AttemptRow, BatchRows, RequestChange, RequestRow
 
 LOCK_CLASS: Final = 0x70726A74
 """The first key of the projector's advisory lock ("prjt"); the second is the set id."""

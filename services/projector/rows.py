@@ -15,8 +15,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from api.ids import RequestId
 from ledger.kinds import Money
+from ledger.request_ids import RequestId
 from ledger.states import LEDGER_STATE_OF, AttemptOutcome, LedgerState, attempt_outcome_of
 from queues.model import Event, EventType, State
 

@@ -29,14 +29,14 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from opentelemetry import propagate, trace
 
-from api.submissions import HEADER_FINGERPRINT
-from compensator.kafka.broker import SinkError
-from compensator.kafka.ingest_records import Incoming, Rejection, decide, reject_record
-from compensator.kafka.metrics import KafkaMetrics
-from compensator.kafka.publisher import Sink
 from queues import ClientError, Code, Enqueue, EnqueueResult, MessageView, QueueClient, QueueError, Read
 from queues.model import ErrorResult, QueueResult
 from queues.query_codec import IDS_PER_QUERY_MAX
+from services.kafka.broker import SinkError
+from services.kafka.ingest_records import Incoming, Rejection, decide, reject_record
+from services.kafka.metrics import KafkaMetrics
+from services.kafka.publisher import Sink
+from submission.rules import HEADER_FINGERPRINT
 
 log = logging.getLogger("compensator.kafka.ingest")
 T = TypeVar("T")

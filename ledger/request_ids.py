@@ -3,6 +3,10 @@
 The store numbers its messages densely from 1 within one Raft set. The public id carries the set,
 so that a second set (requests routed by a hash of their idempotency key) is a configuration
 change: a GET finds the set from the id, and two sets' message 42 never share an id.
+
+Here, with the rest of the shared vocabulary, because the API answers with these ids, the projector
+writes them into the compensation ledger, and the reconciliation and the benchmarks read them:
+none of those may import another's modules.
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@ from typing import Final
 
 import msgspec
 
-from compensator.worker.breaker import NAMESPACE as BREAKERS
-from compensator.worker.breaker import Breaker, Mode
 from handlers.classification import ClassificationTable, decode_table
 from handlers.registry import Registry
 from queues import QueueClient
+from services.worker.breaker import NAMESPACE as BREAKERS
+from services.worker.breaker import Breaker, Mode
 
 log = logging.getLogger("compensator.worker")
 TABLES: Final = "classification"

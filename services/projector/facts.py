@@ -23,16 +23,16 @@ from typing import Final
 
 import pydantic
 
-from compensator.projector.rows import MessageFacts
 from ledger.kinds import Kind, Money, decode_payload, money_of
 from queues import QueueClient
 from queues.model import MessageView
 from queues.query_codec import IDS_PER_QUERY_MAX
+from services.projector.rows import MessageFacts
 
 log = logging.getLogger(__name__)
 
 _STATUS: Final = re.compile(r"\bHTTP ([1-5][0-9]{2})\b")
-"""How compensator/worker/runner.py puts the downstream's status into a failure's text."""
+"""How services/worker/runner.py puts the downstream's status into a failure's text."""
 
 
 class FactsReader:

@@ -27,14 +27,14 @@ from collections.abc import Callable, Sequence
 import asyncpg
 from opentelemetry import trace
 
-from compensator.projector import ledger_writer
-from compensator.projector.facts import FactsReader
-from compensator.projector.metrics import ProjectorMetrics
-from compensator.projector.rows import BatchRows, facts_needed, fold
 from queues import ClientError, QueueClient
 from queues.client import EventsPurged, QueueError
 from queues.model import Event
 from queues.query_codec import EVENTS_LIMIT_MAX
+from services.projector import ledger_writer
+from services.projector.facts import FactsReader
+from services.projector.metrics import ProjectorMetrics
+from services.projector.rows import BatchRows, facts_needed, fold
 
 log = logging.getLogger(__name__)
 
