@@ -91,13 +91,13 @@ def hello_server(root: Path, *, port: int, workers: int) -> Server:
 
 
 def api_uvicorn_settings() -> dict[str, Any]:
-    """The constant keyword arguments of compensator/api_server.py's `uvicorn.run` call."""
-    tree = ast.parse((REPO_ROOT / "compensator" / "api_server.py").read_text())
+    """The constant keyword arguments of compensator/commands/api.py's `uvicorn.run` call."""
+    tree = ast.parse((REPO_ROOT / "compensator" / "commands" / "api.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "uvicorn.run":
             return {kw.arg: kw.value.value for kw in node.keywords
                     if kw.arg and isinstance(kw.value, ast.Constant) and kw.arg != "factory"}  # fmt: skip
-    raise BenchError("compensator/api_server.py no longer calls uvicorn.run: update bench/hello_app.py")
+    raise BenchError("compensator/commands/api.py no longer calls uvicorn.run: update bench/hello_app.py")
 
 
 def check_same_uvicorn_settings() -> None:

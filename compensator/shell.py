@@ -16,7 +16,7 @@ the configuration; this module runs them:
   (`ProcessError`, which the command line prints), never a traceback.
 
 The API is the one process kind this does not run: uvicorn starts its worker processes and owns
-their loop and signals (compensator/api_server.py configures it from the same configuration).
+their loop and signals (compensator/commands/api.py configures it from the same configuration).
 
 Must never: know what a process does, or read the configuration.
 """

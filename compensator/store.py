@@ -1,6 +1,6 @@
 """The store's clients, as every process builds them from the configuration.
 
-Kept apart from wiring.py so that the command line's store commands (tokens, the local launcher)
+Kept apart from wiring/api.py so that the command line's store commands (tokens, the local launcher)
 do not import the web stack. Every client presents the cluster secret (`store.secret_file`): a
 process without it cannot reach the store at all, which is what keeps `compensator token create`
 and `compensator user add` to the store's administrators (docs/security.md).

@@ -1,7 +1,7 @@
 """``compensator reconcile`` and ``compensator seed-ledgers``: the job's own entry and wiring.
 
 Owns: the two subcommands' arguments (:func:`add_reconcile_arguments`, :func:`add_seed_arguments`:
-the ``compensator`` command line registers them, compensator/reconcile_command.py, and fills what
+the ``compensator`` command line registers them, compensator/commands/reconcile.py, and fills what
 the service's configuration knows, such as where the projector's ledger is), the spark-submit entry
 (:func:`main`, the reconcile command alone, which runs without the compensator package), reading the environment
 (``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``, ``COMPENSATOR_API_TOKEN``, ``COMPENSATOR_PG_DATA``;

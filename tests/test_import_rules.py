@@ -268,7 +268,7 @@ def test_the_kafka_processes_and_the_shared_validation_load_no_web_framework() -
     """`compensator kafka-ingest` validates requests with the API's rules (submission/rules.py)
     without FastAPI or Starlette in the process: its command, its wiring and its services."""
     script = (
-        "import sys, compensator.kafka_command, compensator.wiring.kafka, services.kafka.ingest, services.kafka.publisher;"
+        "import sys, compensator.commands.kafka, compensator.wiring.kafka, services.kafka.ingest, services.kafka.publisher;"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'uvicorn'));"
         "print(loaded); sys.exit(1 if loaded else 0)"
     )

@@ -1,7 +1,7 @@
 """The composition root: from one validated `Config` (compensator/config.py) to every process kind
 the service runs, one module each, and nothing else builds them.
 
-    api.py        the HTTP API's app (uvicorn runs it: compensator/api_server.py)
+    api.py        the HTTP API's app (uvicorn runs it: compensator/commands/api.py)
     worker.py     a compensation worker (services/worker/) and the maintenance driver beside it
     projector.py  the ledger projector (services/projector/) and its PostgreSQL
     kafka.py      the events publisher and the Kafka ingest (services/kafka/)

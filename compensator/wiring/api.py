@@ -1,5 +1,5 @@
 """The API process kind: its app, built from the configuration by `app` in each of uvicorn's
-worker processes (`app_from_environment`, the factory compensator/api_server.py names), with its
+worker processes (`app_from_environment`, the factory compensator/commands/api.py names), with its
 store client, token cache, quotas, intake, review rules, web sessions and tracer.
 
 Must never: run anything at import, or be imported by the packages it wires.

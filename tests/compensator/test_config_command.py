@@ -11,7 +11,7 @@ import pytest
 
 from compensator import cli
 from compensator import config as configuration
-from compensator.config_command import reference
+from compensator.commands.config import reference
 
 ROOT = Path(__file__).resolve().parents[2]
 

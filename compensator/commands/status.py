@@ -22,9 +22,9 @@ import asyncio
 import json
 from typing import Any
 
+from compensator.commands.run import local_pg_data
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
-from compensator.local import local_pg_data
 from compensator.store import queue_client
 from ledger import pg
 from ledger.kinds import DOWNSTREAM_OF

@@ -26,9 +26,9 @@ from typing import Any
 
 from api.web.accounts import AccountError, Accounts
 from api.web.rights import WEB_ROLES
+from compensator.commands.token import actor_name, with_store
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
-from compensator.token_admin import actor_name, with_store
 from queues import QueueClient, Role
 
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote
 
+from compensator.commands.operator import TOKEN_ENV, Api, api_token
 from compensator.config_file import add_config_argument, load_for
-from compensator.operator_command import TOKEN_ENV, Api, api_token
 
 PAYER: Final = "red-packet-escrow"
 """The escrow account red packets are paid from (also `compensator reconcile`'s default payer)."""

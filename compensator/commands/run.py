@@ -43,7 +43,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 from api.tokens import new_token, token_hash
-from compensator import demo
+from compensator.commands import demo
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
 from compensator.config_processes import parse_address
