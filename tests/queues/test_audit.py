@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from local_reads import LocalReads
 
 from queues import codec, queries
 from queues import query_codec as qc
@@ -27,16 +28,6 @@ from raft_store.state_machine import Command
 from raft_store.testing.credentials import cluster_auth
 
 T0 = 1_700_000_000_000
-
-
-class _LocalReads:
-    """A replica's query server reached in process: the client's read path without a network."""
-
-    def __init__(self, machine: ReplicatedQueueMachine) -> None:
-        self.machine = machine
-
-    async def read(self, data: bytes, *, linearizable: bool) -> tuple[bytes, int]:
-        return self.machine.query(data), self.machine.applied_index()
 
 
 class Replicas:
@@ -56,7 +47,7 @@ class Replicas:
         return results[0]
 
     def clients(self) -> dict[str, QueueClient]:
-        return {name: QueueClient(_LocalReads(m), coalesce=False) for name, m in self.machines.items()}  # type: ignore[arg-type]
+        return {name: QueueClient(LocalReads(m), coalesce=False) for name, m in self.machines.items()}  # type: ignore[arg-type]
 
     def traffic(self, count: int, prefix: str = "k") -> None:
         self.apply([Enqueue(kind="transfer", idempotency_key=f"{prefix}{i}", ref_key="r", payload=b"p") for i in range(count)])
@@ -126,7 +117,7 @@ def test_events_purged_before_the_audit_reached_them_are_skipped_and_counted() -
 def test_the_digest_query_covers_a_range_and_reports_the_bounds() -> None:
     replicas = Replicas(count=1)
     replicas.traffic(10)  # events 1-25
-    reads = QueueClient(_LocalReads(replicas.machines["n1"]))  # type: ignore[arg-type]
+    reads = QueueClient(LocalReads(replicas.machines["n1"]))  # type: ignore[arg-type]
     bounds = asyncio.run(reads.events_digest(0, 0)).value
     assert (bounds.first_seq, bounds.last_seq, bounds.through, bounds.count) == (1, 25, 0, 0)
     whole = asyncio.run(reads.events_digest(0)).value

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from local_reads import LocalReads
 from queue_node import T0, Node
 
 from delay.policy import DAY_MS, RetryPolicy
@@ -304,16 +305,6 @@ def test_snapshot_of_a_file_store_restores_into_a_fresh_node(tmp_path: Path) -> 
     assert [g.token for g in other.lease(2).grants] == [2, 3]  # the token counter survived (1 was granted)
 
 
-class _LocalReads:
-    """A replica's query server reached in process: the client's read path without a network."""
-
-    def __init__(self, machine: ReplicatedQueueMachine) -> None:
-        self.machine = machine
-
-    async def read(self, data: bytes, *, linearizable: bool) -> tuple[bytes, int]:
-        return self.machine.query(data), self.machine.applied_index()
-
-
 def test_a_reader_behind_the_event_retention_is_told_not_skipped() -> None:
     clock = [T0]
     machine = ReplicatedQueueMachine(":memory:", QueueConfig(event_retention_ms=60_000), clock_ms=lambda: clock[0])
@@ -324,7 +315,7 @@ def test_a_reader_behind_the_event_retention_is_told_not_skipped() -> None:
     node.now_ms += 60_000
     node.enqueue("b")
     assert node.apply(Purge()).events_purged == 3  # type: ignore[union-attr]
-    client = QueueClient(_LocalReads(machine))  # type: ignore[arg-type]
+    client = QueueClient(LocalReads(machine))  # type: ignore[arg-type]
 
     with pytest.raises(EventsPurged) as gap:
         asyncio.run(client.events_after(0))
