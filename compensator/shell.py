@@ -18,6 +18,9 @@ the configuration; this module runs them:
 The API is the one process kind this does not run: uvicorn starts its worker processes and owns
 their loop and signals (compensator/commands/api.py configures it from the same configuration).
 
+The logging, the loop and the signals are raft_store/process.py's, the one place that sets them
+up, shared with the log's own tool and the queue's sidecars, which must not import this root.
+
 Must never: know what a process does, or read the configuration.
 """
 
@@ -25,22 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Final
 
 from prometheus_client import CollectorRegistry
 
 from compensator.metrics_endpoint import MetricsServer
-
-LOG_FORMAT: Final = "%(asctime)s %(name)s %(levelname)s %(message)s"
-STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+from raft_store.process import configure_logging, install_uvloop, stop_on_signals
 
 
 class ProcessError(ValueError):
@@ -78,35 +76,6 @@ class Shell:
     """Failures that end the process with their first line, not a traceback."""
 
 
-def configure_logging(level: str, *, log_file: Path | None = None, quiet: Mapping[str, int] | None = None) -> None:
-    """The process's logging, once, for every logger (the root logger's handlers are replaced)."""
-    formatter = logging.Formatter(LOG_FORMAT)
-    root = logging.getLogger()
-    root.setLevel(level.upper())
-    handlers: list[logging.Handler] = []
-    if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        to_file = logging.FileHandler(log_file)
-        to_file.setFormatter(formatter)
-        handlers.append(to_file)
-    to_stderr = logging.StreamHandler(sys.stderr)
-    to_stderr.setFormatter(formatter)
-    if log_file is not None:
-        to_stderr.setLevel(logging.ERROR)
-    handlers.append(to_stderr)
-    root.handlers[:] = handlers
-    for name, held in (quiet or {}).items():
-        logging.getLogger(name).setLevel(held)
-
-
-def install_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:  # a platform without it runs on asyncio's own loop
-        return
-    uvloop.install()
-
-
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -120,19 +89,6 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def stop_on_signals(stop: asyncio.Event) -> Iterator[asyncio.Event]:
-    """SIGINT and SIGTERM set `stop` while the block runs (on the running loop)."""
-    loop = asyncio.get_running_loop()
-    for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        yield stop
-    finally:
-        for sig in STOP_SIGNALS:  # the loop may outlive the block (a test's)
-            loop.remove_signal_handler(sig)
 
 
 @contextlib.asynccontextmanager

@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 import importlib
 import json
-import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +26,7 @@ from raft_store.files import private_dir
 from raft_store.machines import CounterMachine, KvMachine
 from raft_store.node import Node
 from raft_store.node_config import NodeConfig
+from raft_store.process import configure_logging, install_uvloop, stop_on_signals
 from raft_store.state_machine import StateMachine
 from raft_store.wal import GroupCommitPolicy
 
@@ -162,12 +161,7 @@ def prepare_node_process() -> None:
     # The WAL and apply threads hand results back often; a shorter GIL switch interval keeps
     # them from waiting 5 ms behind a busy event loop.
     sys.setswitchinterval(0.0005)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    install_uvloop()
 
 
 async def run_node(
@@ -192,10 +186,8 @@ async def run_node(
 async def _serve_until_stopped(node: Node, given: asyncio.Event | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop = given or asyncio.Event()
-    signals = (signal.SIGTERM, signal.SIGINT) if given is None else ()
-    for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    # An embedding process that gives `stop` handles its signals itself (compensator/shell.py).
+    with stop_on_signals(stop) if given is None else contextlib.nullcontext(stop):
         listen = node.config.listen
         print(
             json.dumps({"event": "started", "node": node.config.node_id, "listen": f"{listen[0]}:{listen[1]}"}),
@@ -205,9 +197,6 @@ async def _serve_until_stopped(node: Node, given: asyncio.Event | None = None) -
         await asyncio.wait([loop.create_task(stop.wait()), stopped], return_when=asyncio.FIRST_COMPLETED)
         failed = node.stopped.is_set()
         await node.stop()
-    finally:
-        for sig in signals:  # the loop may outlive the node (an embedding command line)
-            loop.remove_signal_handler(sig)
     return 1 if failed else 0
 
 
@@ -288,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging("warning")
     try:
         if args.command == "run":
             config = node_config(args)
