@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import importlib
 import json
+import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,13 +24,20 @@ from typing import Any
 
 from raft_store.auth import AuthConfigError, StoreAuth
 from raft_store.client import RaftClient
-from raft_store.files import private_dir
+from raft_store.files import WalFailedError, private_dir
+from raft_store.framing import CorruptLogError
 from raft_store.machines import CounterMachine, KvMachine
-from raft_store.node import Node
+from raft_store.node import Node, NodeStopped
 from raft_store.node_config import NodeConfig
 from raft_store.process import configure_logging, install_uvloop, stop_on_signals
-from raft_store.state_machine import StateMachine
+from raft_store.snapshots import CorruptSnapshotError
+from raft_store.state_machine import GroupCommittingMachine, StateMachine
+from raft_store.stop_reason import stop_reason
 from raft_store.wal import GroupCommitPolicy
+
+log = logging.getLogger("raft_store.cli")
+STORAGE_ERRORS = (OSError, sqlite3.Error, WalFailedError, CorruptLogError, CorruptSnapshotError, NodeStopped)
+"""What stops a node for its storage (at start, or as `Node.failure`): answered with `stop_reason`."""
 
 
 class UsageError(Exception):
@@ -173,17 +182,45 @@ async def run_node(
     gives one (its own signal handling sets it), or until it stops itself on a storage failure
     (1). It owns `machine` from here on and closes it, which only it can do after the node's
     last apply. `beside` is entered once the node started and left once it stopped (an
-    embedding command's endpoints on the node's loop, such as its metrics)."""
+    embedding command's endpoints on the node's loop, such as its metrics).
+
+    After a failure nothing is committed on the way out (the machine's open transaction is
+    rolled back: the log replays it), and the last line on stderr names what failed and what to
+    do (`stop_reason`), never an error raised by the clean-up."""
+    failure: BaseException | None = None
     try:
         node = Node(config, machine)
-        await node.start()
-        async with beside(node) if beside is not None else contextlib.nullcontext():
-            return await _serve_until_stopped(node, stop)
-    finally:
+        try:
+            await node.start()
+        except STORAGE_ERRORS as exc:  # recovery failed: the same line as for a failure later
+            failure = exc
+            log.critical("node %d could not start: %r", config.node_id, exc, exc_info=exc)
+        else:
+            async with beside(node) if beside is not None else contextlib.nullcontext():
+                await _serve_until_stopped(node, stop)
+            failure = node.failure
+    except BaseException:
+        _close_after_failure(machine)
+        raise
+    if failure is None:
         machine.close()
+        return 0
+    _close_after_failure(machine)
+    print(stop_reason(failure, node_id=config.node_id, data_dir=config.data_dir), file=sys.stderr, flush=True)
+    return 1
 
 
-async def _serve_until_stopped(node: Node, given: asyncio.Event | None = None) -> int:
+def _close_after_failure(machine: StateMachine) -> None:
+    """Close without committing: the failure may have left half an apply in the open transaction."""
+    try:
+        if isinstance(machine, GroupCommittingMachine):
+            machine.rollback()
+        machine.close()
+    except Exception as exc:  # the store may be as broken as the log: the reason line comes next
+        log.warning("closing the state machine after the failure: %r", exc)
+
+
+async def _serve_until_stopped(node: Node, given: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     stop = given or asyncio.Event()
     # An embedding process that gives `stop` handles its signals itself (compensator/shell.py).
@@ -195,9 +232,7 @@ async def _serve_until_stopped(node: Node, given: asyncio.Event | None = None) -
         )
         stopped = loop.create_task(node.stopped.wait())
         await asyncio.wait([loop.create_task(stop.wait()), stopped], return_when=asyncio.FIRST_COMPLETED)
-        failed = node.stopped.is_set()
         await node.stop()
-    return 1 if failed else 0
 
 
 async def show_status(addresses: list[tuple[str, int]], auth: StoreAuth) -> int:

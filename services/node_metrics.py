@@ -1,6 +1,9 @@
 """A store node's Prometheus metrics: its Raft role, term, indexes, each follower's lag, fsync
 batching, and the queue's depth as this replica sees it.
 
+The clock offset is the node's wall clock against the log's clock (what decides due and expired):
+a node whose time sync broke shows it, and so does every node when the log ran ahead of them.
+
 Why in the node process: "a node is down" is only visible to a scraper that scrapes each node (its
 `up` is 0), "no leader" is the sum of every node's `is_leader`, and a follower's lag is known only
 to the leader. The depth gauges come from the node's own replica (no Raft round, no load on the
@@ -44,6 +47,8 @@ class NodeCollector(Collector):
             ("last_index", status["last_index"], "The last index in its log."),
             ("snapshot_index", status["snapshot_index"], "The index its latest snapshot covers."),
             ("failed", 1 if status.get("failure") else 0, "1 when the node stopped itself on a storage failure."),
+            ("clock_offset_seconds", status["clock"]["offset_ms"] / 1000,
+             "The node's wall clock minus the log's clock as it reads it (raft_store/log_clock.py)."),
         ):
             gauge = GaugeMetricFamily(f"compensator_raft_{name}", text, labels=["node"])
             gauge.add_metric([node], float(value))

@@ -76,6 +76,7 @@ STDLIB_FORBIDDEN: Final[Mapping[str, frozenset[str]]] = {"delay": frozenset({"sq
 
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
+    "raft_store.log_clock",
     "queues.model", "queues.events", "queues.in_doubt", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies", "ledger.request_ids",
@@ -91,17 +92,17 @@ MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
     "bench/e2e.py": 722,
-    "queues/machine.py": 1324,
-    "queues/machine.py::_Apply": 732,
+    "queues/machine.py": 1319,
+    "queues/machine.py::_Apply": 722,
     "queues/model.py": 862,
     "queues/client.py::QueueClient": 378,
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
-    "raft_store/node.py": 1007,
-    "raft_store/node.py::Node": 913,
-    "raft_store/simulation/cluster.py::Cluster": 463,
+    "raft_store/node.py": 1000,
+    "raft_store/node.py::Node": 903,
+    "raft_store/simulation/cluster.py::Cluster": 459,
     "raft_store/wal.py::Wal": 315,
-    "services/worker/runner.py::Worker": 314,
+    "services/worker/runner.py::Worker": 312,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The
 list only shrinks: split one and lower its number (or drop it once under the limit)."""

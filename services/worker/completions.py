@@ -76,11 +76,12 @@ class Completions:
         error_class: str,
         error_text: str,
         permanent: bool,
-        not_before_ms: int | None,
+        retry_after_ms: int | None,
         in_doubt_ms: int | None = None,
     ) -> None:
+        """`retry_after_ms`: a duration; the store adds it to its own time (never this worker's clock)."""
         command = Fail(message_id=message_id, token=token, error_class=error_class,
-                       error_text=error_text[:TEXT_LENGTH_MAX], permanent=permanent, not_before_ms=not_before_ms,
+                       error_text=error_text[:TEXT_LENGTH_MAX], permanent=permanent, retry_after_ms=retry_after_ms,
                        in_doubt_ms=in_doubt_ms)  # fmt: skip
         self._add(Completion(message_id, token, kind, "fail", command))
 

@@ -33,9 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -43,6 +44,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
+from delay.policy import DELAY_MAX_MS
 from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, Succeeded
 from handlers.lease_time import LeaseTime
 from handlers.registry import Registry
@@ -98,8 +100,7 @@ class Running:
 class Worker:
     def __init__(
         self, queue: QueueClient, handlers: Mapping[str, Handler], limits: Limits, settings: WorkerSettings, *,
-        tracer: trace.Tracer, metrics: WorkerMetrics, wall_clock_ms: Callable[[], int] | None = None,
-        registry: Registry | None = None,
+        tracer: trace.Tracer, metrics: WorkerMetrics, registry: Registry | None = None,
     ) -> None:  # fmt: skip
         self._queue = queue
         self._handlers = handlers
@@ -107,7 +108,6 @@ class Worker:
         self._settings = settings
         self._tracer = tracer
         self._metrics = metrics
-        self._wall_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._running: dict[int, Running] = {}
         self._slot_freed = asyncio.Event()
         self._kinds_of: dict[str, list[str]] = {}
@@ -377,13 +377,13 @@ class Worker:
         if isinstance(decision, Succeeded):
             self.completions.ack(grant.message_id, grant.token, grant.kind, decision.detail)
             return
-        not_before_ms = None
+        retry_after_ms = None
         if isinstance(decision, Retryable) and decision.retry_after_s is not None:
-            not_before_ms = self._wall_ms() + int(decision.retry_after_s * 1000)
+            # A duration: the store adds it to the log's clock. This worker's clock may be off.
+            retry_after_ms = min(DELAY_MAX_MS, max(0, math.ceil(decision.retry_after_s * 1000)))
         self.completions.fail(
             grant.message_id, grant.token, grant.kind, error_class=decision.error_class, error_text=_failure_text(decision),
-            permanent=isinstance(decision, Permanent), not_before_ms=not_before_ms,
-            in_doubt_ms=_in_doubt_ms(lease),
+            permanent=isinstance(decision, Permanent), retry_after_ms=retry_after_ms, in_doubt_ms=_in_doubt_ms(lease),
         )  # fmt: skip
 
     def _settled(self, completion: Completion, code: Code) -> None:
