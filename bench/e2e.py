@@ -97,6 +97,7 @@ from bench.harness import (
     code_revision,
     compensator_command,
     create_producer,
+    leader_progress,
     machine_busy_cpu_s,
     py_spy,
     run_in_directory,
@@ -390,16 +391,6 @@ async def settle(
         if time.monotonic() - progress[1] > stall_s:
             return progress
         await asyncio.sleep(POLL_S)
-
-
-async def leader_progress(queue: QueueClient) -> dict[str, float]:
-    """The leader's commit index, applied commands, fsyncs and stale reads taken so far (none if no node says it leads)."""
-    for status in await queue.node_statuses():
-        if status.get("role") == "leader":
-            metrics = status.get("metrics") or {}
-            return {"entries": float(status["commit"]), "commands": float(metrics.get("applied_commands", 0)),
-                    "fsyncs": float(metrics.get("fsyncs", 0)), "stale_reads": float(metrics.get("stale_reads", 0))}  # fmt: skip
-    return {}
 
 
 def profiler_for(stack: Stack, settings: Settings) -> Profiler | None:

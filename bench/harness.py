@@ -329,3 +329,22 @@ def run_in_directory(prog: str, *, keep: bool, body: Callable[[Path], list[str]]
     for message in errors:
         print(f"{prog}: {message}", file=sys.stderr)
     return errors
+
+
+async def leader_progress(queue: QueueClient) -> dict[str, float]:
+    """The leader's commit index, applied commands, fsyncs and stale reads taken so far (none if no node says it leads)."""
+    for status in await queue.node_statuses():
+        if status.get("role") == "leader":
+            metrics = status.get("metrics") or {}
+            return {"entries": float(status["commit"]), "commands": float(metrics.get("applied_commands", 0)),
+                    "fsyncs": float(metrics.get("fsyncs", 0)), "stale_reads": float(metrics.get("stale_reads", 0))}  # fmt: skip
+    return {}
+
+
+async def leader_progress_of(cluster: ProcessCluster) -> dict[str, float]:
+    """`leader_progress` through a client of its own."""
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=30.0)
+    try:
+        return await leader_progress(QueueClient(raft))
+    finally:
+        await raft.close()
