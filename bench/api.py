@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from api.schemas import SUBMISSION
 from api.tokens import new_token
 from bench import hello_app
 from bench.harness import (
@@ -75,6 +74,7 @@ from bench.harness import (
 from ledger.kinds import MEMO_LENGTH_MAX
 from queues import QueueClient, RaftClient
 from raft_store.testing.processes import ProcessCluster, free_ports
+from submission.models import SUBMISSION
 
 LUA_SCRIPT: Final = REPO_ROOT / "bench" / "api_load.lua"
 PHASES: Final = ("single", "hello", "batch")
@@ -93,13 +93,13 @@ def hello_server(root: Path, *, port: int, workers: int) -> Server:
 
 
 def api_uvicorn_settings() -> dict[str, Any]:
-    """The constant keyword arguments of compensator/api_server.py's `uvicorn.run` call."""
-    tree = ast.parse((REPO_ROOT / "compensator" / "api_server.py").read_text())
+    """The constant keyword arguments of compensator/commands/api.py's `uvicorn.run` call."""
+    tree = ast.parse((REPO_ROOT / "compensator" / "commands" / "api.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "uvicorn.run":
             return {kw.arg: kw.value.value for kw in node.keywords
                     if kw.arg and isinstance(kw.value, ast.Constant) and kw.arg != "factory"}  # fmt: skip
-    raise BenchError("compensator/api_server.py no longer calls uvicorn.run: update bench/hello_app.py")
+    raise BenchError("compensator/commands/api.py no longer calls uvicorn.run: update bench/hello_app.py")
 
 
 def check_same_uvicorn_settings() -> None:

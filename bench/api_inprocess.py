@@ -34,7 +34,7 @@ from api.tokens import new_token, token_hash
 from bench.api import submission_template
 from bench.harness import code_revision
 from compensator import config as configuration
-from compensator.wiring import api_app
+from compensator.wiring.api import api_app
 from queues import QueueClient, RaftClient, Role
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread

@@ -296,7 +296,7 @@ def worker_server(
     cluster: ProcessCluster, root: Path, number: int, urls: dict[str, str], secrets_file: Path, *, breaker: str,
     metrics_port: int, payment: dict[str, Any] | None = None,
 ) -> Server:  # fmt: skip
-    """`compensator worker` with the settings compensator/local.py gives `make run`'s workers;
+    """`compensator worker` with the settings compensator/commands/run.py gives `make run`'s workers;
     `breaker` "off" makes the breakers trip only when every attempt of their window failed;
     `payment`: what the payment system is declared to guarantee (`payment_settings`)."""
     env = child_environment(

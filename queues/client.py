@@ -279,10 +279,10 @@ class QueueClient:
 
     async def fail(
         self, message_id: int, token: int, error_class: str, error_text: str = "", *, permanent: bool = False,
-        not_before_ms: int | None = None,
+        retry_after_ms: int | None = None,
     ) -> Outcome:
         command = Fail(message_id=message_id, token=token, error_class=error_class, error_text=error_text,
-                       permanent=permanent, not_before_ms=not_before_ms)
+                       permanent=permanent, retry_after_ms=retry_after_ms)
         return _expect(await self.submit(command), Outcome)
 
     async def redrive(

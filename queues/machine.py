@@ -335,6 +335,11 @@ class QueueMachine(SqliteStateMachine):
         """For read-only queries (queues/queries.py) between applies, on the applying thread."""
         return self._conn
 
+    def log_time_ms(self) -> int:
+        """The time of the last applied entry (the machine's clock; 0 before the first)."""
+        (clock_ms,) = self._conn.execute("SELECT clock_ms FROM queue_meta WHERE id = 0").fetchone()
+        return int(clock_ms)
+
     # ---- SqliteStateMachine hooks -----------------------------------------------------------
     def create_tables(self, conn: sqlite3.Connection) -> None:
         inline = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
@@ -936,15 +941,8 @@ class _Apply:
 
     def expire_one(self, row: _Row) -> None:
         assert row.phase is Phase.LEASED
-        self.fail_attempt(
-            row,
-            error_class=ERROR_CLASS_LEASE_EXPIRED,
-            error_text="lease deadline passed",
-            permanent=False,
-            not_before_ms=None,
-            expired=True,
-            in_doubt_ms=None,
-        )
+        self.fail_attempt(row, error_class=ERROR_CLASS_LEASE_EXPIRED, error_text="lease deadline passed",
+                          permanent=False, not_before_ms=None, expired=True, in_doubt_ms=None)  # fmt: skip
 
     def fail_attempt(
         self,
@@ -1120,15 +1118,12 @@ class _Apply:
         if refusal is not None:
             return refusal
         assert row is not None
-        return self.fail_attempt(
-            row,
-            error_class=command.error_class,
-            error_text=command.error_text,
-            permanent=command.permanent,
-            not_before_ms=command.not_before_ms,
-            expired=False,
-            in_doubt_ms=command.in_doubt_ms,
-        )
+        not_before_ms = command.not_before_ms
+        if command.retry_after_ms is not None:  # a duration from now, on the log's clock
+            not_before_ms = max(not_before_ms or 0, self.now_ms + command.retry_after_ms)
+        return self.fail_attempt(row, error_class=command.error_class, error_text=command.error_text,
+                                 permanent=command.permanent, not_before_ms=not_before_ms, expired=False,
+                                 in_doubt_ms=command.in_doubt_ms)  # fmt: skip
 
     # ---- operator commands ------------------------------------------------------------------
     def release(self, command: Release) -> QueueResult:

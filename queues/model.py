@@ -251,8 +251,8 @@ class Fail(_Command, frozen=True, tag="fail"):
     error_class: ErrorClass
     error_text: Text = ""
     permanent: bool = False
-    not_before_ms: TimeMs | None = None
-    """The downstream's Retry-After as an absolute time: the retry is not due before it."""
+    retry_after_ms: DelayMs | None = None  # the Retry-After: a duration the store adds to its own time, not a worker's clock
+    not_before_ms: TimeMs | None = None  # the same as an absolute time, as older workers sent it: applied still (the later wins)
     in_doubt_ms: InDoubtMs | None = None
     """How long a request this delivery sent may still take effect downstream, as a duration the
     store adds to its own clock (capped at the lease's deadline): the retry is not due before then,

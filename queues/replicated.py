@@ -9,8 +9,10 @@ between applies (never on its event loop: a summary over a large dead tier takes
 election timeout).
 
 Queries are not applied: they change nothing and are not replicated, so reading a clock here is
-allowed (unlike in apply). The clock decides only "delayed versus ready" in the views, and the
-caller may pin it with `now_ms`.
+allowed (unlike in apply). The clock is the log's, as the node reads it (raft_store/log_clock.py,
+handed over by `use_clock`), never the node's raw wall clock: a read must call "ready" exactly
+what the next Lease would grant, or a worker waits on a node whose clock is behind the log's. A
+caller may pin it with `now_ms` (a view "as of").
 
 Must never: raise out of `query` (the node would answer a bare ERROR, not a `QueryError` the
 client can read), or write.
@@ -44,7 +46,11 @@ class ReplicatedQueueMachine(QueueMachine):
         self, path: str, config: QueueConfig | None = None, *, clock_ms: Callable[[], int] = wall_clock_ms
     ) -> None:
         self._clock_ms = clock_ms
+        """Outside a node (tests, tools) the wall clock; a node hands over the log's (`use_clock`)."""
         super().__init__(path, config)
+
+    def use_clock(self, read_ms: Callable[[], int]) -> None:
+        self._clock_ms = read_ms
 
     def query(self, data: bytes) -> bytes:
         """Answer one encoded query. Bad bytes or a failing query give a `QueryError` answer."""

@@ -15,7 +15,7 @@ from raft_store.types import ConfState, Entry, EntryKind, Message, MessageType, 
 
 FRAME_HEADER = struct.Struct(">IB")
 FRAME_BYTES_MAX = 64 << 20
-HELLO_MAGIC = b"RSTR\x02"  # version 2: the handshake of raft_store/handshake.py
+HELLO_MAGIC = b"RSTR\x03"  # version 3: the clock trailer on Raft messages; 2 was the handshake alone
 
 
 class CodecError(ValueError):
@@ -42,6 +42,7 @@ class FrameType(enum.IntEnum):
 _MSG = struct.Struct(">BQQQQQQ?QI")  # type, to, frm, term, log_term, index, commit, reject, hint, n
 _ENTRY = struct.Struct(">QQBI")
 _META = struct.Struct(">QQHH")
+_CLOCKS = struct.Struct(">QQ")  # wall_ms, clock_ms: an optional trailer, absent when both are 0
 
 
 def _encode_meta(meta: SnapshotMeta) -> bytes:
@@ -64,7 +65,10 @@ def _decode_meta(buf: bytes, offset: int) -> tuple[SnapshotMeta, int]:
     return SnapshotMeta(index=index, term=term, conf=conf), end
 
 
-def encode_message(m: Message) -> bytes:
+def encode_message(m: Message, *, wall_ms: int | None = None, clock_ms: int | None = None) -> bytes:
+    """`wall_ms`/`clock_ms` stand in for the message's own (the runner stamps them as it sends)."""
+    wall_ms = m.wall_ms if wall_ms is None else wall_ms
+    clock_ms = m.clock_ms if clock_ms is None else clock_ms
     parts = [
         _MSG.pack(m.type, m.to, m.frm, m.term, m.log_term, m.index, m.commit, m.reject, m.reject_hint, len(m.entries))
     ]
@@ -79,6 +83,8 @@ def encode_message(m: Message) -> bytes:
         parts.append(_encode_meta(m.snapshot.meta))
     else:
         parts.append(b"\x00")
+    if wall_ms or clock_ms:
+        parts.append(_CLOCKS.pack(wall_ms, clock_ms))
     return b"".join(parts)
 
 
@@ -124,6 +130,10 @@ def _decode_message(buf: bytes) -> Message:
         snapshot = Snapshot(meta=meta)
     else:
         offset += 1
+    wall_ms = clock_ms = 0
+    if len(buf) - offset == _CLOCKS.size:
+        wall_ms, clock_ms = _CLOCKS.unpack_from(buf, offset)
+        offset += _CLOCKS.size
     if offset != len(buf):
         raise CodecError("trailing bytes after raft message")
     return Message(
@@ -139,6 +149,8 @@ def _decode_message(buf: bytes) -> Message:
         reject_hint=hint,
         context=bytes(context),
         snapshot=snapshot,
+        wall_ms=wall_ms,
+        clock_ms=clock_ms,
     )
 
 

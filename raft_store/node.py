@@ -35,12 +35,15 @@ from raft_store.core import ProposalDropped, RaftCore, Ready, Recovered, Role
 from raft_store.files import make_private
 from raft_store.membership import MembershipError
 from raft_store.metrics import NodeMetrics
+from raft_store.node_clock import NodeClock
 from raft_store.node_config import NodeConfig
+from raft_store.node_status import node_status
 from raft_store.reads import ReadsDue
 from raft_store.snapshots import SnapshotStore, SnapshotWriter
 from raft_store.state_machine import (
     BatchFormatError,
     CheckpointingMachine,
+    ClockedMachine,
     CopyPinningMachine,
     GroupCommittingMachine,
     PinnedCopy,
@@ -99,6 +102,9 @@ class Node:
         self.machine = machine
         self.metrics = NodeMetrics()
         self.core: RaftCore | None = None
+        self.clock = NodeClock(config.node_id, band_ms=2 * config.tick_ms * config.heartbeat_ticks)  # stamps, "now"
+        if isinstance(machine, ClockedMachine):
+            machine.use_clock(self.clock.read_ms)
         self.wal: Wal | None = None
         self.snapshots = SnapshotStore(config.data_dir / "snapshots")
         self.transport = Transport(
@@ -166,6 +172,7 @@ class Node:
             log.warning("node %d: WAL torn tail truncated: %s", cfg.node_id, rec.torn_tail)
             self.metrics.torn_tails += 1
         self.wal = wal
+        self._clock_from_machine()
         latest = self.snapshots.latest()
         self._shippable = latest
         if latest is not None:
@@ -199,6 +206,10 @@ class Node:
             random.Random(),
         )
 
+    def _clock_from_machine(self) -> None:
+        if isinstance(self.machine, ClockedMachine):  # the time its state reached: never read below
+            self.clock.committed(self.machine.log_time_ms())
+
     def _restore_machine(self, path: Path, meta: SnapshotMeta) -> None:
         with tempfile.NamedTemporaryFile(dir=self.config.data_dir, suffix=".restore", delete=False) as tmp:
             for chunk in SnapshotStore.iter_data(path):
@@ -208,6 +219,7 @@ class Node:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp.name)
+        self._clock_from_machine()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -244,6 +256,7 @@ class Node:
             m = codec.decode_message(body)
             if m.frm != sender or m.to != self.config.node_id:
                 raise codec.CodecError(f"message from {m.frm} to {m.to} on {sender}'s connection")
+            self.clock.heard(m)
             self._inbox.append(m)
         else:
             self._receive_chunk(codec.decode_chunk(body))
@@ -281,6 +294,11 @@ class Node:
         self._client_propose(None, codec.Propose(0, tuple(commands)), future)
         self._wake.set()
         return await future
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the node (a storage failure, a corrupt log), or None."""
+        return self._failure
 
     @property
     def applying(self) -> bool:
@@ -415,7 +433,8 @@ class Node:
             delay = (self.config.group_commit.max_delay_ms - age_ms) / 1000
             asyncio.get_running_loop().call_later(max(0.0, delay), self._wake.set)
             return
-        now_ms = time.time_ns() // 1_000_000  # the leader's clock, stamped into the entry
+        self._sync_clock_role()
+        now_ms = self.clock.read_ms()  # the log's clock as the leader reads it, stamped into the entry
         while self._proposals:
             batch: list[tuple[int, int, bytes]] = []
             waiters: list[_Waiter] = []
@@ -629,6 +648,7 @@ class Node:
                     continue
                 # Only the node that proposed the entry has clients waiting for its results.
                 result = machine.apply_batch(entry.index, now_ms, commands, respond=entry.index in self._waiting)
+                self.clock.committed(now_ms)
                 out.append(result)
                 self.metrics.applied_commands += len(commands)
             else:
@@ -735,6 +755,7 @@ class Node:
         core = self.core
         assert core is not None
         is_leader = core.role is Role.LEADER
+        self._sync_clock_role()
         if self._was_leader and not is_leader:
             # Entries we proposed may still commit under the next leader; clients retry with
             # the same session sequence numbers and get the stored result.
@@ -748,6 +769,11 @@ class Node:
             self._reads = {}
             self._read_batch = []
         self._was_leader = is_leader
+
+    def _sync_clock_role(self) -> None:
+        """The log's clock follows the majority's time when leading, else the leader's reading."""
+        assert self.core is not None
+        self.clock.set_role(self.core.role is Role.LEADER, self.core.leader, self.core.conf.voters)
 
     def _fail_all_waiters(self) -> None:
         """Answer everyone waiting when this node stops leading or stops. What is in the log may
@@ -961,7 +987,8 @@ class Node:
         if m.type is MessageType.SNAP:
             self._send_snapshot(m)
             return
-        self.transport.send(m.to, FrameType.RAFT, codec.encode_message(m))
+        wall, reading = self.clock.stamps()  # the leader learns its peers' clocks, a follower its reading
+        self.transport.send(m.to, FrameType.RAFT, codec.encode_message(m, wall_ms=wall, clock_ms=reading))
 
     def _on_unreachable(self, peer: int) -> None:
         if self.core is not None:
@@ -969,39 +996,5 @@ class Node:
 
     # ---- status -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        core = self.core
-        assert core is not None
-        last = core.log.last_index()
-        followers = {
-            str(node): {
-                "match": pr.match,
-                "next": pr.next,
-                "state": pr.state.value,
-                "lag": last - pr.match,
-                "learner": pr.is_learner,
-                "connected": self.transport.is_connected(node),
-            }
-            for node, pr in sorted(core.progress.items())
-            if node != self.config.node_id
-        }
-        return {
-            "node": self.config.node_id,
-            "role": core.role.value,
-            "term": core.term,
-            "leader": core.leader,
-            "commit": core.log.committed,
-            "applied": core.log.applied,
-            "last_index": last,
-            "snapshot_index": core.log.snapshot_index,
-            "voters": sorted(core.conf.voters),
-            "learners": sorted(core.conf.learners),
-            "followers": followers,
-            # Where the nodes reach each other, for operators; clients use "client_addresses".
-            "addresses": {
-                str(n): f"{h}:{p}"
-                for n, (h, p) in sorted({**self.transport.peers, self.config.node_id: self.config.listen}.items())
-            },
-            "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.config.client_addresses.items())},
-            "failure": repr(self._failure) if self._failure else None,
-            "metrics": self.metrics.as_dict(),
-        }
+        """Role, term, indexes, follower progress, addresses, clock and metrics (node_status.py)."""
+        return node_status(self)

@@ -94,7 +94,7 @@ class SqliteStateMachine:
         conn.execute("SAVEPOINT entry")
         try:
             self.begin_batch(conn, index, now_ms)
-            sessions = self._load_sessions(conn, commands)
+            sessions = _load_sessions(conn, commands)
             touched: dict[int, tuple[int, int, bytes, int]] = {}
             for command in commands:
                 results.append(self._apply_in_session(conn, now_ms, command, sessions, touched, index))
@@ -108,7 +108,7 @@ class SqliteStateMachine:
                 )
             conn.execute("UPDATE _raft_meta SET applied_index = ? WHERE id = 0", (index,))
             if index % SESSION_EVICT_EVERY == 0:
-                self._evict_sessions(conn)
+                _evict_sessions(conn)
             conn.execute("RELEASE entry")
         except BaseException:
             # Undo this entry only; the entries before it in the open transaction stay applied.
@@ -142,8 +142,20 @@ class SqliteStateMachine:
         the Raft log holds every applied entry durably, and the applied index commits with the
         state it describes, so a crash replays exactly the entries the store had not committed."""
         if self._open:
-            self._conn.execute("COMMIT")
-            self._open = False
+            try:
+                self._conn.execute("COMMIT")
+            finally:
+                # A failed COMMIT (a full disk) may have rolled the transaction back or kept it
+                # open; either way the flag says what SQLite holds, so nothing commits by mistake.
+                self._open = self._conn.in_transaction
+
+    def rollback(self) -> None:
+        """Drop the applies since the last commit (after a storage failure; the log replays them)."""
+        with contextlib.suppress(sqlite3.Error):
+            if self._open or self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            self._applied = self._read_applied()
+        self._open = False
 
     def _begin(self) -> None:
         if not self._open:
@@ -295,20 +307,6 @@ class SqliteStateMachine:
         row = self._conn.execute("SELECT applied_index FROM _raft_meta WHERE id = 0").fetchone()
         return int(row[0])
 
-    @staticmethod
-    def _load_sessions(conn: sqlite3.Connection, commands: Sequence[Command]) -> dict[int, tuple[int, bytes]]:
-        """The sessions of every client in the entry, in one query per 500 clients."""
-        ids = sorted({command.client_id for command in commands if command.client_id != 0})
-        sessions: dict[int, tuple[int, bytes]] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for client_id, seq, result in conn.execute(
-                f"SELECT client_id, seq, result FROM _sessions WHERE client_id IN ({marks})", chunk
-            ):
-                sessions[int(client_id)] = (int(seq), bytes(result))
-        return sessions
-
     def _apply_in_session(
         self,
         conn: sqlite3.Connection,
@@ -333,15 +331,29 @@ class SqliteStateMachine:
         touched[command.client_id] = (command.client_id, command.seq, stored, index)
         return result
 
-    @staticmethod
-    def _evict_sessions(conn: sqlite3.Connection) -> None:
-        (count,) = conn.execute("SELECT count(*) FROM _sessions").fetchone()
-        if count > SESSIONS_MAX:
-            conn.execute(
-                "DELETE FROM _sessions WHERE client_id IN"
-                " (SELECT client_id FROM _sessions ORDER BY touched_index, client_id LIMIT ?)",
-                (count - SESSIONS_MAX,),
-            )
+
+def _load_sessions(conn: sqlite3.Connection, commands: Sequence[Command]) -> dict[int, tuple[int, bytes]]:
+    """The sessions of every client in the entry, in one query per 500 clients."""
+    ids = sorted({command.client_id for command in commands if command.client_id != 0})
+    sessions: dict[int, tuple[int, bytes]] = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        for client_id, seq, result in conn.execute(
+            f"SELECT client_id, seq, result FROM _sessions WHERE client_id IN ({marks})", chunk
+        ):
+            sessions[int(client_id)] = (int(seq), bytes(result))
+    return sessions
+
+
+def _evict_sessions(conn: sqlite3.Connection) -> None:
+    (count,) = conn.execute("SELECT count(*) FROM _sessions").fetchone()
+    if count > SESSIONS_MAX:
+        conn.execute(
+            "DELETE FROM _sessions WHERE client_id IN"
+            " (SELECT client_id FROM _sessions ORDER BY touched_index, client_id LIMIT ?)",
+            (count - SESSIONS_MAX,),
+        )
 
 
 class StoreCopy:

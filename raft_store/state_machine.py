@@ -13,7 +13,7 @@ no randomness, no iteration over unordered sets, no I/O whose result can differ 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -122,6 +122,28 @@ class GroupCommittingMachine(Protocol):
         ...
 
     def commit(self) -> None: ...
+
+    def rollback(self) -> None:
+        """Drop what was applied since the last commit, after a storage failure: nothing may be
+        committed on the way out, and the next start replays those entries from the log."""
+        ...
+
+
+@runtime_checkable
+class ClockedMachine(Protocol):
+    """A machine whose reads decide by time (due, ready, expired): they must read the log's clock.
+
+    The node hands it a reader of its `LogClock` (log_clock.py) before anything else, and learns
+    from it, at start and after a snapshot install, the time its applied state has reached (the
+    entries behind it are not replayed, so their stamps are not seen again)."""
+
+    def use_clock(self, read_ms: Callable[[], int]) -> None:
+        """From now on, "now" in a read is `read_ms()` (thread-safe; called in the apply thread)."""
+        ...
+
+    def log_time_ms(self) -> int:
+        """The greatest time the applied entries carried (0: none)."""
+        ...
 
 
 class StateMachine(Protocol):

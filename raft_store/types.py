@@ -120,6 +120,9 @@ class Message:
       index) and reject_hint/log_term carry the conflict hint for fast back-off.
     - VOTE/PRE_VOTE: index/log_term are the candidate's last entry.
     - HEARTBEAT(_RESP), READ_INDEX(_RESP): context carries a read-index request id.
+    - every type: `wall_ms` and `clock_ms` are the sender's wall clock and its reading of the log's
+      clock when it sent (0: not said). The core never reads them; the runner stamps them on the
+      way out and feeds them to its `LogClock` on the way in (log_clock.py).
     """
 
     type: MessageType
@@ -134,6 +137,8 @@ class Message:
     reject_hint: int = 0
     context: bytes = b""
     snapshot: Snapshot | None = None
+    wall_ms: int = 0
+    clock_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,12 @@ after an ack, overlapping leases, effects or acks accepted with a stale fencing 
 before their due time, attempt counts that skip or go back, dead letters without an exhausted
 budget or a permanent error, messages not settled after the drain, replicas that differ, events
 purged before their retention or out of order (not as a prefix of the log).
-Reported: duplicate deliveries, recovered enqueues, how often the stamped clock went backwards.
+One clock (docs/queue.md): a stamp ahead of the majority's clocks (raft_store's checker), the
+log's time standing still for more than FREEZE_MAX_MS of real time while one leader proposes, a
+read answered at a "now" behind the time its replica applied, a lease that expired earlier in
+real time than its length by more than the documented bound.
+Reported: duplicate deliveries, recovered enqueues, how often the stamped clock went backwards,
+how far ahead of and behind true time the log's clock ran, the earliest lease expiry.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from queues import queries
-from queues.model import Code, Enqueue, EnqueueResult, Grant, LeaseResult, Outcome, QueueResult
+from queues.model import Code, Enqueue, EnqueueResult, Event, EventType, Grant, LeaseResult, Outcome, QueueResult
 from queues.simulation.downstream import ACCEPTED, CallRecord
 from queues.simulation.history import SETTLED, LogModel
+from raft_store.simulation.clocks import EPOCH_MS
 from raft_store.simulation.cluster import SimNode
 from raft_store.state_machine import Command
 
@@ -35,6 +41,8 @@ if TYPE_CHECKING:
     from queues.simulation.cluster import QueueCluster
 
 _PHASES = {1: "waiting", 2: "leased", 3: "done", 4: "dead", 5: "discarded"}
+FREEZE_MAX_MS = 1000
+"""Ten election timeouts here: the log's time may stand still across an election, not longer."""
 
 
 class QueueChecker:
@@ -48,8 +56,8 @@ class QueueChecker:
         """Messages a send was answered OK (created) for: by one send only."""
         self.acked: dict[str, int] = {}  # key -> the newest message id the client was told
         self.recovered = 0
-        self.fail_not_before: dict[int, int | None] = {}
-        self.model = LogModel(self.violation, self.sent.__contains__, self.fail_not_before,
+        self.fail_retry_after: dict[int, int | None] = {}
+        self.model = LogModel(self.violation, self.sent.__contains__, self.fail_retry_after,
                               retention_ms=cluster.queue_config.retention_ms,
                               event_retention_ms=cluster.queue_config.event_retention_ms)
         self.applied_seen = 0
@@ -67,13 +75,21 @@ class QueueChecker:
         self._effects: Counter[str] = Counter()
         self.grants_seen = 0
         self.fenced_calls = 0
+        self._frozen: tuple[int, int, int] = (0, 0, 0)  # (term, log time, true time of its first proposal)
+        self.freeze_max_ms = 0
+        self.log_behind_max_ms = 0
+        self._leases: dict[int, tuple[int, int, int]] = {}  # token -> (lease ms, proposed at, log lag ms)
+        self.lease_early_max_ms = 0
+        self.reads_checked = 0
 
     def violation(self, text: str) -> None:
         self.cluster.fail(text)
 
     # ---- the log as every replica applies it ------------------------------------------------
     def on_apply(self, node: int, index: int, now_ms: int | None, commands: Sequence[Command],
-                 results: Sequence[bytes]) -> None:
+                 results: Sequence[bytes], proposed: tuple[int, int] | None = None) -> None:
+        """`proposed`: (term, true time) of the entry's proposal, when the simulation saw it."""
+        proposed_ms = None if proposed is None else proposed[1]
         digest = _digest([c.data for c in commands] + [b"|"] + list(results))
         if index <= self.applied_seen:
             if self._results[index] != digest:
@@ -87,6 +103,8 @@ class QueueChecker:
             if now_ms < self.log_time:
                 self.clock_went_back += 1
             self.log_time = max(self.log_time, now_ms)  # the machine's clock never goes backwards
+            if proposed is not None:
+                self._check_not_frozen(index, *proposed)
         conn = self.cluster.machines[node].connection
         while True:
             events = queries.events_after(conn, self.model.last_seq, limit=1000)
@@ -94,6 +112,8 @@ class QueueChecker:
                 if event.log_index != index:
                     self.violation(f"event {event.seq} of entry {event.log_index} appeared at {index}")
                 self.model.on_event(event, self.log_time)
+                if proposed_ms is not None:
+                    self._check_lease(event, proposed_ms)
             self._event_ts.extend((event.seq, event.ts_ms) for event in events)
             if len(events) < 1000:
                 break
@@ -116,6 +136,48 @@ class QueueChecker:
         (kept,) = conn.execute("SELECT count(*) FROM events").fetchone()
         if kept != len(self._event_ts):  # a hole after the oldest kept event: not a prefix
             self.violation(f"{kept} events kept from {first} on, but {len(self._event_ts)} were read and not purged")
+
+    def _check_not_frozen(self, index: int, term: int, proposed_ms: int) -> None:
+        """While a leader proposes, the log's time moves: a slow leader must not hold it still. (Across
+        an outage without a majority nothing commits, and time lost to it is not counted here.)"""
+        frozen_term, value, since = self._frozen
+        self.log_behind_max_ms = max(self.log_behind_max_ms, EPOCH_MS + proposed_ms - self.log_time)
+        if self.log_time > value or term != frozen_term:
+            self._frozen = (term, self.log_time, proposed_ms)
+            return
+        stood = proposed_ms - since
+        self.freeze_max_ms = max(self.freeze_max_ms, stood)
+        if stood > FREEZE_MAX_MS:
+            self.violation(f"the log's time stood at {value} for {stood} ms of real time (entry {index}):"
+                           " due retries and lease expiries stopped")  # fmt: skip
+
+    def _check_lease(self, event: Event, proposed_ms: int) -> None:
+        """A lease lasts its length in real time, less at most the documented bound: how far the
+        majority's time ran ahead of true time when it expired, plus how far the log's clock was
+        behind true time when it was granted or extended."""
+        if event.type in (EventType.LEASED, EventType.LEASE_EXTENDED):
+            token, deadline = int(event.data["token"]), int(event.data["deadline_ms"])  # type: ignore[arg-type]
+            self._leases[token] = (deadline - event.ts_ms, proposed_ms, EPOCH_MS + proposed_ms - event.ts_ms)
+        elif event.type is EventType.LEASE_EXPIRED:
+            found = self._leases.pop(int(event.data["token"]), None)  # type: ignore[arg-type]
+            if found is None:
+                return
+            length, granted_at, lag = found
+            early = length - (proposed_ms - granted_at)
+            self.lease_early_max_ms = max(self.lease_early_max_ms, early)
+            allowed = self.cluster.checker.clock_allowed_ahead_ms() + max(0, lag)
+            if early > allowed:
+                self.violation(f"lease {event.data['token']} of message {event.message_id} ({length} ms) expired"
+                               f" {early} ms early in real time; the bound allows {allowed} ms")  # fmt: skip
+
+    def on_read(self, node: int, now_ms: int, applied_time_ms: int) -> None:
+        """A read's "now" is never behind what its replica applied: else it calls delayed what the
+        next Lease grants, and a worker waiting on it waits for nothing."""
+        self.reads_checked += 1
+        if now_ms < applied_time_ms:
+            self.violation(f"a read on n{node} at {now_ms}, {applied_time_ms - now_ms} ms behind the log's time"
+                           f" {applied_time_ms}: due messages read as delayed")  # fmt: skip
+        self.cluster.checker.check_clock_bound(f"a read on n{node}", now_ms)
 
     def on_digest_point(self, node: int, index: int) -> None:
         digest = state_digest(self.cluster.machines[node].connection)
@@ -167,8 +229,8 @@ class QueueChecker:
             if logged is None or logged[:2] != (grant.message_id, grant.attempt) or grant.deadline_ms < logged[2]:
                 self.violation(f"{worker} got grant {grant.message_id}/{grant.token}; the log shows {logged}")
 
-    def on_fail_sent(self, token: int, not_before_ms: int | None) -> None:
-        self.fail_not_before[token] = not_before_ms
+    def on_fail_sent(self, token: int, retry_after_ms: int | None) -> None:
+        self.fail_retry_after[token] = retry_after_ms
 
     def on_ack_answer(self, grant: Grant, result: QueueResult | None) -> None:
         answer = "unknown" if result is None else result.code.name
@@ -271,6 +333,11 @@ class QueueChecker:
             "retention_refusals": self.retention_refusals,
             "fenced_calls": self.fenced_calls,
             "clock_went_back": self.clock_went_back,
+            "log_ahead_max_ms": self.cluster.checker.log_ahead_max_ms,
+            "log_behind_max_ms": self.log_behind_max_ms,
+            "log_still_max_ms": self.freeze_max_ms,
+            "lease_early_max_ms": self.lease_early_max_ms,
+            "clock_faults": len(self.cluster.time.plan.described),
             "machine_ts_behind_log_time": model.ts_behind_log_time,
             "log_index": self.applied_seen,
         }

@@ -6,13 +6,17 @@ committed entries to its own `QueueMachine(":memory:")` exactly as raft_store/no
 are `note_applied`), snapshots are machine images, and the machine is lazily durable like SQLite
 with synchronous=NORMAL: its image survives a crash only as of some earlier fsync or snapshot
 (behind, never ahead), and a restart restores the newer of that image and the disk's snapshot,
-then replays the log tail. Each node has its own clock, offset and drifting, which the leader
-stamps into the entries it proposes.
+then replays the log tail. Each node has its own clock, offset and drifting (and on some seeds one
+node's is seconds off, stepped, or 1.5x fast, and leadership is moved to it: raft_store/simulation/
+clocks.py). The leader stamps its reading of the log's clock into the entries it proposes, and
+every read (a worker's "what is due", the operator's pages) is answered at the reading of the
+node that serves it, as raft_store/node.py does.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from queues.machine import QueueConfig, QueueMachine
@@ -21,12 +25,11 @@ from queues.simulation.downstream import AppBugs
 from queues.simulation.net import ClientNet, Reply, Status
 from queues.simulation.workload import Workload
 from raft_store.core import ProposalDropped, Role
+from raft_store.simulation.clocks import EPOCH_MS
 from raft_store.simulation.cluster import Bugs, Cluster, SimNode
 from raft_store.state_machine import decode_batch, encode_batch
 from raft_store.types import Entry, EntryKind, Snapshot
 
-EPOCH_MS = 1_700_000_000_000
-"""Simulated time 0 on a perfect clock: node clocks are offset from it and drift."""
 CLOCK_OFFSET_MS_MAX = 400
 DIGEST_EVERY = 128
 """Every replica's whole state is compared at each multiple of this log index."""
@@ -38,10 +41,22 @@ RETENTION_FLOOR_MS = 1_000
 """SetRetention's floor in the simulation: seconds, like its retentions (1 day in a deployment)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ClockBugs:
+    """The node's wall clock where the log's clock belongs; each must be caught."""
+
+    stamp_wall_clock: bool = False
+    """The leader stamps its own wall clock (the machine still never goes back): what the queue did
+    before the log's clock, when a node 30 s slow that led froze every due time for 30 s."""
+    read_wall_clock: bool = False
+    """Reads call "now" the serving node's wall clock: a node behind the log answers "nothing is
+    ready" while the next Lease would grant."""
+
+
 class QueueCluster(Cluster):
     def __init__(
         self, seed: int, nodes: int = 3, *, bugs: Bugs | None = None, app_bugs: AppBugs | None = None,
-        membership: bool = False, replay: str | None = None,
+        clock_bugs: ClockBugs | None = None, membership: bool = False, replay: str | None = None,
     ) -> None:
         # The base constructor starts every node, which loads state through the hooks below.
         self.machines: dict[int, QueueMachine] = {}
@@ -58,17 +73,25 @@ class QueueCluster(Cluster):
         self._empty_image = _fresh_image()
         self._waiting: dict[int, dict[int, tuple[int, Reply]]] = {}  # node -> index -> (term, reply)
         self._results: list[bytes] = []
+        self.clock_bugs = clock_bugs or ClockBugs()
+        self.proposed_at: dict[tuple[int, int], int] = {}
+        """(index, term) -> the true time its leader proposed it, for the checker's clock properties."""
         super().__init__(seed, nodes, bugs=bugs, membership=membership,
                          replay=replay or f"python -m queues.simulation --seed {seed} --nodes {nodes}")
         self.offsets = {n: self.rng.randint(-CLOCK_OFFSET_MS_MAX, CLOCK_OFFSET_MS_MAX) for n in self.ids}
+        for node_id, offset in self.offsets.items():
+            self.time.clocks[node_id].offset_ms += offset
         self.qchecker = QueueChecker(self)
         self.net = ClientNet(self)
         self.net.start(seed)
         self.workload = Workload(self, app_bugs or AppBugs())
 
-    def clock(self, node_id: int) -> int:
-        """A node's wall clock: offset from true time and drifting at the node's tick rate."""
-        return EPOCH_MS + self.offsets[node_id] + int(self.now * self.nodes[node_id].drift)
+    def read_clock(self, node_id: int) -> int:
+        """"Now" for a read that `node_id` answers: its reading of the log's clock, never behind the
+        time its replica has applied (checked)."""
+        now_ms = self.time.wall(node_id) if self.clock_bugs.read_wall_clock else self.time.read(node_id)
+        self.qchecker.on_read(node_id, now_ms, self.machines[node_id].log_time_ms())
+        return now_ms
 
     def true_clock(self) -> int:
         """The clock clients and workers read (their own skew is not modelled)."""
@@ -83,6 +106,8 @@ class QueueCluster(Cluster):
         if index < snapshot.meta.index:
             index, image = snapshot.meta.index, snapshot.data
         self._set_machine(node.node_id, image, index)
+        assert node.clock is not None
+        node.clock.committed(self.machines[node.node_id].log_time_ms())
         return index
 
     def _state_durable(self, node: SimNode) -> None:
@@ -91,19 +116,25 @@ class QueueCluster(Cluster):
 
     def _apply_entry(self, node: SimNode, entry: Entry) -> None:
         machine = self.machines[node.node_id]
+        proposed_ms = self.proposed_at.get((entry.index, entry.term))
+        proposed = None if proposed_ms is None else (entry.term, proposed_ms)
         if entry.kind is EntryKind.NORMAL:
             now_ms, commands = decode_batch(entry.data)
             self._results = machine.apply_batch(entry.index, now_ms, commands)
-            self.qchecker.on_apply(node.node_id, entry.index, now_ms, commands, self._results)
+            if node.clock is not None:
+                node.clock.committed(now_ms)
+            self.qchecker.on_apply(node.node_id, entry.index, now_ms, commands, self._results, proposed)
         else:
             machine.note_applied(entry.index)
             self._results = []
-            self.qchecker.on_apply(node.node_id, entry.index, None, [], [])
+            self.qchecker.on_apply(node.node_id, entry.index, None, [], [], proposed)
         if entry.index % DIGEST_EVERY == 0:
             self.qchecker.on_digest_point(node.node_id, entry.index)
 
     def _install_state(self, node: SimNode, snapshot: Snapshot) -> None:
         self._set_machine(node.node_id, snapshot.data, snapshot.meta.index)
+        if node.clock is not None:
+            node.clock.committed(self.machines[node.node_id].log_time_ms())
 
     def _snapshot_state(self, node: SimNode) -> bytes:
         return self.machines[node.node_id].snapshot_bytes()
@@ -125,11 +156,14 @@ class QueueCluster(Cluster):
         if core.role is not Role.LEADER:
             reply(Status.NOT_LEADER, b"")
             return
+        stamp = self.time.wall(node_id) if self.clock_bugs.stamp_wall_clock else self.time.read(node_id)
+        self.checker.check_clock_bound(f"n{node_id}'s stamp", stamp)
         try:
-            index = core.propose(encode_batch(self.clock(node_id), [request]))
+            index = core.propose(encode_batch(stamp, [request]))
         except ProposalDropped:
             reply(Status.DROPPED, b"")
             return
+        self.proposed_at[(index, core.term)] = self.now
         self._waiting.setdefault(node_id, {})[index] = (core.term, reply)
         self._pump(node_id)
 
@@ -156,6 +190,7 @@ class QueueCluster(Cluster):
         drain_ms_max = 30_000
         self.workload.start()
         self.at(100, self._chaos)
+        self.time.schedule_takeovers()
         self.run_until(chaos_ms)
         self.heal()
         self.workload.drain()

@@ -46,8 +46,8 @@ class Msg:
 class LogModel:
     violation: Callable[[str], None]
     sent_keys: Callable[[str], bool]
-    fail_not_before: dict[int, int | None]
-    """token -> the Retry-After a worker's Fail carried (absent for expiries)."""
+    fail_retry_after: dict[int, int | None]
+    """token -> the Retry-After (a duration) a worker's Fail carried (absent for expiries)."""
     retention_ms: int = 7 * DAY_MS
     event_retention_ms: int = 7 * DAY_MS
     event_retentions_seen: list[int] = field(default_factory=list)
@@ -175,10 +175,12 @@ class LogModel:
             self.violation(f"lease expired at {ev.ts_ms} before its deadline {m.deadline_ms}: {where}")
         if not expired and ev.ts_ms >= m.deadline_ms:
             self.violation(f"fail accepted at {ev.ts_ms} on a lease past its deadline {m.deadline_ms}: {where}")
+        retry_after = None if expired else self.fail_retry_after.get(token)
         expected = decide(
             self.policies[m.kind], message_id=ev.message_id, attempt=m.attempts - m.budget_attempts,
             budget_start_ms=m.budget_start_ms, now_ms=ev.ts_ms, error_class=str(ev.data["error_class"]),
-            permanent=bool(ev.data["permanent"]), not_before_ms=None if expired else self.fail_not_before.get(token),
+            permanent=bool(ev.data["permanent"]),
+            not_before_ms=None if retry_after is None else ev.ts_ms + retry_after,
         )
         m.token_open = expired
         if isinstance(expected, DeadLetter):

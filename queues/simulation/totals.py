@@ -7,7 +7,9 @@ from typing import Any
 
 _SUMMED = ("faults", "acked", "acked_enqueues", "lost", "unexpected", "duplicate_deliveries", "duplicate_effects",
            "recovered", "dead_letters", "late_acks", "fenced_calls", "clock_went_back", "machine_ts_behind_log_time",
-           "purged", "events_purged", "reused_keys", "retention_changes", "retention_refusals", "client_cuts", "sim_ms")
+           "purged", "events_purged", "reused_keys", "retention_changes", "retention_refusals", "client_cuts", "sim_ms",
+           "clock_faults")
+_HIGHEST = ("log_ahead_max_ms", "log_behind_max_ms", "log_still_max_ms", "lease_early_max_ms")
 
 
 @dataclass(slots=True)
@@ -15,14 +17,17 @@ class Totals:
     seeds: int = 0
     failures: int = 0
     sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_SUMMED, 0))
+    highest: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_HIGHEST, 0))
 
     def add(self, stats: dict[str, Any]) -> None:
         self.seeds += 1
         for key in _SUMMED:
             self.sums[key] += int(stats.get(key, 0))
+        for key in _HIGHEST:
+            self.highest[key] = max(self.highest[key], int(stats.get(key, 0)))
 
     def sentence(self) -> str:
-        s = self.sums
+        s, h = self.sums, self.highest
         hours = s["sim_ms"] / 3_600_000
         return (
             f"{s['faults']} faults injected ({s['client_cuts']} client links cut), {s['acked']} acked requests ({s['acked_enqueues']} enqueues), "
@@ -33,5 +38,7 @@ class Totals:
             f"(machine log time {s['machine_ts_behind_log_time']} times); {s['purged']} tombstones and "
             f"{s['events_purged']} events purged, "
             f"{s['reused_keys']} keys taken again after their retention, {s['retention_changes']} retention changes "
-            f"({s['retention_refusals']} more refused under the floor)"
+            f"({s['retention_refusals']} more refused under the floor); {s['clock_faults']} clock faults, the log's "
+            f"clock at most {h['log_ahead_max_ms']} ms ahead of and {h['log_behind_max_ms']} ms behind true time, "
+            f"still for at most {h['log_still_max_ms']} ms, a lease expired at most {h['lease_early_max_ms']} ms early"
         )

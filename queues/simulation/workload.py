@@ -112,7 +112,7 @@ class Workload:
         open_states = (State.DELAYED, State.READY, State.LEASED)
         found = [
             f"{row.kind}/{row.state.value}={row.count}"
-            for row in queries.counts(conn, now_ms=self.cluster.clock(leader))
+            for row in queries.counts(conn, now_ms=self.cluster.read_clock(leader))
             if row.state in open_states
         ]
         pending = sum(e.outstanding for e in self.enqueuers)
@@ -230,8 +230,26 @@ class Worker:
         rng = self.w.cluster.rng
         lease_ms = rng.randint(150, 800)
         kinds: tuple[str, ...] = () if rng.random() < 0.7 else tuple(sorted(rng.sample(BUILTIN_KINDS, 2)))
+        wait_ms = self.nothing_due_ms(kinds)
+        if wait_ms is not None:
+            self.w.cluster.at(wait_ms, self.loop)
+            return
         command = Lease(worker_id=self.name, count_max=rng.randint(1, 20), lease_ms=lease_ms, kinds=kinds)
         self.client.submit(command, functools.partial(self.leased, lease_ms), tries_max=rng.randint(1, 3))
+
+    def nothing_due_ms(self, kinds: tuple[str, ...]) -> int | None:
+        """As the real worker waits: it asks the leader what is due (a stale read at the leader's
+        "now") and, when nothing is ready, sleeps until the next due time (at most 150 ms)."""
+        cluster = self.w.cluster
+        leader = cluster.leader()
+        if leader is None or leader not in cluster.machines:
+            return None
+        now_ms = cluster.read_clock(leader)
+        due = queries.work_due(cluster.machines[leader].connection, kinds, now_ms=now_ms)
+        if due.ready:
+            return None
+        later = 150 if due.next_due_ms is None else due.next_due_ms - now_ms
+        return max(5, min(150, later))
 
     def leased(self, lease_ms: int, result: QueueResult | None) -> None:
         cluster = self.w.cluster
@@ -272,7 +290,7 @@ class Worker:
         elif outcome is Effect.TIMEOUT:
             self.fail(grant, "timeout")
         elif outcome is Effect.RETRY_AFTER:
-            self.fail(grant, "throttled", not_before_ms=self.w.cluster.true_clock() + answer.retry_after_ms)
+            self.fail(grant, "throttled", retry_after_ms=answer.retry_after_ms)
         elif outcome is Effect.REJECTED:
             self.fail(grant, "rejected", permanent=True)
         elif outcome is Effect.INSUFFICIENT_FUNDS:
@@ -304,11 +322,11 @@ class Worker:
         command: Ack | AckMany = acks[0] if len(acks) == 1 else AckMany(acks=acks)
         self.client.submit(command, answered, tries_max=self.w.cluster.rng.randint(2, 4))
 
-    def fail(self, grant: Grant, error_class: str, *, permanent: bool = False, not_before_ms: int | None = None) -> None:
-        self.w.cluster.qchecker.on_fail_sent(grant.token, not_before_ms)
+    def fail(self, grant: Grant, error_class: str, *, permanent: bool = False, retry_after_ms: int | None = None) -> None:
+        self.w.cluster.qchecker.on_fail_sent(grant.token, retry_after_ms)
         command = Fail(
             message_id=grant.message_id, token=grant.token, error_class=error_class,
-            error_text=f"{error_class} from downstream", permanent=permanent, not_before_ms=not_before_ms,
+            error_text=f"{error_class} from downstream", permanent=permanent, retry_after_ms=retry_after_ms,
         )
         self.client.submit(command, lambda _: None, tries_max=self.w.cluster.rng.randint(2, 4))
 
@@ -380,7 +398,7 @@ class Operator:
         if leader is None or leader not in self.w.cluster.machines:
             return []
         conn = self.w.cluster.machines[leader].connection
-        page = queries.dead_letters(conn, DeadLetterFilter(), now_ms=self.w.cluster.clock(leader), limit=20)
+        page = queries.dead_letters(conn, DeadLetterFilter(), now_ms=self.w.cluster.read_clock(leader), limit=20)
         return [view.message_id for view in page.items]
 
     def set_retention(self) -> None:

@@ -10,7 +10,10 @@ Properties (Raft paper Figure 3, plus the durability promises a node makes on th
 - promises survive restarts: a node never restarts with a term lower than one it has sent, nor
   with a different vote in a term in which it granted one;
 - linearizable reads: a read index is at least the commit index when the read was requested;
-- liveness: after healing, one leader and full convergence within a bound.
+- liveness: after healing, one leader and full convergence within a bound;
+- one clock: every node's reading of the log's clock never goes back while it runs, and never
+  reads further ahead of true time than the majority's clocks allow (clocks.py), whatever one
+  node's clock says.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raft_store.core import Role
+from raft_store.simulation.clocks import BAND_MS, EPOCH_MS, SAMPLE_TTL_MS, SLACK_MS, majority_ahead_ms
 from raft_store.types import Entry, HardState, Message, MessageType, ReadState, Snapshot, SnapshotMeta
 
 if TYPE_CHECKING:
@@ -44,6 +48,15 @@ class Checker:
         self._checked_commit: dict[int, int] = {}
         self._complete_checked: set[tuple[int, int]] = set()  # (node, term) leaderships checked
         self._events = 0
+        self._readings: dict[int, tuple[int, int]] = {}  # node -> (generation, last reading)
+        self._bound_at = -1  # true ms of the last bound computed
+        self._majority_ahead_ms: dict[frozenset[int], int] = {}  # voter configuration -> its majority's lead
+        self._rate_rise_ms = 0.0  # the fastest clock's lead not yet added to allowed_ahead_ms (under 1 ms)
+        self._degraded_until = -1  # true ms until which no correct majority of clocks may be assumed
+        self.allowed_ahead_ms = 0
+        """How far ahead of true time the log's clock may read: the majority's time, carried on as it moves."""
+        self.log_ahead_max_ms = 0
+        """The furthest any reading of the log's clock was ahead of true time (reported)."""
 
     def violation(self, text: str) -> None:
         self.cluster.fail(text)
@@ -109,6 +122,68 @@ class Checker:
         if floor is not None and state.index < floor:
             self.violation(f"n{node} read index {state.index} below commit {floor} at request time")
         self.reads_checked += 1
+
+    def on_clock_reading(self, node: int, generation: int, reading: int, *, grounded: bool) -> None:
+        if not grounded:  # knows nothing yet: its own clock, which nothing keeps (log_clock.py)
+            return
+        previous = self._readings.get(node)
+        if previous is not None and previous[0] == generation and reading < previous[1]:
+            self.violation(f"n{node}'s log clock went back from {previous[1]} to {reading}")
+        self._readings[node] = (generation, reading)
+        self.check_clock_bound(f"n{node}'s reading of the log's clock", reading)
+
+    def clock_allowed_ahead_ms(self) -> int:
+        """How far ahead of true time the log's clock may read now: where the highest majority's time
+        is, or, once the log was carried ahead of it, that lead moved on only as a majority's time
+        moves (the log's clock never goes back, and above its base advances by the smaller of the
+        monotonic and the base's advance); without a majority of correct clocks up, as the fastest
+        monotonic clock gains."""
+        cluster = self.cluster
+        if self._bound_at != cluster.now:
+            # Each configuration a node may lead with has a majority of its own (with membership
+            # changes, the voters of a set of five may be four): the bound takes the highest.
+            clocks = cluster.time.clocks
+            confs = {frozenset(clocks)} | {node.core.conf.voters for node in cluster.nodes.values()
+                                           if node.core is not None and node.core.conf.voters}  # fmt: skip
+            majorities = {conf: majority_ahead_ms({n: clocks[n] for n in conf}, cluster.now) for conf in confs}
+            rises = [now - self._majority_ahead_ms[conf] for conf, now in majorities.items()
+                     if conf in self._majority_ahead_ms]  # fmt: skip
+            if self._without_correct_majority(confs):
+                self._degraded_until = cluster.now + SAMPLE_TTL_MS + SLACK_MS
+            if cluster.now <= self._degraded_until and self._bound_at >= 0:
+                # Beyond the fault model (docs/queue.md, "One clock"): with a voter down or cut off and
+                # a bad clock among the rest, a leader's base may be the bad clock itself, and a reading
+                # carried above it moves on by the smaller of its monotonic advance and the base's: at
+                # most the fastest monotonic clock's rate. Summed exactly (a millisecond rounded up per
+                # step would let the bound run at true rate).
+                fastest = max(clock.rate for clock in clocks.values())
+                self._rate_rise_ms += max(0.0, fastest - 1) * (cluster.now - self._bound_at)
+                whole = int(self._rate_rise_ms)
+                self._rate_rise_ms -= whole
+                rises.append(whole)
+            else:
+                self._rate_rise_ms = 0.0
+            self.allowed_ahead_ms = max(max(majorities.values()), self.allowed_ahead_ms + max([0, *rises]))
+            self._majority_ahead_ms = majorities
+            self._bound_at = cluster.now
+        return self.allowed_ahead_ms + BAND_MS + SLACK_MS
+
+    def _without_correct_majority(self, confs: set[frozenset[int]]) -> bool:
+        """Whether some configuration's voters that are up and connected hold no majority of correct
+        clocks (a crash or a partition on top of a clock fault: two faults in a set of three)."""
+        cluster = self.cluster
+        bad = set(cluster.time.plan.bad)
+        cut = {n for pair in cluster.blocked for n in pair}
+        down = {n for n, node in cluster.nodes.items() if node.core is None} | cut
+        return any(len(conf & (bad | down)) > (len(conf) - 1) // 2 for conf in confs if conf & bad)
+
+    def check_clock_bound(self, what: str, value: int) -> None:
+        ahead = value - (EPOCH_MS + self.cluster.now)
+        self.log_ahead_max_ms = max(self.log_ahead_max_ms, ahead)
+        allowed = self.clock_allowed_ahead_ms()
+        if ahead > allowed:
+            self.violation(f"{what} is {ahead} ms ahead of true time; the majority's clocks allow {allowed} ms:"
+                           " a minority's clock moved the log's time")  # fmt: skip
 
     # ---- after every event ---------------------------------------------------------------
     def after_event(self) -> None:

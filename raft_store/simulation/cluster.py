@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raft_store.core import Config, ProposalDropped, RaftCore, Ready, Recovered, Role
+from raft_store.log_clock import LogClock
 from raft_store.membership import MembershipError
 from raft_store.simulation.checker import Checker
+from raft_store.simulation.clocks import ClockFaults, SimTime
 from raft_store.simulation.disk import SimCorruption, SimDisk
 from raft_store.types import (
     ConfChange,
@@ -35,6 +37,7 @@ from raft_store.types import (
 )
 
 TICK_MS = 10
+STATS = ("faults", "crashes", "partitions", "drops", "corruptions", "acked", "proposed", "snapshots", "conf_changes", "reads")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,9 @@ class SimNode:
     corruption_planted: bool = False
     drift: float = 1.0
     generation: int = 0  # bumps on every crash, so stale events of a dead incarnation are ignored
+    clock: LogClock | None = None
+    """The node's reading of the log's clock (production code), fed as raft_store/node.py feeds it."""
+    clock_role: tuple[bool, int, frozenset[int]] | None = None
 
 
 class Cluster:
@@ -101,6 +107,7 @@ class Cluster:
         *,
         membership: bool = False,
         replay: str | None = None,
+        clock_faults: ClockFaults | None = None,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -120,6 +127,7 @@ class Cluster:
             self.nodes[node_id] = SimNode(
                 node_id, disk, drift=1 + self.rng.uniform(-self.faults.clock_drift_max, self.faults.clock_drift_max)
             )
+        self.time = SimTime(self, clock_faults or ClockFaults())  # the nodes' clocks and the log's
         self.blocked: set[tuple[int, int]] = set()
         self.checker = Checker(self)
         self.trace: list[str] = []
@@ -127,18 +135,7 @@ class Cluster:
         self.pipelined = self.rng.random() < 0.5
         self.clients_stopped = False
         self.final_value = -1
-        self.stats = {
-            "faults": 0,
-            "crashes": 0,
-            "partitions": 0,
-            "drops": 0,
-            "corruptions": 0,
-            "acked": 0,
-            "proposed": 0,
-            "snapshots": 0,
-            "conf_changes": 0,
-            "reads": 0,
-        }
+        self.stats = dict.fromkeys(STATS, 0)
         self._next_value = 0
         self._inflight: dict[int, tuple[int, int, int]] = {}  # value -> (leader, index, term)
         for node_id in self.ids:
@@ -173,6 +170,7 @@ class Cluster:
     # ---- nodes --------------------------------------------------------------------------
     def _start(self, node_id: int) -> None:
         node = self.nodes[node_id]
+        self.time.started(node)
         try:
             rec = node.disk.recover()
         except SimCorruption as exc:
@@ -220,6 +218,7 @@ class Cluster:
         self.checker.on_crash(node_id)
         what = node.disk.crash(self.rng, may_corrupt=may_corrupt)
         node.core = None
+        node.clock = None
         node.generation += 1
         self.stats["crashes"] += 1
         self.stats["faults"] += 1
@@ -387,6 +386,7 @@ class Cluster:
             # ships the newest snapshot it holds, never an older one than the core asked for.
             assert snap is not None and m.snapshot is not None and snap.meta.index >= m.snapshot.meta.index
             m = _with_snapshot(m, snap)
+        m = self.time.stamped(node, m)
         if (m.frm, m.to) in self.blocked:
             return
         if not self.healed and self.rng.random() < self.faults.drop:
@@ -401,6 +401,7 @@ class Cluster:
         node = self.nodes.get(m.to)
         if node is None or node.core is None or (m.frm, m.to) in self.blocked:
             return
+        self.time.heard(node, m)
         node.core.step(m)
         self._pump(m.to)
 
@@ -528,6 +529,7 @@ class Cluster:
     def run(self, chaos_ms: int = 8000, heal_ms: int = 6000) -> dict[str, Any]:
         self.at(0, self._client_loop)
         self.at(100, self._chaos)
+        self.time.schedule_takeovers()
         self.run_until(chaos_ms)
         self.heal()
         self.run_until(chaos_ms + heal_ms // 2)

@@ -15,12 +15,28 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from raft_store.auth import StoreAuth, TlsFiles
 from raft_store.client import RaftClient
 from raft_store.testing.credentials import SECRET_NAME, cluster_auth, service_settings
+
+FAKETIME_LIBRARIES = ("/usr/lib/x86_64-linux-gnu/faketime", "/usr/lib/aarch64-linux-gnu/faketime", "/usr/lib/faketime")
+
+
+def skewed_clock_env(offset_s: int) -> dict[str, str] | None:
+    """The environment that runs a process with its wall clock `offset_s` off (libfaketime, Debian's
+    `faketime` package), its monotonic clock untouched as NTP leaves it; None without libfaketime.
+
+    The library is preloaded into the process itself, not run through the `faketime` command: that
+    command forks, and a SIGTERM to it left its child running."""
+    for directory in FAKETIME_LIBRARIES:
+        library = Path(directory) / "libfaketimeMT.so.1"
+        if library.exists():
+            return {"LD_PRELOAD": str(library), "FAKETIME": f"{offset_s:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    return None
 
 
 def free_ports(count: int) -> list[int]:
@@ -80,7 +96,8 @@ class ProcessCluster:
         listeners by another route, so a test can tell which addresses a client used."""
         return [arg for node in self.ids for arg in ("--client-address", f"{node}={host}:{self.address(node)[1]}")]
 
-    def start(self, node: int, *extra: str) -> None:
+    def start(self, node: int, *extra: str, env: Mapping[str, str] | None = None) -> None:
+        """`env`: added to the node's environment (`skewed_clock_env`, for one)."""
         args = [
             sys.executable,
             "-m",
@@ -98,8 +115,8 @@ class ProcessCluster:
             host, port = self.address(peer)
             args += ["--peer", f"{peer}={host}:{port}"]
         log = open(self.root / f"node{node}.log", "ab")  # noqa: SIM115 - owned by the process
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.procs[node] = subprocess.Popen([*args, *self.extra_args, *extra], stdout=log, stderr=log, env=env)
+        environment = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self.procs[node] = subprocess.Popen([*args, *self.extra_args, *extra], stdout=log, stderr=log, env=environment)
 
     def start_all(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

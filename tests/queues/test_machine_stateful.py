@@ -295,7 +295,10 @@ class RefQueue:
         if refused is not None:
             return refused
         assert m is not None
-        self.fail_attempt(m, c.error_class, c.permanent, c.not_before_ms, False)
+        not_before_ms = c.not_before_ms
+        if c.retry_after_ms is not None:
+            not_before_ms = max(not_before_ms or 0, self.now_ms + c.retry_after_ms)
+        self.fail_attempt(m, c.error_class, c.permanent, not_before_ms, False)
         return Code.OK
 
     def release(self, c: Release) -> Code:
@@ -506,7 +509,7 @@ class QueueComparison(RuleBasedStateMachine):
             error_class=error_class,
             error_text="downstream said no",
             permanent=permanent,
-            not_before_ms=not_before_ms,
+            retry_after_ms=retry_after_ms,
         )
         result = self.apply(command)
         assert isinstance(result, Outcome)

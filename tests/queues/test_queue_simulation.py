@@ -2,7 +2,8 @@
 
 The production RaftCore and QueueMachine on every node; seeded drops, duplicates, delays,
 partitions, crashes with lost unsynced writes, torn tails and minority corruption, clock offset and
-drift, leader transfers, workers pausing past their leases. CI spends QUEUE_SIM_BUDGET_S (default
+drift, a minority's clock seconds off, stepped or 1.5x fast with leadership moved to it, leader
+transfers, workers pausing past their leases. CI spends QUEUE_SIM_BUDGET_S (default
 120 s) on fresh seeds and prints testing.md's figure. A failure prints the command that replays
 its seed; pin it in queue_sim_regressions.txt once fixed.
 """
@@ -16,9 +17,12 @@ from pathlib import Path
 import pytest
 
 from queues.model import Event, EventType, EventValue
+from queues.simulation.cluster import QueueCluster
 from queues.simulation.history import LogModel
 from queues.simulation.runner import run_seed
 from queues.simulation.totals import Totals
+from raft_store.simulation.clocks import EPOCH_MS
+from raft_store.simulation.cluster import SimulationFailure
 from raft_store.simulation.runner import read_regressions
 
 REGRESSIONS = Path(__file__).with_name("queue_sim_regressions.txt")
@@ -54,7 +58,9 @@ def test_seeds_within_budget(nodes: int, membership: bool, share: float) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bug", ["lease_without_fencing", "effect_without_dedup", "ack_before_fsync"])
+@pytest.mark.parametrize(
+    "bug", ["lease_without_fencing", "effect_without_dedup", "ack_before_fsync", "stamp_wall_clock", "read_wall_clock"]
+)
 def test_planted_bug_is_caught(bug: str) -> None:
     """A checker that never fails proves nothing: each planted bug must be caught."""
     for seed in range(BUG_SEEDS_MAX):
@@ -71,6 +77,19 @@ def test_same_seed_replays_identically() -> None:
     second = run_seed(7)
     assert first.failure is None and second.failure is None
     assert first.stats == second.stats
+
+
+def test_the_checker_flags_a_log_time_that_stands_still_under_one_leader() -> None:
+    """What a slow leader stamping its own clock did: the machine never goes back, so the log's
+    time stood at the last fast stamp while the slow leader proposed. A new term starts afresh."""
+    cluster = QueueCluster(1)
+    checker = cluster.qchecker
+    checker.log_time = EPOCH_MS + 5_000
+    checker._check_not_frozen(10, term=3, proposed_ms=1_000)
+    checker._check_not_frozen(11, term=3, proposed_ms=1_900)
+    checker._check_not_frozen(12, term=4, proposed_ms=3_000)  # an election in between: counted anew
+    with pytest.raises(SimulationFailure, match=r"stood at .* for 1001 ms of real time"):
+        checker._check_not_frozen(13, term=4, proposed_ms=4_001)
 
 
 # ---- the log model flags each forbidden history (so a passing seed means something) ---------

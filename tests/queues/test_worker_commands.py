@@ -258,3 +258,20 @@ def test_a_redriven_dead_letter_starts_a_new_budget_and_keeps_its_in_doubt_deadl
     (third,) = node.lease().grants
     assert (third.previous_error_class, third.attempt, third.budget_attempt) == ("unknown_outcome", 3, 1)
     assert third.in_doubt_ms == -60_000
+
+
+def test_retry_after_is_a_duration_the_store_adds_to_its_own_time() -> None:
+    """Whatever the worker's clock says: the retry is due the entry's time plus the Retry-After.
+    An old entry's absolute `not_before_ms` still applies as it did (a replayed log ends the same)."""
+    node = Node()
+    node.apply(SetPolicy(kind="transfer", policy=RetryPolicy(tiers_ms=(1000,), tier_jitter_ratio=0.0,
+                                                             retry_after_max_ms=60_000)))  # fmt: skip
+    first, second = node.enqueue("a"), node.enqueue("b")
+    by_id = {grant.message_id: grant for grant in node.lease(count_max=2).grants}
+    now_ms = node.now_ms
+    throttled = node.apply(Fail(message_id=first, token=by_id[first].token, error_class="rate_limited",
+                                retry_after_ms=3000))  # fmt: skip
+    assert throttled == Outcome(code=Code.OK, message_id=first, state=State.DELAYED, due_ms=now_ms + 3000)
+    legacy = node.apply(Fail(message_id=second, token=by_id[second].token, error_class="rate_limited",
+                             not_before_ms=now_ms + 7000))  # fmt: skip
+    assert legacy == Outcome(code=Code.OK, message_id=second, state=State.DELAYED, due_ms=now_ms + 7000)
