@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -64,6 +65,7 @@ from bench.harness import (
     code_revision,
     compensator_command,
     create_producer,
+    leader_progress_of,
     machine_busy_cpu_s,
     py_spy,
     terminated_as_interrupt,
@@ -127,6 +129,8 @@ class WrkRun:
     wrk_cpu_s: float
     cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds over the run, by process group (server, nodes, machine busy), when measured."""
+    leader: dict[str, float] = field(default_factory=dict)
+    """The store leader's log entries, applied commands and fsyncs over the run (`leader_progress`)."""
 
     @property
     def duration_s(self) -> float:
@@ -272,6 +276,13 @@ def phase_summary(phase: str, run: WrkRun) -> dict[str, Any]:
         "machine_busy_cores": round(busy / run.wall_s, 2),
         "other_processes_cores": round(max(0.0, busy - ours) / run.wall_s, 2),
     }  # fmt: skip
+    if run.leader and units:
+        # Commands per log entry: how many requests shared a frame (the client's coalescing).
+        entries = run.leader.get("entries", 0.0)
+        summary["store_per_" + ("item" if phase == "batch" else "request")] = {
+            "leader_entries": round(entries / units, 3), "leader_fsyncs": round(run.leader.get("fsyncs", 0.0) / units, 3),
+            "commands_per_entry": round(run.leader.get("commands", 0.0) / entries, 2) if entries else None,
+        }  # fmt: skip
     if phase == "batch":
         summary["items_created"] = run.items_created
         summary["items_not_created"] = run.items_answered - run.items_created
@@ -335,8 +346,12 @@ class Bench:
         if self.cluster is not None:
             sources["nodes"] = self.cluster.cpu_seconds
         profiler = self.profiler(phase, server)
+        leader = asyncio.run(leader_progress_of(self.cluster)) if self.cluster is not None and phase != "hello" else {}
         measured = run_wrk(self.load(phase, url, warm=False), sources,
                            on_start=profiler.start if profiler else None)  # fmt: skip
+        if leader:
+            after = asyncio.run(leader_progress_of(self.cluster)) if self.cluster is not None else {}
+            measured = dataclasses.replace(measured, leader={name: after[name] - leader.get(name, 0.0) for name in after})
         self.runs[phase].append(measured)
         return measured, profiler.finish() if profiler else None
 
