@@ -220,7 +220,7 @@ class Faults(Chaos):
         await self.at(9.0)
         await self.pause("w2", LEASE_MS / 1000 + 1.0)
         await self.at(13.0)
-        await self.kill("w1")
+        await self.kill("w1", mid_attempt=False)  # the first kill was mid-attempt; by now the work may be drained
         await self.at(14.0)
         self.start("w1")
 
