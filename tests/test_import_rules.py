@@ -91,7 +91,6 @@ OVERSIZED: Final[Mapping[str, int]] = {
     "queues/client.py::QueueClient": 378,
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
-    "raft_store/simulation/cluster.py::Cluster": 410,
     "raft_store/wal.py::Wal": 315,
     "compensator/worker/runner.py::Worker": 312,
 }

@@ -198,7 +198,7 @@ class QueueCluster(Cluster):
         """Chaos, then heal and drain until every message settled, then let replicas converge."""
         drain_ms_max = 30_000
         self.workload.start()
-        self.at(100, self._chaos)
+        self.at(100, self.operators.chaos)
         self.time.schedule_takeovers()
         self.run_until(chaos_ms)
         self.heal()

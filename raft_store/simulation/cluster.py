@@ -18,16 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raft_store.core import Config, ProposalDropped, RaftCore, Recovered, Role
+from raft_store.core import Config, RaftCore, Recovered, Role
 from raft_store.log_clock import LogClock
-from raft_store.membership import MembershipError
 from raft_store.simulation.checker import Checker
 from raft_store.simulation.clocks import ClockFaults, SimTime
 from raft_store.simulation.disk import SimCorruption, SimDisk
+from raft_store.simulation.operators import Operators
 from raft_store.simulation.ports import SimPorts
 from raft_store.types import (
-    ConfChange,
-    ConfChangeType,
     ConfState,
     Entry,
     EntryKind,
@@ -134,11 +132,8 @@ class Cluster:
         self.healed = False
         self.threaded = self.rng.random() < 0.5
         """Every apply on the simulated apply thread; else small ones inline, as the node does."""
-        self.clients_stopped = False
-        self.final_value = -1
         self.stats = dict.fromkeys(STATS, 0)
-        self._next_value = 0
-        self._inflight: dict[int, tuple[int, int, int]] = {}  # value -> (leader, index, term)
+        self.operators = Operators(self)
         for node_id in self.ids:
             self._start(node_id)
 
@@ -223,9 +218,7 @@ class Cluster:
         node.generation += 1
         self.stats["crashes"] += 1
         self.stats["faults"] += 1
-        for value, (leader, _, _) in list(self._inflight.items()):
-            if leader == node_id:
-                del self._inflight[value]  # the client sees a timeout: outcome unknown
+        self.operators.crashed(node_id)
         self.log(f"n{node_id} CRASH ({what})")
 
     def _corruption_budget(self) -> int:
@@ -264,13 +257,7 @@ class Cluster:
     def _answer(self, node: SimNode, entry: Entry, result: list[bytes]) -> None:
         """The leader that took a proposal answers its client once it applied the entry."""
         if entry.kind is EntryKind.NORMAL:
-            value = int.from_bytes(entry.data[:8], "big")
-            pending = self._inflight.get(value)
-            if pending and pending[0] == node.node_id:
-                del self._inflight[value]
-                if (pending[1], pending[2]) == (entry.index, entry.term):
-                    self.stats["acked"] += 1
-                    self.checker.on_ack(value, entry)
+            self.operators.applied(node.node_id, entry)
 
     # ---- the replicated state: hooks a subclass replaces to run a real state machine ----------
     # The base replicates an opaque list of applied entries, which is all the Raft checker needs.
@@ -356,7 +343,7 @@ class Cluster:
         node.core.step(m)
         self._pump(m.to)
 
-    # ---- clients and operators -----------------------------------------------------------
+    # ---- clients and operators (operators.py) ----------------------------------------------
     def leader(self) -> int | None:
         best: tuple[int, int] | None = None
         for node_id, node in self.nodes.items():
@@ -365,141 +352,20 @@ class Cluster:
                 best = (core.term, node_id)
         return best[1] if best else None
 
-    def _leader_core(self) -> tuple[int, RaftCore] | None:
-        leader = self.leader()
-        if leader is None:
-            return None
-        core = self.nodes[leader].core
-        assert core is not None
-        return leader, core
-
-    def propose(self) -> None:
-        found = self._leader_core()
-        if found is None:
-            return
-        leader, core = found
-        self._next_value += 1
-        value = self._next_value
-        data = value.to_bytes(8, "big") + self.rng.randbytes(self.rng.randrange(0, 64))
-        try:
-            index = core.propose(data)
-        except ProposalDropped:
-            return
-        self.stats["proposed"] += 1
-        self._inflight[value] = (leader, index, core.term)
-        self._pump(leader)
-
-    def change_membership(self) -> None:
-        found = self._leader_core()
-        if found is None:
-            return
-        leader, core = found
-        conf = core.conf
-        missing = [n for n in self.ids if n not in conf.voters]
-        if missing:
-            change = ConfChange(ConfChangeType.ADD_VOTER, self.rng.choice(missing))
-        else:
-            candidates = [n for n in sorted(conf.voters) if n != leader]
-            change = ConfChange(ConfChangeType.REMOVE_NODE, self.rng.choice(candidates))
-        try:
-            core.propose_conf_change(change)
-        except (ProposalDropped, MembershipError):
-            return
-        self.stats["conf_changes"] += 1
-        self.log(f"n{leader} proposes {change.change.name} n{change.node}")
-        self._pump(leader)
-
-    def read(self) -> None:
-        found = self._leader_core()
-        if found is None:
-            return
-        leader, core = found
-        self.stats["reads"] += 1
-        context = self._seq.to_bytes(8, "big")
-        self.checker.on_read_requested(context, leader)
-        core.read_index(context)
-        self._pump(leader)
-
-    def transfer(self) -> None:
-        found = self._leader_core()
-        if found is None:
-            return
-        leader, core = found
-        targets = [n for n in sorted(core.conf.voters) if n != leader]
-        if targets:
-            core.transfer_leadership(self.rng.choice(targets))
-            self._pump(leader)
-
-    # ---- fault schedule --------------------------------------------------------------------
-    def _chaos(self) -> None:
-        if self.healed:
-            return
-        f = self.faults
-        r = self.rng.random()
-        if r < 0.25 and f.crash_probability:
-            alive = [n for n, node in self.nodes.items() if node.core is not None]
-            if alive and self.rng.random() < f.crash_probability:
-                victim = self.rng.choice(alive)
-                self.crash(victim)
-                self.at(self.rng.uniform(50, f.restart_after_ms_max), lambda: self.restart(victim))
-        elif r < 0.45 and f.partition_probability:
-            self.blocked = set()
-            if self.rng.random() < f.partition_probability:
-                self._partition()
-        elif r < 0.55 and self.membership:
-            self.change_membership()
-        elif r < 0.6:
-            self.transfer()
-        self.at(self.rng.uniform(50, 400), self._chaos)
-
-    def _partition(self) -> None:
-        ids = self.ids[:]
-        self.rng.shuffle(ids)
-        cut = self.rng.randrange(1, len(ids))
-        side_a, side_b = ids[:cut], ids[cut:]
-        one_way = self.rng.random() < self.faults.one_way_probability
-        for a in side_a:
-            for b in side_b:
-                self.blocked.add((a, b))
-                if not one_way:
-                    self.blocked.add((b, a))
-        self.stats["partitions"] += 1
-        self.stats["faults"] += 1
-        self.log(f"partition {sorted(side_a)} | {sorted(side_b)}{' one-way' if one_way else ''}")
-
-    def _client_loop(self) -> None:
-        if self.clients_stopped:
-            return
-        if self.rng.random() < 0.8:
-            self.propose()
-        if self.rng.random() < 0.05:
-            self.read()
-        self.at(self.rng.uniform(5, 40), self._client_loop)
-
     # ---- the whole run ---------------------------------------------------------------------
     def run(self, chaos_ms: int = 8000, heal_ms: int = 6000) -> dict[str, Any]:
-        self.at(0, self._client_loop)
-        self.at(100, self._chaos)
+        operators = self.operators
+        self.at(0, operators.client_loop)
+        self.at(100, operators.chaos)
         self.time.schedule_takeovers()
         self.run_until(chaos_ms)
         self.heal()
         self.run_until(chaos_ms + heal_ms // 2)
-        self.clients_stopped = True
-        self._final_proposal()
+        operators.clients_stopped = True
+        operators.final_proposal()
         self.run_until(chaos_ms + heal_ms)
-        self.checker.check_converged(self.final_value)
+        self.checker.check_converged(operators.final_value)
         return dict(self.stats)
-
-    def _final_proposal(self) -> None:
-        """After healing, a fresh proposal must commit: the liveness half of the check."""
-        if self.final_value in self.checker.acked:
-            return
-        if self.final_value not in self._inflight:
-            before = self._next_value
-            self.propose()
-            if self._next_value != before and self._next_value in self._inflight:
-                self.final_value = self._next_value
-        self.at(50, self._final_proposal)
 
     def heal(self) -> None:
         self.healed = True

@@ -8,7 +8,8 @@ reads between applies and snapshot installs once drained. What differs is only w
   of what was written, or tear it);
 - the machine lane runs each job after a simulated delay, in order (the apply thread), or, on
   the seeds drawn `threaded=False`, small applies run inline as the node's do;
-- timers are events; a snapshot is taken in an event of its own.
+- timers are events; a snapshot is taken in an event of its own;
+- a confirmed read is served by a read job between applies, and the state it reads is checked.
 A crash drops the incarnation: its pending events see a newer generation and do nothing.
 
 Planted bugs bend exactly this contract (messages sent before the fsync, a vote not fsynced).
@@ -72,6 +73,8 @@ class SimPorts:
         self.generation = node.generation
         self._must_sync = False
         self._wake_scheduled = False
+        self._reads: list[ReadState] = []
+        """Read states confirmed and not yet served."""
         self.disk = _Lane(self, self._fsync_ms, run_at_submit=True)
         self.machine = _Lane(self, lambda: cluster.rng.uniform(0.05, 2.0), run_at_submit=False)
         assert node.core is not None
@@ -142,12 +145,26 @@ class SimPorts:
     # ---- Reader -------------------------------------------------------------------------------
     def read_state(self, state: ReadState) -> None:
         self.cluster.checker.on_read_state(self.node.node_id, state)
+        self._reads.append(state)
 
     def pending(self) -> bool:
-        return False
+        return bool(self._reads)
 
     def take(self, applied: int) -> ReadJob[Any] | None:
-        return None
+        """The reads whose index has applied, served in one job on the machine lane: what the
+        state they read reflects is checked against what they were promised."""
+        due = [state for state in self._reads if state.index <= applied]
+        if not due:
+            return None
+        self._reads = [state for state in self._reads if state.index > applied]
+        node, checker = self.node, self.cluster.checker
+
+        def serve() -> int:
+            for state in due:
+                checker.on_read_served(node.node_id, state, node.state_index)
+            return node.state_index
+
+        return serve, lambda result: None
 
     # ---- Effects ------------------------------------------------------------------------------
     def send(self, m: Message) -> None:
