@@ -1,5 +1,6 @@
 # The compensator's image: every process of the service (store node, API, worker, projector, Kafka
-# publisher and ingest, nightly reconciliation) is `compensator <command>` in this one image.
+# publisher and ingest, outbox relay, stand-ins, nightly reconciliation) is `compensator <command>`
+# in this one image, built by the one composition root from the one configuration.
 #
 # Two stages: the first builds a virtual environment from requirements.lock (every runtime
 # package, transitive ones included, at an exact version) plus the project itself; the second
@@ -23,9 +24,12 @@ COPY compensator ./compensator
 COPY delay ./delay
 COPY handlers ./handlers
 COPY ledger ./ledger
+COPY outbox ./outbox
 COPY queues ./queues
 COPY raft_store ./raft_store
+COPY services ./services
 COPY spark_reconcile ./spark_reconcile
+COPY submission ./submission
 COPY bench ./bench
 RUN /opt/compensator/bin/pip install --no-deps '.[spark]' \
     && /opt/compensator/bin/pip check

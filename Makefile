@@ -23,7 +23,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m mypy raft_store queues delay compensator spark_reconcile bench ledger api handlers outbox
+	$(PY) -m mypy raft_store queues delay compensator spark_reconcile bench ledger api handlers outbox services submission
 
 bench: $(STAMP)
 	$(PY) -m bench.raft --concurrency 1 --seconds 10 --json

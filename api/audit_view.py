@@ -23,10 +23,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from api.ids import RequestId
 from api.money_view import AMOUNT_FIELDS, MONEY_FIELD, display, money_of_document
 from api.problems import invalid
 from api.review_policy import diff
+from ledger.request_ids import RequestId
 from queues import AuditFilter
 
 SIGN_IN_PREFIXES: Final = ("document:sessions/", "document:logins/")

@@ -14,8 +14,8 @@ import msgspec
 from fastapi import Request
 from starlette.responses import Response
 
-from api import submissions
 from api.problems import Problem, invalid, problem_of
+from submission import rules as submissions
 
 QUOTED_KEY_PATTERN: Final = r'^"((?:[\x20-\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$'
 _QUOTED: Final = re.compile(QUOTED_KEY_PATTERN)

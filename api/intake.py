@@ -27,10 +27,9 @@ from typing import Any, Final
 from opentelemetry import propagate, trace
 
 from api.auth import Principal
-from api.ids import RequestId
 from api.problems import Problem, problem_of
-from api.schemas import AnySubmission, utc
-from api.submissions import HEADER_FINGERPRINT, Invalid, build_enqueue
+from api.schemas import utc
+from ledger.request_ids import RequestId
 from ledger.states import LEDGER_STATE_OF
 from queues import (
     ClientError,
@@ -44,6 +43,8 @@ from queues import (
     State,
     Unavailable,
 )
+from submission.models import AnySubmission
+from submission.rules import HEADER_FINGERPRINT, Invalid, build_enqueue
 
 RETRY_AFTER_S: Final = "1"
 

@@ -37,13 +37,30 @@ class ApiMetrics:
             "compensator_api_store_seconds", "Round trips to the replicated store, by operation.",
             ["operation"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
         )  # fmt: skip
+        self._children: dict[str, Histogram] = {}
+        self._answers: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self.throttled = Counter(
             "compensator_api_throttled_total", "Requests over their producer's rate: held (then taken) or refused.",
             ["outcome"], registry=self.registry,
         )  # fmt: skip
 
     def observe_store(self, operation: str, seconds: float) -> None:
-        self.store.labels(operation).observe(seconds)
+        child = self._children.get(operation)
+        if child is None:
+            child = self._children[operation] = self.store.labels(operation)
+        child.observe(seconds)
+
+    def answered(self, route: str, method: str, status: int, seconds: float) -> None:
+        """One answer: counted by route template, method and status, and timed. `labels()` checks,
+        joins and looks up its values under a lock on every call: the children are kept here by
+        their labels instead (one entry per series the registry keeps anyway)."""
+        children = self._answers.get((route, method, status))
+        if children is None:
+            children = self._answers[(route, method, status)] = (
+                self.requests.labels(route, method, str(status)), self.latency.labels(route, method),
+            )  # fmt: skip
+        children[0].inc()
+        children[1].observe(seconds)
 
     def exposition(self) -> bytes:
         if self._multiprocess_dir is None:
@@ -78,6 +95,4 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "")
-            self.metrics.requests.labels(template, method, str(status)).inc()
-            self.metrics.latency.labels(template, method).observe(time.perf_counter() - started)
+            self.metrics.answered(template, scope.get("method", ""), status, time.perf_counter() - started)

@@ -16,10 +16,11 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from api.http import QUOTED_KEY_PATTERN
 from api.problems import MEDIA_TYPE, TYPES
-from api.schemas import IDEMPOTENCY_KEY_LENGTH_MAX, BatchSubmission, Submission
-from api.submissions import KEY_PATTERN
+from api.schemas import BatchSubmission
 from delay.policy import RetryPolicy
 from handlers.classification import ClassificationTable
+from submission.models import IDEMPOTENCY_KEY_LENGTH_MAX, Submission
+from submission.rules import KEY_PATTERN
 
 _REF: Final = "#/components/schemas/{model}"
 

@@ -23,8 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from api import submissions
-from api.submissions import field_errors
+from submission import rules as submissions
+from submission.rules import field_errors
 
 log = logging.getLogger("api.problems")
 MEDIA_TYPE: Final = "application/problem+json"

@@ -21,13 +21,12 @@ from typing import Any, Final, TypeVar
 from pydantic import ValidationError
 
 from api import money_view
-from api.ids import RequestId
 from api.money_view import money_of_payload
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
-from api.submissions import field_errors
 from ledger.kinds import PAYLOAD_MODELS, Kind, encode_payload
+from ledger.request_ids import RequestId
 from queues import (
     JOB_IDS_MAX,
     JOB_RATE_MAX,
@@ -48,6 +47,7 @@ from queues import (
     ReviewResult,
     proposal_action,
 )
+from submission.rules import field_errors
 
 T = TypeVar("T")
 Refused = tuple[tuple[int, Code], ...]

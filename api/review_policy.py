@@ -36,8 +36,9 @@ class FourEyes:
     def needs_approval(self, targets: Sequence[MessageView], extra_payloads: Iterable[bytes] = ()) -> str | None:
         """Why this action needs a second person, or None. `extra_payloads`: an edit's new payload,
         whose amount counts as much as the original's."""
-        if len(targets) > self.bulk_count_max:
-            return f"it acts on {len(targets)} requests, more than {self.bulk_count_max}"
+        bulk = self.bulk_reason(len(targets))
+        if bulk is not None:
+            return bulk
         extras = list(extra_payloads)
         for view in targets:
             if view.kind not in self.money_moving_kinds:
@@ -48,6 +49,21 @@ class FourEyes:
                     f" (at least {self.amount_threshold_minor} minor units)" if self.amount_threshold_minor else ""
                 )
         return None
+
+
+    def bulk_reason(self, count: int) -> str | None:
+        """Why an action on `count` requests needs a second person whatever they are, or None."""
+        return f"it acts on {count} requests, more than {self.bulk_count_max}" if count > self.bulk_count_max else None
+
+    def described(self) -> str:
+        """To what four eyes apply, in one phrase for a page ("a redrive of ..."): "more than 10
+        requests or of any transfer"."""
+        kinds = " or ".join(sorted(self.money_moving_kinds))
+        money = "" if not kinds else (
+            f" or of any {kinds}" if self.amount_threshold_minor == 0
+            else f" or of a {kinds} of at least {self.amount_threshold_minor} minor units"
+        )  # fmt: skip
+        return f"more than {self.bulk_count_max} requests{money}"
 
 
 def current_payload(view: MessageView) -> bytes:

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Final
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, StringConstraints, model_validator
 
-from api.schemas import REF_KEY_PATTERN
 from ledger.kinds import AMOUNT_MINOR_MAX, Whole
 from queues import JOB_IDS_MAX, JOB_RATE_MAX
+from submission.models import REF_KEY_PATTERN
 
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 NAME_PATTERN: Final = r"^[a-z][a-z0-9_.-]{0,63}$"

@@ -1,10 +1,8 @@
-"""What the API reads and writes: request bodies built from the shared vocabulary, and the
-documents it answers with.
+"""What the API reads and writes besides a submission (submission/models.py, shared with the Kafka
+ingest): a batch's body, the operator commands, and the documents it answers with.
 
-A submission is a discriminated union on ``kind``: the payload is validated against its kind's
-model from ledger/kinds.py (the same models the workers and the reconciliation use), in strict
-mode, and every bad field is reported at once. Answers are plain JSON documents; their models
-here exist for the OpenAPI description, and a test checks real answers against them.
+Answers are plain JSON documents; their models here exist for the OpenAPI description, and a test
+checks real answers against them.
 
 Must never: read a clock (the intake checks times against its injected one), or define a payload
 field (ledger/kinds.py does).
@@ -15,86 +13,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from delay.policy import DELAY_MAX_MS
-from ledger.kinds import REF_KEY_PATTERNS, CallbackPayload, Kind, ListUpdatePayload, TransferPayload, Whole
-
-DELAY_MAX_S: Final = DELAY_MAX_MS // 1000
-"""Two years (and a day per year): the furthest a request may be scheduled."""
-IDEMPOTENCY_KEY_LENGTH_MAX: Final = 95
-"""The store's key limit (128) less the producer's name (at most 32) and its separator."""
-REF_KEY_PATTERN: Final = r"^[^\x00-\x1f\x7f]{1,128}$"
-"""What a filter may search for: any ref key that may be stored, those from before control and
-format characters were refused at intake included (the submission's own pattern is its kind's,
-`REF_KEY_PATTERNS`)."""
-REF_KEY_DESCRIPTION: Final = "The business id (red-packet id, order id): every request of one business id is in its timeline."
-
-
-def _ref_key(kind: Kind) -> Any:
-    return Field(description=f"{REF_KEY_DESCRIPTION} {_REF_KEY_RULES[kind]}")
-
-
-_REF_KEY_RULES: Final = {
-    Kind.TRANSFER: "The payment system's business id: 1-128 letters, digits and `_.:@/-`, starting with a letter or digit.",
-    Kind.LIST_UPDATE: "1-128 characters, no control or format characters.",
-    Kind.CALLBACK: "1-128 characters, no control or format characters.",
-}
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class OriginalFailure(_Strict):
-    """How the call failed when the producer made it (kept with the request, shown in its timeline)."""
-
-    error_class: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
-    text: Annotated[str, StringConstraints(max_length=1000)] | None = None
-    http_status: Annotated[int, Field(ge=100, le=599), Whole] | None = None
-
-
-class _Submission(_Strict):
-    model_config = ConfigDict(json_schema_extra={"not": {"required": ["delay_s", "not_before"]}})
-
-    delay_s: Annotated[float, Field(ge=0, le=DELAY_MAX_S)] | None = Field(
-        None, description="Retry no sooner than this many seconds from now."
-    )
-    not_before: AwareDatetime | None = Field(
-        None, description="Retry no sooner than this time (RFC 3339 with an offset; at most 2 years ahead)."
-    )
-    failure: OriginalFailure | None = None
-
-    @model_validator(mode="after")
-    def _one_schedule(self) -> _Submission:
-        if self.delay_s is not None and self.not_before is not None:
-            raise ValueError("give delay_s or not_before, not both")
-        return self
-
-
-class TransferSubmission(_Submission):
-    kind: Literal["transfer"]
-    ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERNS[Kind.TRANSFER])] = _ref_key(Kind.TRANSFER)
-    payload: TransferPayload
-
-
-class ListUpdateSubmission(_Submission):
-    kind: Literal["list_update"]
-    ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERNS[Kind.LIST_UPDATE])] = _ref_key(Kind.LIST_UPDATE)
-    payload: ListUpdatePayload
-
-
-class CallbackSubmission(_Submission):
-    kind: Literal["callback"]
-    ref_key: Annotated[str, StringConstraints(pattern=REF_KEY_PATTERNS[Kind.CALLBACK])] = _ref_key(Kind.CALLBACK)
-    payload: CallbackPayload
-
-
-AnySubmission = TransferSubmission | ListUpdateSubmission | CallbackSubmission
-Submission = Annotated[AnySubmission, Field(discriminator="kind")]
-SUBMISSION: Final[TypeAdapter[AnySubmission]] = TypeAdapter(Submission)
-KIND_TAGS: Final = tuple(model.model_fields["kind"].annotation.__args__[0] for model in (  # type: ignore[union-attr]
-    TransferSubmission, ListUpdateSubmission, CallbackSubmission))  # fmt: skip
+from submission.models import IDEMPOTENCY_KEY_LENGTH_MAX, OriginalFailure, Strict, Submission
 
 
 class BatchItem(BaseModel):
@@ -248,7 +169,7 @@ Checked where pauses come in (here, and the command line), not by the store's ma
 log may hold other holders, and replaying it must give what it gave."""
 
 
-class PauseCommand(_Strict):
+class PauseCommand(Strict):
     holder: Annotated[str, StringConstraints(pattern=HOLDER_PATTERN)] | None = Field(
         None, description="Who holds the pause (default: the caller's token name), a name like a token's, optionally"
         " qualified (`ops:alice`); each holder releases its own."
@@ -256,7 +177,7 @@ class PauseCommand(_Strict):
     reason: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 
 
-class ResumeCommand(_Strict):
+class ResumeCommand(Strict):
     holder: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
 
 

@@ -1,6 +1,6 @@
 """What the routers use, built by the composition root and handed to `create_app`.
 
-Must never: build its parts from configuration (compensator/wiring.py does), or hold a
+Must never: build its parts from configuration (compensator/wiring/api.py does), or hold a
 module-level instance: every app gets its own, so tests run several side by side.
 """
 

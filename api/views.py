@@ -17,16 +17,16 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from api.ids import RequestId
 from api.schemas import utc
-from api.submissions import (
+from ledger.request_ids import RequestId
+from ledger.states import LEDGER_STATE_OF
+from queues import AuditEntry, Event, EventType, MessageView
+from submission.rules import (
     HEADER_FAILURE_CLASS,
     HEADER_FAILURE_STATUS,
     HEADER_FAILURE_TEXT,
     client_key,
 )
-from ledger.states import LEDGER_STATE_OF
-from queues import AuditEntry, Event, EventType, MessageView
 
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 _EVENT_DETAIL_SKIP: Final = frozenset({"actor", "reason"})

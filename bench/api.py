@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -50,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from api.schemas import SUBMISSION
 from api.tokens import new_token
 from bench import hello_app
 from bench.harness import (
@@ -65,6 +65,7 @@ from bench.harness import (
     code_revision,
     compensator_command,
     create_producer,
+    leader_progress_of,
     machine_busy_cpu_s,
     py_spy,
     terminated_as_interrupt,
@@ -73,6 +74,7 @@ from bench.harness import (
 from ledger.kinds import MEMO_LENGTH_MAX
 from queues import QueueClient, RaftClient
 from raft_store.testing.processes import ProcessCluster, free_ports
+from submission.models import SUBMISSION
 
 LUA_SCRIPT: Final = REPO_ROOT / "bench" / "api_load.lua"
 PHASES: Final = ("single", "hello", "batch")
@@ -91,13 +93,13 @@ def hello_server(root: Path, *, port: int, workers: int) -> Server:
 
 
 def api_uvicorn_settings() -> dict[str, Any]:
-    """The constant keyword arguments of compensator/api_server.py's `uvicorn.run` call."""
-    tree = ast.parse((REPO_ROOT / "compensator" / "api_server.py").read_text())
+    """The constant keyword arguments of compensator/commands/api.py's `uvicorn.run` call."""
+    tree = ast.parse((REPO_ROOT / "compensator" / "commands" / "api.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "uvicorn.run":
             return {kw.arg: kw.value.value for kw in node.keywords
                     if kw.arg and isinstance(kw.value, ast.Constant) and kw.arg != "factory"}  # fmt: skip
-    raise BenchError("compensator/api_server.py no longer calls uvicorn.run: update bench/hello_app.py")
+    raise BenchError("compensator/commands/api.py no longer calls uvicorn.run: update bench/hello_app.py")
 
 
 def check_same_uvicorn_settings() -> None:
@@ -127,6 +129,8 @@ class WrkRun:
     wrk_cpu_s: float
     cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds over the run, by process group (server, nodes, machine busy), when measured."""
+    leader: dict[str, float] = field(default_factory=dict)
+    """The store leader's log entries, applied commands and fsyncs over the run (`leader_progress`)."""
 
     @property
     def duration_s(self) -> float:
@@ -272,6 +276,13 @@ def phase_summary(phase: str, run: WrkRun) -> dict[str, Any]:
         "machine_busy_cores": round(busy / run.wall_s, 2),
         "other_processes_cores": round(max(0.0, busy - ours) / run.wall_s, 2),
     }  # fmt: skip
+    if run.leader and units:
+        # Commands per log entry: how many requests shared a frame (the client's coalescing).
+        entries = run.leader.get("entries", 0.0)
+        summary["store_per_" + ("item" if phase == "batch" else "request")] = {
+            "leader_entries": round(entries / units, 3), "leader_fsyncs": round(run.leader.get("fsyncs", 0.0) / units, 3),
+            "commands_per_entry": round(run.leader.get("commands", 0.0) / entries, 2) if entries else None,
+        }  # fmt: skip
     if phase == "batch":
         summary["items_created"] = run.items_created
         summary["items_not_created"] = run.items_answered - run.items_created
@@ -335,8 +346,12 @@ class Bench:
         if self.cluster is not None:
             sources["nodes"] = self.cluster.cpu_seconds
         profiler = self.profiler(phase, server)
+        leader = asyncio.run(leader_progress_of(self.cluster)) if self.cluster is not None and phase != "hello" else {}
         measured = run_wrk(self.load(phase, url, warm=False), sources,
                            on_start=profiler.start if profiler else None)  # fmt: skip
+        if leader:
+            after = asyncio.run(leader_progress_of(self.cluster)) if self.cluster is not None else {}
+            measured = dataclasses.replace(measured, leader={name: after[name] - leader.get(name, 0.0) for name in after})
         self.runs[phase].append(measured)
         return measured, profiler.finish() if profiler else None
 

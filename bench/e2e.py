@@ -70,9 +70,7 @@ import platform
 import re
 import resource
 import secrets
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -99,9 +97,10 @@ from bench.harness import (
     code_revision,
     compensator_command,
     create_producer,
+    leader_progress,
     machine_busy_cpu_s,
     py_spy,
-    terminated_as_interrupt,
+    run_in_directory,
     trees_cpu_s,
 )
 from delay.policy import RetryPolicy
@@ -297,7 +296,7 @@ def worker_server(
     cluster: ProcessCluster, root: Path, number: int, urls: dict[str, str], secrets_file: Path, *, breaker: str,
     metrics_port: int, payment: dict[str, Any] | None = None,
 ) -> Server:  # fmt: skip
-    """`compensator worker` with the settings compensator/local.py gives `make run`'s workers;
+    """`compensator worker` with the settings compensator/commands/run.py gives `make run`'s workers;
     `breaker` "off" makes the breakers trip only when every attempt of their window failed;
     `payment`: what the payment system is declared to guarantee (`payment_settings`)."""
     env = child_environment(
@@ -392,16 +391,6 @@ async def settle(
         if time.monotonic() - progress[1] > stall_s:
             return progress
         await asyncio.sleep(POLL_S)
-
-
-async def leader_progress(queue: QueueClient) -> dict[str, float]:
-    """The leader's commit index, applied commands, fsyncs and stale reads taken so far (none if no node says it leads)."""
-    for status in await queue.node_statuses():
-        if status.get("role") == "leader":
-            metrics = status.get("metrics") or {}
-            return {"entries": float(status["commit"]), "commands": float(metrics.get("applied_commands", 0)),
-                    "fsyncs": float(metrics.get("fsyncs", 0)), "stale_reads": float(metrics.get("stale_reads", 0))}  # fmt: skip
-    return {}
 
 
 def profiler_for(stack: Stack, settings: Settings) -> Profiler | None:
@@ -691,22 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = child_environment()["PYTHONPATH"]
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "time_utc": time.strftime("%H:%M", time.gmtime())}
     load_before = os.getloadavg()
-    root = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
-    errors: list[str] = []
-    try:
-        with terminated_as_interrupt():
-            errors += run(settings, root, result)
-    except BenchError as error:
-        errors.append(str(error))
-    except KeyboardInterrupt as interrupt:
-        errors.append(f"interrupted ({str(interrupt) or 'SIGINT'}); every process was stopped")
-    finally:
-        if args.keep:
-            print(f"bench.e2e: kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    for message in errors:
-        print(f"bench.e2e: {message}", file=sys.stderr)
+    errors = run_in_directory("bench.e2e", keep=args.keep, body=lambda root: run(settings, root, result))
     if errors:
         result["errors"] = errors
     result.update(settings_of(settings))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -132,14 +132,22 @@ def effects(acknowledged: Mapping[int, Planned], views: Mapping[int, MessageView
     transfer ids with more than one row and rows for transfer ids the run never asked for (with
     the payment stand-in's dedup off, each row is one payment); `parked_but_paid`, transfers parked
     as unknown_outcome that the payment system did make (lookups that missed a payment)."""
+    done_ids = {message_id for message_id, view in views.items() if view.state.value == DONE}
+    parked_ids = {message_id for message_id, view in views.items() if parked(view)}
+    return effects_of(acknowledged, done_ids, parked_ids, ledgers, store_key_prefix=store_key_prefix)
+
+
+def effects_of(acknowledged: Mapping[int, Planned], done_ids: Set[int], parked_ids: Set[int], ledgers: Ledgers,
+               *, store_key_prefix: str) -> dict[str, Any]:  # fmt: skip
+    """`effects` by request id: which acknowledged requests are done, and which parked (any queue's)."""
     wanted: dict[Kind, set[str]] = {kind: set() for kind in Kind}
     done: dict[Kind, set[str]] = {kind: set() for kind in Kind}
     parked_transfers: set[str] = set()
     for message_id, planned in acknowledged.items():
         wanted[planned.kind].add(planned.effect)
-        if message_id in views and views[message_id].state.value == DONE:
+        if message_id in done_ids:
             done[planned.kind].add(planned.effect)
-        if message_id in views and parked(views[message_id]):
+        if message_id in parked_ids:
             parked_transfers.add(planned.effect)
     transfers = ledgers.payment_transfers
     versions = ledgers.red_packet_versions

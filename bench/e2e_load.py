@@ -25,8 +25,8 @@ from typing import Any, Final
 import httpx
 import msgspec
 
-from api.ids import RequestId
 from ledger.kinds import Kind
+from ledger.request_ids import RequestId
 
 MIX_DEFAULT: Final = ((Kind.TRANSFER, 7), (Kind.LIST_UPDATE, 2), (Kind.CALLBACK, 1))
 """Seven transfers, two receive-list updates and one merchant callback in every ten requests."""

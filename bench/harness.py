@@ -7,7 +7,8 @@ Owns:
 - `create_producer`, a producer token with that quota;
 - CPU accounting from /proc: a process tree, the whole machine, this process's children;
 - `Profiler`, py-spy on one process tree for a window of known or unknown length;
-- `code_revision` and `terminated_as_interrupt` (SIGTERM and SIGHUP unwind like Ctrl-C).
+- `code_revision`, `terminated_as_interrupt` (SIGTERM and SIGHUP unwind like Ctrl-C) and
+  `run_in_directory` (a run in a temporary directory, every error one line).
 
 Must never: leave a process running after its `stop` returned, or pass the caller's compensator
 settings to a child.
@@ -22,10 +23,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,3 +306,45 @@ def terminated_as_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_in_directory(prog: str, *, keep: bool, body: Callable[[Path], list[str]]) -> list[str]:
+    """`body` in a new temporary directory, removed after (`keep`: kept and named); what went wrong,
+    one line each, also printed to stderr: a `BenchError`, Ctrl-C, SIGTERM or SIGHUP stop the run
+    with every process stopped (the caller's cleanups), never with a traceback."""
+    root = Path(tempfile.mkdtemp(prefix=f"{prog.replace('.', '-')}-"))
+    errors: list[str] = []
+    try:
+        with terminated_as_interrupt():
+            errors += body(root)
+    except BenchError as error:
+        errors.append(str(error))
+    except KeyboardInterrupt as interrupt:
+        errors.append(f"interrupted ({str(interrupt) or 'SIGINT'}); every process was stopped")
+    finally:
+        if keep:
+            print(f"{prog}: kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    for message in errors:
+        print(f"{prog}: {message}", file=sys.stderr)
+    return errors
+
+
+async def leader_progress(queue: QueueClient) -> dict[str, float]:
+    """The leader's commit index, applied commands, fsyncs and stale reads taken so far (none if no node says it leads)."""
+    for status in await queue.node_statuses():
+        if status.get("role") == "leader":
+            metrics = status.get("metrics") or {}
+            return {"entries": float(status["commit"]), "commands": float(metrics.get("applied_commands", 0)),
+                    "fsyncs": float(metrics.get("fsyncs", 0)), "stale_reads": float(metrics.get("stale_reads", 0))}  # fmt: skip
+    return {}
+
+
+async def leader_progress_of(cluster: ProcessCluster) -> dict[str, float]:
+    """`leader_progress` through a client of its own."""
+    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=30.0)
+    try:
+        return await leader_progress(QueueClient(raft))
+    finally:
+        await raft.close()

@@ -4,7 +4,7 @@
 
 One route, ``/hello`` (GET or POST), answers ``{"hello": "world"}`` without reading the body
 (uvicorn still receives it). The server runs with the settings `compensator api` passes to uvicorn
-(compensator/api_server.py): loop uvloop, http httptools, access log off, no server header,
+(compensator/commands/api.py): loop uvloop, http httptools, access log off, no server header,
 backlog 4096, the same worker count. bench/api.py compares the two calls before it measures.
 
 Must never: import anything of the service (api, compensator, queues, raft_store...): it is the

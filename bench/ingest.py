@@ -30,10 +30,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.harness import MACHINE, child_environment, code_revision, compensator_command
-from compensator.kafka.broker import BrokerSettings, ensure_topics
 from ledger.pg import free_tcp_port
 from queues import QueueClient, RaftClient
 from raft_store.testing.processes import ProcessCluster
+from services.kafka.broker import BrokerSettings, ensure_topics
 
 MALFORMED_EVERY = 100
 

@@ -3,7 +3,7 @@
     python -m bench.projector [--requests 10000] [--rate 300] [--seconds 20] [--json]
 
 Three store nodes as processes (real fsyncs), a throw-away embedded PostgreSQL with the ledger's
-migrations, and the projector as `compensator project` builds it (compensator.wiring.projector), in
+migrations, and the projector as `compensator project` builds it (compensator/wiring/projector.py), in
 this process:
 
 - catch-up: `--requests` requests each enqueued, leased and acked (three events each) before the
@@ -33,12 +33,12 @@ from typing import Any
 from bench.e2e_figures import histogram_quantile
 from bench.harness import MACHINE, code_revision
 from compensator import config as configuration
-from compensator.projector.runner import Projector
-from compensator.wiring import projector as build_projector
+from compensator.wiring.projector import projector as build_projector
 from ledger import migrate, pg
 from queues import QueueClient, RaftClient
 from queues.model import Enqueue
 from raft_store.testing.processes import ProcessCluster
+from services.projector.runner import Projector
 
 BATCH = 500
 

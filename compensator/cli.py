@@ -5,11 +5,13 @@ Owns: argument parsing and the exit-code contract. A bad argument prints one lin
 reaches the terminal: standard output and error go through `compensator.terminal.visible` for
 the whole command, so a control or format character from anyone's input is shown escaped.
 
-To add a subcommand, write ``register(subparsers)`` next to the capability (see
-:mod:`spark_reconcile.command`), add it to ``_REGISTRARS`` and its expected-failure error types to
-``_EXPECTED_ERRORS``. A capability owns its error type: this module is the composition root and
-imports the capabilities, never the reverse. Registrars must keep heavy imports (Spark, database
-drivers) inside their handlers so ``compensator --help`` stays instant.
+To add a subcommand, write ``register(subparsers)`` in a command module of this package (see
+compensator/commands/worker.py): it owns the flags, turns them into overrides of the configuration,
+and hands the configuration to the composition root (compensator/wiring/), whose process the
+process shell runs (compensator/shell.py). Add it to ``_REGISTRARS``, and its expected-failure
+error types to ``_EXPECTED_ERRORS`` unless they are ValueErrors. Registrars must keep heavy imports
+(Spark, database drivers, the web framework) inside their handlers so ``compensator --help`` stays
+instant.
 """
 
 from __future__ import annotations
@@ -19,49 +21,51 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from compensator import (
-    api_server,
-    audit_command,
-    config_command,
+from compensator.commands import (
+    api,
+    audit,
+    config,
     demo,
-    local,
-    node_server,
-    operator_command,
+    kafka,
+    node,
+    operator,
     outbox_relay,
-    projector_command,
-    standins_server,
-    status_command,
-    token_admin,
-    user_admin,
-    worker_command,
+    project,
+    reconcile,
+    run,
+    standins,
+    status,
+    token,
+    user,
+    worker,
 )
 from compensator.config import ConfigError
-from compensator.kafka import command as kafka_command
 from compensator.terminal import VisibleStream
-from spark_reconcile import command as reconcile_command
+from spark_reconcile.command import ReconcileError
 
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 _REGISTRARS: tuple[Registrar, ...] = (
-    local.register,
+    run.register,
     demo.register,
-    api_server.register,
-    node_server.register,
-    worker_command.register,
-    token_admin.register,
-    user_admin.register,
-    projector_command.register,
-    reconcile_command.register,
+    api.register,
+    node.register,
+    worker.register,
+    token.register,
+    user.register,
+    project.register,
+    reconcile.register,
     outbox_relay.register,
-    kafka_command.register,
-    status_command.register,
-    config_command.register,
-    operator_command.register,
-    standins_server.register,
-    audit_command.register,
+    kafka.register,
+    status.register,
+    config.register,
+    operator.register,
+    standins.register,
+    audit.register,
 )
-_EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, reconcile_command.ReconcileError)
+_EXPECTED_ERRORS: tuple[type[Exception], ...] = (ValueError, ConfigError, ReconcileError)
 """ValueError is a parameter check refusing a value, in any capability; each capability's own
-error (TokenCommandError, NodeCommandError, LocalRunError) is one."""
+error (TokenCommandError, NodeCommandError, StandinsError) is one, and so is the process shell's
+ProcessError (an expected failure of a long-running process)."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -8,19 +8,23 @@
 
 Environment variables override the file, one field each: ``COMPENSATOR_API__PORT=8081``
 (``COMPENSATOR_`` + section + ``__`` + field, upper case). A list is JSON or comma-separated.
-Every field has a default that works on one machine (`make run`), so an empty file, or none at
-all, is a valid configuration. `load` validates the whole model and raises `ConfigError` with one
-line per problem, naming the field and where its value came from.
+A command's own flags override both (``compensator node --id 2``). Every field has a default that
+works on one machine (`make run`), so an empty file, or none at all, is a valid configuration.
+`load` validates the whole model and raises `ConfigError` with one line per problem, naming the
+field and where its value came from.
+
+Every process kind reads this one model, the store nodes too: the set is `[store] addresses`
+(node N is the N-th), written once for the nodes and for every client. The sections of the
+long-running processes besides the API are in compensator/config_processes.py.
 
 Owns: the shape, the defaults, the checks between fields, and reading the file and environment.
-Must never: be read anywhere but the composition root (compensator/wiring.py and the command
+Must never: be read anywhere but the composition root (compensator/wiring/ and the command
 line); the packages it configures take typed values, never this module or os.environ.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,9 +34,21 @@ import msgspec
 
 from api.review_policy import DISCARD_REASON_CODES
 from compensator import config_sources as sources
-from compensator.worker.breaker import BreakerSettings
+from compensator.config_processes import (
+    KafkaConfig,
+    OutboxConfig,
+    ProjectorConfig,
+    Section,
+    StandinsConfig,
+    StoreNodeConfig,
+    WorkerConfig,
+    kafka_problems,
+    node_problems,
+    parse_address,
+    standins_problems,
+    worker_breaker,
+)
 from handlers.settings import HandlersSettings
-from outbox import RelaySettings
 from queues.model import JOB_RATE_MAX
 
 ENV_PREFIX: Final = "COMPENSATOR_"
@@ -61,11 +77,7 @@ OTHER_VARIABLES: Final = {
 """Variables read outside the model's sections (docs/configuration.md lists them)."""
 
 
-class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    pass
-
-
-class StoreConfig(_Section, frozen=True):
+class StoreConfig(Section, frozen=True):
     """How clients reach one Raft set (a 'set' in CMQ's words)."""
 
     addresses: tuple[str, ...] = LOCAL_ADDRESSES
@@ -77,6 +89,9 @@ class StoreConfig(_Section, frozen=True):
     """One try at one node; past it the client tries the next (the outcome of a write may then be unknown)."""
     deadline_s: float = 5.0
     """How long one store call may retry (leader changes, redirects) before the API answers 503."""
+    peer_addresses: tuple[str, ...] = ()
+    """host:port the nodes reach each other on, node N at the N-th, when that is not `addresses`
+    (the nodes' own network); empty: `addresses`. Only `compensator node` reads it."""
     secret_file: str = ""
     """The cluster secret every node and every client of the store proves it holds (mode 0600; one
     secret per line, the first presented, all accepted: docs/security.md). Empty: `local.data_dir`/cluster.secret,
@@ -89,7 +104,7 @@ class StoreConfig(_Section, frozen=True):
     """The PEM private key of `tls_cert` (mode 0600)."""
 
 
-class ApiConfig(_Section, frozen=True):
+class ApiConfig(Section, frozen=True):
     host: str = "127.0.0.1"
     """The address the API listens on (0.0.0.0 behind a load balancer)."""
     port: int = 8080
@@ -113,7 +128,7 @@ class ApiConfig(_Section, frozen=True):
     """uvicorn's and the API's log level (tokens and payloads are never logged at any level)."""
 
 
-class QuotaConfig(_Section, frozen=True):
+class QuotaConfig(Section, frozen=True):
     """Defaults for every producer; `compensator token quota` sets one producer's at runtime."""
 
     rate_per_s: int = 2000
@@ -126,13 +141,13 @@ class QuotaConfig(_Section, frozen=True):
     """Requests waiting for their turn at once, per API process; beyond it, 429 at once."""
 
 
-class AuthConfig(_Section, frozen=True):
+class AuthConfig(Section, frozen=True):
     refresh_interval_s: float = 1.0
     """How often each API process asks the store whether tokens changed: the longest a revoked
     token keeps working."""
 
 
-class TelemetryConfig(_Section, frozen=True):
+class TelemetryConfig(Section, frozen=True):
     exporter: Literal["none", "otlp", "console"] = "none"
     """Where spans go: an OpenTelemetry collector over OTLP/HTTP, standard output, or nowhere (the trace context still travels)."""
     otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
@@ -143,112 +158,7 @@ class TelemetryConfig(_Section, frozen=True):
     """Of traces started here; a sampled parent's decision is always followed."""
 
 
-class WorkerConfig(_Section, frozen=True):
-    """`compensator worker`: how much it takes on, how it waits, how it stops."""
-
-    lease_ms: int = 30_000
-    """How long a leased request stays this worker's; the worker extends it while the handler runs, and another worker retries it once it expires."""
-    batch_max: int = 100
-    """Grants per Lease command at most."""
-    concurrency_per_kind: int = 64
-    """Attempts of one kind running at once in one worker."""
-    concurrency_per_downstream: int = 64
-    """Attempts calling one downstream at once in one worker, whatever their kind."""
-    idle_poll_ms: int = 100
-    """An idle worker asks the store (a read) whether work is due this often at most."""
-    drain_grace_s: float = 10.0
-    """On SIGTERM: how long running attempts may finish before they are cut off and handed back."""
-    metrics_port: int = 0
-    """Prometheus metrics on 127.0.0.1:port (0: off)."""
-    metrics_host: str = "127.0.0.1"
-    """The address of the worker's metrics endpoint."""
-    maintenance: bool = True
-    """Also run the queue's maintenance driver (it reads before it writes, so several are cheap)."""
-    callback_secrets_file: str = ""
-    """JSON {"target": "secret"} for callback signatures (else $COMPENSATOR_CALLBACK_SECRETS)."""
-    breaker_window_s: float = 10.0
-    """The circuit breaker judges a downstream on the attempts of this many recent seconds."""
-    breaker_attempts_min: int = 50
-    """Enough that a burst of fast failures among slow successes (503s answer first) does not trip it."""
-    breaker_failure_ratio: float = 0.5
-    """The share of the downstream's own failures (timeouts, lost connections, 5xx, 429) in the window that opens the breaker."""
-    breaker_probe_every_s: float = 1.0
-    """While open: one probe request this often; an answered probe closes the breaker."""
-    ramp_start_per_s: float = 5.0
-    """After the breaker closes, leases of the downstream's kinds start at this rate per worker..."""
-    ramp_double_s: float = 2.0
-    """...which doubles this often (with jitter)..."""
-    ramp_until_per_s: float = 1000.0
-    """...until it reaches this rate, where the ramp ends."""
-
-
-class KafkaConfig(_Section, frozen=True):
-    """`compensator events-publish` and `compensator kafka-ingest` (docs/kafka.md)."""
-
-    bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
-    """host:port of Kafka brokers to start from."""
-    client_id: str = "compensator"
-    """The Kafka client id (broker logs and quotas)."""
-    request_timeout_ms: int = 30_000
-    """How long a produce or metadata request may take before it fails (and is retried)."""
-    create_topics: bool = True
-    """Create missing topics at start (with `partitions`); off where topics are provisioned."""
-    partitions: int = 6
-    """Partitions of each topic created at start; events are keyed by ref key, so one business id stays in one partition."""
-    replication_factor: int = 1
-    """For the topics created at start: one replica is all a one-broker machine has; a cluster
-    wants 3 (with the broker's min.insync.replicas 2, so acks=all means a majority)."""
-    events_topic: str = "compensator.events"
-    """Every lifecycle event of the store, keyed by ref key (docs/kafka.md has the schema)."""
-    publisher_batch_max: int = 500
-    """Events per store read and per Kafka round (sent, then all acknowledged, then the cursor moves)."""
-    publisher_poll_ms: int = 200
-    """A caught-up publisher asks the store for new events this often."""
-    publisher_lease_ms: int = 15_000
-    """How long an active publisher's lease lasts without renewal (renewed every third of it):
-    a standby takes over at most this long after the active one died."""
-    ingest_topic: str = "compensator.requests"
-    """Failed requests from producers that prefer Kafka to HTTP."""
-    rejects_topic: str = "compensator.requests.rejects"
-    """Ingested records that failed validation, with the reason and their original topic, partition and offset."""
-    group_id: str = "compensator-ingest"
-    """The ingest's consumer group: run several ingest processes to share the partitions."""
-    ingest_producer: str = "kafka"
-    """The producer name ingested requests are stored under: keys are `{producer}:{key}`, as an
-    API token's name makes them for HTTP submissions."""
-    ingest_batch_max: int = 500
-    """Records per consumer poll: submitted to the store in one frame, then committed."""
-    body_bytes_max: int = 256 * 1024 + 16 * 1024
-    """An ingested record's value, as the API's `api.body_bytes_max`; larger ones are rejected."""
-    session_timeout_ms: int = 30_000
-    """The consumer group's session: a dead ingest's partitions move after this long."""
-    heartbeat_interval_ms: int = 3_000
-    """The consumer's heartbeats to the group coordinator."""
-    metrics_port: int = 0
-    """Prometheus metrics on metrics_host:port (0: off)."""
-    metrics_host: str = "127.0.0.1"
-    """The address of the metrics endpoint."""
-
-
-class ProjectorConfig(_Section, frozen=True):
-    """`compensator project`: the compensation ledger's projector, one active per set."""
-
-    batch_max: int = 1000
-    """Events per ledger transaction at most."""
-    idle_poll_ms: int = 200
-    """A caught-up projector asks the store for new events this often."""
-    standby_poll_ms: int = 1000
-    """A standby tries to take over the set's projector lock this often."""
-    pg_data: str = "var/pg/data"
-    """The embedded PostgreSQL's data folder, used when $COMPENSATOR_PG_DSN names no server (the
-    one `compensator reconcile` reads by default, so the nightly job finds this ledger)."""
-    metrics_port: int = 0
-    """Prometheus metrics on metrics_host:port (0: off)."""
-    metrics_host: str = "127.0.0.1"
-    """The address of the metrics endpoint."""
-
-
-class ReviewConfig(_Section, frozen=True):
+class ReviewConfig(Section, frozen=True):
     """Finance review's four eyes (docs/review.md): which actions are proposals until a second
     person with the approver role approves them."""
 
@@ -268,7 +178,7 @@ class ReviewConfig(_Section, frozen=True):
     enough that a bulk redrive does not hit a downstream that just recovered with everything at once."""
 
 
-class WebConfig(_Section, frozen=True):
+class WebConfig(Section, frozen=True):
     """The finance review pages' logins and sessions (docs/review.md, "Users, sessions and rights")."""
 
     idle_timeout_s: int = 15 * 60
@@ -291,7 +201,7 @@ class WebConfig(_Section, frozen=True):
     its logins are refused (429) until lockout_s after its last failure."""
 
 
-class LocalConfig(_Section, frozen=True):
+class LocalConfig(Section, frozen=True):
     """`make run` only: where the local set keeps its data, and what else it starts."""
 
     data_dir: str = "var/local"
@@ -315,28 +225,7 @@ class LocalConfig(_Section, frozen=True):
     five of their first attempts)."""
 
 
-class OutboxConfig(RelaySettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`compensator outbox-relay`: one producer's outbox and where its rows go (docs/outbox.md); the
-    relay's limits (table, batch_max, concurrency, poll_interval_s, http_timeout_s, backoff_min_s,
-    backoff_max_s, retry_after_max_s) are `outbox.RelaySettings`' fields.
-
-    The token is never a setting here (a file could be shown, a repr printed): `token_file` names a
-    file that holds it, else it is read from $COMPENSATOR_OUTBOX_TOKEN."""
-
-    dsn: str = ""
-    """The producer's PostgreSQL (asyncpg DSN). It may hold a password: give it in the file or as
-    COMPENSATOR_OUTBOX__DSN, never on a command line."""
-    api_url: str = ""
-    """The compensation API's base URL (default: this configuration's API URL)."""
-    token_file: str = ""
-    """A file holding the relay's API token (a producer token); else $COMPENSATOR_OUTBOX_TOKEN."""
-    metrics_port: int = 0
-    """Prometheus metrics on metrics_host:port (0: off)."""
-    metrics_host: str = "127.0.0.1"
-    """The address of the metrics endpoint."""
-
-
-class Config(_Section, frozen=True):
+class Config(Section, frozen=True):
     store: StoreConfig = StoreConfig()
     api: ApiConfig = ApiConfig()
     quota: QuotaConfig = QuotaConfig()
@@ -352,6 +241,8 @@ class Config(_Section, frozen=True):
     review: ReviewConfig = ReviewConfig()
     web: WebConfig = WebConfig()
     outbox: OutboxConfig = OutboxConfig()
+    node: StoreNodeConfig = StoreNodeConfig()
+    standins: StandinsConfig = StandinsConfig()
 
     @property
     def api_url(self) -> str:
@@ -369,14 +260,6 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("\n".join(problems))
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); raises ValueError with a one-line message."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not host:port")
-    return host, int(port)
 
 
 def _problems(config: Config) -> list[str]:
@@ -461,61 +344,20 @@ def _problems(config: Config) -> list[str]:
         "must start with http:// or https://",
     )  # fmt: skip
     check(0 <= config.outbox.metrics_port < 65536, "outbox.metrics_port", "must be in 0..65535")
-    problems += _kafka_problems(config.kafka)
+    problems += kafka_problems(config.kafka)
+    problems += node_problems(config.node, store.addresses, store.peer_addresses)
+    problems += standins_problems(config.standins)
     return problems
 
 
-_TOPIC: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-_PRODUCER: Final = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
+Flags = Mapping[tuple[str, str], tuple[Any, str]]
+"""(section, field) -> (value, the flag it was given as): a command line's overrides."""
 
 
-def _kafka_problems(kafka: KafkaConfig) -> list[str]:
-    problems: list[str] = []
-
-    def check(ok: bool, field: str, message: str) -> None:
-        if not ok:
-            problems.append(f"kafka.{field}: {message}")
-
-    check(bool(kafka.bootstrap_servers), "bootstrap_servers", "at least one broker address is needed")
-    for address in kafka.bootstrap_servers:
-        try:
-            parse_address(address)
-        except ValueError as error:
-            problems.append(f"kafka.bootstrap_servers: {error}")
-    for field in ("events_topic", "ingest_topic", "rejects_topic"):
-        check(_TOPIC.match(getattr(kafka, field)) is not None, field, "must be 1-128 of A-Z a-z 0-9 . _ -")
-    check(kafka.ingest_topic != kafka.rejects_topic, "rejects_topic", "must differ from ingest_topic")
-    check(_PRODUCER.match(kafka.ingest_producer) is not None, "ingest_producer",
-          "must be a principal name: 1-32 of a-z 0-9 _ . - starting with a letter or digit")  # fmt: skip
-    check(bool(kafka.group_id), "group_id", "must not be empty")
-    check(1 <= kafka.partitions <= 1000, "partitions", "must be in 1..1000")
-    check(1 <= kafka.replication_factor <= 16, "replication_factor", "must be in 1..16")
-    check(1 <= kafka.publisher_batch_max <= 1000, "publisher_batch_max", "must be in 1..1000")
-    check(10 <= kafka.publisher_poll_ms <= 60_000, "publisher_poll_ms", "must be in 10..60000")
-    check(1_000 <= kafka.publisher_lease_ms <= 600_000, "publisher_lease_ms", "must be in 1000..600000")
-    check(1 <= kafka.ingest_batch_max <= 1000, "ingest_batch_max", "must be in 1..1000 (one store frame)")
-    check(1024 <= kafka.body_bytes_max <= 1024 * 1024, "body_bytes_max", "must be in 1 KiB..1 MiB")
-    check(1_000 <= kafka.request_timeout_ms <= 300_000, "request_timeout_ms", "must be in 1000..300000")
-    check(1_000 <= kafka.session_timeout_ms <= 300_000, "session_timeout_ms", "must be in 1000..300000")
-    check(0 < kafka.heartbeat_interval_ms < kafka.session_timeout_ms, "heartbeat_interval_ms",
-          "must be positive and under session_timeout_ms")  # fmt: skip
-    check(0 <= kafka.metrics_port < 65536, "metrics_port", "must be in 0..65535")
-    return problems
-
-
-def worker_breaker(worker: WorkerConfig) -> BreakerSettings:
-    return BreakerSettings(
-        window_s=worker.breaker_window_s, attempts_min=worker.breaker_attempts_min,
-        failure_ratio=worker.breaker_failure_ratio, probe_every_s=worker.breaker_probe_every_s,
-        ramp_start_per_s=worker.ramp_start_per_s, ramp_double_s=worker.ramp_double_s,
-        ramp_until_per_s=worker.ramp_until_per_s,
-    )  # fmt: skip
-
-
-def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """The file (if any) overlaid with the environment, validated as a whole: every problem is
-    found, each one line that starts with where the value came from (the file, or the variable)
-    and names the field."""
+def load(path: Path | None = None, environ: Mapping[str, str] | None = None, flags: Flags | None = None) -> Config:
+    """The file (if any) overlaid with the environment, then with the command line's `flags`,
+    validated as a whole: every problem is found, each one line that starts with where the value
+    came from (the file, the variable or the flag) and names the field."""
     environ = os.environ if environ is None else environ
     where = str(path) if path is not None else "defaults"
     document: dict[str, Any] = {}
@@ -534,6 +376,11 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         if isinstance(target, dict):
             target.update(fields)
             origins.update({(section, name): f"{ENV_PREFIX}{section.upper()}__{name.upper()}" for name in fields})
+    for (section, name), (value, flag) in (flags or {}).items():
+        target = document.setdefault(section, {})
+        if isinstance(target, dict):
+            target[name] = value
+            origins[(section, name)] = flag
     checked, found = sources.typed(document, origins, where, Config)
     problems += found
     config = msgspec.convert(checked, Config, strict=False)  # each field was converted on its own above

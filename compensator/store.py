@@ -1,6 +1,6 @@
 """The store's clients, as every process builds them from the configuration.
 
-Kept apart from wiring.py so that the command line's store commands (tokens, the local launcher)
+Kept apart from wiring/api.py so that the command line's store commands (tokens, the local launcher)
 do not import the web stack. Every client presents the cluster secret (`store.secret_file`): a
 process without it cannot reach the store at all, which is what keeps `compensator token create`
 and `compensator user add` to the store's administrators (docs/security.md).
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compensator.config import Config, parse_address
+from compensator.config import Config
+from compensator.config_processes import parse_address
 from queues import QueueClient, RaftClient, StoreAuth
 from raft_store.auth import AuthConfigError
 

@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Final
@@ -109,9 +109,19 @@ class EmbeddedPostgres:
     server fighting for the same files. ``stop()`` stops only a server this object started.
     """
 
-    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, *, port: int | None = None, settings: Mapping[str, str] | None = None,
+        standby_of: ServerAddress | None = None, application_name: str = "standby",
+    ) -> None:  # fmt: skip
+        """`settings`: server settings passed as ``-c name=value`` after ours, so they win (a
+        benchmark's peer turns fsync back on). `standby_of`: a new data directory is a streaming
+        copy of that server (pg_basebackup -R, connecting as `application_name`, the name its
+        ``synchronous_standby_names`` lists) instead of a new cluster; it shares its password."""
         self._data_dir = data_dir.expanduser().resolve()
         self._requested_port = port
+        self._settings = dict(settings or {})
+        self._standby_of = standby_of
+        self._application_name = application_name
         self._address: ServerAddress | None = None
         self._started_here = False
         self._socket_folder: Path | None = None
@@ -140,13 +150,14 @@ class EmbeddedPostgres:
             self._address = ServerAddress(host=HOST, port=running, password=self.password())
             return self._address
         if not (self._data_dir / "PG_VERSION").exists():
-            self._initdb()
+            self._basebackup() if self._standby_of is not None else self._initdb()
         elif self.password() is None:
             self._require_password()
         password = self.password()
         port = self._requested_port or free_tcp_port()
         options = (f"-h {HOST} -p {port} -k {self._socket_dir()} -c unix_socket_permissions=0700"
                    " -c fsync=off -c full_page_writes=off")  # fmt: skip
+        options += "".join(f" -c {name}={value}" for name, value in self._settings.items())
         try:
             pg_commands.pg_ctl(
                 ["-w", "-t", str(START_TIMEOUT_S), "-o", options, "-l", str(self._data_dir / "server.log"), "start"],
@@ -181,6 +192,18 @@ class EmbeddedPostgres:
             )  # fmt: skip
         self._keep_password(password)
 
+    def _basebackup(self) -> None:
+        """This directory as a streaming standby of `standby_of` (its files, its password file)."""
+        primary = self._standby_of
+        assert primary is not None
+        conninfo = (f"host={primary.host} port={primary.port} user={primary.user}"
+                    f" application_name={self._application_name}")  # fmt: skip
+        environment = {**os.environ, "PGPASSWORD": primary.password or ""}
+        _wheel_commands().pg_basebackup(
+            ["-D", str(self._data_dir), "-d", conninfo, "-R", "-X", "stream", "-c", "fast"],
+            env=environment, timeout=START_TIMEOUT_S, **self._run_as(),
+        )  # fmt: skip
+
     def _require_password(self) -> None:
         """An older data directory that trusted every local connection: a password for the
         superuser (single-user mode, the server being down) and an hba file that asks for it."""
@@ -198,6 +221,7 @@ class EmbeddedPostgres:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             handle.write(password + "\n")
+        self._give_to_server(path)  # pg_basebackup, run by the server, copies it into a standby
 
     @contextlib.contextmanager
     def _private_file(self, text: str) -> Iterator[Path]:

@@ -51,7 +51,15 @@ from queues.model import (
 from queues.proposals import proposal_action, proposal_with_action
 from queues.query_codec import KindView, PauseView
 from raft_store.auth import StoreAuth
-from raft_store.client import AuthenticationFailed, ClientError, LongPoll, OutcomeUnknown, RaftClient, Unavailable
+from raft_store.client import (
+    AuthenticationFailed,
+    ClientError,
+    LongPoll,
+    OutcomeUnknown,
+    RaftClient,
+    RequestRefused,
+    Unavailable,
+)
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -99,6 +107,7 @@ __all__ = [
     "Read",
     "Redrive",
     "RedriveJob",
+    "RequestRefused",
     "ReviewAction",
     "ReviewResult",
     "Role",

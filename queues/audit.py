@@ -50,6 +50,7 @@ from queues.model import Event
 from raft_store import cli as raft_cli
 from raft_store.auth import StoreAuth
 from raft_store.client import ClientError, RaftClient
+from raft_store.process import configure_logging
 
 log = logging.getLogger("queues.audit")
 
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         auth = raft_cli.store_auth(args)
     except raft_cli.UsageError as error:
         parser.error(str(error))
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging("warning")
     with contextlib.suppress(KeyboardInterrupt):
         return asyncio.run(_main(addresses, auth, once=args.once, every_s=args.every_s))
     return 130

@@ -44,6 +44,7 @@ from queues.model import EVENTS_PURGE_MAX, Code, JobState
 from raft_store import cli as raft_cli
 from raft_store.auth import StoreAuth
 from raft_store.client import ClientError, RaftClient
+from raft_store.process import configure_logging
 
 log = logging.getLogger("queues.maintenance")
 
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         auth = raft_cli.store_auth(args)
     except raft_cli.UsageError as error:
         parser.error(str(error))
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging("warning")
     config = MaintenanceConfig(expire_every_s=args.expire_every_ms / 1000, purge_every_s=args.purge_every_s)
     try:
         config.validate()

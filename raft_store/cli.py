@@ -16,7 +16,6 @@ import importlib
 import json
 import logging
 import os
-import signal
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from raft_store.framing import CorruptLogError
 from raft_store.machines import CounterMachine, KvMachine
 from raft_store.node import Node, NodeStopped
 from raft_store.node_config import NodeConfig
+from raft_store.process import configure_logging, install_uvloop, stop_on_signals
 from raft_store.snapshots import CorruptSnapshotError
 from raft_store.state_machine import GroupCommittingMachine, StateMachine
 from raft_store.stop_reason import stop_reason
@@ -170,19 +170,16 @@ def prepare_node_process() -> None:
     # The WAL and apply threads hand results back often; a shorter GIL switch interval keeps
     # them from waiting 5 ms behind a busy event loop.
     sys.setswitchinterval(0.0005)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    install_uvloop()
 
 
 async def run_node(
     config: NodeConfig, machine: StateMachine,
     beside: Callable[[Node], contextlib.AbstractAsyncContextManager[None]] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> int:  # fmt: skip
-    """Runs the node until SIGTERM or SIGINT (0) or until it stops itself on a storage failure
+    """Runs the node until SIGTERM or SIGINT (0), or until `stop` is set when an embedding process
+    gives one (its own signal handling sets it), or until it stops itself on a storage failure
     (1). It owns `machine` from here on and closes it, which only it can do after the node's
     last apply. `beside` is entered once the node started and left once it stopped (an
     embedding command's endpoints on the node's loop, such as its metrics).
@@ -200,7 +197,7 @@ async def run_node(
             log.critical("node %d could not start: %r", config.node_id, exc, exc_info=exc)
         else:
             async with beside(node) if beside is not None else contextlib.nullcontext():
-                await _serve_until_stopped(node)
+                await _serve_until_stopped(node, stop)
             failure = node.failure
     except BaseException:
         _close_after_failure(machine)
@@ -223,13 +220,11 @@ def _close_after_failure(machine: StateMachine) -> None:
         log.warning("closing the state machine after the failure: %r", exc)
 
 
-async def _serve_until_stopped(node: Node) -> None:
+async def _serve_until_stopped(node: Node, given: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    stop = given or asyncio.Event()
+    # An embedding process that gives `stop` handles its signals itself (compensator/shell.py).
+    with stop_on_signals(stop) if given is None else contextlib.nullcontext(stop):
         listen = node.config.listen
         print(
             json.dumps({"event": "started", "node": node.config.node_id, "listen": f"{listen[0]}:{listen[1]}"}),
@@ -238,9 +233,6 @@ async def _serve_until_stopped(node: Node) -> None:
         stopped = loop.create_task(node.stopped.wait())
         await asyncio.wait([loop.create_task(stop.wait()), stopped], return_when=asyncio.FIRST_COMPLETED)
         await node.stop()
-    finally:
-        for sig in signals:  # the loop may outlive the node (an embedding command line)
-            loop.remove_signal_handler(sig)
 
 
 async def show_status(addresses: list[tuple[str, int]], auth: StoreAuth) -> int:
@@ -320,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging("warning")
     try:
         if args.command == "run":
             config = node_config(args)

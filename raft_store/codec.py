@@ -15,7 +15,7 @@ from raft_store.types import ConfState, Entry, EntryKind, Message, MessageType, 
 
 FRAME_HEADER = struct.Struct(">IB")
 FRAME_BYTES_MAX = 64 << 20
-HELLO_MAGIC = b"RSTR\x02"  # version 2: the handshake of raft_store/handshake.py
+HELLO_MAGIC = b"RSTR\x03"  # version 3: the clock trailer on Raft messages; 2 was the handshake alone
 
 
 class CodecError(ValueError):

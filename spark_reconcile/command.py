@@ -1,7 +1,9 @@
-"""``compensator reconcile`` and ``compensator seed-ledgers``: the composition root of the job.
+"""``compensator reconcile`` and ``compensator seed-ledgers``: the job's own entry and wiring.
 
-Owns: the two subcommands' arguments (:func:`register`, which the ``compensator`` CLI calls), the
-spark-submit entry (:func:`main`, the reconcile command alone), reading the environment
+Owns: the two subcommands' arguments (:func:`add_reconcile_arguments`, :func:`add_seed_arguments`:
+the ``compensator`` command line registers them, compensator/commands/reconcile.py, and fills what
+the service's configuration knows, such as where the projector's ledger is), the spark-submit entry
+(:func:`main`, the reconcile command alone, which runs without the compensator package), reading the environment
 (``COMPENSATOR_PG_DSN``, ``COMPENSATOR_API_URL``, ``COMPENSATOR_API_TOKEN``, ``COMPENSATOR_PG_DATA``;
 the token only from the environment, where ``ps`` cannot show it, and never printed), choosing the database
 (configured DSN, else an embedded PostgreSQL in a dedicated data folder), building the session and
@@ -90,19 +92,14 @@ def _account(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    reconcile = subparsers.add_parser("reconcile", help="reconcile the payment, red-packet and compensation ledgers")
-    _add_reconcile_arguments(reconcile)
-    reconcile.set_defaults(handler=run_reconcile)
-
-    seed = subparsers.add_parser("seed-ledgers", help="load synthetic ledgers with known breaks (dev, demo)")
+def add_seed_arguments(seed: argparse.ArgumentParser) -> None:
+    """`compensator seed-ledgers`' arguments."""
     seed.add_argument("--date", type=_date, required=True)
     seed.add_argument("--rows", type=_positive, default=10_000)
     seed.add_argument("--per-class", type=int, help="injected breaks per class (default rows/1000, at least 1)")
     seed.add_argument("--seed", type=int, default=7)
     seed.add_argument("--parquet-dir", type=Path, help="write Parquet exports here instead of PostgreSQL")
     seed.add_argument("--pg-data", type=Path)
-    seed.set_defaults(handler=run_seed)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -116,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The reconcile command alone, for ``spark_reconcile/submit.py``: the same arguments, one-line
     errors and exit statuses as ``compensator reconcile``, without the compensator package."""
     parser = _OneLineParser(prog=SUBMIT_PROG, description="Reconcile the payment, red-packet and compensation ledgers.")
-    _add_reconcile_arguments(parser)
+    add_reconcile_arguments(parser)
     arguments = parser.parse_args(argv)
     try:
         return run_reconcile(arguments)
@@ -129,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _add_reconcile_arguments(reconcile: argparse.ArgumentParser) -> None:
+def add_reconcile_arguments(reconcile: argparse.ArgumentParser) -> None:
+    """`compensator reconcile`'s arguments (and spark-submit's, through `main`)."""
     reconcile.add_argument("--date", type=_date, required=True, help="business date, YYYY-MM-DD (UTC day), or yesterday")
     reconcile.add_argument("--source", choices=("jdbc", "parquet"), default="jdbc")
     reconcile.add_argument("--parquet-dir", type=Path, help="root of the Parquet exports (with --source parquet)")

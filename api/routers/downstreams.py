@@ -2,7 +2,7 @@
 about the systems the workers call.
 
 A breaker is open while its holder ``breaker:<downstream>`` pauses the downstream's kinds (the
-workers trip and close it: compensator/worker/breaker.py); an operator forces it open or closed,
+workers trip and close it: services/worker/breaker.py); an operator forces it open or closed,
 or gives it back to the workers (auto), with a settings document. A classification table maps a
 downstream's answers (status, error code) to success, retry or permanent; the workers use an
 operator's table from the store, else the default. Both changes are replicated commands whose

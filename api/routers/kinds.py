@@ -18,9 +18,9 @@ from api.http import json_response, read_body, require_json, whole_numbers
 from api.problems import Problem, invalid, msgspec_error, problem_of
 from api.schemas import KindDetail, KindSummary, PauseCommand, PolicyChange, ResumeCommand, utc
 from api.services import ApiServices, of
-from api.submissions import too_deep
 from delay.policy import RetryPolicy
 from queues import ClientError, Code, KindView, QueueError
+from submission.rules import too_deep
 
 router = APIRouter(tags=["kinds"])
 KindPath = Annotated[str, Path(pattern=r"^[a-z][a-z0-9_.-]{0,63}$", description="A kind's name, e.g. transfer.")]

@@ -19,15 +19,15 @@ from starlette.responses import Response
 from api import openapi
 from api.auth import SUBMIT, Principal, Reader, authenticate
 from api.http import check_key, idempotency_key, json_response, read_body, require_json
-from api.ids import RequestId
 from api.intake import Answer, Item
 from api.problems import Problem, document, invalid, msgspec_error, problem_of
 from api.quotas import Throttled
 from api.schemas import Accepted, BatchResult, RequestView
 from api.services import ApiServices, of
-from api.submissions import Invalid, parse_submission, too_deep
 from api.views import request_document
+from ledger.request_ids import RequestId
 from queues import ClientError, QueueError, Role
+from submission.rules import Invalid, parse_submission, too_deep
 
 router = APIRouter(tags=["requests"])
 

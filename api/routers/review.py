@@ -27,14 +27,14 @@ from api import review_actions as actions
 from api.audit_view import ACTION_PATTERN, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
 from api.auth import Observer, Principal, requires
 from api.http import json_response, known_query
-from api.ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from api.money_view import WhatIsPaid, money_document, money_of_payload, paid_document
 from api.problems import invalid
 from api.review_policy import current_payload
 from api.review_schemas import NAME_PATTERN, ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
-from api.schemas import REF_KEY_PATTERN, utc
+from api.schemas import utc
 from api.services import ApiServices, of
 from api.views import audit_document
+from ledger.request_ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from queues import (
     ClientError,
     DeadLetterFilter,
@@ -47,6 +47,7 @@ from queues import (
     Role,
     proposal_action,
 )
+from submission.models import REF_KEY_PATTERN
 
 router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 PROPOSED: dict[int | str, dict[str, Any]] = {202: {"description": "Proposed: four eyes are needed; the proposal waits for an approver."}}

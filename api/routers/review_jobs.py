@@ -23,13 +23,13 @@ from api import openapi
 from api import review_actions as actions
 from api.auth import Observer, Principal, requires
 from api.http import json_response, known_query
-from api.ids import NUMBER_MAX
 from api.money_view import totals_document
 from api.problems import invalid
 from api.review_schemas import JobBody, JobControlBody, JobFilter, JobSelection
 from api.routers.review import PROPOSED, proposed_response
 from api.schemas import utc
 from api.services import ApiServices, of
+from ledger.request_ids import NUMBER_MAX
 from queues import DeadLetterFilter, ItemResult, JobItem, JobView, Role
 
 router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422

@@ -27,20 +27,27 @@ from starlette.responses import HTMLResponse
 
 from api import review_actions as actions
 from api.audit_view import field_changes, links
-from api.ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from api.problems import Problem
 from api.review_schemas import NAME_PATTERN
-from api.schemas import REF_KEY_PATTERN
 from api.services import ApiServices
 from api.services import of as services_of
+from api.web.readable import action_label, changes_for_people, target_label
 from api.web.templating import render
 from ledger.currencies import MINOR_UNIT_DIGITS
 from ledger.kinds import AMOUNT_MINOR_MAX, Kind
+from ledger.request_ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from queues import DeadLetterFilter
+from submission.models import REF_KEY_PATTERN
 
 FILTER_FIELDS: Final = ("kind", "error_class", "ref_key", "dead_from", "dead_to", "currency", "amount_min",
                         "amount_max", "attempts_min", "attempts_max")  # fmt: skip
 """The filter's form fields, in the order the form shows them."""
+FILTER_LABELS: Final = {
+    "kind": "Kind", "error_class": "Error class", "ref_key": "Ref key", "dead_from": "Dead from (UTC)",
+    "dead_to": "Dead before (UTC)", "currency": "Currency", "amount_min": "Amount from", "amount_max": "Amount to",
+    "attempts_min": "Attempts from", "attempts_max": "Attempts to",
+}  # fmt: skip
+"""Each field's label, as the list's form and the dry run's "acts on" show it."""
 KINDS: Final = tuple(kind.value for kind in Kind)
 CURRENCIES: Final = tuple(sorted(MINOR_UNIT_DIGITS))
 _NAME: Final = re.compile(NAME_PATTERN)
@@ -173,24 +180,31 @@ def field_messages(problem: Problem) -> dict[str, str]:
     return {str(e["field"]): str(e["message"]) for e in problem.extra.get("errors", ())}
 
 
-def problem_flash(problem: Problem) -> Flash:
-    """What a refused action tells a person: nothing was done, and why."""
+def problem_flash(problem: Problem, *, acted: bool = True) -> Flash:
+    """What a refused action tells a person: nothing was done, and why (a page that could not be
+    read, `acted=False`, only says why: reading it was never going to do anything)."""
     fields = field_messages(problem)
     detail = "; ".join(f"{name}: {message}" for name, message in fields.items()) or problem.detail
-    return Flash("error", f"Nothing was done. {problem.type.title}: {detail}")
+    return Flash("error", f"{'Nothing was done. ' if acted else ''}{problem.type.title}: {detail}")
 
 
 def problem_page(request: Request, user: Any, problem: Problem) -> HTMLResponse:
-    return render(request, "problem.html", {"flashes": [problem_flash(problem)], "problem": problem}, user=user,
+    flash = problem_flash(problem, acted=request.method not in ("GET", "HEAD"))
+    return render(request, "problem.html", {"flashes": [flash], "problem": problem}, user=user,
                   status=problem.type.status)  # fmt: skip
 
 
 def shown_entry(services: ApiServices, document: dict[str, Any]) -> dict[str, Any]:
-    """An audit entry (`audit_document`) as the pages show it: its changes field by field and what
-    it links to (its payloads are as the user may see them: the store was read masked for those
-    who may not see them, api/masked_reads.py)."""
-    return {**document, "changes": field_changes(document["before"], document["after"]),
-            **links(document, lambda message_id: actions.public(services, message_id))}  # fmt: skip
+    """An audit entry (`audit_document`) as the pages show it: what it did and to what in words,
+    its changes field by field (api/web/readable.py) and what it links to (its payloads are as the
+    user may see them: the store was read masked for those who may not see them, api/masked_reads.py)."""
+    def public(message_id: int) -> str:
+        return actions.public(services, message_id)
+
+    target = str(document["target"])
+    changes = changes_for_people(field_changes(document["before"], document["after"]), target, public)
+    return {**document, "changes": changes, "label": action_label(str(document["action"]), target),
+            "target_label": target_label(target), **links(document, public)}  # fmt: skip
 
 
 def row(services: ApiServices, view: Any) -> dict[str, Any]:

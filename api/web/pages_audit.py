@@ -27,6 +27,7 @@ from api.problems import Problem
 from api.views import audit_document
 from api.web.headers import page_router
 from api.web.page_support import before_param, field_messages, problem_page, services, shown_entry, typed_times
+from api.web.readable import ACTION_LABELS
 from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
 from api.web.templating import render
@@ -98,8 +99,9 @@ async def audit(request: Request, user: User) -> Response:
     found = services(request)
     form = parse_form(request.query_params, found.settings.set_id)
     before = before_param(request)
-    context = {"form": form, "actions": ACTIONS, "group": GROUP, "sign_ins_choice": SIGN_INS, "entries": [],
-               "count": None, "head": None, "older": None, "newest": before is None, "hiding_sign_ins": False}  # fmt: skip
+    context = {"form": form, "actions": ACTIONS, "action_labels": ACTION_LABELS, "group": GROUP,
+               "sign_ins_choice": SIGN_INS, "entries": [], "count": None, "head": None, "older": None,
+               "newest": before is None, "hiding_sign_ins": False}  # fmt: skip
     if form.audit_filter is None:
         return render(request, "audit.html", context, user=user, status=422)
     try:

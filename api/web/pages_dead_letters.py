@@ -16,7 +16,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, Final
 
 from fastapi import Depends, Request
@@ -24,7 +24,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from api import review_actions as actions
 from api.problems import Problem, invalid
-from api.review_policy import current_payload
+from api.review_policy import FourEyes, current_payload
 from api.schemas import utc
 from api.services import ApiServices
 from api.web.headers import page_router
@@ -33,7 +33,7 @@ from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
 from api.web.templating import render
 from ledger.currencies import major_units
-from queues import DeadLetterFilter
+from queues import DeadLetterFilter, MessageView
 
 router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
@@ -71,8 +71,23 @@ async def dead_letters(request: Request, user: User) -> Response:
     summary = totals.value
     context.update(rows=[row(found, view) for view in page.items], summary=summary, next_cursor=page.next_cursor,
                    summary_read_ms=int(totals.read_at_s * 1000),
-                   oldest_id=None if summary.oldest_id is None else actions.public(found, summary.oldest_id))  # fmt: skip
+                   oldest_id=None if summary.oldest_id is None else actions.public(found, summary.oldest_id),
+                   **four_eyes_labels(found.four_eyes, page.items, summary.count, whole=cursor is None))  # fmt: skip
     return render(request, "dead_letters.html", context, user=user)
+
+
+def four_eyes_labels(rules: FourEyes, shown: Sequence[MessageView], count: int, *, whole: bool) -> dict[str, Any]:
+    """Whether the redrive buttons make a proposal, where that is known before the dry run: any
+    selection of this page does when each of its rows alone would (`selection_why`); everything the
+    filter matches does when there are more than the bulk count, or when this page shows them all
+    (`whole` and as many as `count`) and they do (`filter_why`). Unknown is None: the button says
+    "Redrive…", the note says when four eyes apply, and the dry run says which it is."""
+    alone = [rules.needs_approval([view]) for view in shown]
+    selection_why = alone[0] if alone and all(alone) else None
+    filter_why = rules.bulk_reason(count)
+    if filter_why is None and whole and len(shown) == count:
+        filter_why = rules.needs_approval(shown)
+    return {"selection_why": selection_why, "filter_why": filter_why, "four_eyes_rule": rules.described()}
 
 
 def safe_cell(value: Any) -> Any:

@@ -100,10 +100,13 @@ async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> 
         "request": document, "view": view,
         "payload": document["payload"], "edited_payload": document["edited_payload"],
         "amount_minor": None if money is None else money[0], "currency": None if money is None else money[1],
-        "attempts": [{**a, "excerpt": (a["error_text"] or "")[:EXCERPT_CHARS]} for a in document["history"]],
+        "attempts": [{**a, "excerpt": (a["error_text"] or "")[:EXCERPT_CHARS], "started_ms": h.leased_ms,
+                      "took_ms": None if h.ended_ms is None else h.ended_ms - h.leased_ms}
+                     for a, h in zip(document["history"], view.history, strict=True)],
         "timeline": _timeline(found, timeline_entries(siblings, events, lambda m: actions.public(found, m), audit)),
         "versions": await _versions(found, view),
         "redrivable": view.state.value in REDRIVABLE,
+        "four_eyes_why": found.four_eyes.needs_approval([view]),
         "reason_codes": found.four_eyes.discard_reason_codes,
     }  # fmt: skip
 

@@ -37,7 +37,7 @@ PostingUser = Annotated[WebUser, Depends(checked_csrf)]
 
 def _context(view: MessageView, request_id: str, text: str, reason: str) -> dict[str, Any]:
     return {"request_id": request_id, "view": view, "text": text, "reason": reason, "errors": {}, "changes": None,
-            "previewed": "", "pays": None, "paid_before": None}
+            "previewed": "", "pays": None, "paid_before": None, "four_eyes_why": None}
 
 
 @router.get("/review/requests/{request_id}/edit")
@@ -72,7 +72,8 @@ async def edit(request: Request, request_id: RequestIdPath, user: PostingUser) -
         before = json.loads(current_payload(view))
         context.update(changes=diff_rows(before, json.loads(checked.payload), checked.changes),
                        pays=money_of_payload(checked.payload), paid_before=money_of_payload(current_payload(view)),
-                       previewed=hashlib.sha256(checked.payload).hexdigest())  # fmt: skip
+                       previewed=hashlib.sha256(checked.payload).hexdigest(),
+                       four_eyes_why=found.four_eyes.needs_approval([view], [checked.payload]))  # fmt: skip
         if step != "submit" or str(form.get("previewed") or "") != context["previewed"]:
             # a payload changed after its diff was shown is shown again, never stored unseen
             flashes = [Flash("info", "Check the diff, then redrive.")] if step == "submit" else []

@@ -13,6 +13,7 @@ dry run showed), or show a pending or refused item as done.
 from __future__ import annotations
 
 from typing import Annotated, Any, Final
+from urllib.parse import urlencode
 
 from fastapi import Depends, Path, Request
 from starlette.datastructures import FormData
@@ -22,7 +23,16 @@ from api import review_actions as actions
 from api.problems import Problem, invalid
 from api.services import ApiServices
 from api.web.headers import page_router
-from api.web.page_support import Flash, NumberPath, before_param, parse_filter, problem_flash, problem_page, services
+from api.web.page_support import (
+    FILTER_LABELS,
+    Flash,
+    NumberPath,
+    before_param,
+    parse_filter,
+    problem_flash,
+    problem_page,
+    services,
+)
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
@@ -50,8 +60,13 @@ def _selection(form: FormData) -> tuple[list[str] | None, DeadLetterFilter | Non
 
 
 def _dry_run_context(found: ApiServices, result: actions.DryRun, carried: dict[str, Any]) -> dict[str, Any]:
+    """The dry run's figures, and what it acts on as the person chose it: the selected ids, or
+    the filter's fields as they were typed (with a link back to the list under that filter)."""
     oldest = None if result.oldest_id is None else actions.public(found, result.oldest_id)
-    return {"dry": result, "oldest_id": oldest, "carried": carried, "default_rate": found.settings.job_rate_per_s}
+    typed = {name: value for name, value in carried.get("values", {}).items() if value}
+    return {"dry": result, "oldest_id": oldest, "carried": carried, "default_rate": found.settings.job_rate_per_s,
+            "filter_fields": [(name, FILTER_LABELS[name], value) for name, value in typed.items() if name in FILTER_LABELS],
+            "filter_query": urlencode(typed)}  # fmt: skip
 
 
 @router.post("/review/redrive/dry-run")

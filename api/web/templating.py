@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from api.money_view import display
+from api.web import readable
 from api.web.rights import Right, allowed
 from ledger.text import escaped
 
@@ -35,10 +36,21 @@ def money(amount_minor: int | None, currency: str | None) -> str:
     return display(amount_minor, currency)
 
 
-def when(ms: int | None) -> str:
-    if ms is None:
+def when(moment: int | str | None, *, precise: bool = False) -> str:
+    """A time as finance reads it, ``2026-11-25 17:32:59 UTC``, from the store's milliseconds or
+    the JSON answers' RFC 3339 text (``2026-11-25T17:32:59.146Z``); `precise` keeps the
+    milliseconds, for a timeline whose steps are milliseconds apart."""
+    if moment is None:
         return "—"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if isinstance(moment, str):
+        try:
+            parsed = dt.datetime.fromisoformat(moment.replace("Z", "+00:00")).astimezone(dt.UTC)
+        except ValueError:
+            return moment
+    else:
+        parsed = dt.datetime.fromtimestamp(moment / 1000, dt.UTC)
+    text = parsed.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{text}.{parsed.microsecond // 1000:03d} UTC" if precise else f"{text} UTC"
 
 
 def pretty(document: Any) -> str:
@@ -74,7 +86,8 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
         trim_blocks=True, lstrip_blocks=True, finalize=shown,
     )  # fmt: skip
-    environment.filters.update(money=money, when=when, pretty=pretty, editable=editable)
+    environment.filters.update(money=money, when=when, pretty=pretty, editable=editable, duration=readable.duration,
+                               step=readable.step_label, detail_label=readable.detail_label)  # fmt: skip
     environment.globals["Right"] = Right
     return environment
 

@@ -5,7 +5,8 @@
 - red_packet.py: the red-packet service (receive lists that only move to newer versions);
 - callback_receiver.py: a merchant's callback endpoint (signatures checked, repeats counted);
 - faults.py and service.py: the faults, counters and control routes all three share;
-- server.py and command.py: `compensator standins`, the three in one process.
+- server.py: the three in one process, with the checks that make the usual mistakes one line
+  (`compensator standins` builds it from the configuration: compensator/wiring/standins.py).
 
 They are the other side of the wire: nothing under handlers/ but this package imports them, and they
 share only handlers/signing.py with the handlers (a test signs by hand, so a bug shared by both

@@ -15,16 +15,20 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import socket
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Final
+from urllib.parse import urlsplit
 
+import asyncpg
 import uvicorn
 
 from handlers.signing import Secret
 from handlers.standins import callback_receiver, payment, red_packet
 from handlers.standins.service import ConnectionDropped
 
+PG_CONNECT_TIMEOUT_S: Final = 5.0
 GRACEFUL_SHUTDOWN_S: Final = 2
 """A withheld answer is cut after this long on shutdown, not waited for."""
 SERVICES: Final = (payment.SERVICE, red_packet.SERVICE, callback_receiver.SERVICE)
@@ -73,6 +77,36 @@ class StandinsSettings:
         if len(set(self.ports().values())) != len(self.ports()):
             found.append("the three ports must differ")
         return found
+
+
+def taken_ports(settings: StandinsSettings) -> list[str]:
+    """The stand-ins' ports something else already listens on, each named (checked before the
+    database starts, so the usual mistake is one line, not a server's traceback)."""
+    return [f"port {port} ({name}) is taken on {settings.host}" for name, port in settings.ports().items()
+            if _port_taken(settings.host, port)]  # fmt: skip
+
+
+def _port_taken(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+async def check_database(dsn: str) -> None:
+    """StandinsError naming host:port (never the DSN: it may hold a password) when PostgreSQL does
+    not answer."""
+    parts = urlsplit(dsn)
+    where = f"{parts.hostname or 'localhost'}:{parts.port or 5432}"
+    try:
+        connection = await asyncpg.connect(dsn, timeout=PG_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise StandinsError(f"cannot reach PostgreSQL at {where}: {type(error).__name__}") from None
+    await connection.close()
 
 
 class _Server(uvicorn.Server):

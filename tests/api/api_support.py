@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from api.tokens import new_token, token_hash
 from compensator import config as configuration
-from compensator.wiring import api_app
+from compensator.wiring.api import api_app
 from queues import QueueClient, RaftClient, Role
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread

@@ -37,9 +37,9 @@ import asyncpg
 import httpx
 import pytest
 
-from api.ids import RequestId
 from api.tokens import new_token, token_hash, well_formed
 from ledger import pg
+from ledger.request_ids import RequestId
 from queues import EventType, QueueClient, RaftClient, Role
 from queues.query_codec import IDS_PER_QUERY_MAX
 from raft_store.testing.processes import ProcessCluster, free_ports

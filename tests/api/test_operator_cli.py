@@ -16,7 +16,7 @@ import uvicorn
 from api_support import put_tokens, settings
 
 from compensator import cli
-from compensator.wiring import api_app
+from compensator.wiring.api import api_app
 from ledger.kinds import TransferPayload, encode_payload
 from queues import QueueClient, RaftClient, Role
 from queues.model import Enqueue

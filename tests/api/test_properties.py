@@ -35,14 +35,14 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from api.http import check_key
-from api.ids import RequestId
 from api.problems import Problem
 from api.review_policy import DISCARD_REASON_CODES
 from api.web.accounts import Accounts
-from compensator.wiring import api_app
+from compensator.wiring.api import api_app
 from handlers.classification import decode_table
 from ledger.currencies import MINOR_UNIT_DIGITS
 from ledger.kinds import AMOUNT_MINOR_MAX, VERSION_MAX
+from ledger.request_ids import RequestId
 from queues import QueueClient, RaftClient, Role
 from raft_store.testing.processes import free_ports
 

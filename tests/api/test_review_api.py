@@ -16,7 +16,7 @@ from api_support import Api, running_api, transfer
 
 from api.review_policy import FourEyes, diff
 from compensator import config as configuration
-from compensator.wiring import four_eyes
+from compensator.wiring.api import four_eyes
 from queues import MessageView, QueueConfig, Role, State
 from queues.replicated import DB_NAME, ReplicatedQueueMachine
 from raft_store.testing.inprocess import StoreThread, running_store

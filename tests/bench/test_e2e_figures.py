@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import msgspec
 
-from api.schemas import SUBMISSION
 from bench.e2e_figures import Ledgers, effects, outcomes, percentile, timings, worker_metrics
 from bench.e2e_load import MIX_DEFAULT, Planned, batch_bodies, kind_at, submission
 from ledger.kinds import Kind
 from queues import MessageView, State
 from queues.model import AttemptView
+from submission.models import SUBMISSION
 
 
 def _planned(count: int) -> list[Planned]:

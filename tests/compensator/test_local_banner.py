@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Final
 
-from compensator import local
+from compensator.commands import run as local
 from compensator.config import load
 
 ROOT: Final = Path(__file__).resolve().parents[2]

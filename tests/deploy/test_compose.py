@@ -1,8 +1,9 @@
 """compose.yaml and the Dockerfile, checked statically (no Docker engine runs here): every command
 of ours parses with our command line, every variable is one the configuration reads and documents
 and validates as the configuration, ports and volumes are not shared, every service has a health
-check, the store's peer network is the nodes' alone, and the image is multi-stage, pinned, built
-from the lock and run as a non-root user."""
+check, the store's peer network is the nodes' alone, the set's addresses are written once, and
+the image is multi-stage, pinned, built from the lock, holds every package and runs as a non-root
+user."""
 
 from __future__ import annotations
 
@@ -115,9 +116,27 @@ def test_the_nodes_alone_talk_on_the_peer_network(compose: dict[str, Any]) -> No
     on_peers = {name for name, service in compose["services"].items() if "peers" in service.get("networks", [])}
     assert on_peers == {"store1", "store2", "store3"}
     for i in (1, 2, 3):
-        command = " ".join(map(str, compose["services"][f"store{i}"]["command"]))
-        assert f"--client-address {i}=store{i}:7000" in command and f"--peer {i}=store{i}-peer:7000" in command
-        assert compose["services"][f"store{i}"]["volumes"] == [f"store{i}-data:/var/lib/compensator/node"]
+        node = compose["services"][f"store{i}"]
+        assert [str(part) for part in node["command"]] == ["compensator", "node", "--id", str(i)]
+        environment = {key: str(value) for key, value in node["environment"].items()}
+        peers = environment["COMPENSATOR_STORE__PEER_ADDRESSES"].split(",")
+        clients = environment["COMPENSATOR_STORE__ADDRESSES"].split(",")
+        assert (peers[i - 1], clients[i - 1]) == (f"store{i}-peer:7000", f"store{i}:7000")
+        assert node["networks"]["peers"] == {"aliases": [f"store{i}-peer"]}
+        assert node["volumes"] == [f"store{i}-data:/var/lib/compensator/node"]
+        assert environment["COMPENSATOR_NODE__DATA_DIR"] == "/var/lib/compensator/node"
+
+
+def test_the_sets_addresses_are_written_once(compose: dict[str, Any]) -> None:
+    """The nodes and every client of the store read the same [store] addresses: one line of the
+    file says them (the nodes' peer network another), never a node's flags beside them."""
+    text = (ROOT / "compose.yaml").read_text()
+    assert text.count("store1:7000") == 1 and text.count("store1-peer:7000") == 1
+    addresses = {name: str(service["environment"]["COMPENSATOR_STORE__ADDRESSES"])
+                 for name, service in ours(compose).items()
+                 if "COMPENSATOR_STORE__ADDRESSES" in (service.get("environment") or {})}  # fmt: skip
+    assert {"store1", "store2", "store3", "api", "worker", "projector"} <= set(addresses)
+    assert len(set(addresses.values())) == 1, addresses
 
 
 def test_the_image_is_multi_stage_pinned_non_root_and_built_from_the_lock() -> None:
@@ -131,6 +150,9 @@ def test_the_image_is_multi_stage_pinned_non_root_and_built_from_the_lock() -> N
     user = re.findall(r"^USER (\S+)", dockerfile, flags=re.MULTILINE)
     assert user and not user[-1].startswith(("root", "0")), user
     assert "pip install --no-deps -r requirements.lock" in dockerfile
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", dockerfile, flags=re.MULTILINE))
+    assert {package.removesuffix("*") for package in packages} <= copied, "a package the image would lack"
     lock = dict(line.split("==") for line in (ROOT / "requirements.lock").read_text().splitlines()
                 if line and not line.startswith("#"))  # fmt: skip
     normalised = {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in lock.items()}
@@ -147,12 +169,8 @@ def test_every_node_and_every_store_client_holds_the_cluster_secret(compose: dic
     every service of ours that is a store client has it mounted and configured."""
     assert compose["secrets"]["cluster_secret"] == {"file": "./deploy/secrets/cluster_secret"}
     for name, service in ours(compose).items():
-        command = [str(part) for part in service["command"]]
         environment = service.get("environment") or {}
-        if command[1] == "node":
-            assert command[command.index("--secret-file") + 1] == "/run/secrets/cluster_secret", name
-            assert "cluster_secret" in service["secrets"], name
-        elif "COMPENSATOR_STORE__ADDRESSES" in environment:
+        if "COMPENSATOR_STORE__ADDRESSES" in environment:  # a node reads the secret as its clients do
             assert environment["COMPENSATOR_STORE__SECRET_FILE"] == "/run/secrets/cluster_secret", name
             assert "cluster_secret" in service.get("secrets", []), name
         else:

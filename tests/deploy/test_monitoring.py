@@ -19,13 +19,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from api.metrics import ApiMetrics
-from compensator.kafka.metrics import KafkaMetrics
-from compensator.node_metrics import NodeCollector
-from compensator.worker.metrics import WorkerMetrics
 from queues import QueueClient, RaftClient
 from queues.model import Enqueue
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread, running_store
+from services.kafka.metrics import KafkaMetrics
+from services.node_metrics import NodeCollector
+from services.worker.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus"

@@ -47,7 +47,8 @@ def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert error_of(capsys, ["--host", "10.1.2.3", *ports()]) == (
         f"{prefix}host 10.1.2.3 is not a loopback address (--exposed allows it on a demo network)"
     )
-    assert error_of(capsys, ["--payment-port", "70000"]) == f"{prefix}payment port 70000 is not in 1..65535"
+    assert error_of(capsys, ["--payment-port", "70000"]) == (  # a configuration problem: the flag and the setting named
+        "compensator standins: --payment-port: standins.payment_port: must be in 1..65535")
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     line = error_of(capsys, [*ports(), "--pg-data", str(not_a_folder / "pg")],

@@ -15,13 +15,13 @@ from aiokafka import ConsumerRecord
 from kafka_support import Broker
 from opentelemetry import trace
 
-from compensator.kafka.broker import BrokerSettings, RecordSink, ensure_topics
-from compensator.kafka.event_records import SCHEMA
-from compensator.kafka.metrics import KafkaMetrics
-from compensator.kafka.publisher import EventPublisher, PublisherSettings
-from compensator.kafka.publisher_lease import NAMESPACE, LeaseBody, PublisherLease
 from ledger.kinds import TransferPayload, encode_payload
 from queues import Enqueue, Event, QueueClient
+from services.kafka.broker import BrokerSettings, RecordSink, ensure_topics
+from services.kafka.event_records import SCHEMA
+from services.kafka.metrics import KafkaMetrics
+from services.kafka.publisher import EventPublisher, PublisherSettings
+from services.kafka.publisher_lease import NAMESPACE, LeaseBody, PublisherLease
 
 TOPIC = "events"
 TYPES_OF_TRAFFIC = frozenset({"enqueued", "leased", "succeeded", "attempt_failed", "dead_lettered", "redriven",

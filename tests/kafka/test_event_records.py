@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from compensator.kafka.event_records import SCHEMA, MessageRef, event_record, seq_of
 from queues import Event, EventType
+from services.kafka.event_records import SCHEMA, MessageRef, event_record, seq_of
 
 
 @pytest.mark.parametrize("event_type", list(EventType))

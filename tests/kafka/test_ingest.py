@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from compensator.kafka.broker import BrokerSettings, RecordSink, ensure_topics
-from compensator.kafka.ingest import Ingest, IngestSettings
-from compensator.kafka.metrics import KafkaMetrics
 from queues import QueueClient
+from services.kafka.broker import BrokerSettings, RecordSink, ensure_topics
+from services.kafka.ingest import Ingest, IngestSettings
+from services.kafka.metrics import KafkaMetrics
 
 GROUP = "ingest-inprocess"
 

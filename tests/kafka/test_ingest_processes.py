@@ -12,9 +12,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka_support import Broker, kafka_env, read_topic, spawn, stop_process, until
 
-from compensator.kafka.broker import BrokerSettings, ensure_topics
 from queues import EventType, QueueClient
 from raft_store.testing.inprocess import StoreThread
+from services.kafka.broker import BrokerSettings, ensure_topics
 
 pytestmark = pytest.mark.slow
 

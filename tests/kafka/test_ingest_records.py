@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from api.schemas import SUBMISSION
-from api.submissions import build_enqueue
-from compensator.kafka.ingest_records import Incoming, Rejection, decide, reject_record
 from queues import Enqueue
+from services.kafka.ingest_records import Incoming, Rejection, decide, reject_record
+from submission.models import SUBMISSION
+from submission.rules import build_enqueue
 
 BODY = {"kind": "transfer", "ref_key": "order-1", "payload": {"transfer_id": "t1", "payer": "a", "payee": "b",
         "amount_minor": 100, "currency": "CNY"}, "failure": {"error_class": "timeout"}}  # fmt: skip

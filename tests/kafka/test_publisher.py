@@ -17,12 +17,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from publisher_support import TOPIC, TYPES_OF_TRAFFIC, check_topic, enqueue, last_seq, lease_body, lifecycle, publishing
 
-from compensator.kafka.broker import BrokerSettings, RecordSink, SinkError, ensure_topics
-from compensator.kafka.event_records import Record
-from compensator.kafka.metrics import KafkaMetrics
-from compensator.kafka.publisher import EventPublisher, PublisherSettings
-from compensator.kafka.publisher_lease import PublisherLease
 from queues import QueueClient
+from services.kafka.broker import BrokerSettings, RecordSink, SinkError, ensure_topics
+from services.kafka.event_records import Record
+from services.kafka.metrics import KafkaMetrics
+from services.kafka.publisher import EventPublisher, PublisherSettings
+from services.kafka.publisher_lease import PublisherLease
 
 
 async def test_every_event_is_published_in_order_per_ref_key_with_its_seq_type_and_trace(

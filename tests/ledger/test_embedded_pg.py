@@ -91,3 +91,37 @@ def test_a_data_directory_that_trusted_everyone_gets_a_password_at_its_next_star
             await refused(host=server.address.host, port=server.address.port, user=pg.SUPERUSER)
 
         asyncio.run(check())
+
+
+def test_a_standby_streams_from_its_primary_and_a_commit_waits_for_it(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench.peer_procrastinate's queue: fsync back on, and a synchronous standby made by
+    pg_basebackup with the primary's password, so a commit is acknowledged on two servers."""
+    monkeypatch.setenv("PGPASSFILE", str(folder.parent / "no-pgpass"))
+    durable = {"fsync": "on", "synchronous_standby_names": "the_standby"}
+    with pg.EmbeddedPostgres(folder / "primary", settings=durable) as primary:
+        standby = pg.EmbeddedPostgres(folder / "standby", settings={"fsync": "on"}, standby_of=primary.address,
+                                      application_name="the_standby")  # fmt: skip
+        with standby:
+            assert standby.password() == primary.password()
+
+            async def check() -> None:
+                writer = await asyncpg.connect(primary.dsn, timeout=10)
+                reader = await asyncpg.connect(standby.dsn, timeout=10)
+                try:
+                    assert await writer.fetchval("SHOW fsync") == "on"
+                    replicas = await writer.fetch("SELECT application_name, sync_state FROM pg_stat_replication")
+                    assert [(r["application_name"], r["sync_state"]) for r in replicas] == [("the_standby", "sync")]
+                    await writer.execute("CREATE TABLE acknowledged (n int); INSERT INTO acknowledged VALUES (7)")
+                    assert await reader.fetchval("SELECT pg_is_in_recovery()") is True
+                    for _ in range(100):  # flushed there before the commit returned; applied a moment later
+                        if await reader.fetchval("SELECT to_regclass('acknowledged') IS NOT NULL"):
+                            break
+                        await asyncio.sleep(0.05)
+                    assert await reader.fetchval("SELECT n FROM acknowledged") == 7
+                finally:
+                    await reader.close()
+                    await writer.close()
+
+            asyncio.run(check())

@@ -17,7 +17,7 @@ import uvicorn
 import outbox
 from api.tokens import new_token, token_hash
 from compensator import config as configuration
-from compensator.wiring import api_app
+from compensator.wiring.api import api_app
 from ledger import pg
 from queues import EventType, QueueClient, RaftClient, Role
 from raft_store.testing.inprocess import StoreThread

@@ -13,7 +13,6 @@ from typing import Any
 import asyncpg
 import pydantic
 
-from api.ids import RequestId
 from delay.policy import RetryPolicy
 from ledger.kinds import (
     CallbackPayload,
@@ -25,6 +24,7 @@ from ledger.kinds import (
     encode_payload,
     money_of,
 )
+from ledger.request_ids import RequestId
 from ledger.states import LEDGER_STATE_OF, OPEN_STATES, AttemptOutcome, LedgerState, attempt_outcome_of
 from queues import Code, QueueClient, State
 from queues.model import Enqueue, Event, EventType, MessageView

@@ -22,15 +22,15 @@ from projector_support import (
     ledger_rows,
 )
 
-from compensator.projector import ledger_writer
-from compensator.projector.facts import FactsReader
-from compensator.projector.ledger_writer import LOCK_CLASS, CursorMoved
-from compensator.projector.metrics import ProjectorMetrics
-from compensator.projector.rows import facts_needed, fold
-from compensator.projector.runner import Projector, ProjectorGap, ProjectorSettings, RebuildRefused, rebuild
 from queues import QueueClient
 from queues.model import EventType
 from raft_store.testing.inprocess import StoreThread
+from services.projector import ledger_writer
+from services.projector.facts import FactsReader
+from services.projector.ledger_writer import LOCK_CLASS, CursorMoved
+from services.projector.metrics import ProjectorMetrics
+from services.projector.rows import facts_needed, fold
+from services.projector.runner import Projector, ProjectorGap, ProjectorSettings, RebuildRefused, rebuild
 
 MESSAGE_EVENTS = {
     EventType.ENQUEUED, EventType.LEASED, EventType.SUCCEEDED, EventType.ATTEMPT_FAILED, EventType.LEASE_EXPIRED,

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from compensator.projector.rows import (
+from ledger.kinds import Money
+from ledger.states import AttemptOutcome, LedgerState, attempt_outcome_of
+from queues.model import Event, EventType, EventValue
+from services.projector.rows import (
     AttemptEnd,
     MessageFacts,
     ProjectionError,
@@ -13,9 +16,6 @@ from compensator.projector.rows import (
     facts_needed,
     fold,
 )
-from ledger.kinds import Money
-from ledger.states import AttemptOutcome, LedgerState, attempt_outcome_of
-from queues.model import Event, EventType, EventValue
 
 FACTS = {7: MessageFacts(money=Money(500, "CNY"), edited_money=Money(450, "CNY"), statuses={2: 503})}
 

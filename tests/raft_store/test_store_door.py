@@ -17,7 +17,7 @@ import pytest
 
 from raft_store.auth import StoreAuth, TlsFiles, new_secret, replace_secret_file, write_secret_file
 from raft_store.client import AuthenticationFailed, ClientError, RaftClient, Unavailable
-from raft_store.codec import FrameType, frame
+from raft_store.codec import HELLO_MAGIC, FrameType, frame
 from raft_store.handshake import DialerHandshake, HandshakeFailed
 from raft_store.testing.credentials import accept_dialer, certificates, cluster_auth
 from raft_store.testing.processes import ProcessCluster
@@ -97,10 +97,17 @@ async def test_without_the_secret_no_client_and_no_peer_gets_in_and_each_refusal
     reader, writer, kind, _ = await _exchange(cluster.address(1), frame(FrameType.HELLO, b"RSTR\x01" + b"\x00" * 16))
     assert kind is FrameType.REFUSED
     writer.close()
+    # A node of version 2 (the handshake without the clock trailer), otherwise well formed.
+    hello = DialerHandshake(ours, 2, 1).hello()
+    version_2 = hello.replace(HELLO_MAGIC, b"RSTR\x02", 1)
+    assert version_2 != hello
+    reader, writer, kind, _ = await _exchange(cluster.address(1), version_2)
+    assert kind is FrameType.REFUSED
+    writer.close()
 
     after = await _refused(cluster, 1)
     grown = {reason: after.get(reason, 0) - before.get(reason, 0) for reason in after}
-    assert grown["unknown_secret"] >= 2 and grown["bad_proof"] == 1 and grown["version"] == 1, grown
+    assert grown["unknown_secret"] >= 2 and grown["bad_proof"] == 1 and grown["version"] == 2, grown
     log = (cluster.root / "node1.log").read_text()
     assert "refused the connection from ('127.0.0.1'," in log and "presented a cluster secret" in log
     secret_text = (cluster.root / "cluster.secret").read_text().strip()

@@ -17,8 +17,9 @@ next is done through the pages only; the API is read to see that the worker real
   results, every request paid;
 - a viewer sees account numbers masked.
 
-Screenshots of the list, detail, approvals, audit and job pages go to $COMPENSATOR_SCREENSHOTS (CI
-keeps them as artifacts; docs/screenshots/ has a set), else to a pytest temporary folder.
+Screenshots of every page (login, list, detail as a reviewer and as a viewer, edit, dry run,
+approvals, jobs, job, audit, a request that is not there) go to $COMPENSATOR_SCREENSHOTS (CI keeps
+them as artifacts; docs/screenshots/ has a set), else to a pytest temporary folder.
 """
 
 from __future__ import annotations
@@ -138,12 +139,15 @@ def review(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Review]:
 # ---- what a person does ------------------------------------------------------------------------
 
 
-def log_in(review: Review, login: Login) -> Page:
-    """A fresh browser context (its own cookies), the login page, the name and password typed."""
+def log_in(review: Review, login: Login, *, shot: str = "") -> Page:
+    """A fresh browser context (its own cookies), the login page (its screenshot taken as `shot`),
+    the name and password typed."""
     context = review.browser.new_context(base_url=review.origin, viewport={"width": 1360, "height": 900})
     context.set_default_timeout(EXPECT_TIMEOUT_MS)
     page = context.new_page()
     page.goto("/review/login")
+    if shot:
+        screenshot(review, page, shot)
     page.get_by_test_id("login-name").fill(login.name)
     page.get_by_test_id("login-password").fill(login.password)
     page.get_by_test_id("login-submit").click()
@@ -214,9 +218,10 @@ def test_a_reviewer_edits_a_dead_transfer_an_approver_approves_it_and_the_worker
     started = time.monotonic()
     (original,) = review.dead[EDIT_REF]
     reviewer, approver = review.banner.reviewer, review.banner.approver
-    page = log_in(review, reviewer)
+    page = log_in(review, reviewer, shot="login")
     page.get_by_test_id("nav-dead-letters").click()
     expect(page.locator(f'[data-test="dead-letter-row"][data-id="{original}"]')).to_be_visible()
+    expect(page.get_by_test_id("redrive-selected-dry-run")).to_contain_text("Propose a redrive of the selected")
     screenshot(review, page, "dead-letters")
 
     filter_dead_letters(page, kind="transfer", ref_key=EDIT_REF)
@@ -227,6 +232,7 @@ def test_a_reviewer_edits_a_dead_transfer_an_approver_approves_it_and_the_worker
     expect(page.get_by_test_id("request-state")).to_have_text("dead")
     expect(page.get_by_test_id("attempt-row")).to_have_count(1)
     expect(page.get_by_test_id("attempt-excerpt")).to_contain_text("insufficient_funds")
+    expect(page.get_by_test_id("redrive-submit")).to_have_text("Propose a redrive")  # a transfer: four eyes
     screenshot(review, page, "detail")
 
     # an invalid edit: refused, the field named, nothing stored
@@ -248,6 +254,8 @@ def test_a_reviewer_edits_a_dead_transfer_an_approver_approves_it_and_the_worker
     diff = page.locator('[data-test="diff-row"]')
     expect(diff).to_have_count(1)
     expect(diff).to_have_attribute("data-field", "payer")
+    expect(page.get_by_test_id("edit-submit")).to_have_text("Propose a redrive as a new version")
+    screenshot(review, page, "edit")
     page.get_by_test_id("edit-submit").click()
     flash(page, "proposed")
     assert review.api.request(original)["state"] == "dead"  # nothing done before the second person
@@ -373,6 +381,8 @@ def test_a_bulk_redrive_by_filter_dry_run_proposal_approval_and_per_item_results
     expect(dry_total).to_have_attribute("data-amount-minor", str(sum(BULK_AMOUNTS)))
     expect(dry_total).to_contain_text(money_cny(sum(BULK_AMOUNTS)))
     expect(page.get_by_test_id("dry-run-needs-approval")).to_be_visible()
+    expect(page.locator('[data-test="dry-run-filter"][data-field="ref_key"]')).to_have_text(BULK_REF)
+    screenshot(review, page, "dry-run")
     assert all(review.api.request(i)["state"] == "dead" for i in targets)  # a dry run does nothing
     page.get_by_test_id("confirm-reason").fill("escrow topped up: pay the red packet's transfers again")
     page.get_by_test_id("confirm-submit").click()
@@ -384,6 +394,8 @@ def test_a_bulk_redrive_by_filter_dry_run_proposal_approval_and_per_item_results
     flash(page, "success")
     page.get_by_test_id("nav-jobs").click()
     job = page.get_by_test_id("job-row").first
+    expect(job).to_be_visible()
+    screenshot(review, page, "jobs")
     job.get_by_test_id("job-link").click()
     expect(page.get_by_test_id("job-state")).to_have_text("done", timeout=PAID_TIMEOUT_S * 1000)  # htmx polls it
     expect(page.get_by_test_id("job-redriven")).to_have_text(str(len(targets)))
@@ -415,4 +427,8 @@ def test_a_viewer_sees_account_numbers_masked(review: Review) -> None:
     assert re.search(r"\*+" + PAYER[-4:], payload) and re.search(r"\*+" + PAYEE[-4:], payload), payload
     expect(page.get_by_test_id("edit-link")).to_have_count(0)
     expect(page.get_by_test_id("discard-form")).to_have_count(0)
+    screenshot(review, page, "detail-viewer")
+    page.goto("/review/requests/1-999999")
+    expect(page.locator('[data-test="flash"][data-kind="error"]')).to_be_visible()
+    screenshot(review, page, "not-found")
     page.context.close()

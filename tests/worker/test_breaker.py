@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from compensator.worker.breaker import Breaker, BreakerSettings, Mode
+from services.worker.breaker import Breaker, BreakerSettings, Mode
 
 
 class Clock:
@@ -79,10 +79,10 @@ def test_a_forced_breaker_neither_trips_nor_probes(mode: Mode) -> None:
 
 
 def test_every_failure_class_it_counts_is_one_the_handlers_produce() -> None:
-    from compensator.worker.breaker import DOWNSTREAM_FAILURES
     from handlers.answers import NotSentClass, UnknownClass
     from handlers.classification import Action
     from handlers.tables import DEFAULT_TABLES
+    from services.worker.breaker import DOWNSTREAM_FAILURES
 
     retried = {rule.error_class for table in DEFAULT_TABLES.values() for rule in table.rules
                if rule.action in (Action.RETRY, Action.RETRY_AFTER)}  # fmt: skip

@@ -60,7 +60,7 @@ from test_worker_processes import (  # the process harness of the worker tests
 
 from api.tokens import new_token, token_hash
 from compensator import config as configuration
-from compensator.wiring import api_app
+from compensator.wiring.api import api_app
 from delay.policy import RetryPolicy
 from handlers.standins.proxy import ProxyFaults, RunningProxy, running_proxy
 from queues import QueueClient, Role, State

@@ -15,10 +15,6 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 
-from compensator.worker.breaker import BreakerSettings
-from compensator.worker.limits import Limits
-from compensator.worker.metrics import WorkerMetrics
-from compensator.worker.runner import Worker, WorkerSettings
 from delay.policy import RetryPolicy
 from handlers.contract import Attempt, Decision, Permanent, Retryable, Succeeded
 from ledger.kinds import Kind, ListUpdatePayload, TransferPayload, encode_payload
@@ -26,6 +22,10 @@ from queues import Code, QueueClient, RaftClient, State
 from queues.model import Enqueue
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread, running_store
+from services.worker.breaker import BreakerSettings
+from services.worker.limits import Limits
+from services.worker.metrics import WorkerMetrics
+from services.worker.runner import Worker, WorkerSettings
 
 FAST = RetryPolicy(tiers_ms=(200,), tier_jitter_ratio=0.0, attempts_max=3)
 
@@ -413,12 +413,12 @@ async def test_an_attempt_knows_its_lease_and_its_in_doubt_time_holds_the_retry_
 
 async def test_a_worker_refuses_to_start_on_a_policy_that_outlasts_the_dedup_window(queue: QueueClient) -> None:
     from compensator.config import load
-    from compensator.worker_command import WorkerCommandError, _check_policies
+    from compensator.shell import ProcessError
+    from compensator.wiring.worker import check_policies
 
     config = load(None, {"COMPENSATOR_HANDLERS__PAYMENT": '{"base_url": "http://x:1", "dedup_window_s": 60}'})
-    running_worker = type("Running", (), {"queue": queue})()
-    with pytest.raises(WorkerCommandError, match=r"the transfer retry policy can re-send up to \d+ s after the first"
-                                                 r" attempt .* beyond handlers.payment.dedup_window_s \(60 s\)"):
-        await _check_policies(config, running_worker, asyncio.Event())
+    with pytest.raises(ProcessError, match=r"the transfer retry policy can re-send up to \d+ s after the first"
+                                           r" attempt .* beyond handlers.payment.dedup_window_s \(60 s\)"):
+        await check_policies(config, queue, asyncio.Event())
     await queue.set_policy("transfer", RetryPolicy(tiers_ms=(1000,), attempts_max=3, retry_after_max_ms=0))
-    await _check_policies(config, running_worker, asyncio.Event())  # 2 retries of 1.1 s, 2 x 2 x 10 s per attempt
+    await check_policies(config, queue, asyncio.Event())  # 2 retries of 1.1 s, 2 x 2 x 10 s per attempt

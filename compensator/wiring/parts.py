@@ -1,0 +1,76 @@
+"""What several process kinds build the same way: the wall clock, a process's name in leases and
+cursors, the address of a section's metrics endpoint, the callback targets' secrets, and the
+ledgers' PostgreSQL.
+
+Must never: read anything but the configuration it is given (and the host's name and pid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Final
+
+from compensator.shell import ProcessError
+from handlers.signing import Secret, secrets_from_json
+from ledger import pg
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def process_name() -> str:
+    """host:pid, a worker's, a projector's or a publisher's name unless the command line gives one."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def metrics_address(host: str, port: int) -> tuple[str, int] | None:
+    """A section's `metrics_host` and `metrics_port` as the shell serves them; port 0: none."""
+    return (host, port) if port else None
+
+
+CALLBACK_SECRETS_ENV: Final = "COMPENSATOR_CALLBACK_SECRETS"
+SECRETS_FILE_BYTES_MAX: Final = 1024 * 1024
+
+
+def callback_secrets(path: Path | None, environ: Mapping[str, str]) -> dict[str, Secret] | None:
+    """The callback targets' secrets: a JSON file ``{"<target>": "<secret>"}`` if given, else
+    ``$COMPENSATOR_CALLBACK_SECRETS``; None when neither is set. The stand-ins and the workers read
+    them the same way, never from a command line (``ps`` shows it), and never print one."""
+    if path is not None:
+        try:
+            with path.open("rb") as handle:
+                document = handle.read(SECRETS_FILE_BYTES_MAX + 1)
+        except OSError as error:
+            raise ValueError(f"{path}: cannot read: {error.strerror or type(error).__name__}") from None
+        if len(document) > SECRETS_FILE_BYTES_MAX:
+            raise ValueError(f"{path}: larger than {SECRETS_FILE_BYTES_MAX} bytes")
+        return secrets_from_json(document, origin=str(path))
+    text = environ.get(CALLBACK_SECRETS_ENV, "").strip()
+    return secrets_from_json(text.encode(), origin=CALLBACK_SECRETS_ENV) if text else None
+
+
+@contextlib.asynccontextmanager
+async def ledger_database(pg_data: Path, dsn: str | None = None) -> AsyncIterator[str]:
+    """`dsn`, else $COMPENSATOR_PG_DSN, else the embedded server in `pg_data` for the block (started
+    and stopped off the loop: pg_ctl waits; a stop signal meanwhile is acted on once it started, so
+    it is never left half-started)."""
+    if dsn:
+        yield dsn
+        return
+    stack = contextlib.ExitStack()
+    try:
+        found = await asyncio.to_thread(stack.enter_context, pg.database(pg_data))
+    except (OSError, subprocess.SubprocessError) as error:
+        raise ProcessError(f"cannot start an embedded PostgreSQL in {pg_data}: {type(error).__name__}") from None
+    try:
+        yield found
+    finally:
+        await asyncio.to_thread(stack.close)

@@ -1,0 +1,98 @@
+"""The projector process kind (``compensator project``): the set's ledger projector
+(services/projector/) writing the compensation ledger to PostgreSQL, with its store client, its
+tracer and its metrics.
+
+The database is ``$COMPENSATOR_PG_DSN``, else an embedded server in `projector.pg_data`, started
+(off the loop: pg_ctl waits) if it is not running and stopped when the process ends; the schema is
+migrated first. A stop signal while the server starts is acted on once it has started, so it is
+never left half-started. ``rebuild`` empties the set's ledger and projects it again from the log's
+first event, when the store still has it.
+
+Must never: run anything at import, or leave a gap unreported (a gap, a ledger that disagrees with
+the log, a database that is gone end the process in one line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import asyncpg
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from compensator.config import Config
+from compensator.shell import ProcessError, Running, Shell
+from compensator.store import queue_client
+from compensator.telemetry import tracer_provider
+from compensator.wiring.parts import ledger_database, metrics_address, process_name
+from ledger import migrate
+from queues import ClientError, QueueError
+from services.projector.ledger_writer import CursorMoved, LedgerMismatch
+from services.projector.metrics import ProjectorMetrics
+from services.projector.rows import ProjectionError
+from services.projector.runner import Projector, ProjectorGap, ProjectorSettings, RebuildRefused, rebuild
+
+T = TypeVar("T")
+STOPS_THE_PROJECTOR = (ProjectorGap, ProjectionError, LedgerMismatch, CursorMoved, RebuildRefused, migrate.MigrationError)
+"""What the projector stops on, in one line: it cannot go on without a person."""
+
+
+def shell(config: Config) -> Shell:
+    settings = config.projector
+    return Shell(name="project", metrics=metrics_address(settings.metrics_host, settings.metrics_port))
+
+
+@contextlib.asynccontextmanager
+async def projector(config: Config, dsn: str, *, name: str = "",
+                    span_exporter: SpanExporter | None = None) -> AsyncIterator[Projector]:  # fmt: skip
+    """The set's ledger projector writing to `dsn`, with its store client, closed on exit."""
+    settings = config.projector
+    provider = tracer_provider(config.telemetry, exporter=span_exporter, process="projector")
+    queue = queue_client(config)
+    built = Projector(
+        queue, dsn,
+        ProjectorSettings(set_id=config.store.set_id, owner=name or process_name(), batch_max=settings.batch_max,
+                          idle_poll_s=settings.idle_poll_ms / 1000, standby_poll_s=settings.standby_poll_ms / 1000),
+        tracer=provider.get_tracer("compensator.projector"), metrics=ProjectorMetrics(),
+    )  # fmt: skip
+    try:
+        yield built
+    finally:
+        await queue.raft.close()
+        provider.shutdown()
+
+
+async def _one_line(step: Callable[[], Awaitable[T]]) -> T:
+    """The step's result; what stops the projector, as the one line the process ends with."""
+    try:
+        return await step()
+    except STOPS_THE_PROJECTOR as error:
+        raise ProcessError(str(error)) from None
+    except (ClientError, QueueError) as error:  # only before projecting (a rebuild): the loop waits the store out
+        raise ProcessError(f"the store did not answer: {error}") from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise ProcessError(f"PostgreSQL: {type(error).__name__}: {error}") from None
+
+
+@contextlib.asynccontextmanager
+async def process(config: Config, *, pg_data: Path | None = None, name: str = "",
+                  rebuild_ledger: bool = False) -> AsyncIterator[Running]:  # fmt: skip
+    """`compensator project`: SIGTERM stops it after the batch being written commits."""
+    set_id = config.store.set_id
+    async with ledger_database(pg_data or Path(config.projector.pg_data)) as dsn:
+        await _one_line(lambda: migrate.apply_async(dsn))
+        async with projector(config, dsn, name=name) as running:
+
+            async def run(stop: asyncio.Event) -> int:
+                if rebuild_ledger:
+                    deleted = await _one_line(lambda: rebuild(running.queue, dsn, set_id))
+                    print(f"set {set_id}: ledger emptied ({deleted} requests); projecting from event 1", flush=True)
+                print(f"projector for set {set_id} running; SIGTERM stops it", flush=True)
+                await _one_line(lambda: running.run(stop))
+                print(f"projector stopped at event {running.cursor}: {running.projected} events projected", flush=True)
+                return 0
+
+            yield Running(run, registry=running.metrics.registry)

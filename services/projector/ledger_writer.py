@@ -1,0 +1,190 @@
+"""The compensation ledger's side of the projector: the set's lock, its cursor, and one batch's rows.
+
+Exactly once by event seq: a batch's rows and the cursor's move to its last seq commit in one
+PostgreSQL transaction, which first reads the cursor under FOR UPDATE and refuses to write unless
+it is where this projector left it. A crash anywhere before the commit leaves neither; after it,
+both. One projector per set holds a session advisory lock on its connection (released by
+PostgreSQL when the connection or the process dies): a standby waits on it and takes over from
+the committed cursor, so a takeover leaves no gap and writes nothing twice. The FOR UPDATE check
+makes this safe even if two ever ran (a lock lost with a connection, an operator's mistake): the
+second to commit finds the cursor moved and stops.
+
+Must never: write a row outside a batch transaction that also moves the cursor, or move the
+cursor past an event it did not write.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any, Final
+
+import asyncpg
+
+from services.projector.rows import AttemptEnd, AttemptRow, BatchRows, RequestChange, RequestRow
+
+LOCK_CLASS: Final = 0x70726A74
+"""The first key of the projector's advisory lock ("prjt"); the second is the set id."""
+
+_REQUEST_COLUMNS: Final = (
+    "request_id", "set_id", "message_id", "kind", "idempotency_key", "ref_key", "amount_minor", "currency", "state",
+    "created_at", "finished_at", "attempt_count", "updated_at", "event_seq",
+)  # fmt: skip
+_ATTEMPT_COLUMNS: Final = (
+    "request_id", "attempt_number", "started_at", "ended_at", "outcome", "error_class", "downstream_status",
+    "worker_id", "token", "latency_ms", "lateness_ms",
+)  # fmt: skip
+_UPDATE_REQUEST: Final = """
+UPDATE compensation_requests SET
+    state = COALESCE($3, state),
+    finished_at = CASE WHEN $3::text IS NULL THEN finished_at ELSE $4 END,
+    attempt_count = COALESCE($5, attempt_count),
+    amount_minor = CASE WHEN $6 THEN $7 ELSE amount_minor END,
+    currency = CASE WHEN $6 THEN $8 ELSE currency END,
+    updated_at = $9,
+    event_seq = $10
+WHERE set_id = $1 AND message_id = $2"""
+_END_ATTEMPT: Final = """
+UPDATE compensation_attempts SET
+    ended_at = $3,
+    outcome = $4,
+    error_class = COALESCE($5, error_class),
+    downstream_status = COALESCE($6, downstream_status),
+    latency_ms = GREATEST(0, (extract(epoch FROM ($3 - started_at)) * 1000)::bigint)
+WHERE request_id = $1 AND attempt_number = $2"""
+
+
+class CursorMoved(RuntimeError):
+    """Another projector wrote this set's ledger since this one read the cursor: stop."""
+
+
+class LedgerMismatch(RuntimeError):
+    """An event changes a row the ledger does not have: the ledger and the log disagree."""
+
+
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def timestamp(ms: int) -> dt.datetime:
+    """The store's milliseconds as PostgreSQL's timestamptz, exactly (no float on the way)."""
+    return _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+async def try_lock(connection: asyncpg.Connection, set_id: int) -> bool:
+    """Take the set's projector lock for this connection's session, if nobody holds it."""
+    taken: bool = await connection.fetchval("SELECT pg_try_advisory_lock($1, $2)", LOCK_CLASS, set_id)
+    return taken
+
+
+async def cursor(connection: asyncpg.Connection, set_id: int) -> int:
+    """The set's last projected seq (0 for a set never projected: its cursor row is created)."""
+    await connection.execute(
+        "INSERT INTO projector_cursors (set_id, last_seq) VALUES ($1, 0) ON CONFLICT (set_id) DO NOTHING", set_id
+    )
+    last: int = await connection.fetchval("SELECT last_seq FROM projector_cursors WHERE set_id = $1", set_id)
+    return last
+
+
+async def write_batch(connection: asyncpg.Connection, *, set_id: int, after: int, rows: BatchRows, owner: str) -> None:
+    """Write the rows of the events (after, rows.last_seq] and move the cursor there, in one transaction."""
+    assert rows.last_seq > after
+    async with connection.transaction():
+        current = await connection.fetchval(
+            "SELECT last_seq FROM projector_cursors WHERE set_id = $1 FOR UPDATE", set_id
+        )
+        if current != after:
+            raise CursorMoved(
+                f"set {set_id}'s ledger cursor is at {current}, not at {after} where this projector left it:"
+                " another projector wrote it"
+            )
+        await _check_targets(connection, set_id, rows)
+        if rows.new_requests:
+            records = [_request_record(row) for row in rows.new_requests.values()]
+            await connection.copy_records_to_table("compensation_requests", records=records, columns=_REQUEST_COLUMNS)
+        if rows.new_attempts:
+            records = [_attempt_record(row) for row in rows.new_attempts.values()]
+            await connection.copy_records_to_table("compensation_attempts", records=records, columns=_ATTEMPT_COLUMNS)
+        if rows.changes:
+            await connection.executemany(_UPDATE_REQUEST, [_change_args(set_id, c) for c in rows.changes.values()])
+        if rows.attempt_ends:
+            await connection.executemany(_END_ATTEMPT, [_end_args(end) for end in rows.attempt_ends.values()])
+        await connection.execute(
+            "UPDATE projector_cursors SET last_seq = $2, last_event_at = $3, updated_at = now(), owner = $4"
+            " WHERE set_id = $1",
+            set_id, rows.last_seq, timestamp(rows.last_ts_ms), owner,
+        )  # fmt: skip
+
+
+async def rebuild(connection: asyncpg.Connection, set_id: int) -> int:
+    """Delete the set's requests (and their attempts) and reset its cursor to 0, in one transaction;
+    the projector then writes the ledger again from the log's first event. Returns rows deleted."""
+    async with connection.transaction():
+        await cursor(connection, set_id)
+        await connection.execute("SELECT 1 FROM projector_cursors WHERE set_id = $1 FOR UPDATE", set_id)
+        deleted = await connection.execute("DELETE FROM compensation_requests WHERE set_id = $1", set_id)
+        await connection.execute(
+            "UPDATE projector_cursors SET last_seq = 0, last_event_at = NULL, updated_at = now() WHERE set_id = $1",
+            set_id,
+        )
+    return int(deleted.split()[-1])
+
+
+async def _check_targets(connection: asyncpg.Connection, set_id: int, rows: BatchRows) -> None:
+    """Every request and attempt the batch changes (rather than creates) is in the ledger."""
+    if rows.changes:
+        found = await connection.fetch(
+            "SELECT message_id FROM compensation_requests WHERE set_id = $1 AND message_id = ANY($2::bigint[])",
+            set_id, list(rows.changes),
+        )  # fmt: skip
+        _missing("request", set(rows.changes) - {int(r[0]) for r in found}, set_id)
+    if rows.attempt_ends:
+        keys = [(end.request_id, end.attempt) for end in rows.attempt_ends.values()]
+        found = await connection.fetch(
+            "SELECT a.request_id, a.attempt_number FROM compensation_attempts a"
+            " JOIN unnest($1::text[], $2::integer[]) AS k (request_id, attempt_number)"
+            " USING (request_id, attempt_number)",
+            [k[0] for k in keys], [k[1] for k in keys],
+        )  # fmt: skip
+        _missing("attempt", set(keys) - {(str(r[0]), int(r[1])) for r in found}, set_id)
+
+
+def _missing(what: str, missing: set[Any], set_id: int) -> None:
+    if missing:
+        example = sorted(missing)[0]
+        raise LedgerMismatch(
+            f"set {set_id}: events change {len(missing)} {what}(s) the ledger does not have (e.g. {example}):"
+            " the ledger lost rows behind its cursor; rebuild it (docs/ledger.md)"
+        )
+
+
+def _request_record(row: RequestRow) -> Sequence[Any]:
+    money = row.money
+    return (
+        row.request_id, row.set_id, row.message_id, row.kind, row.idempotency_key, row.ref_key,
+        None if money is None else money.amount_minor, None if money is None else money.currency, row.state.value,
+        timestamp(row.created_ms), None if row.finished_ms is None else timestamp(row.finished_ms), row.attempt_count,
+        timestamp(row.updated_ms), row.event_seq,
+    )  # fmt: skip
+
+
+def _attempt_record(row: AttemptRow) -> Sequence[Any]:
+    ended = None if row.ended_ms is None else timestamp(row.ended_ms)
+    latency = None if row.ended_ms is None else max(0, row.ended_ms - row.started_ms)
+    return (
+        row.request_id, row.attempt, timestamp(row.started_ms), ended, row.outcome.value, row.error_class, row.status,
+        row.worker_id, row.token, latency, row.lateness_ms,
+    )  # fmt: skip
+
+
+def _change_args(set_id: int, change: RequestChange) -> Sequence[Any]:
+    money = change.money
+    finished = None if change.finished_ms is None else timestamp(change.finished_ms)
+    return (
+        set_id, change.message_id, None if change.state is None else change.state.value, finished,
+        change.attempt_count, change.money_changed, None if money is None else money.amount_minor,
+        None if money is None else money.currency, timestamp(change.updated_ms), change.event_seq,
+    )  # fmt: skip
+
+
+def _end_args(end: AttemptEnd) -> Sequence[Any]:
+    return (end.request_id, end.attempt, timestamp(end.ended_ms), end.outcome.value, end.error_class, end.status)
