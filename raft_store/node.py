@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,8 +24,7 @@ from typing import Any
 
 from raft_store import codec
 from raft_store.codec import FrameType
-from raft_store.core import Config as CoreConfig
-from raft_store.core import RaftCore, Recovered, Role
+from raft_store.core import RaftCore, Role
 from raft_store.files import make_private
 from raft_store.metrics import NodeMetrics
 from raft_store.node_clock import NodeClock
@@ -34,17 +32,21 @@ from raft_store.node_config import NodeConfig
 from raft_store.node_ports import MachineApplier, ThreadLane, WalStorage
 from raft_store.node_proposals import Proposals, Waiter, admin
 from raft_store.node_reads import NodeReads
+from raft_store.node_recovery import recover
 from raft_store.node_snapshots import NodeSnapshots, NodeStopped
 from raft_store.node_status import node_status
 from raft_store.ready_runner import ReadyRunner, RunnerConfig
 from raft_store.state_machine import ClockedMachine, GroupCommittingMachine, StateMachine
 from raft_store.transport import ClientConnection, Transport, TransportConfig
-from raft_store.types import ConfState, Message, MessageType, SnapshotMeta
+from raft_store.types import Message, MessageType
 from raft_store.wal import Wal
 
 log = logging.getLogger("raft_store.node")
 
+
 class Node:
+    """The shell: the runner's effects on a real loop, WAL thread, apply thread and transport."""
+
     def __init__(self, config: NodeConfig, machine: StateMachine) -> None:
         config.validate()
         self.config = config
@@ -116,45 +118,8 @@ class Node:
         return self.wal
 
     def _recover(self) -> RaftCore:
-        cfg = self.config
-        wal, rec = Wal.open(cfg.data_dir / "wal", segment_bytes=cfg.segment_bytes, volatile=cfg.volatile_until_fsync)
-        if rec.torn_tail is not None:
-            log.warning("node %d: WAL torn tail truncated: %s", cfg.node_id, rec.torn_tail)
-            self.metrics.torn_tails += 1
-        self.wal = wal
-        self._clock_from_machine()
-        latest = self.snapshots.store.latest()
-        self.snapshots.shippable = latest
-        if latest is not None:
-            meta, path = latest
-        else:
-            meta, path = SnapshotMeta(0, 0, ConfState(voters=cfg.initial_voters)), None
-        checkpoint = self.snapshots.store.checkpoint()
-        if checkpoint is not None and checkpoint.index > meta.index:
-            # The log before the checkpoint is gone; only the machine's own store holds it.
-            if self.machine.applied_index() < checkpoint.index:
-                raise NodeStopped(
-                    f"state store reflects index {self.machine.applied_index()}, behind its checkpoint at"
-                    f" {checkpoint.index}: the store was replaced or rolled back; move this data directory"
-                    " aside and let the node rejoin empty (it then receives a snapshot)"
-                )
-            meta, path = checkpoint, None
-        if path is not None and self.machine.applied_index() < meta.index:
-            self.snapshots.restore_machine(path, meta)
-        entries = [e for e in rec.entries if e.index > meta.index]
-        if entries and entries[0].index != meta.index + 1:
-            raise NodeStopped(f"WAL starts at {entries[0].index}, snapshot ends at {meta.index}: refusing a gap")
-        last = entries[-1].index if entries else meta.index
-        applied = self.machine.applied_index()
-        if applied > last:
-            raise NodeStopped(f"state machine applied {applied} beyond the log's last index {last}")
-        return RaftCore(
-            CoreConfig(node_id=cfg.node_id, election_ticks=cfg.election_ticks, heartbeat_ticks=cfg.heartbeat_ticks),
-            Recovered(
-                hard_state=rec.hard_state, snapshot=meta, entries=tuple(entries), applied=max(applied, meta.index)
-            ),
-            random.Random(),
-        )
+        self.wal, core = recover(self.config, self.machine, self.snapshots, self.metrics, self._clock_from_machine)
+        return core
 
     def _clock_from_machine(self) -> None:
         if isinstance(self.machine, ClockedMachine):  # the time its state reached: never read below
