@@ -25,9 +25,9 @@ and talks to it through QueueClient, the way a service and its workers would.
   `all_leased_s`: from the start of the second until workers (1000 per lease, no ack) were granted
   every one: delivery throughput, which the workers and the log bound, not the due index.
 - backlog: enqueue `messages` delayed (due in a day) messages in batches of 1000; samples each
-  node's RSS every second; compares enqueue throughput of the first and last 10%; then kills all
-  three nodes (SIGKILL) and restarts them: restart_s is the time until a linearizable read and an
-  enqueue succeed again.
+  node's RSS and its heap part (RssAnon; the rest is mapped file pages) every second; compares
+  enqueue throughput of the first and last 10%; then kills all three nodes (SIGKILL) and restarts
+  them: restart_s is the time until a linearizable read and an enqueue succeed again.
 """
 
 from __future__ import annotations
@@ -60,12 +60,15 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def rss_mib(cluster: ProcessCluster) -> dict[int, float]:
+def rss_mib(cluster: ProcessCluster, field: str = "VmRSS") -> dict[int, float]:
+    """Each node's resident set (`VmRSS`), or one of its parts: `RssAnon` (the heap, what the
+    process needs) or `RssFile` (pages of mapped files, e.g. the LMDB store's map: the kernel's
+    page cache, shared and dropped under memory pressure)."""
     out: dict[int, float] = {}
     for node, proc in cluster.procs.items():
         try:
             for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     out[node] = int(line.split()[1]) / 1024
         except OSError:
             continue
@@ -357,6 +360,7 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
     payload = payload_of(args.payload_bytes)
     count = args.messages
     rss_max: dict[int, float] = {}
+    anon_max: dict[int, float] = {}
 
     def key_of(i: int) -> str:
         """Callers' keys: UUIDs (random B-tree positions) with --random-keys, else k0, k1, ..."""
@@ -374,6 +378,8 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         while True:
             for node, mib in rss_mib(cluster).items():
                 rss_max[node] = max(rss_max.get(node, 0.0), mib)
+            for node, mib in rss_mib(cluster, "RssAnon").items():
+                anon_max[node] = max(anon_max.get(node, 0.0), mib)
             await asyncio.sleep(1.0)
 
     sampler = asyncio.get_running_loop().create_task(sample())
@@ -388,6 +394,8 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
     sampler.cancel()
     for node, mib in rss_mib(cluster).items():
         rss_max[node] = max(rss_max.get(node, 0.0), mib)
+    for node, mib in rss_mib(cluster, "RssAnon").items():
+        anon_max[node] = max(anon_max.get(node, 0.0), mib)
 
     def rate(lo: float, hi: float) -> float:
         picked = [(n, t) for n, t in marks if lo * count <= n <= hi * count]
@@ -413,12 +421,15 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
     restart_s = time.perf_counter() - t0
     assert counted and after.code is Code.OK
     rss_after = rss_mib(cluster)
+    anon_after = rss_mib(cluster, "RssAnon")
     await raft.close()
     return {
         "mode": "backlog",
         "messages": count,
         "rss_mib_max": {str(n): round(v, 1) for n, v in sorted(rss_max.items())},
         "rss_mib_after_restart": {str(n): round(v, 1) for n, v in sorted(rss_after.items())},
+        "rss_anon_mib_max": {str(n): round(v, 1) for n, v in sorted(anon_max.items())},
+        "rss_anon_mib_after_restart": {str(n): round(v, 1) for n, v in sorted(anon_after.items())},
         "enqueued_per_s_start": round(rate(0.0, 0.1), 1),
         "enqueued_per_s_end": round(rate(0.9, 1.0), 1),
         "enqueued_per_s_overall": round(count / preload_s, 1),

@@ -34,7 +34,7 @@ BATCH = 1000
 
 def run(messages: int, payload_bytes: int, per_entry: int = BATCH, random_keys: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="queue-apply-") as tmp:
-        machine = QueueMachine(str(Path(tmp) / "queue.sqlite"))
+        machine = QueueMachine(str(Path(tmp) / "queue.lmdb"), threaded=False)
         index = 0
         now = 1_700_000_000_000
         payload = b"x" * payload_bytes

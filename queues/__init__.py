@@ -7,6 +7,7 @@ store call can end with: `QueueError` (the machine refused the command's values)
 """
 
 from queues.client import EventsPurged, QueueClient, QueueError, Read
+from queues.core.proposals import proposal_action, proposal_with_action
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
     BUILTIN_KINDS,
@@ -48,7 +49,6 @@ from queues.model import (
     TokenResult,
     TokenView,
 )
-from queues.proposals import proposal_action, proposal_with_action
 from queues.query_codec import KindView, PauseView
 from raft_store.auth import StoreAuth
 from raft_store.client import (

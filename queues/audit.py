@@ -5,7 +5,7 @@
 
 Why: Raft makes every replica's *log* the same; their *states* are the same only if each applies
 the log deterministically, with the same code, on a store nothing corrupted. A replica that breaks
-that (a nondeterminism bug, mixed software versions during an upgrade, a flipped bit in its SQLite
+that (a nondeterminism bug, mixed software versions during an upgrade, a flipped bit in its store's
 file) keeps answering reads, and once it leads, it leases and deduplicates from a state no other
 replica has, and nothing says so. CockroachDB's consistency checker and TigerBeetle's state
 checksums exist for the same reason.

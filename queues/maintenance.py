@@ -15,7 +15,7 @@ ends and how old the oldest event is, and proposes Purge(limit) only if either i
 while full. An idle set therefore writes nothing: before this, the driver alone wrote about seven
 entries a second to every replica's log, forever.
 
-Redrive jobs (queues/jobs.py): every period it also reads the running and paused jobs (a stale
+Redrive jobs (queues/core/jobs.py): every period it also reads the running and paused jobs (a stale
 read) and proposes StepJob(job_limit) for each running job whose rate allows an item by now
 (`JobView.next_step_ms`), repeated at once while a step comes back full. The machine enforces the
 rate from the entry's leader time, so two drivers stepping one job redrive no more and no sooner
@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from queues.client import QueueClient, QueueError
-from queues.jobs import JOBS_ACTIVE_MAX
+from queues.core.jobs import JOBS_ACTIVE_MAX
 from queues.model import EVENTS_PURGE_MAX, Code, JobState
 from raft_store import cli as raft_cli
 from raft_store.auth import StoreAuth

@@ -159,10 +159,10 @@ class DeadLetterFilter(
     """Which dead letters a page, a summary, a filter redrive or a redrive job's selection means.
 
     Amount and currency are the current payload's (the edited one if `Redrive(payload=...)` set
-    one) top-level JSON fields `amount_minor` (an integer) and `currency`, read by SQLite's JSON
-    functions: the machine stays free of the kinds' vocabulary, and a payload without them does
-    not match a filter on them. Unset fields are left out of the encoding, so a filter that uses
-    none of the newer fields encodes as one from before them and an older node still reads it."""
+    one) top-level JSON fields `amount_minor` (an integer) and `currency` (queues/core/money.py):
+    the machine stays free of the kinds' vocabulary, and a payload without them does not match a
+    filter on them. Unset fields are left out of the encoding, so a filter that uses none of the
+    newer fields encodes as one from before them and an older node still reads it."""
 
     kind: KindName | None = None
     error_class: ErrorClass | None = None

@@ -85,7 +85,12 @@ class CheckpointingMachine(Protocol):
     the whole store at every compaction (a 10 GB queue store against a 64 MiB log)."""
 
     def checkpoint(self) -> int:
-        """Make the applied state durable; return the index it reflects (0: cannot, copy instead)."""
+        """Return an applied index whose state is durable (0: this machine cannot; copy instead).
+
+        The node compacts the log up to it, so everything up to that index must survive any crash.
+        It may be older than the applied index: a machine may make its state durable in the
+        background and answer its newest finished checkpoint (the queue's LMDB store does, so
+        that no apply waits for an fsync); the log is then kept one checkpoint longer."""
         ...
 
 
@@ -164,8 +169,9 @@ class StateMachine(Protocol):
         returns the stored result of its first application.
 
         `respond=False`: no client waits for these results (a follower's apply, or a replay after
-        a restart), so the machine may leave out what only the answer needs (a lease's payloads).
-        The state, and what the session table keeps for retries, must be exactly the same."""
+        a restart), so the machine may leave out what only the answer needs (a lease's payloads,
+        or a result nobody will read: b""). The state, and what the session table keeps for
+        retries, must be exactly the same."""
         ...
 
     def note_applied(self, index: int) -> None:

@@ -1,13 +1,14 @@
 """``compensator audit verify``: recompute the operator audit chain and name the first broken entry.
 
     compensator audit verify                      # the store's chain (the leader's), and every replica's head
-    compensator audit verify --state COPY.sqlite  # a copy of one node's state store, offline
+    compensator audit verify --state COPY.lmdb    # a copy of one node's state store, offline
 
 Exit 0: every entry's hash covers its content and the previous entry's hash, and the head (count
 and last hash) matches. Exit 1: the first entry that does not hold is named on stderr with what is
 wrong (its content does not match its hash, its link to the previous entry is broken, an entry is
 missing, or the head disagrees); against the store, also a replica whose head is not the
-leader's chain at that point. The hash format is in queues/audit_chain.py.
+leader's chain at that point. The hash format is in queues/core/audit_chain.py. A running node's
+store is copied with `python -m queues.stores copy DATA/queue.lmdb COPY.lmdb` (docs/review.md).
 
 Must never: write to the store or to the file it reads (the file is opened read-only).
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,9 @@ from compensator.config_processes import parse_address
 from compensator.store import queue_client, store_auth
 from queues import ClientError, QueueClient, QueueError
 from queues.audit import close_clients, replica_clients
-from queues.audit_chain import AUDIT_PAGE_MAX, Broken, ChainVerifier, Head, head, verify
+from queues.core.audit_chain import AUDIT_PAGE_MAX, Broken, ChainVerifier, Head, head, verify
+from queues.stores import StoreError
+from queues.stores.lmdb_store import LmdbStore
 
 
 class AuditCommandError(ValueError):
@@ -39,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     audit = subparsers.add_parser("audit", help="verify the operator audit chain")
     actions = audit.add_subparsers(dest="action", required=True, metavar="ACTION")
     check = actions.add_parser("verify", help="recompute the audit hash chain; exit 1 naming the first broken entry")
-    check.add_argument("--state", type=Path, help="a copy of a node's state store (queue.sqlite), read offline")
+    check.add_argument("--state", type=Path, help="a copy of a node's state store (queue.lmdb), read offline")
     add_config_argument(check)
     audit.set_defaults(handler=run)
 
@@ -56,19 +58,17 @@ def verify_file(path: Path) -> tuple[int, Broken | None, Head | None]:
     if not path.is_file():
         raise AuditCommandError(f"{path} is not a file")
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as error:
-        raise AuditCommandError(f"cannot open {path}: {error}") from None
+        store = LmdbStore(path, readonly=True)
+    except StoreError:
+        raise AuditCommandError(f"{path} is not a queue state store with an audit chain") from None
     try:
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not {"audit", "audit_meta"} <= tables:
-            raise AuditCommandError(f"{path} is not a queue state store with an audit chain")
-        count, broken = verify(conn)
-        return count, broken, head(conn)
-    except sqlite3.Error as error:
+        view = store.read()
+        count, broken = verify(view)
+        return count, broken, head(view)
+    except StoreError as error:
         raise AuditCommandError(f"cannot read {path}: {error}") from None
     finally:
-        conn.close()
+        store.close()
 
 
 def _report(count: int, broken: Broken | None, head: Head | None, *, source: str) -> int:

@@ -31,7 +31,8 @@ from compensator.config_processes import parse_address
 from compensator.shell import ProcessError, Running, Shell, metrics_endpoint
 from compensator.store import store_auth
 from compensator.wiring.parts import metrics_address
-from queues.replicated import DB_NAME, ReplicatedQueueMachine
+from queues.replicated import machine_factory
+from queues.stores import StoreError
 from raft_store import cli as raft_cli
 from raft_store.files import private_dir
 from raft_store.node import Node
@@ -96,7 +97,10 @@ async def process(config: Config, settings: NodeConfig) -> AsyncIterator[Running
     """`compensator node`: SIGTERM stops the node; a storage failure stops it by itself (exit 1).
     Call `raft_store.cli.prepare_node_process()` before the process's loop starts."""
     private_dir(settings.data_dir)
-    machine = ReplicatedQueueMachine(str(settings.data_dir / DB_NAME))
+    try:  # a data directory of the SQL store is refused in one line that says how to convert it
+        machine = machine_factory(settings.data_dir)
+    except StoreError as error:
+        raise ProcessError(str(error)) from None
     address = metrics_address(config.node.metrics_host, config.node.metrics_port)
 
     @contextlib.asynccontextmanager

@@ -24,12 +24,13 @@ how far ahead of and behind true time the log's clock ran, the earliest lease ex
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections import Counter, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from queues import queries
+from queues.core import reads
+from queues.core.port import KvRead, Table
+from queues.core.records import message_decoder
 from queues.model import Code, Enqueue, EnqueueResult, Event, EventType, Grant, LeaseResult, Outcome, QueueResult
 from queues.simulation.downstream import ACCEPTED, CallRecord
 from queues.simulation.history import SETTLED, LogModel
@@ -105,9 +106,9 @@ class QueueChecker:
             self.log_time = max(self.log_time, now_ms)  # the machine's clock never goes backwards
             if proposed is not None:
                 self._check_not_frozen(index, *proposed)
-        conn = self.cluster.machines[node].connection
+        conn = self.cluster.machines[node].view
         while True:
-            events = queries.events_after(conn, self.model.last_seq, limit=1000)
+            events = reads.events_after(conn, self.model.last_seq, limit=1000)
             for event in events:
                 if event.log_index != index:
                     self.violation(f"event {event.seq} of entry {event.log_index} appeared at {index}")
@@ -119,7 +120,7 @@ class QueueChecker:
                 break
         self._check_event_purge(conn)
 
-    def _check_event_purge(self, conn: sqlite3.Connection) -> None:
+    def _check_event_purge(self, conn: KvRead) -> None:
         """Purge deletes a prefix of the event log, each event no sooner than its retention allows.
 
         The retention is the shortest in force during the entry: the model has read the entry's
@@ -127,13 +128,13 @@ class QueueChecker:
         retentions = [self.model.event_retention_ms, *self.model.event_retentions_seen]
         self.model.event_retentions_seen = [self.model.event_retention_ms]
         cutoff = self.log_time - min(retentions)
-        first = queries.first_event_seq(conn)
+        first = reads.first_event_seq(conn)
         while self._event_ts and self._event_ts[0][0] < first:
             seq, ts_ms = self._event_ts.popleft()
             self.events_purged += 1
             if ts_ms > cutoff:
                 self.violation(f"event {seq} of {ts_ms} purged at {self.log_time}, before its retention")
-        (kept,) = conn.execute("SELECT count(*) FROM events").fetchone()
+        kept = conn.count(Table.EVENTS)
         if kept != len(self._event_ts):  # a hole after the oldest kept event: not a prefix
             self.violation(f"{kept} events kept from {first} on, but {len(self._event_ts)} were read and not purged")
 
@@ -180,7 +181,7 @@ class QueueChecker:
         self.cluster.checker.check_clock_bound(f"a read on n{node}", now_ms)
 
     def on_digest_point(self, node: int, index: int) -> None:
-        digest = state_digest(self.cluster.machines[node].connection)
+        digest = self.cluster.machines[node].store_digest()
         first = self._digests.setdefault(index, digest)
         if first != digest:
             self.violation(f"n{node}'s state at index {index} differs from another replica's")
@@ -287,26 +288,28 @@ class QueueChecker:
         self.cluster.checker.check_healed(self._check_replica)
 
     def _check_replica(self, node_id: int, node: SimNode) -> None:
-        conn = self.cluster.machines[node_id].connection
+        machine = self.cluster.machines[node_id]
+        conn = machine.view
         for key, message_id in self.acked.items():
             if message_id in self.model.purged:
                 continue
-            view = queries.get_message(conn, message_id, now_ms=self.log_time, with_history=False)
+            view = reads.get_message(conn, message_id, now_ms=self.log_time, with_history=False)
             if view is None or view.idempotency_key != key:
                 self.violation(f"lost on n{node_id}: acknowledged key {key} (message {message_id})")
-        rows = conn.execute("SELECT id, idempotency_key, phase FROM messages ORDER BY id").fetchall()
+        records = [message_decoder.decode(value) for _, value in conn.scan(Table.MESSAGES)]
+        rows = [(r.id, r.idempotency_key, int(r.phase)) for r in records]
         for message_id, key, phase in rows:
             m = self.model.messages.get(message_id)
             if m is None or m.key != key or m.phase != _PHASES[phase]:
                 self.violation(f"n{node_id} holds message {message_id} ({key}, {_PHASES[phase]}); the log says {m}")
         if len(rows) != len(self.model.messages):
             self.violation(f"n{node_id} holds {len(rows)} messages, the log {len(self.model.messages)}")
-        created = dict(conn.execute("SELECT id, request_id FROM messages").fetchall())
+        created = {r.id: r.request_id for r in records}
         for message_id, request_id in self.created_by.items():
             if message_id in created and created[message_id] != request_id:
                 self.violation(f"n{node_id}: message {message_id} answered OK to request {request_id},"
                                f" created by {created[message_id]}")
-        digest = state_digest(conn)
+        digest = machine.store_digest()
         if self._reference is None:
             self._reference = (node_id, digest)
         elif self._reference[1] != digest:
@@ -341,25 +344,6 @@ class QueueChecker:
             "machine_ts_behind_log_time": model.ts_behind_log_time,
             "log_index": self.applied_seen,
         }
-
-
-def state_digest(conn: sqlite3.Connection) -> bytes:
-    """A canonical digest of every table (schema and rows, sorted), independent of page layout.
-
-    Replicas with equal contents need not have equal pages (serialize() images differ after a
-    restore), so rows are rendered by SQLite itself (quote(), ordered by every column) and hashed."""
-    digest = hashlib.blake2b(digest_size=16)
-    tables = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name").fetchall()
-    for name, sql in tables:
-        digest.update(f"{name}:{sql}".encode())
-        columns = [row[1] for row in conn.execute(f'PRAGMA table_info("{name}")')]
-        rendered = " || ',' || ".join(f'quote("{column}")' for column in columns)
-        order = ", ".join(f'"{column}"' for column in columns)
-        (text,) = conn.execute(
-            f'SELECT group_concat(row, char(10)) FROM (SELECT {rendered} AS row FROM "{name}" ORDER BY {order})'
-        ).fetchone()
-        digest.update((text or "").encode())
-    return digest.digest()
 
 
 def _digest(parts: list[bytes]) -> bytes:

@@ -18,7 +18,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from delay.policy import ErrorClassRule, RetryPolicy
-from queues import queries
+from queues.core import reads
 from queues.model import (
     BUILTIN_KINDS,
     Ack,
@@ -108,11 +108,11 @@ class Workload:
         leader = self.cluster.leader()
         if leader is None or leader not in self.cluster.machines:
             return ["no leader"]
-        conn = self.cluster.machines[leader].connection
+        conn = self.cluster.machines[leader].view
         open_states = (State.DELAYED, State.READY, State.LEASED)
         found = [
             f"{row.kind}/{row.state.value}={row.count}"
-            for row in queries.counts(conn, now_ms=self.cluster.read_clock(leader))
+            for row in reads.counts(conn, now_ms=self.cluster.read_clock(leader))
             if row.state in open_states
         ]
         pending = sum(e.outstanding for e in self.enqueuers)
@@ -245,7 +245,7 @@ class Worker:
         if leader is None or leader not in cluster.machines:
             return None
         now_ms = cluster.read_clock(leader)
-        due = queries.work_due(cluster.machines[leader].connection, kinds, now_ms=now_ms)
+        due = reads.work_due(cluster.machines[leader].view, kinds, now_ms=now_ms)
         if due.ready:
             return None
         later = 150 if due.next_due_ms is None else due.next_due_ms - now_ms
@@ -397,8 +397,8 @@ class Operator:
         leader = self.w.cluster.leader()
         if leader is None or leader not in self.w.cluster.machines:
             return []
-        conn = self.w.cluster.machines[leader].connection
-        page = queries.dead_letters(conn, DeadLetterFilter(), now_ms=self.w.cluster.read_clock(leader), limit=20)
+        conn = self.w.cluster.machines[leader].view
+        page = reads.dead_letters(conn, DeadLetterFilter(), now_ms=self.w.cluster.read_clock(leader), limit=20)
         return [view.message_id for view in page.items]
 
     def set_retention(self) -> None:
@@ -452,5 +452,5 @@ class Operator:
         leader = self.w.cluster.leader()
         if leader is None or leader not in self.w.cluster.machines:
             return []
-        conn = self.w.cluster.machines[leader].connection
-        return [(view.kind, pause.holder) for view in queries.kinds(conn) for pause in view.pauses]
+        conn = self.w.cluster.machines[leader].view
+        return [(view.kind, pause.holder) for view in reads.kinds(conn) for pause in view.pauses]

@@ -11,9 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
+
 from queues import Code, QueueClient, RaftClient
+from queues.core.keys import u64
+from queues.core.port import Table
+from queues.core.records import audit_decoder, encode
 from queues.model import Discard, ProposalState, Redrive
 from queues.replicated import DB_NAME, machine_factory
+from queues.stores.lmdb_store import LmdbStore
 from raft_store.testing.credentials import cluster_auth, service_settings
 from raft_store.testing.inprocess import StoreThread, running_store
 
@@ -61,13 +67,16 @@ def test_verify_passes_on_the_store_and_its_copy_and_names_the_entry_altered_in_
         clean = _compensator("audit", "verify", env=store.service_settings())
         assert clean.returncode == 0, clean.stderr
         assert json.loads(clean.stdout)["entries"] == 6 and json.loads(clean.stdout)["verified"] is True
-    copy, altered = tmp_path / "copy.sqlite", tmp_path / "altered.sqlite"
+    copy, altered = tmp_path / "copy.lmdb", tmp_path / "altered.lmdb"
     shutil.copyfile(data / DB_NAME, copy)
     shutil.copyfile(data / DB_NAME, altered)
     ok = _compensator("audit", "verify", "--state", str(copy))
     assert ok.returncode == 0 and json.loads(ok.stdout)["entries"] == 6, ok.stderr
-    with sqlite3.connect(altered) as conn:
-        conn.execute("UPDATE audit SET reason = 'approved, honest' WHERE seq = 3")
+    store = LmdbStore(altered)
+    with store.write() as tx:
+        row = audit_decoder.decode(tx.get(Table.AUDIT, u64(3)) or b"")
+        tx.put(Table.AUDIT, u64(3), encode(msgspec.structs.replace(row, reason="approved, honest")))
+    store.close()
     broken = _compensator("audit", "verify", "--state", str(altered))
     assert broken.returncode == 1 and broken.stdout == ""
     (line,) = broken.stderr.splitlines()
@@ -76,7 +85,7 @@ def test_verify_passes_on_the_store_and_its_copy_and_names_the_entry_altered_in_
 
 
 def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path: Path) -> None:
-    missing = _compensator("audit", "verify", "--state", str(tmp_path / "nothing.sqlite"))
+    missing = _compensator("audit", "verify", "--state", str(tmp_path / "nothing.lmdb"))
     assert missing.returncode == 1 and missing.stderr.startswith("compensator audit: error: ") and missing.stdout == ""
     other = tmp_path / "other.sqlite"
     sqlite3.connect(other).close()

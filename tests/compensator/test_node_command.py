@@ -81,6 +81,24 @@ def test_flags_override_the_configuration_and_a_json_config_is_one_line(
         "compensator node: error: node 9 is not in store.addresses (3 nodes): give its place there, or --listen (and --join)")
 
 
+def test_a_data_directory_of_the_sql_store_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A node of this version never opens an empty store beside an older version's SQL store: it
+    stops at once, saying how to convert it (docs/queue.md, upgrading from the SQL store). In a
+    process of its own: the node's shell installs uvloop and its logging."""
+    data = tmp_path / "node1"
+    data.mkdir(mode=0o700)
+    (data / "queue.sqlite").write_bytes(b"SQLite format 3\x00" + bytes(84))
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("COMPENSATOR_")}
+    environ.update(_environ(tmp_path), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-m", "compensator", "node", "--id", "1", "--data", str(data)],
+                          cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"compensator node: error: {data / 'queue.sqlite'} is a queue store of the SQL layout")
+    assert f"python -m queues.migrate {data}" in line
+    assert sorted(path.name for path in data.iterdir()) == ["queue.sqlite"]
+
+
 def test_three_nodes_from_one_file_serve_a_client_of_the_same_file(tmp_path: Path) -> None:
     ports = free_ports(3)
     auth = cluster_auth(tmp_path)

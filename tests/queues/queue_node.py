@@ -3,7 +3,10 @@ test driver the in-process query, access and timeline tests share."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from queues import codec
+from queues.core.port import KvRead, KvWrite, Table
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import Code, Enqueue, EnqueueResult, Fail, Lease, LeaseResult, QueueCommand, QueueResult
 from raft_store.state_machine import Command
@@ -51,3 +54,52 @@ class Node:
     def kill(self, message_id: int, token: int, error_class: str = "insufficient_funds") -> None:
         fail = Fail(message_id=message_id, token=token, error_class=error_class, permanent=True)
         assert self.apply(fail).code is Code.OK
+
+
+class CountingView:
+    """A view that counts what it reads, per table: how a test shows that a read goes through an
+    index (what the SQL store's tests asked of EXPLAIN QUERY PLAN)."""
+
+    def __init__(self, view: KvRead) -> None:
+        self._view = view
+        self.scans: dict[Table, int] = {}
+        """Keys read by scans, per table."""
+        self.gets: dict[Table, int] = {}
+
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        self.gets[table] = self.gets.get(table, 0) + 1
+        return self._view.get(table, key)
+
+    def scan(
+        self, table: Table, start: bytes = b"", stop: bytes | None = None, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        for item in self._view.scan(table, start, stop, reverse=reverse):
+            self.scans[table] = self.scans.get(table, 0) + 1
+            yield item
+
+    def count(self, table: Table) -> int:
+        return self._view.count(table)
+
+
+class CountingWrite(CountingView):
+    """A CountingView of one entry's writes (a rule run by hand inside `store.write()`)."""
+
+    def __init__(self, tx: KvWrite) -> None:
+        super().__init__(tx)
+        self._tx = tx
+
+    def put(self, table: Table, key: bytes, value: bytes, *, append: bool = False) -> None:
+        self._tx.put(table, key, value, append=append)
+
+    def delete(self, table: Table, key: bytes) -> bool:
+        return self._tx.delete(table, key)
+
+
+def tamper(machine: QueueMachine, table: Table, key: bytes, value: bytes | None) -> None:
+    """Change one stored value behind the rules' back: a store corrupted at rest, for the audit's tests."""
+    with machine.store.write() as tx:
+        if value is None:
+            tx.delete(table, key)
+        else:
+            tx.put(table, key, value)
+    machine.store.commit()

@@ -14,13 +14,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from local_reads import LocalReads
+from queue_node import tamper
 
-from queues import codec, queries
+from queues import codec
 from queues import query_codec as qc
 from queues.audit import ReplicaAuditor
 from queues.client import QueueClient
+from queues.core import reads as queries
+from queues.core.keys import u64
+from queues.core.port import Table
+from queues.core.records import encode, event_decoder
 from queues.machine import QueueConfig
 from queues.model import Ack, BatchResult, Enqueue, Lease, LeaseResult, Purge, QueueCommand, Redrive
 from queues.replicated import ReplicatedQueueMachine
@@ -62,7 +68,7 @@ def test_replicas_fed_the_same_log_agree_and_the_cursor_follows_the_log() -> Non
     replicas.traffic(50)
     auditor = ReplicaAuditor(replicas.clients(), chunk=16)
     assert asyncio.run(auditor.audit_once()) is None
-    last = queries.last_event_seq(replicas.machines["n1"].connection)
+    last = queries.last_event_seq(replicas.machines["n1"].view)
     assert last == 125  # 50 enqueued, 50 leased, 25 succeeded
     assert (auditor.stats.audited_through, auditor.stats.events_compared) == (last, last)
     replicas.traffic(10, prefix="more")
@@ -93,7 +99,9 @@ def test_a_replica_that_applied_differently_is_named_at_its_first_differing_even
 def test_a_corrupted_event_on_one_replica_is_found_by_bisection() -> None:
     replicas = Replicas()
     replicas.traffic(200)
-    replicas.machines["n2"].connection.execute("UPDATE events SET ts_ms = ts_ms + 1 WHERE seq = 377")
+    n2 = replicas.machines["n2"]
+    row = event_decoder.decode(n2.view.get(Table.EVENTS, u64(377)) or b"")
+    tamper(n2, Table.EVENTS, u64(377), encode(msgspec.structs.replace(row, ts_ms=row.ts_ms + 1)))
     found = asyncio.run(ReplicaAuditor(replicas.clients(), chunk=qc.EVENTS_LIMIT_MAX).audit_once())
     assert found is not None and (found.seq, found.agree, found.differ) == (377, ("n1", "n3"), ("n2",))
     # with two replicas there is no majority: both are named
@@ -153,8 +161,8 @@ def test_cli_with_no_replica_answering_says_so_and_exits_2(tmp_path: Path) -> No
 def test_a_corrupted_payload_is_found_by_the_scrub_on_the_replica_that_stores_it() -> None:
     replicas = Replicas()
     replicas.traffic(30)
-    replicas.machines["n3"].connection.execute("UPDATE bodies SET payload = x'71' WHERE id = 7")  # p -> q
-    replicas.machines["n1"].connection.execute("DELETE FROM bodies WHERE id = 21")
+    tamper(replicas.machines["n3"], Table.BODIES, u64(7), b"q")  # p -> q
+    tamper(replicas.machines["n1"], Table.BODIES, u64(21), None)
     auditor = ReplicaAuditor(replicas.clients(), scrub_chunk=10)
     assert asyncio.run(auditor.audit_once()) is None  # events agree: only the scrub can see this
     assert auditor.corrupt == {"n3": {7}} and auditor.stats.payloads_scrubbed == 30
@@ -162,7 +170,7 @@ def test_a_corrupted_payload_is_found_by_the_scrub_on_the_replica_that_stores_it
     asyncio.run(auditor.audit_once())
     assert auditor.corrupt == {"n3": {7}, "n1": {21}}
     assert (auditor.stats.corrupt_payloads, auditor.stats.scrub_passes) == (2, 3)
-    replicas.machines["n3"].connection.execute("UPDATE bodies SET payload = x'70' WHERE id = 7")  # repaired
+    tamper(replicas.machines["n3"], Table.BODIES, u64(7), b"p")  # repaired
     asyncio.run(auditor.scrub_all())
     assert auditor.corrupt == {"n1": {21}} and auditor.stats.corrupt_payloads == 2  # each reported once
     read = asyncio.run(replicas.clients()["n1"].scrub_payloads(20, 5)).value
@@ -180,6 +188,6 @@ def test_an_edited_payload_is_scrubbed_against_the_hash_stored_with_the_edit() -
     auditor = ReplicaAuditor(replicas.clients())
     asyncio.run(auditor.scrub_all())
     assert auditor.corrupt == {} and auditor.stats.payloads_scrubbed == 18
-    replicas.machines["n2"].connection.execute("UPDATE messages SET edited_payload = x'00' WHERE id = 5")
+    tamper(replicas.machines["n2"], Table.EDITED, u64(5), b"\x00")
     asyncio.run(auditor.scrub_all())
     assert auditor.corrupt == {"n2": {5}}

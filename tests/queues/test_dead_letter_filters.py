@@ -12,8 +12,10 @@ import msgspec
 import pytest
 from queue_node import Node
 
-from queues import codec, queries
+from queues import codec
 from queues import query_codec as qc
+from queues.core import reads as queries
+from queues.core.answers import answer_query
 from queues.model import (
     BatchResult,
     Code,
@@ -26,7 +28,6 @@ from queues.model import (
     LeaseResult,
     Redrive,
 )
-from queues.replicated import answer_query
 
 
 def money(amount: object, currency: object = "EUR", **more: object) -> bytes:
@@ -55,7 +56,7 @@ def page_ids(node: Node, dead_filter: DeadLetterFilter, limit: int = 100) -> lis
     found: list[int] = []
     cursor = None
     while True:
-        page = queries.dead_letters(node.machine.connection, dead_filter, now_ms=node.now_ms, cursor=cursor, limit=limit)
+        page = queries.dead_letters(node.machine.view, dead_filter, now_ms=node.now_ms, cursor=cursor, limit=limit)
         found.extend(m.message_id for m in page.items)
         if page.next_cursor is None:
             return found
@@ -104,7 +105,7 @@ def test_pages_with_a_money_filter_keep_their_order_and_cursor_under_new_traffic
     seen: list[int] = []
     cursor = None
     while True:
-        page = queries.dead_letters(node.machine.connection, dead_filter, now_ms=node.now_ms, cursor=cursor, limit=5)
+        page = queries.dead_letters(node.machine.view, dead_filter, now_ms=node.now_ms, cursor=cursor, limit=5)
         seen.extend(m.message_id for m in page.items)
         assert [(m.dead_ms, m.message_id) for m in page.items] == sorted((m.dead_ms, m.message_id) for m in page.items)
         if page.next_cursor is None:
@@ -112,12 +113,12 @@ def test_pages_with_a_money_filter_keep_their_order_and_cursor_under_new_traffic
         cursor = page.next_cursor
         dead_with(node, money(1, "EUR"))  # a later letter sorts after every cursor handed out
     assert seen[: len(expected)] == expected and seen == sorted(seen)
-    assert queries.dead_letter_ids(node.machine.connection, dead_filter, limit=7) == expected[:7]
+    assert queries.dead_letter_ids(node.machine.view, dead_filter, limit=7) == expected[:7]
 
 
 def test_the_summary_counts_sums_per_currency_and_names_the_oldest() -> None:
     node = Node()
-    conn = node.machine.connection
+    conn = node.machine.view
     assert queries.dead_letter_summary(conn, DeadLetterFilter()) == DeadLetterSummary()
     node.now_ms += 5
     first = dead_with(node, money(300, "USD"), money(200), b"plain", money(100), money("9", "EUR"))
@@ -136,6 +137,16 @@ def test_the_summary_counts_sums_per_currency_and_names_the_oldest() -> None:
     answer = answer_query(conn, qc.DeadLetterSummary(filter=DeadLetterFilter(currency="EUR")), node.now_ms)
     wire = qc.decode_answer(qc.encode_answer(answer))
     assert isinstance(wire, qc.DeadLetterSummaryAnswer) and wire.summary.count == 3
+
+
+def test_a_currency_with_no_utf8_is_no_currency_and_never_stops_the_apply() -> None:
+    """A lone surrogate in the JSON (`"\\ud800"`) is text no key or record can hold: a payload
+    that spells its currency so must enter the tier as one without a currency, not fail the entry
+    on every replica."""
+    node = Node()
+    (dead,) = dead_with(node, b'{"amount_minor": 5, "currency": "\\ud800"}')
+    summary = queries.dead_letter_summary(node.machine.view, DeadLetterFilter())
+    assert (summary.count, summary.by_currency, summary.without_amount, summary.oldest_id) == (1, (), 1, dead)
 
 
 def test_old_encodings_decode_the_same_and_empty_ranges_are_refused_at_decode() -> None:

@@ -14,8 +14,10 @@ import msgspec
 from queue_node import Node
 from test_review import chain, dead, dump, message, review
 
-from queues import audit_chain, codec, jobs, proposals
+from queues import codec
 from queues import query_codec as qc
+from queues.core import audit_chain, jobs, proposals
+from queues.core.answers import answer_query
 from queues.machine import QueueMachine
 from queues.model import (
     Approve,
@@ -37,7 +39,8 @@ from queues.model import (
     State,
     StepJob,
 )
-from queues.replicated import ReplicatedQueueMachine, answer_query
+from queues.replicated import ReplicatedQueueMachine
+from queues.stores.lmdb_store import LmdbStore
 
 HOUR_MS = 3_600_000
 
@@ -49,12 +52,12 @@ def step(node: Node, job_id: int = 1, limit: int = 1000) -> JobStepResult:
 
 
 def job(node: Node, job_id: int = 1) -> JobView:
-    (view,) = jobs.listing(node.machine.connection, ids=(job_id,))
+    (view,) = jobs.listing(node.machine.view, ids=(job_id,))
     return view
 
 
 def items(node: Node, job_id: int = 1, result: ItemResult | None = None) -> list[JobItem]:
-    return jobs.items(node.machine.connection, job_id, limit=1000, result=result)
+    return jobs.items(node.machine.view, job_id, limit=1000, result=result)
 
 
 def control(node: Node, action: JobAction, job_id: int = 1) -> ReviewResult:
@@ -98,7 +101,7 @@ def test_each_item_is_redriven_in_id_order_with_its_result_and_the_job_ends_done
     assert chain(node)[-1].action == "job_done"
     after_done = step(node)
     assert (after_done.code, after_done.redriven) == (Code.ILLEGAL_STATE, ())
-    assert audit_chain.verify(node.machine.connection) == (len(chain(node)), None)
+    assert audit_chain.verify(node.machine.view) == (len(chain(node)), None)
 
 
 def test_the_rate_is_the_machines_by_leader_time_whoever_steps_and_however_often() -> None:
@@ -189,7 +192,7 @@ def test_an_item_whose_message_changed_is_refused_with_its_code_and_never_counte
     assert message(node, ids[0]).state is State.DISCARDED  # left as it was
     nothing = review(node, RedriveJob(actor="alice", reason="again", ids=tuple(ids), rate_per_s=1))
     assert nothing.code is Code.ILLEGAL_STATE and nothing.job_id is None and len(jobs.listing(
-        node.machine.connection)) == 1  # fmt: skip
+        node.machine.view)) == 1  # fmt: skip
 
 
 def test_an_approval_starts_the_job_in_its_own_apply_and_each_redrive_names_it() -> None:
@@ -198,11 +201,11 @@ def test_an_approval_starts_the_job_in_its_own_apply_and_each_redrive_names_it()
     action = RedriveJob(actor="alice", reason="bulk", ids=(ids[2], ids[0], ids[1], ids[0]), rate_per_s=50)
     proposal = review(node, Propose(action=action, ttl_ms=HOUR_MS))
     assert (proposal.code, proposal.proposal_state, proposal.ids) == (Code.OK, proposal.proposal_state, ())
-    (view,) = proposals.get(node.machine.connection, [proposal.proposal_id], now_ms=node.now_ms)
+    (view,) = proposals.get(node.machine.view, [proposal.proposal_id], now_ms=node.now_ms)
     assert view.action == "redrive_job" and view.targets == tuple(ids)
     shown = proposals.proposal_action(view)
     assert isinstance(shown, RedriveJob) and shown.ids == tuple(ids) and shown.rate_per_s == 50
-    assert jobs.listing(node.machine.connection) == []  # proposed: no job yet
+    assert jobs.listing(node.machine.view) == []  # proposed: no job yet
     assert review(node, Approve(proposal_id=proposal.proposal_id, approver="alice")).code is Code.OWN_PROPOSAL
     approved = review(node, Approve(proposal_id=proposal.proposal_id, approver="bob", reason="ok"))
     assert (approved.code, approved.job_id, approved.proposal_state.value) == (Code.OK, 1, "approved")  # type: ignore[union-attr]
@@ -216,20 +219,22 @@ def test_an_approval_starts_the_job_in_its_own_apply_and_each_redrive_names_it()
     redriven = [e for e in chain(node) if e.action == "redriven"]
     assert len(redriven) == 3 and all('"approved_by":"bob"' in e.after and '"job":1' in e.after
                                       and '"proposal":1' in e.after for e in redriven)  # fmt: skip
-    timeline = audit_chain.message_entries(node.machine.connection, [ids[0]])
+    timeline = audit_chain.message_entries(node.machine.view, [ids[0]])
     assert [e.action for e in timeline] == ["redriven"]  # a job's proposal is not indexed 100,000 times
 
 
 def test_a_replayed_step_after_a_crash_does_the_same_once(tmp_path: Path) -> None:
-    path = str(tmp_path / "queue.sqlite")
+    path = str(tmp_path / "queue.lmdb")
     node = Node.over(QueueMachine(path))
     ids = dead(node, *keys(6))
     review(node, RedriveJob(actor="alice", reason="r", ids=tuple(ids), rate_per_s=3))
-    node.machine.commit()
+    node.machine.checkpoint()
     committed = node.machine.applied_index()
     node.now_ms += 1000
     assert step(node).redriven == tuple(ids[:3])
-    node.machine._conn.close()  # no commit: what a kill -9 leaves
+    store = node.machine.store
+    assert isinstance(store, LmdbStore)
+    store.abandon()  # no checkpoint, no clean stop: what a kill -9 leaves
     restarted = Node.over(QueueMachine(path))
     restarted.index, restarted.now_ms = restarted.machine.applied_index(), node.now_ms
     assert restarted.index == committed
@@ -257,7 +262,7 @@ def test_replicas_agree_and_the_wire_carries_the_commands_queries_and_answers() 
             node.now_ms += 400
         assert len({codec.encode_result(node.apply(command)) for node in replicas}) == 1
     assert dump(replicas[0]) == dump(replicas[1]) == dump(replicas[2])
-    conn, now_ms = replicas[0].machine.connection, replicas[0].now_ms
+    conn, now_ms = replicas[0].machine.view, replicas[0].now_ms
     for query in (qc.Jobs(active_only=False), qc.Jobs(ids=(1,)), qc.JobItems(job_id=1, result=ItemResult.REDRIVEN)):
         assert qc.decode_query(qc.encode_query(query)) == query
         answer = qc.decode_answer(qc.encode_answer(answer_query(conn, query, now_ms)))

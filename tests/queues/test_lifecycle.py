@@ -8,6 +8,8 @@ import itertools
 import pytest
 
 from queues import codec
+from queues.core.keys import u64
+from queues.core.port import Table
 from queues.lifecycle import GONE, TABLE, Action, is_legal, transition
 from queues.machine import QueueMachine
 from queues.model import (
@@ -130,9 +132,7 @@ def test_machine_refuses_illegal_pairs_with_a_code(state: State, action: Action)
     driver = Driver()
     message_id, token = message_in(driver, state)
     command = command_for(action, message_id, token)
-    before = driver.machine.connection.execute(
-        "SELECT * FROM messages WHERE id = ?", (message_id,)
-    ).fetchone()
+    before = driver.machine.view.get(Table.MESSAGES, u64(message_id))
     result = driver.apply(command)
     if isinstance(result, BatchResult):
         assert result.refused == ((message_id, Code.ILLEGAL_STATE),)
@@ -142,5 +142,5 @@ def test_machine_refuses_illegal_pairs_with_a_code(state: State, action: Action)
         assert isinstance(result, Outcome)
         assert result.code is Code.ILLEGAL_STATE
         assert result.state is state
-    after = driver.machine.connection.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+    after = driver.machine.view.get(Table.MESSAGES, u64(message_id))
     assert after == before, "an illegal command changed the message"

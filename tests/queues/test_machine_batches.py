@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from queues import codec, queries
+from queues import codec
+from queues.core import reads as queries
+from queues.core.entry import Entry
+from queues.core.keys import u64
+from queues.core.port import Table
 from queues.machine import QueueMachine, StoreLayoutError
 from queues.model import (
     Ack,
@@ -67,7 +71,7 @@ def test_enqueue_then_lease_in_one_entry_sees_payload_and_key() -> None:
     assert isinstance(conflict, EnqueueResult) and conflict.code is Code.CONFLICT
     assert isinstance(lease, LeaseResult)
     assert [(g.message_id, g.payload) for g in lease.grants] == [(first.message_id, b"alpha")]
-    events = queries.events_after(replica.machine.connection, 0, limit=10)
+    events = queries.events_after(replica.machine.view, 0, limit=10)
     assert [e.seq for e in events] == [1, 2]  # enqueued, leased: dense, in order
 
 
@@ -85,9 +89,9 @@ def test_retried_lease_returns_its_live_grants_and_grants_nothing_new() -> None:
     assert isinstance(retry, LeaseResult) and retry.grants == lease.grants[1:]  # the acked one is no longer its
     (late,) = replica.entry(T0 + 20_000, [(7, 1, Lease(worker_id="w", count_max=3, lease_ms=10_000))])
     assert isinstance(late, LeaseResult) and late.grants == ()  # expired leases are not handed out again
-    stored = replica.machine.connection.execute("SELECT result FROM _sessions WHERE client_id = 7").fetchone()[0]
-    assert b"body1" not in stored  # sessions keep (id, token) pairs, not payloads
-    counts = {(c.kind, c.state): c.count for c in queries.counts(replica.machine.connection, now_ms=T0 + 4)}
+    stored = replica.machine.view.get(Table.SESSIONS, u64(7))
+    assert stored is not None and b"body1" not in stored  # sessions keep (id, token) pairs, not payloads
+    counts = {(c.kind, c.state): c.count for c in queries.counts(replica.machine.view, now_ms=T0 + 4)}
     assert counts[("transfer", State.LEASED)] == 2 and counts[("transfer", State.READY)] == 2
 
 
@@ -97,7 +101,7 @@ def test_log_time_never_goes_backwards() -> None:
     (first,) = replica.entry(T0, [(1, 1, enqueue("a", delay_ms=100))])
     (second,) = replica.entry(T0 - 5_000, [(1, 2, enqueue("b", delay_ms=100))])
     assert isinstance(first, EnqueueResult) and isinstance(second, EnqueueResult)
-    view = queries.get_message(replica.machine.connection, second.message_id, now_ms=T0)
+    view = queries.get_message(replica.machine.view, second.message_id, now_ms=T0)
     assert view is not None and view.due_ms == T0 + 100 and view.created_ms == T0
 
 
@@ -107,12 +111,12 @@ def test_rollback_forgets_cached_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     from queues.model import SetPolicy
 
     replica = Replica()
-    original = QueueMachine.end_batch
+    original = Entry.finish
 
-    def explode(self: QueueMachine, conn: sqlite3.Connection) -> None:
+    def explode(self: Entry) -> None:
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(QueueMachine, "end_batch", explode)
+    monkeypatch.setattr(Entry, "finish", explode)
     with pytest.raises(RuntimeError):
         replica.entry(
             T0,
@@ -121,7 +125,7 @@ def test_rollback_forgets_cached_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
                 (0, 0, Enqueue(kind="refund", idempotency_key="y", ref_key="r", payload=b"")),  # caches it
             ],
         )
-    monkeypatch.setattr(QueueMachine, "end_batch", original)
+    monkeypatch.setattr(Entry, "finish", original)
     replica.index -= 1  # the entry was not applied; the node would apply it again
     (result,) = replica.entry(
         T0, [(0, 0, Enqueue(kind="refund", idempotency_key="x", ref_key="r", payload=b""))]
@@ -129,33 +133,21 @@ def test_rollback_forgets_cached_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(result, EnqueueResult) and result.code is Code.UNKNOWN_KIND
 
 
-def test_store_with_inline_payloads_is_refused(tmp_path: Path) -> None:
+def test_a_store_of_an_older_layout_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "queue.sqlite"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, payload BLOB)")
     conn.commit()
     conn.close()
-    with pytest.raises(StoreLayoutError, match="empty data directory"):
+    with pytest.raises(StoreLayoutError, match=r"queues\.migrate"):
         QueueMachine(str(path))
 
 
 def test_checkpoint_makes_state_durable_and_reports_the_index(tmp_path: Path) -> None:
-    replica = Replica(str(tmp_path / "queue.sqlite"))
+    replica = Replica(str(tmp_path / "queue.lmdb"))
     replica.entry(T0, [(1, 1, enqueue("a"))])
     assert replica.machine.checkpoint() == 1
     assert Replica().machine.checkpoint() == 0  # an in-memory store cannot; the node copies instead
-
-
-def test_counters_are_built_once_for_a_store_from_before_them(tmp_path: Path) -> None:
-    path = str(tmp_path / "queue.sqlite")
-    replica = Replica(path)
-    replica.entry(T0, [(1, i + 1, enqueue(f"k{i}")) for i in range(3)])
-    replica.entry(T0, [(2, 1, Lease(worker_id="w", count_max=1, lease_ms=10_000))])
-    replica.machine.connection.execute("DROP TABLE phase_counts")  # as written before the counters
-    replica.machine.close()
-    reopened = QueueMachine(path)
-    counted = {(c.kind, c.state): c.count for c in queries.counts(reopened.connection, now_ms=T0)}
-    assert counted == {("transfer", State.LEASED): 1, ("transfer", State.READY): 2}
 
 
 def test_snapshot_copies_taken_beside_applies_are_consistent(tmp_path: Path) -> None:
@@ -165,7 +157,7 @@ def test_snapshot_copies_taken_beside_applies_are_consistent(tmp_path: Path) -> 
 
     from raft_store.state_machine import PinnedCopy
 
-    replica = Replica(str(tmp_path / "queue.sqlite"))
+    replica = Replica(str(tmp_path / "queue.lmdb"))
     assert Replica().machine.open_copy() is None  # an in-memory store is copied between applies
     replica.entry(T0, [(1, i + 1, enqueue(f"first-{i}")) for i in range(10)])
     pinned = replica.machine.open_copy()
@@ -185,10 +177,10 @@ def test_snapshot_copies_taken_beside_applies_are_consistent(tmp_path: Path) -> 
 
     worker = threading.Thread(target=apply_many)
     worker.start()
-    copies = [(pinned.write(tmp_path / "pinned.sqlite"), tmp_path / "pinned.sqlite")]
+    copies = [(pinned.write(tmp_path / "pinned.lmdb"), tmp_path / "pinned.lmdb")]
     pinned.close()
     while (pin := pins.get(timeout=60)) is not None:  # written here, while the worker applies on
-        target = tmp_path / f"copy-{len(copies)}.sqlite"
+        target = tmp_path / f"copy-{len(copies)}.lmdb"
         try:
             copies.append((pin.write(target), target))
         finally:
@@ -196,11 +188,13 @@ def test_snapshot_copies_taken_beside_applies_are_consistent(tmp_path: Path) -> 
     worker.join()
     assert len(copies) == 6
     assert copies[0][0] == 1  # the pinned state, however far the applies went meanwhile
-    for index, path in copies:
-        restored = QueueMachine(":memory:")
+    for number, (index, path) in enumerate(copies):
+        restored = QueueMachine(str(tmp_path / f"restored-{number}.lmdb"))
         restored.restore_snapshot(path, index)
-        counted = {(c.kind, c.state): c.count for c in queries.counts(restored.connection, now_ms=T0 + 60)}
+        counted = {(c.kind, c.state): c.count for c in queries.counts(restored.view, now_ms=T0 + 60)}
         assert counted.get(("transfer", State.READY), 0) == 10 * index, (index, counted)
+        restored.close()
+    replica.machine.close()
 
 
 def test_a_follower_apply_without_answers_leaves_the_same_state() -> None:
@@ -216,10 +210,9 @@ def test_a_follower_apply_without_answers_leaves_the_same_state() -> None:
         replica.entry(T0 + 1, [(5, 1, Lease(worker_id="w", count_max=100, lease_ms=1000))], respond=respond)
         replica.entry(T0 + 2, [(5, 2, Lease(worker_id="w", count_max=100, lease_ms=1000)),
                                (6, 1, Ack(message_id=1, token=1))], respond=respond)
-    dump = [list(r.machine.connection.iterdump()) for r in (leader, follower)]
-    assert dump[0] == dump[1]
-    counts = queries.counts(leader.machine.connection, now_ms=T0 + 3)
-    assert counts == queries.counts(follower.machine.connection, now_ms=T0 + 3)
+    assert leader.machine.store_digest() == follower.machine.store_digest()  # every table, byte for byte
+    counts = queries.counts(leader.machine.view, now_ms=T0 + 3)
+    assert counts == queries.counts(follower.machine.view, now_ms=T0 + 3)
     assert {(c.state, c.count) for c in counts} == {(State.DONE, 1), (State.LEASED, 40)}
     retried = [r.entry(T0 + 3, [(5, 2, Lease(worker_id="w", count_max=100, lease_ms=1000))])[0] for r in (leader, follower)]
     assert isinstance(retried[0], LeaseResult) and isinstance(retried[1], LeaseResult)
@@ -288,13 +281,10 @@ def test_a_run_of_enqueues_in_one_entry_answers_as_one_entry_each() -> None:
     ]
 
     def rows(replica: Replica) -> list[object]:
-        conn = replica.machine.connection
+        state = replica.machine.canonical()
         return [
-            conn.execute("SELECT * FROM messages ORDER BY id").fetchall(),
-            conn.execute("SELECT * FROM bodies ORDER BY id").fetchall(),
-            conn.execute("SELECT * FROM idempotency ORDER BY key").fetchall(),
-            conn.execute("SELECT seq, type, message_id, data FROM events ORDER BY seq").fetchall(),
-            conn.execute("SELECT * FROM phase_counts ORDER BY kind, phase").fetchall(),
+            state["messages"], state["idempotency"], [[e[0], e[3], e[4], e[6]] for e in state["events"]],
+            state["phase_counts"],
         ]
 
     assert rows(batched) == rows(single)

@@ -21,7 +21,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from delay.policy import DEFAULT_POLICY, DeadLetter, ErrorClassRule, RetryPolicy, decide
-from queues import codec, queries
+from queues import codec
+from queues.core import reads as queries
+from queues.core.keys import u64_of
+from queues.core.port import Table
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
     BUILTIN_KINDS,
@@ -60,6 +63,7 @@ from queues.model import (
     State,
     content_hash,
 )
+from queues.stores.lmdb_store import LmdbStore
 from raft_store.state_machine import Command
 
 RETENTION_MS = 120_000
@@ -376,16 +380,16 @@ class RefQueue:
 
 # ---- the test machine -------------------------------------------------------------------------
 def dump(machine: QueueMachine, now_ms: int) -> tuple[object, ...]:
-    """Everything a client can read, plus the raw SQL content: equal dumps mean equal state."""
-    conn = machine.connection
-    ids = [row[0] for row in conn.execute("SELECT id FROM messages ORDER BY id")]
+    """Everything a client can read, plus every table's bytes: equal dumps mean equal state."""
+    conn = machine.view
+    ids = [u64_of(key) for key, _ in conn.scan(Table.MESSAGES)]
     return (
         [queries.get_message(conn, message_id, now_ms=now_ms) for message_id in ids],
         queries.events_after(conn, 0, limit=10_000),
         queries.counts(conn, now_ms=now_ms),
         queries.kinds(conn),
         queries.oldest_due_age_ms(conn, now_ms=now_ms),
-        list(conn.iterdump()),
+        machine.store_digest(),
         machine.applied_index(),
     )
 
@@ -398,11 +402,15 @@ class QueueComparison(RuleBasedStateMachine):
             retention_ms=RETENTION_MS, event_retention_ms=EVENT_RETENTION_MS, retention_floor_ms=RETENTION_FLOOR_MS
         )
         self.events_seen: dict[int, Event] = {}  # every event ever kept, by seq: purges delete them
-        self.machine = QueueMachine(":memory:", self.config)
+        self.machine = self.new_machine()
         self.model = RefQueue()
         self.index = 0
         self.session_seq = 0
         self.tokens_granted: list[int] = []
+
+    def new_machine(self) -> QueueMachine:
+        """A machine over the in-memory SQLite store (the LMDB class below runs the same rules on LMDB)."""
+        return QueueMachine(":memory:", self.config)
 
     def teardown(self) -> None:
         self.machine.close()
@@ -688,15 +696,14 @@ class QueueComparison(RuleBasedStateMachine):
         event_retention_ms=st.sampled_from((None, 29_999, 60_001, EVENT_RETENTION_MS)),
     )
     def set_retention(self, retention_ms: int | None, event_retention_ms: int | None) -> None:
-        settings = "SELECT name, value FROM settings ORDER BY name"
-        before = dump(self.machine, self.model.now_ms)[:5], self.machine.connection.execute(settings).fetchall()
+        before = dump(self.machine, self.model.now_ms)[:5], list(self.machine.view.scan(Table.SETTINGS))
         result = self.apply(
             SetRetention(actor="ops", reason="test", retention_ms=retention_ms, event_retention_ms=event_retention_ms)
         )
         given = [v for v in (retention_ms, event_retention_ms) if v is not None]
         if not given or min(given) < RETENTION_FLOOR_MS:
             assert isinstance(result, ErrorResult) and result.code is Code.INVALID
-            after = dump(self.machine, self.model.now_ms)[:5], self.machine.connection.execute(settings).fetchall()
+            after = dump(self.machine, self.model.now_ms)[:5], list(self.machine.view.scan(Table.SETTINGS))
             assert after == before  # refused: nothing changed (but the applied index)
             return
         self.model.retention_ms = retention_ms or self.model.retention_ms
@@ -707,7 +714,7 @@ class QueueComparison(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 4))
     def purge(self, limit: int) -> None:
-        conn = self.machine.connection
+        conn = self.machine.view
         kept = queries.events_after(conn, 0, limit=10_000)
         result = self.apply(Purge(limit=limit))
         assert isinstance(result, BatchResult)
@@ -735,7 +742,7 @@ class QueueComparison(RuleBasedStateMachine):
     def snapshot_then_restore(self) -> None:
         path = Path(self.tmp.name) / f"snap-{self.index}.db"
         index = self.machine.write_snapshot(path)
-        fresh = QueueMachine(":memory:", self.config)
+        fresh = self.new_machine()
         fresh.restore_snapshot(path, index)
         assert dump(fresh, self.model.now_ms) == dump(self.machine, self.model.now_ms)
         self.machine.close()
@@ -744,8 +751,8 @@ class QueueComparison(RuleBasedStateMachine):
     # ---- invariants ------------------------------------------------------------------------
     @invariant()
     def matches_model(self) -> None:
-        conn, now_ms = self.machine.connection, self.model.now_ms
-        stored = {row[0] for row in conn.execute("SELECT id FROM messages")}
+        conn, now_ms = self.machine.view, self.model.now_ms
+        stored = {u64_of(key) for key, _ in conn.scan(Table.MESSAGES)}
         assert stored == set(self.model.messages), "a message was dropped or invented"
         for message_id in self.model.purged:
             assert queries.get_message(conn, message_id, now_ms=now_ms) is None
@@ -775,7 +782,7 @@ class QueueComparison(RuleBasedStateMachine):
 
     @invariant()
     def events_are_dense_and_acked_once(self) -> None:
-        conn = self.machine.connection
+        conn = self.machine.view
         kept = queries.events_after(conn, 0, limit=10_000)
         first = queries.first_event_seq(conn)
         assert [e.seq for e in kept] == list(range(first, first + len(kept))), "kept events are not a dense suffix"
@@ -795,3 +802,20 @@ QueueComparison.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestQueueComparison = QueueComparison.TestCase
+
+
+class QueueComparisonOnLmdb(QueueComparison):
+    """The same rules, model and invariants on the nodes' store."""
+
+    def new_machine(self) -> QueueMachine:
+        self.machines = getattr(self, "machines", 0) + 1
+        return QueueMachine(LmdbStore(Path(self.tmp.name) / f"queue-{self.machines}.lmdb"), self.config)
+
+
+QueueComparisonOnLmdb.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestQueueComparisonOnLmdb = QueueComparisonOnLmdb.TestCase

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 from local_reads import LocalReads
-from queue_node import T0, Node
+from queue_node import T0, CountingView, CountingWrite, Node
 
-from delay.policy import DAY_MS, RetryPolicy
-from queues import queries
+from delay.policy import DAY_MS, HOUR_MS, RetryPolicy
 from queues.client import EventsPurged, QueueClient
+from queues.core import messages, operator
+from queues.core import reads as queries
+from queues.core.entry import Catalog, Entry
+from queues.core.port import Table
 from queues.machine import QueueConfig
 from queues.model import (
     EVENTS_PURGE_MAX,
@@ -43,12 +46,12 @@ def test_by_id_and_by_ref_key_with_history() -> None:
     (grant,) = node.lease(1).grants
     node.now_ms += 1000
     node.apply(Fail(message_id=grant.message_id, token=grant.token, error_class="timeout", error_text="slow"))
-    view = queries.get_message(node.machine.connection, first, now_ms=node.now_ms)
+    view = queries.get_message(node.machine.view, first, now_ms=node.now_ms)
     assert view is not None and view.state is State.DELAYED and view.attempts == 1
     assert view.history[0].outcome == "failed" and view.history[0].error_text == "slow"
-    assert queries.get_message(node.machine.connection, 999, now_ms=node.now_ms) is None
+    assert queries.get_message(node.machine.view, 999, now_ms=node.now_ms) is None
     second = node.enqueue("c", ref="packet-1")
-    by_ref = queries.by_ref_key(node.machine.connection, "packet-1", now_ms=node.now_ms)
+    by_ref = queries.by_ref_key(node.machine.view, "packet-1", now_ms=node.now_ms)
     assert [m.message_id for m in by_ref] == [first, second]
     assert len(by_ref[0].history) == 1
 
@@ -77,7 +80,7 @@ def test_dead_letters_filters_and_cursor_pagination() -> None:
     for grant in node.lease(7).grants:
         node.now_ms += 10
         node.kill(grant.message_id, grant.token, "insufficient_funds" if grant.message_id < 5 else "bad_url")
-    conn = node.machine.connection
+    conn = node.machine.view
     everything = DeadLetterFilter()
     seen: list[int] = []
     cursor = None
@@ -120,7 +123,7 @@ def test_edited_payload_is_kept_beside_the_original() -> None:
     (again,) = node.lease().grants
     assert again.payload == b"corrected" and again.attempt == 2
     assert again.payload_hash == content_hash("transfer", "order-1", b"corrected")  # the edit's own hash
-    view = queries.get_message(node.machine.connection, message_id, now_ms=node.now_ms)
+    view = queries.get_message(node.machine.view, message_id, now_ms=node.now_ms)
     assert view is not None and view.payload == b"x" and view.edited_payload == b"corrected"
     invalid = node.apply(Redrive(actor="o", reason="r", filter=DeadLetterFilter(), payload=b"no"))
     assert invalid.code is Code.INVALID
@@ -132,7 +135,7 @@ def test_counts_and_oldest_due_age() -> None:
     node.enqueue("b", delay_ms=60_000)
     node.enqueue("c", kind="callback")
     node.now_ms += 5000
-    conn = node.machine.connection
+    conn = node.machine.view
     counts = {(c.kind, c.state): c.count for c in queries.counts(conn, now_ms=node.now_ms)}
     assert counts == {
         ("callback", State.READY): 1,
@@ -187,18 +190,20 @@ def test_burst_due_in_one_second_is_drained_oldest_first_in_batches() -> None:
     assert leased == list(range(1, 3001))
 
 
-def test_lease_and_dead_letter_scans_use_their_indexes() -> None:
-    conn = Node().machine.connection
-    plans = {
-        "lease": "SELECT id, due_ms FROM messages INDEXED BY messages_due WHERE kind = 'transfer'"
-        " AND phase = 1 AND due_ms <= 5 ORDER BY due_ms, id LIMIT 10",
-        "expire": "SELECT id FROM messages INDEXED BY messages_lease_deadline WHERE phase = 2"
-        " AND lease_deadline_ms <= 5 ORDER BY lease_deadline_ms, id LIMIT 10",
-    }
-    for name, sql in plans.items():
-        plan = " ".join(str(row) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
-        assert "USING COVERING INDEX" in plan or "USING INDEX" in plan, (name, plan)
-        assert "TEMP B-TREE" not in plan, (name, plan)  # no sort: O(batch), not O(backlog)
+def test_lease_and_expiry_scans_read_their_batch_not_the_backlog() -> None:
+    node = Node()
+    node.apply_many([Enqueue(kind="transfer", idempotency_key=f"later{i}", ref_key="r", payload=b"", delay_ms=HOUR_MS)
+                     for i in range(1000)])  # fmt: skip
+    for i in range(5):
+        node.enqueue(f"now{i}")
+    counting = CountingView(node.machine.view)
+    due = list(messages.due(counting, "transfer", node.now_ms))
+    assert len(due) == 5 and counting.scans == {Table.DUE: 5}  # O(batch): the 1000 delayed are never read
+    node.lease(3)
+    node.now_ms += 60_000  # the three leases are past their deadline
+    counting = CountingView(node.machine.view)
+    assert len(messages.expired_leases(counting, node.now_ms, limit=2)) == 2
+    assert counting.scans == {Table.LEASES: 2} and counting.gets == {}
 
 
 def test_events_after_a_sequence_number() -> None:
@@ -208,17 +213,17 @@ def test_events_after_a_sequence_number() -> None:
     node.enqueue("r", kind="refund")
     (_, g2) = node.lease().grants
     node.apply(Fail(message_id=g2.message_id, token=g2.token, error_class="timeout"))
-    events = queries.events_after(node.machine.connection, 0)
+    events = queries.events_after(node.machine.view, 0)
     assert [e.type for e in events] == [
         EventType.ENQUEUED, EventType.POLICY_SET, EventType.ENQUEUED, EventType.LEASED, EventType.LEASED,
         EventType.ATTEMPT_FAILED,
     ]  # fmt: skip
-    assert [e.seq for e in queries.events_after(node.machine.connection, 4)] == [5, 6]
+    assert [e.seq for e in queries.events_after(node.machine.view, 4)] == [5, 6]
 
 
 def test_events_past_their_retention_are_purged_oldest_first_and_the_gap_shows() -> None:
     node = Node(config=QueueConfig(event_retention_ms=60_000))
-    conn = node.machine.connection
+    conn = node.machine.view
     node.apply_many([Enqueue(kind="transfer", idempotency_key=f"a{i}", ref_key="r", payload=b"") for i in range(3)])
     node.now_ms += 30_000
     node.enqueue("b")
@@ -247,19 +252,24 @@ def test_event_purge_is_bounded_per_command_and_reads_no_more_than_it_deletes() 
     node.now_ms += 1_000
     assert node.apply(Purge()).events_purged == EVENTS_PURGE_MAX  # type: ignore[union-attr]
     assert node.apply(Purge()).events_purged == 5  # type: ignore[union-attr]
-    plan = " ".join(
-        str(row) for row in node.machine.connection.execute("EXPLAIN QUERY PLAN SELECT seq, ts_ms FROM events ORDER BY seq LIMIT 5")
-    )
-    assert "TEMP B-TREE" not in plan and "SCAN events" in plan, plan  # rowid order: reads only the prefix
+    node.apply_many([Enqueue(kind="transfer", idempotency_key=f"n{i}", ref_key="r", payload=b"") for i in range(50)])
+    node.now_ms += 1_000
+    node.apply_many([Enqueue(kind="transfer", idempotency_key=f"m{i}", ref_key="r", payload=b"") for i in range(50)])
+    node.index += 1
+    with node.machine.store.write() as tx:  # a purge by hand, its reads counted: the prefix it deletes, and one more
+        counting = CountingWrite(tx)
+        assert operator.purge_events(Entry(counting, node.index, node.now_ms, Catalog(node.machine.config),
+                                           responding=True)) == 50  # fmt: skip
+    assert counting.scans[Table.EVENTS] == 51
 
 
 def test_retention_is_set_at_runtime_on_every_replica_alike_and_audited(tmp_path: Path) -> None:
     node = Node(str(tmp_path / "a.db"))
-    conn = node.machine.connection
+    conn = node.machine.view
     assert node.apply(SetRetention(actor="ops", reason="r")).code is Code.INVALID  # nothing to set
     short = node.apply(SetRetention(actor="ops", reason="r", retention_ms=DAY_MS - 1))
     assert short.code is Code.INVALID and "floor" in short.detail  # type: ignore[union-attr]
-    assert conn.execute("SELECT count(*) FROM settings").fetchone() == (0,)
+    assert conn.count(Table.SETTINGS) == 0
     early = node.enqueue("early")
     (grant,) = node.lease().grants
     node.apply(Ack(message_id=early, token=grant.token))  # a tombstone under the 7 days in force
@@ -278,7 +288,7 @@ def test_retention_is_set_at_runtime_on_every_replica_alike_and_audited(tmp_path
     node = Node(str(tmp_path / "b.db"))
     node.machine.restore_snapshot(tmp_path / "snap.db", index)
     node.index = index
-    conn = node.machine.connection
+    conn = node.machine.view
     node.now_ms += DAY_MS  # events are a day old: past the new event retention
     purged = node.apply(Purge())
     assert isinstance(purged, BatchResult) and purged.ids == () and purged.events_purged > 0
@@ -299,7 +309,7 @@ def test_snapshot_of_a_file_store_restores_into_a_fresh_node(tmp_path: Path) -> 
     index = node.machine.write_snapshot(tmp_path / "snap.db")
     other = Node(str(tmp_path / "b.db"))
     other.machine.restore_snapshot(tmp_path / "snap.db", index)
-    assert list(other.machine.connection.iterdump()) == list(node.machine.connection.iterdump())
+    assert other.machine.store_digest() == node.machine.store_digest()  # every table, byte for byte
     other.index = index
     other.now_ms += 10_000
     assert [g.token for g in other.lease(2).grants] == [2, 3]  # the token counter survived (1 was granted)

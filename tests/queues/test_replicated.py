@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,16 +17,21 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from delay.policy import DAY_MS, RetryPolicy
 from queues import query_codec as qc
 from queues.audit import ReplicaAuditor, close_clients, replica_clients
 from queues.client import QueueClient, QueueError
+from queues.core.keys import u64
+from queues.core.port import Table
+from queues.core.records import encode, event_decoder
 from queues.lateness import LatenessReport
 from queues.maintenance import MaintenanceConfig, MaintenanceDriver
 from queues.model import Code, DeadLetterFilter, Enqueue, EventType, State
 from queues.replicated import DB_NAME
+from queues.stores.lmdb_store import LmdbStore
 from raft_store.client import ClientError, RaftClient
 from raft_store.testing.processes import ProcessCluster
 
@@ -336,12 +340,13 @@ async def test_replica_audit_names_a_replica_whose_store_was_corrupted_while_it_
         leader = await cluster.wait_leader(raft)
         victim = next(node for node in cluster.ids if node != leader)
         cluster.kill(victim, signal.SIGTERM)
-        store = sqlite3.connect(cluster.root / f"node{victim}" / DB_NAME)
-        with store:
-            changed = store.execute("UPDATE events SET message_id = message_id + 1 WHERE seq = 250").rowcount
-            changed += store.execute("UPDATE bodies SET payload = ? WHERE id = 5", (b"y" * 100,)).rowcount
-        store.close()
-        assert changed == 2
+        store = LmdbStore(cluster.root / f"node{victim}" / DB_NAME)  # opened as the node opens it
+        with store.write() as tx:
+            row = event_decoder.decode(tx.get(Table.EVENTS, u64(250)) or b"")
+            tx.put(Table.EVENTS, u64(250), encode(msgspec.structs.replace(row, message_id=row.message_id + 1)))
+            assert tx.get(Table.BODIES, u64(5)) is not None
+            tx.put(Table.BODIES, u64(5), b"y" * 100)
+        store.close()  # a clean stop: the node trusts the file as it is
         cluster.start(victim)
         await queue.enqueue("test", idempotency_key="after", ref_key="r", payload=b"x")
         await _converged(cluster, raft)
@@ -378,9 +383,10 @@ async def test_a_payload_corrupted_at_rest_never_reaches_a_handler_and_ends_as_a
         await raft.close()
     cluster.stop_all()
     for node in cluster.ids:  # every copy, so whichever node leads grants the corrupt one
-        store = sqlite3.connect(cluster.root / f"node{node}" / DB_NAME)
-        with store:
-            assert store.execute("UPDATE bodies SET payload = ? WHERE id = ?", (b"pay 900", bad.message_id)).rowcount == 1
+        store = LmdbStore(cluster.root / f"node{node}" / DB_NAME)
+        with store.write() as tx:
+            assert tx.get(Table.BODIES, u64(bad.message_id)) == b"pay 100"
+            tx.put(Table.BODIES, u64(bad.message_id), b"pay 900")
         store.close()
     cluster.start_all()
     raft, queue = await _connect(cluster)

@@ -7,7 +7,7 @@ over a copied store file and over a running store is in tests/compensator/test_a
 
 from __future__ import annotations
 
-import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -15,9 +15,15 @@ import pytest
 from queue_node import Node
 
 from delay.policy import DEFAULT_POLICY
-from queues import audit_chain, codec, proposals, queries
+from queues import codec
 from queues import query_codec as qc
-from queues.machine import QueueMachine, _Apply
+from queues.core import audit_chain, operator, proposals
+from queues.core import reads as queries
+from queues.core.answers import answer_query
+from queues.core.keys import u64
+from queues.core.port import KvWrite, Table
+from queues.core.records import audit_decoder, encode
+from queues.machine import QueueMachine
 from queues.model import (
     Ack,
     Approve,
@@ -49,7 +55,8 @@ from queues.model import (
     SetRetention,
     State,
 )
-from queues.replicated import ReplicatedQueueMachine, answer_query
+from queues.replicated import ReplicatedQueueMachine
+from queues.stores.lmdb_store import LmdbStore
 
 HOUR_MS = 3_600_000
 
@@ -69,16 +76,18 @@ def review(node: Node, command: QueueCommand) -> ReviewResult:
 
 
 def chain(node: Node) -> list[AuditEntry]:
-    return audit_chain.entries_after(node.machine.connection, 0)
+    return audit_chain.entries_after(node.machine.view, 0)
 
 
-def dump(node: Node) -> list[str]:
-    """The whole store but the applied index (which every command moves, refused or not)."""
-    return [line for line in node.machine.connection.iterdump() if "_raft_meta" not in line]
+def dump(node: Node) -> dict[str, object]:
+    """The whole state but the applied index (which every command moves, refused or not)."""
+    state = node.machine.canonical()
+    del state["applied_index"]
+    return state
 
 
 def message(node: Node, message_id: int) -> MessageView:
-    view = queries.get_message(node.machine.connection, message_id, now_ms=node.now_ms)
+    view = queries.get_message(node.machine.view, message_id, now_ms=node.now_ms)
     assert view is not None
     return view
 
@@ -104,7 +113,7 @@ def test_an_edit_goes_out_as_a_new_version_and_the_original_is_kept_unchanged() 
     assert message(node, third.new_ids[0]).version == 3
     (entry,) = [e for e in chain(node) if e.action == "edit_redrive" and e.actor == "alice"]
     assert '"payload":"req-1"' in entry.before and '"payload":"{\\"amount\\": 5}"' in entry.after
-    timeline = audit_chain.message_entries(node.machine.connection, [new_id])
+    timeline = audit_chain.message_entries(node.machine.view, [new_id])
     assert [e.seq for e in timeline] == [entry.seq, *(e.seq for e in chain(node) if e.actor == "bob")]
 
 
@@ -161,7 +170,7 @@ def test_an_expired_proposal_is_refused_recorded_as_expired_and_nothing_is_done(
     assert (late.code, late.proposal_state) == (Code.EXPIRED, ProposalState.EXPIRED)
     assert message(node, target).state is State.DEAD
     assert chain(node)[-1].action == "expire" and chain(node)[-1].target == f"proposal:{proposal.proposal_id}"
-    (view,) = proposals.get(node.machine.connection, [proposal.proposal_id], now_ms=node.now_ms)
+    (view,) = proposals.get(node.machine.view, [proposal.proposal_id], now_ms=node.now_ms)
     assert view.state is ProposalState.EXPIRED
     assert review(node, Reject(proposal_id=1, actor="bob", reason="late")).code is Code.EXPIRED
 
@@ -191,27 +200,29 @@ def test_a_filter_proposal_keeps_the_ids_shown_and_never_what_matches_later() ->
 
 
 def test_the_approval_and_its_action_roll_back_together(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    path = str(tmp_path / "queue.sqlite")
+    path = str(tmp_path / "queue.lmdb")
     node = Node.over(QueueMachine(path))
     (target,) = dead(node, "a")
     proposal = review(node, Propose(action=Redrive(actor="alice", reason="r", ids=(target,)), ttl_ms=HOUR_MS))
-    node.machine.commit()
+    node.machine.checkpoint()
 
     def crash(*_: object, **__: object) -> BatchResult:
         raise RuntimeError("crash between the approval and its action")
 
-    monkeypatch.setattr(_Apply, "redrive", crash)
+    monkeypatch.setattr(operator, "redrive", crash)
     with pytest.raises(RuntimeError):
         node.apply(Approve(proposal_id=proposal.proposal_id, approver="bob"))
     monkeypatch.undo()
-    (view,) = proposals.get(node.machine.connection, [proposal.proposal_id], now_ms=node.now_ms)
+    (view,) = proposals.get(node.machine.view, [proposal.proposal_id], now_ms=node.now_ms)
     assert view.state is ProposalState.PENDING and message(node, target).state is State.DEAD
     assert [e.action for e in chain(node)] == ["propose"]
-    # A crash after the apply but before the store committed: the restart has neither, and the
-    # replayed entry does both.
+    # A crash after the apply but before the store's next checkpoint: the restart has neither,
+    # and the replayed entry does both.
     committed = node.machine.applied_index()
     assert review(node, Approve(proposal_id=proposal.proposal_id, approver="bob")).code is Code.OK
-    node.machine._conn.close()  # no commit: what a kill -9 leaves
+    store = node.machine.store
+    assert isinstance(store, LmdbStore)
+    store.abandon()  # no checkpoint, no clean stop: what a kill -9 leaves
     restarted = Node.over(QueueMachine(path))
     restarted.index = restarted.machine.applied_index()
     assert restarted.index == committed
@@ -260,7 +271,7 @@ def test_every_operator_command_writes_its_entry_in_the_same_apply_and_refusals_
                     RevokeToken(name="nobody", actor="x"), Approve(proposal_id=1, approver="carol")):  # fmt: skip
         assert node.apply(refused).code is not Code.OK
     assert len(chain(node)) == before
-    assert audit_chain.verify(node.machine.connection) == (len(chain(node)), None)
+    assert audit_chain.verify(node.machine.view) == (len(chain(node)), None)
 
 
 def test_the_chain_is_identical_on_three_replicas() -> None:
@@ -282,42 +293,59 @@ def test_the_chain_is_identical_on_three_replicas() -> None:
         everywhere(command)
         for node in replicas:
             node.now_ms += 17
-    heads = {audit_chain.head(node.machine.connection) for node in replicas}
+    heads = {audit_chain.head(node.machine.view) for node in replicas}
     assert len(heads) == 1 and next(iter(heads)).count == 14
     assert chain(replicas[0]) == chain(replicas[1]) == chain(replicas[2])
 
 
 def test_verify_names_the_first_broken_entry_of_a_tampered_copy(tmp_path: Path) -> None:
-    path = tmp_path / "queue.sqlite"
+    path = tmp_path / "queue.lmdb"
     node = Node.over(QueueMachine(str(path)))
     for command in operator_commands(dead(node, "a", "b", "c", "d")):
         node.apply(command)
     node.machine.close()
 
-    def tampered(change: str, *params: object) -> audit_chain.Broken | None:
-        copy = tmp_path / f"copy-{abs(hash(change))}.sqlite"
+    def tampered(name: str, change: Callable[[KvWrite], None]) -> audit_chain.Broken | None:
+        copy = tmp_path / f"copy-{name}.lmdb"
         copy.write_bytes(path.read_bytes())
-        with sqlite3.connect(copy) as conn:
-            conn.execute(change, params)
-        with sqlite3.connect(copy) as conn:
-            return audit_chain.verify(conn)[1]
+        store = LmdbStore(copy)
+        with store.write() as tx:
+            change(tx)
+        try:
+            return audit_chain.verify(store.read())[1]
+        finally:
+            store.close()
 
-    with sqlite3.connect(path) as conn:
-        assert audit_chain.verify(conn) == (14, None)
-    content = tampered("UPDATE audit SET reason = 'nothing to see' WHERE seq = 9")
+    def altered(seq: int, **fields: object) -> Callable[[KvWrite], None]:
+        def change(tx: KvWrite) -> None:
+            row = audit_decoder.decode(tx.get(Table.AUDIT, u64(seq)) or b"")
+            tx.put(Table.AUDIT, u64(seq), encode(msgspec.structs.replace(row, **fields)))
+
+        return change
+
+    def removed(seq: int) -> Callable[[KvWrite], None]:
+        def change(tx: KvWrite) -> None:
+            assert tx.delete(Table.AUDIT, u64(seq))
+
+        return change
+
+    store = LmdbStore(path, readonly=True)
+    assert audit_chain.verify(store.read()) == (14, None)
+    entry = audit_chain.entries_after(store.read(), 3, limit=1)[0]
+    store.close()
+    content = tampered("content", altered(9, reason="nothing to see"))
     assert content is not None and content.seq == 9 and "content does not match its hash" in content.describe()
-    entry = audit_chain.entries_after(sqlite3.connect(path), 3, limit=1)[0]
     forged = audit_chain.entry_hash(
         seq=4, log_index=entry.log_index, ts_ms=entry.ts_ms, actor="mallory", action=entry.action, target=entry.target,
         reason=entry.reason, before=entry.before, after=entry.after, prev_hash=entry.prev_hash,
     )  # fmt: skip
-    rehashed = tampered("UPDATE audit SET actor = 'mallory', hash = ? WHERE seq = 4", forged)
+    rehashed = tampered("rehashed", altered(4, actor="mallory", hash=forged))
     assert rehashed is not None and rehashed.seq == 5 and "entry 4 or this link was altered" in rehashed.problem
-    relinked = tampered("UPDATE audit SET prev_hash = zeroblob(32) WHERE seq = 5")
+    relinked = tampered("relinked", altered(5, prev_hash=bytes(32)))
     assert relinked is not None and relinked.seq == 5 and "previous hash" in relinked.problem
-    removed = tampered("DELETE FROM audit WHERE seq = 6")
-    assert removed is not None and removed.seq == 6 and "missing" in removed.problem
-    cut = tampered("DELETE FROM audit WHERE seq = 14")
+    gone = tampered("removed", removed(6))
+    assert gone is not None and gone.seq == 6 and "missing" in gone.problem
+    cut = tampered("cut", removed(14))
     assert cut is not None and cut.seq == 14 and "head says 14" in cut.problem
 
 
@@ -329,7 +357,7 @@ def test_queries_answer_the_audit_log_a_message_timeline_and_proposals() -> None
                          ttl_ms=HOUR_MS))  # fmt: skip
     review(node, Propose(action=Redrive(actor="alice", reason="r", ids=(ids[1],)), ttl_ms=2 * HOUR_MS))
     review(node, Approve(proposal_id=2, approver="bob"))
-    conn, now_ms = node.machine.connection, node.now_ms
+    conn, now_ms = node.machine.view, node.now_ms
 
     def ask(query: qc.QueueQuery) -> qc.QueryAnswer:
         answer = qc.decode_answer(qc.encode_answer(answer_query(conn, query, now_ms)))
@@ -369,7 +397,7 @@ def test_the_audit_log_is_filtered_in_the_store_and_its_pages_stay_full() -> Non
                          ttl_ms=HOUR_MS))  # fmt: skip
     review(node, Approve(proposal_id=1, approver="bob"))
     node.apply(Redrive(actor="ann", reason="r", ids=(ids[1], ids[2])))
-    conn = node.machine.connection
+    conn = node.machine.view
     sign_ins = ("document:sessions/", "document:logins/")
 
     def page(before: int | None = None, limit: int = 100, **fields: object) -> list[tuple[int, str, str, str]]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from queue_node import Node
 
 from delay.policy import RetryPolicy
-from queues import documents, queries
+from queues.core import documents
+from queues.core import reads as queries
 from queues.model import (
     Ack,
     Code,
@@ -42,10 +43,10 @@ def test_a_released_lease_is_ready_at_once_and_does_not_spend_the_budget() -> No
     (grant,) = node.lease().grants
     dead = node.apply(Fail(message_id=message_id, token=grant.token, error_class="timeout"))
     assert isinstance(dead, Outcome) and dead.state is State.DEAD
-    view = queries.get_message(node.machine.connection, message_id, now_ms=node.now_ms)
+    view = queries.get_message(node.machine.view, message_id, now_ms=node.now_ms)
     assert view is not None
     assert [a.outcome for a in view.history] == ["released", "released", "released", "failed", "failed"]
-    events = [e.type for e in queries.events_after(node.machine.connection, 0)]
+    events = [e.type for e in queries.events_after(node.machine.view, 0)]
     assert events.count(EventType.RELEASED) == 3
 
 
@@ -56,7 +57,7 @@ def test_an_interrupted_release_tells_the_next_delivery_its_outcome_is_unknown()
     assert node.apply(Release(message_id=message_id, token=grant.token, interrupted=True)).code is Code.OK
     (again,) = node.lease().grants
     assert again.previous_error_class == "interrupted" and again.attempt == 2
-    view = queries.get_message(node.machine.connection, message_id, now_ms=node.now_ms)
+    view = queries.get_message(node.machine.view, message_id, now_ms=node.now_ms)
     assert view is not None and view.history[0].outcome == "interrupted"
 
 
@@ -108,7 +109,7 @@ def test_a_grant_says_how_the_delivery_before_it_ended() -> None:
 
 def test_work_due_names_ready_kinds_the_next_due_time_and_the_pause_holders() -> None:
     node = Node()
-    conn = node.machine.connection
+    conn = node.machine.view
     now = node.now_ms
     empty = queries.work_due(conn, (), now_ms=now)
     assert (empty.ready, empty.next_due_ms, empty.paused, empty.paused_ready) == ({}, None, {}, ())
@@ -140,7 +141,7 @@ def test_a_probe_leases_a_kind_only_its_breaker_holds() -> None:
 
 def test_documents_are_replaced_versioned_and_audited() -> None:
     node = Node()
-    conn = node.machine.connection
+    conn = node.machine.view
     assert documents.version(conn, "breakers") == 0
     first = node.apply(PutDocument(namespace="breakers", name="payment", body=b'{"mode":"open"}', actor="ops", reason="x"))
     assert first == DocumentResult(code=Code.OK, version=1)
@@ -158,7 +159,7 @@ def test_documents_are_replaced_versioned_and_audited() -> None:
 
 def test_maintenance_due_is_the_next_deadline_purge_and_oldest_event() -> None:
     node = Node()
-    conn = node.machine.connection
+    conn = node.machine.view
     assert queries.maintenance_due(conn) == (None, None, None)
     message_id = node.enqueue("a")
     (grant,) = node.lease().grants

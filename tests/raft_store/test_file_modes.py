@@ -1,4 +1,5 @@
-"""A node's data (its SQLite store with SQLite's -wal and -shm files, the Raft WAL, snapshots) holds
+"""A node's data (its queue store with LMDB's lock file and the checkpoint and clean-stop files beside
+it, or a test machine's SQLite store with its -wal and -shm files, the Raft WAL, snapshots) holds
 password hashes and unmasked payloads: directories 0700, files 0600, whatever the umask it was
 started under, and what an older version left readable is tightened at start."""
 
@@ -102,9 +103,9 @@ def test_a_node_process_started_under_umask_022_keeps_the_queue_store_private(tm
 
     try:
         asyncio.run(write())
-        assert_private(data, "queue.sqlite", "queue.sqlite-wal", "wal", "snapshots")
+        assert_private(data, "queue.lmdb", "queue.lmdb-lock", "queue.lmdb-checkpoint", "wal", "snapshots")
     finally:
         node.terminate()
         node.wait(15)
     assert node.returncode == 0
-    assert_private(data, "queue.sqlite", "wal", "snapshots")
+    assert_private(data, "queue.lmdb", "queue.lmdb-clean", "wal", "snapshots")

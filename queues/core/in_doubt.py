@@ -1,6 +1,6 @@
 """A message's in-doubt deadline: until when, by the store's clock, a request that one of its
 deliveries sent may still take effect downstream (docs/worker.md, "What each downstream
-guarantees"). The machine folds each delivery's into the message's when the delivery ends:
+guarantees"). The rules fold each delivery's into the message's when the delivery ends:
 
 - a worker that fails or hands back an attempt reports how long its requests stay in doubt, as a
   duration (`in_doubt_ms`) the store adds to its own clock, never past the lease's deadline; 0
@@ -16,12 +16,6 @@ Must never: read a clock (the time is the applying entry's), or move a deadline 
 
 from __future__ import annotations
 
-from typing import Final
-
-SET: Final = "in_doubt_until_ms = iif(? IS NULL, in_doubt_until_ms, max(coalesce(in_doubt_until_ms, ?), ?))"
-"""The SQL that folds a delivery's deadline into the message's (three parameters, all the
-delivery's deadline; None leaves the message's as it was)."""
-
 
 def until(*, lease_deadline_ms: int | None, now_ms: int, in_doubt_ms: int | None) -> int | None:
     """The delivery's deadline: what its worker said, capped at the lease's deadline (which is the
@@ -32,5 +26,8 @@ def until(*, lease_deadline_ms: int | None, now_ms: int, in_doubt_ms: int | None
     return deadline if in_doubt_ms is None else min(deadline, now_ms + in_doubt_ms)
 
 
-def params(deadline_ms: int | None) -> tuple[int | None, int | None, int | None]:
-    return (deadline_ms, deadline_ms, deadline_ms)
+def fold(message_ms: int | None, delivery_ms: int | None) -> int | None:
+    """The message's deadline after a delivery's: the later of the two (None leaves it as it was)."""
+    if delivery_ms is None:
+        return message_ms
+    return delivery_ms if message_ms is None else max(message_ms, delivery_ms)

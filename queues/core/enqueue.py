@@ -1,0 +1,67 @@
+"""Enqueue and its deduplication by idempotency key.
+
+The key maps to a message while the message is not terminal, and for the retention in force
+after it became done or discarded (each tombstone keeps the purge time it was given). "Same"
+means same kind, ref key and payload (headers are trace context and may differ per retry): same
+is EXISTS with the original id and its current state, different is CONFLICT. A repeat whose
+client-drawn `request_id` is the original's is the client's own retry after a lost answer
+(enqueues travel without a session lane) and is answered OK, as the first application was.
+
+Must never: read a clock, or let a key have two live holders.
+"""
+
+from __future__ import annotations
+
+from delay.policy import DELAY_MAX_MS
+from queues import codec
+from queues.core import messages
+from queues.core.entry import Entry
+from queues.core.records import MessageRecord
+from queues.model import (
+    Code,
+    Enqueue,
+    EnqueueResult,
+    ErrorResult,
+    EventType,
+    Phase,
+    QueueResult,
+    content_hash,
+    state_of,
+)
+
+
+def enqueue(entry: Entry, command: Enqueue) -> QueueResult:
+    if command.kind not in entry.catalog.kinds(entry.tx):
+        return EnqueueResult(code=Code.UNKNOWN_KIND)
+    now_ms = entry.now_ms
+    due_ms = command.due_ms if command.due_ms is not None else now_ms + command.delay_ms
+    if due_ms > now_ms + DELAY_MAX_MS:
+        return ErrorResult(code=Code.INVALID, detail="due time beyond DELAY_MAX_MS")
+    digest = content_hash(command.kind, command.ref_key, command.payload)
+    existing = messages.holder(entry.tx, command.idempotency_key)
+    if existing is not None and (existing.purge_ms is None or existing.purge_ms > now_ms):
+        if existing.content_hash != digest:
+            code = Code.CONFLICT
+        elif command.request_id and existing.request_id == command.request_id:
+            code = Code.OK  # the same request retried by its client: answered as the first time
+        else:
+            code = Code.EXISTS
+        state = state_of(existing.phase, existing.due_ms, now_ms)
+        return EnqueueResult(code=code, message_id=existing.id, state=state, due_ms=existing.due_ms)
+    meta = entry.meta
+    message_id = meta.next_message_id
+    meta.next_message_id = message_id + 1
+    record = MessageRecord(
+        id=message_id, kind=command.kind, idempotency_key=command.idempotency_key, ref_key=command.ref_key,
+        content_hash=digest, headers=codec.encode_headers(command.headers), created_ms=now_ms, phase=Phase.WAITING,
+        due_ms=due_ms, attempts=0, budget_attempts=0, budget_start_ms=now_ms, token=0, token_open=False,
+        payload_len=len(command.payload), request_id=command.request_id or None,
+    )  # fmt: skip
+    messages.insert(entry, record, command.payload)
+    entry.emit(
+        EventType.ENQUEUED, message_id, command.kind,
+        {"idempotency_key": command.idempotency_key, "ref_key": command.ref_key, "due_ms": due_ms},
+    )  # fmt: skip
+    return EnqueueResult(
+        code=Code.OK, message_id=message_id, state=state_of(Phase.WAITING, due_ms, now_ms), due_ms=due_ms
+    )
