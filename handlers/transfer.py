@@ -199,8 +199,11 @@ class TransferHandler:
             looked = await self._look_up(attempt, request, lease, in_doubt=False)
             return looked if not isinstance(looked, _Looked) else await self._send(request, attempt, lease)
         in_doubt = previous in UNKNOWN_OUTCOME_CLASSES
-        if not in_doubt and attempt.attempt == 1:
+        inherited = attempt.in_doubt_ms is not None and attempt.in_doubt_ms > 0
+        if not in_doubt and attempt.attempt == 1 and not inherited:
             return await self._send(request, attempt, lease)
+        # A re-send, or the first delivery of an edited version whose predecessor's request may
+        # still land (the store passes its deadline on): wait it out (expiry), look, then send.
         if guarantee is Guarantee.EXPIRY:
             held = await self._wait_out(attempt, lease, in_doubt=in_doubt)
             if held is not None:

@@ -76,6 +76,11 @@ class WalFailedError(RuntimeError):
     """The storage layer hit an I/O error and refuses further work; the node must stop."""
 
 
+class StorageError(Exception):
+    """A state machine's store failed on its files, in a library that does not raise OSError (LMDB
+    says `mdb_txn_commit: Input/output error`): the node's last line names it as storage, not a bug."""
+
+
 class FsyncFailedError(WalFailedError):
     """An fsync (file or directory) failed: what was written may or may not be durable."""
 

@@ -135,7 +135,7 @@ class LogClock:
                 return wall_ms  # has heard nothing and applied nothing: its own clock, not kept
             self._grounded, self._reading_ms = True, start
             return start
-        reading = self._reading_ms
+        reading = max(self._reading_ms, self._committed_ms)  # what the log committed since counts from here
         if base is not None:
             reference = self._within(wall_ms, base)
             if reference >= reading:
@@ -143,14 +143,23 @@ class LogClock:
             else:  # ahead of the majority: on at the majority's rate, never faster than monotonic
                 ahead = self._ahead
                 if ahead is None or base < ahead[2]:
-                    ahead = self._ahead = (reading, mono_ms, base)
+                    ahead = (reading, mono_ms, base)
                 mono_advance, base_advance = mono_ms - ahead[1], base - ahead[2]
-                reading = max(reading, ahead[0] + max(0, min(mono_advance, base_advance)))
+                projected = ahead[0] + max(0, min(mono_advance, base_advance))
+                if projected < reading:
+                    # The reading was raised since it went ahead (the log committed a later time
+                    # while another node led, say): counted from where it is now. From the old
+                    # anchor it stood still until the base made up the difference (seed 3001089:
+                    # 1.1 s of a leader's entries at one time).
+                    projected, mono_advance, base_advance = reading, 0, 0
+                    ahead = (reading, mono_ms, base)
+                reading = projected
                 if base_advance > mono_advance:
                     # The base leapt (another clock became the majority's, a sample came after a
                     # gap): a leap is not a rate. Counted from here, or a fast monotonic clock would
                     # carry the reading on at its own rate for as long as the base stays below it.
-                    self._ahead = (reading, mono_ms, base)
+                    ahead = (reading, mono_ms, base)
+                self._ahead = ahead
         else:
             # Without a base (no leader heard lately, no majority of fresh samples) it holds: a node
             # whose clocks run fast would otherwise carry the log's time ahead alone. Nor may the

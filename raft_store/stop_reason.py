@@ -10,17 +10,21 @@ says the one thing to do for it (docs/runbook.md has the procedures).
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from raft_store.files import FsyncFailedError
+from raft_store.files import FsyncFailedError, StorageError
 from raft_store.framing import CorruptLogError
 from raft_store.node import NodeStopped
 
 _FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SQLITE_FULL: Final = 13
+_NEARLY_FULL_BYTES: Final = 1 << 20
+"""Below this much space left, a storage failure is taken for a full disk whatever the library said:
+LMDB reports a short write on a full file system as an I/O error."""
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -40,12 +44,24 @@ def _disk_full(error: BaseException) -> bool:
     return False
 
 
+def _no_space_left(data_dir: Path) -> bool:
+    try:
+        fs = os.statvfs(data_dir)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < _NEARLY_FULL_BYTES
+
+
+def _storage(error: BaseException) -> bool:
+    return isinstance(error, OSError | sqlite3.Error | StorageError)
+
+
 def stop_reason(exc: BaseException, *, node_id: int, data_dir: Path) -> str:
     """One line: `node N stopped: <what failed> (<the error>). <what to do>.`"""
     chain = list(_chain(exc))
     detail = "; ".join(dict.fromkeys(str(e) or type(e).__name__ for e in chain))[:400]
     where = f"the file system holding {data_dir}"
-    if any(_disk_full(e) for e in chain):
+    if any(_disk_full(e) for e in chain) or (any(_storage(e) for e in chain) and _no_space_left(data_dir)):
         what = "the disk is full"
         todo = (
             f"Nothing was committed after the failure. Free space on {where} (df -h {data_dir}), then start"
@@ -76,7 +92,7 @@ def stop_reason(exc: BaseException, *, node_id: int, data_dir: Path) -> str:
             f"Do not edit the files. Move {data_dir} aside (keep it for the post-mortem) and start the node"
             " with an empty data directory: it rejoins from the leader's snapshot (docs/runbook.md)"
         )
-    elif any(isinstance(e, OSError | sqlite3.Error) for e in chain):
+    elif any(_storage(e) for e in chain):
         what = "storage failed"
         todo = f"Check {where} (space, permissions, dmesg), then start the node again"
     else:

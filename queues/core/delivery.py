@@ -37,6 +37,7 @@ from queues.model import (
     ERROR_CLASS_INTERRUPTED,
     ERROR_CLASS_LEASE_EXPIRED,
     LEASE_RESULT_BYTES_MAX,
+    VERSION_MAX,
     Ack,
     AckMany,
     Code,
@@ -120,9 +121,29 @@ def pick_fair(entry: Entry, kinds: list[str], count_max: int) -> list[int]:
     return picks
 
 
+def _predecessors_in_doubt(entry: Entry, record: MessageRecord) -> int | None:
+    """The latest in-doubt deadline still ahead among the versions an edit replaced. An edited
+    version is a new message, but a request an earlier version sent may still be in flight: its
+    first delivery must wait for it and look the transfer up like any re-send (issue 20). Only a
+    deadline still ahead counts, so a version edited after its predecessors' requests could no
+    longer land is granted as before."""
+    until: int | None = None
+    previous_id = record.previous_id
+    for _ in range(VERSION_MAX):
+        previous = None if previous_id is None else messages.load(entry.tx, previous_id)
+        if previous is None:
+            break
+        if previous.in_doubt_until_ms is not None and previous.in_doubt_until_ms > entry.now_ms:
+            until = in_doubt.fold(until, previous.in_doubt_until_ms)
+        previous_id = previous.previous_id
+    return until
+
+
 def grant_of(entry: Entry, record: MessageRecord, *, token: int, attempt: int, deadline_ms: int) -> Grant:
     payload_hash = (record.edited_hash or b"") if record.edited else record.content_hash
     in_doubt_until = record.in_doubt_until_ms
+    if record.previous_id is not None:
+        in_doubt_until = in_doubt.fold(in_doubt_until, _predecessors_in_doubt(entry, record))
     return Grant(
         message_id=record.id, token=token, kind=record.kind, idempotency_key=record.idempotency_key,
         ref_key=record.ref_key, payload=messages.payload(entry.tx, record), headers=codec.decode_headers(record.headers),

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from queues.core.port import KvRead, KvWrite
+from raft_store.files import StorageError
 
 T = TypeVar("T")
 
 
-class StoreError(RuntimeError):
+class StoreError(RuntimeError, StorageError):
     """The store cannot be opened or used as asked (a foreign file, a wrong thread, a broken sync)."""
 
 

@@ -371,6 +371,9 @@ class LmdbStore:
         if pending is not None:
             try:
                 result_of(*pending)
+            except lmdb.Error as error:
+                self._failure = error
+                raise StoreError(f"{self.path}: a commit failed: {error}") from error
             except BaseException as error:
                 self._failure = error
                 raise
@@ -379,6 +382,12 @@ class LmdbStore:
         """Run a begin, commit or abort of the group's transaction where LMDB allows it: on the
         owner thread; without one, on the thread that began the group (else a StoreError, which
         is better than the deadlock LMDB's mutex would give)."""
+        try:
+            return self._owned_run(fn)
+        except lmdb.Error as error:  # a storage failure, named as one (raft_store/stop_reason.py)
+            raise StoreError(f"{self.path}: {error}") from error
+
+    def _owned_run(self, fn: Callable[[], T]) -> T:
         if self._owner is not None:
             return self._owner.run(fn)
         here = threading.get_ident()

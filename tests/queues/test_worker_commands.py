@@ -12,6 +12,7 @@ from queues.model import (
     Ack,
     Code,
     DocumentResult,
+    EditRedrive,
     EventType,
     ExtendLease,
     Fail,
@@ -22,6 +23,7 @@ from queues.model import (
     PutDocument,
     Redrive,
     Release,
+    ReviewResult,
     SetPolicy,
     State,
 )
@@ -259,6 +261,35 @@ def test_a_redriven_dead_letter_starts_a_new_budget_and_keeps_its_in_doubt_deadl
     (third,) = node.lease().grants
     assert (third.previous_error_class, third.attempt, third.budget_attempt) == ("unknown_outcome", 3, 1)
     assert third.in_doubt_ms == -60_000
+
+
+def test_an_edited_version_inherits_what_its_predecessors_still_have_in_doubt() -> None:
+    """A transfer dead after a timeout, edited at once: the new version is a new message, but the
+    old request may still land; its first grant says for how long (issue 20's edited redrive)."""
+    node = Node()
+    node.apply(SetPolicy(kind="transfer", policy=RetryPolicy(tiers_ms=(100,), tier_jitter_ratio=0.0, attempts_max=1)))
+    message_id = node.enqueue("k")
+    (first,) = node.lease().grants
+    node.apply(Fail(message_id=message_id, token=first.token, error_class="timeout", in_doubt_ms=5000))
+    node.now_ms += 1000
+    edited = node.apply(EditRedrive(message_id=message_id, payload=b'{"v": 2}', actor="finance", reason="amount"))
+    assert isinstance(edited, ReviewResult) and edited.code is Code.OK
+    (v2_id,) = edited.new_ids
+    (v2,) = node.lease().grants
+    assert (v2.message_id, v2.attempt, v2.in_doubt_ms) == (v2_id, 1, 4000)
+    node.apply(Fail(message_id=v2_id, token=v2.token, error_class="invalid_account", permanent=True, in_doubt_ms=0))
+    node.now_ms += 1000
+    edited = node.apply(EditRedrive(message_id=v2_id, payload=b'{"v": 3}', actor="finance", reason="account"))
+    assert isinstance(edited, ReviewResult) and edited.code is Code.OK
+    (v3,) = node.lease().grants
+    assert (v3.attempt, v3.in_doubt_ms) == (1, 3000)  # the first version's request, two edits back
+    node.apply(Fail(message_id=v3.message_id, token=v3.token, error_class="invalid_account", permanent=True,
+                    in_doubt_ms=0))  # fmt: skip
+    node.now_ms += 10_000
+    edited = node.apply(EditRedrive(message_id=v3.message_id, payload=b'{"v": 4}', actor="finance", reason="again"))
+    assert isinstance(edited, ReviewResult) and edited.code is Code.OK
+    (v4,) = node.lease().grants
+    assert (v4.attempt, v4.in_doubt_ms) == (1, None)  # every earlier request's deadline has passed
 
 
 def test_retry_after_is_a_duration_the_store_adds_to_its_own_time() -> None:

@@ -139,6 +139,23 @@ def test_a_leap_of_the_base_below_a_carried_reading_is_not_a_rate() -> None:
     assert clock.read(wall_ms=T0 - 38_500, mono_ms=1_500) == T0 + 6_050  # on by the peers' 900 ms, not 1,350
 
 
+def test_a_reading_raised_since_it_went_ahead_goes_on_from_where_it_is() -> None:
+    """A leader ahead of the majority steps down; the log commits later times under another leader;
+    it leads again with the majority still below: its reading goes on from the committed time at the
+    majority's pace. Counted from the old anchor it stood still until the base made up the
+    difference (seed 3001089 of the queue simulation: a leader's entries 1.1 s at one time)."""
+    clock = leader(committed_ms=T0 + 1_000)
+    hear(clock, 0, n2=T0, n3=T0)
+    assert clock.read(wall_ms=T0, mono_ms=0) == T0 + 1_000  # ahead of the majority (T0): held there
+    clock.set_role(leading=False, leader=2, voters=VOTERS)
+    clock.committed(T0 + 2_000)  # another leader's entries, applied here
+    clock.set_role(leading=True, leader=1, voters=VOTERS)
+    hear(clock, 100, n2=T0 + 100, n3=T0 + 100)
+    assert clock.read(wall_ms=T0 + 100, mono_ms=100) == T0 + 2_000
+    hear(clock, 400, n2=T0 + 400, n3=T0 + 400)
+    assert clock.read(wall_ms=T0 + 400, mono_ms=400) == T0 + 2_300  # on by the majority's 300 ms
+
+
 def test_a_leader_without_a_majority_of_fresh_samples_holds_its_reading() -> None:
     """Its own clocks alone (fast here) would carry the log's time ahead: it waits for the others."""
     clock = leader(committed_ms=T0)

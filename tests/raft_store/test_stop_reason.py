@@ -44,6 +44,29 @@ def test_the_last_line_names_the_cause_and_what_to_do(error: Exception, said: st
         assert f"Free space on the file system holding {DATA}" in line and "start the node again" in line
 
 
+class LibraryError(Exception):
+    """What LMDB raises: not an OSError, whatever the system said."""
+
+
+def test_a_store_librarys_error_is_storage_and_on_a_full_file_system_a_full_disk(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """LMDB reports a short write on a full file system as `mdb_txn_commit: Input/output error`:
+    the store wraps it in a StorageError, and the space left on the data directory's file system
+    says whether the disk is full."""
+    from queues.stores import StoreError
+
+    error = caused(StoreError("queue.lmdb: a commit failed"), LibraryError("mdb_txn_commit: Input/output error"))
+    assert stop_reason(error, node_id=1, data_dir=tmp_path).startswith("node 1 stopped: storage failed (")
+
+    class Full:
+        f_bavail, f_frsize = 3, 4096
+
+    monkeypatch.setattr("raft_store.stop_reason.os.statvfs", lambda path: Full())
+    assert stop_reason(error, node_id=1, data_dir=tmp_path).startswith("node 1 stopped: the disk is full (")
+    assert stop_reason(ValueError("a bug"), node_id=1, data_dir=tmp_path).startswith("node 1 stopped: on an unexpected")
+
+
 class FailingCommit(KvMachine):
     """A store whose COMMIT fails and keeps the transaction open (a deferred constraint), as a
     full disk can leave it."""
