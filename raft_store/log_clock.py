@@ -112,6 +112,8 @@ class LogClock:
         self._committed_ms = max(self._committed_ms, time_ms)
 
     def set_role(self, *, leading: bool, leader: int, voters: frozenset[int]) -> None:
+        if (leading, leader) != (self._leading, self._leader):
+            self._ahead = None  # another base (the majority's, another leader's): counted afresh
         self._leading, self._leader, self._voters = leading, leader, voters
 
     @property
@@ -158,8 +160,11 @@ class LogClock:
                     # carry the reading on at its own rate for as long as the base stays below it.
                     ahead = (reading, mono_ms, base)
                 self._ahead = ahead
-        # Without a base (no leader heard lately, no majority of fresh samples) it holds: a node
-        # whose clocks run fast would otherwise carry the log's time ahead alone.
+        else:
+            # Without a base (no leader heard lately, no majority of fresh samples) it holds: a node
+            # whose clocks run fast would otherwise carry the log's time ahead alone. Nor may the
+            # time it held count as advance once a base returns: counted afresh from there.
+            self._ahead = None
         self._reading_ms = max(reading, self._committed_ms)
         return self._reading_ms
 

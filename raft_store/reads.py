@@ -9,7 +9,8 @@ an enqueue one apply after it, without asking again and again. A wake-one read
 the group waiting for an earlier one is due, the others wait for the next apply (idle workers
 asking the same question do not all rush to lease the one message an enqueue made ready).
 
-The node hands the due reads to one read job on the apply thread (node.py `_serve_reads`), and a
+The node hands the due reads to one read job on the apply thread (node_reads.py, scheduled by the
+Ready runner between applies: ready_runner.py `serve_reads`), and a
 job cut short by its budget puts the rest back first in line.
 
 Must never: answer a waiting read before its index or its time, or hold one past its `wait_ms`.

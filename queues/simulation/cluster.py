@@ -27,7 +27,7 @@ from queues.simulation.workload import Workload
 from raft_store.core import ProposalDropped, Role
 from raft_store.simulation.clocks import EPOCH_MS
 from raft_store.simulation.cluster import Bugs, Cluster, SimNode
-from raft_store.state_machine import decode_batch, encode_batch
+from raft_store.state_machine import GroupCommittingMachine, decode_batch, encode_batch
 from raft_store.types import Entry, EntryKind, Snapshot
 
 CLOCK_OFFSET_MS_MAX = 400
@@ -72,7 +72,6 @@ class QueueCluster(Cluster):
         self.images: dict[int, tuple[int, bytes]] = {}
         self._empty_image = _fresh_image()
         self._waiting: dict[int, dict[int, tuple[int, Reply]]] = {}  # node -> index -> (term, reply)
-        self._results: list[bytes] = []
         self.clock_bugs = clock_bugs or ClockBugs()
         self.proposed_at: dict[tuple[int, int], int] = {}
         """(index, term) -> the true time its leader proposed it, for the checker's clock properties."""
@@ -114,22 +113,32 @@ class QueueCluster(Cluster):
         if self.rng.random() >= STATE_LAG:
             self.images[node.node_id] = (node.state_index, self.machines[node.node_id].snapshot_bytes())
 
-    def _apply_entry(self, node: SimNode, entry: Entry) -> None:
+    def _apply_entry(self, node: SimNode, entry: Entry) -> list[bytes]:
         machine = self.machines[node.node_id]
         proposed_ms = self.proposed_at.get((entry.index, entry.term))
         proposed = None if proposed_ms is None else (entry.term, proposed_ms)
+        results: list[bytes] = []
         if entry.kind is EntryKind.NORMAL:
             now_ms, commands = decode_batch(entry.data)
-            self._results = machine.apply_batch(entry.index, now_ms, commands)
+            results = machine.apply_batch(entry.index, now_ms, commands)
             if node.clock is not None:
                 node.clock.committed(now_ms)
-            self.qchecker.on_apply(node.node_id, entry.index, now_ms, commands, self._results, proposed)
+            self.qchecker.on_apply(node.node_id, entry.index, now_ms, commands, results, proposed)
         else:
             machine.note_applied(entry.index)
-            self._results = []
             self.qchecker.on_apply(node.node_id, entry.index, None, [], [], proposed)
         if entry.index % DIGEST_EVERY == 0:
             self.qchecker.on_digest_point(node.node_id, entry.index)
+        return results
+
+    def _uncommitted(self, node: SimNode) -> bool:
+        machine = self.machines[node.node_id]
+        return isinstance(machine, GroupCommittingMachine) and machine.uncommitted
+
+    def _commit(self, node: SimNode) -> None:
+        machine = self.machines[node.node_id]
+        if isinstance(machine, GroupCommittingMachine):
+            machine.commit()
 
     def _install_state(self, node: SimNode, snapshot: Snapshot) -> None:
         self._set_machine(node.node_id, snapshot.data, snapshot.meta.index)
@@ -167,15 +176,15 @@ class QueueCluster(Cluster):
         self._waiting.setdefault(node_id, {})[index] = (core.term, reply)
         self._pump(node_id)
 
-    def _answer(self, node: SimNode, entry: Entry) -> None:
+    def _answer(self, node: SimNode, entry: Entry, result: list[bytes]) -> None:
         waiting = self._waiting.get(node.node_id, {}).pop(entry.index, None)
         if waiting is None:
             return
         term, reply = waiting
-        if term != entry.term or not self._results:
+        if term != entry.term or not result:
             reply(Status.NOT_LEADER, b"")  # the proposal was overwritten by another leader
         else:
-            reply(Status.OK, self._results[0])
+            reply(Status.OK, result[0])
 
     def crash(self, node_id: int) -> None:
         running = self.nodes[node_id].core is not None
@@ -189,7 +198,7 @@ class QueueCluster(Cluster):
         """Chaos, then heal and drain until every message settled, then let replicas converge."""
         drain_ms_max = 30_000
         self.workload.start()
-        self.at(100, self._chaos)
+        self.at(100, self.operators.chaos)
         self.time.schedule_takeovers()
         self.run_until(chaos_ms)
         self.heal()

@@ -123,6 +123,14 @@ class Checker:
             self.violation(f"n{node} read index {state.index} below commit {floor} at request time")
         self.reads_checked += 1
 
+    def on_read_served(self, node: int, state: ReadState, applied: int) -> None:
+        """A read job ran: the state it read must include its read index, hence every entry
+        committed when the read was asked."""
+        floor = self.read_floor.get(state.context, 0)
+        if applied < max(state.index, floor):
+            self.violation(f"n{node} served a read at applied {applied}, below its read index {state.index}"
+                           f" (commit {floor} at request time)")
+
     def on_clock_reading(self, node: int, generation: int, reading: int, *, grounded: bool) -> None:
         if not grounded:  # knows nothing yet: its own clock, which nothing keeps (log_clock.py)
             return

@@ -3,10 +3,10 @@
 One `random.Random(seed)` decides every delay, drop, partition, crash and proposal, so a failing
 run is replayed exactly by `python -m raft_store.simulation --seed N ...`.
 
-The node driver here follows the same Ready contract as the real runner (raft_store/node.py) but
-splits it into three events so a crash can land between them: (1) send early messages and write
-to the disk's volatile buffer, (2) fsync after a simulated fsync latency, (3) send replies,
-apply, advance. Planted bugs bend exactly that contract to prove the checker notices.
+Every node runs the production Ready runner (raft_store/ready_runner.py) with simulated I/O
+(ports.py): writes reach the disk's volatile buffer at once and are fsynced after a simulated
+latency, so a crash can land between them; applies run inline or on a simulated apply thread.
+Planted bugs bend exactly that contract to prove the checker notices.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raft_store.core import Config, ProposalDropped, RaftCore, Ready, Recovered, Role
+from raft_store.core import Config, RaftCore, Recovered, Role
 from raft_store.log_clock import LogClock
-from raft_store.membership import MembershipError
 from raft_store.simulation.checker import Checker
 from raft_store.simulation.clocks import ClockFaults, SimTime
 from raft_store.simulation.disk import SimCorruption, SimDisk
+from raft_store.simulation.operators import Operators
+from raft_store.simulation.ports import SimPorts
 from raft_store.types import (
-    ConfChange,
-    ConfChangeType,
     ConfState,
     Entry,
     EntryKind,
@@ -85,9 +84,8 @@ class SimNode:
     applied: list[tuple[int, int, bytes]] = field(default_factory=list)  # (index, term, data)
     state_index: int = 0  # index the state machine reflects
     durable_state: tuple[int, tuple[tuple[int, int, bytes], ...]] = (0, ())
-    busy: bool = False  # a Ready is being persisted
-    outstanding: int = 0
-    last_done_at: float = 0.0
+    ports: SimPorts | None = None
+    """This incarnation's Ready runner and its simulated I/O."""
     corrupted: bool = False
     corruption_planted: bool = False
     drift: float = 1.0
@@ -132,12 +130,10 @@ class Cluster:
         self.checker = Checker(self)
         self.trace: list[str] = []
         self.healed = False
-        self.pipelined = self.rng.random() < 0.5
-        self.clients_stopped = False
-        self.final_value = -1
+        self.threaded = self.rng.random() < 0.5
+        """Every apply on the simulated apply thread; else small ones inline, as the node does."""
         self.stats = dict.fromkeys(STATS, 0)
-        self._next_value = 0
-        self._inflight: dict[int, tuple[int, int, int]] = {}  # value -> (leader, index, term)
+        self.operators = Operators(self)
         for node_id in self.ids:
             self._start(node_id)
 
@@ -198,8 +194,7 @@ class Cluster:
             random.Random(self.rng.getrandbits(64)),
         )
         node.generation += 1
-        node.busy = False
-        node.outstanding = 0
+        node.ports = SimPorts(self, node, threaded=self.threaded)
         self._schedule_tick(node_id, node.generation)
         self.log(
             f"n{node_id} started term={rec.hard_state.term} vote={rec.hard_state.vote} "
@@ -218,13 +213,12 @@ class Cluster:
         self.checker.on_crash(node_id)
         what = node.disk.crash(self.rng, may_corrupt=may_corrupt)
         node.core = None
+        node.ports = None
         node.clock = None
         node.generation += 1
         self.stats["crashes"] += 1
         self.stats["faults"] += 1
-        for value, (leader, _, _) in list(self._inflight.items()):
-            if leader == node_id:
-                del self._inflight[value]  # the client sees a timeout: outcome unknown
+        self.operators.crashed(node_id)
         self.log(f"n{node_id} CRASH ({what})")
 
     def _corruption_budget(self) -> int:
@@ -253,81 +247,17 @@ class Cluster:
 
     # ---- the Ready cycle ------------------------------------------------------------------
     def _pump(self, node_id: int) -> None:
-        """Run the Ready contract. Sequential nodes wait for each fsync before the next Ready
-        (like `advance`); pipelined nodes keep stepping while fsyncs complete in order (like
-        the real runner), so both drivers face the same checker."""
-        node = self.nodes[node_id]
-        core = node.core
-        while core is not None and not (node.busy and not self.pipelined) and core.has_ready():
-            rd = core.ready()
-            node.busy = True
-            generation = node.generation
-            for m in rd.early_messages:
-                self._send(node, m)
-            if rd.snapshot is not None:
-                self._install_snapshot(node, rd.snapshot)
-            if rd.hard_state is not None:
-                node.disk.write_hard_state(rd.hard_state)
-            node.disk.write_entries(rd.entries)
-            if self.bugs.ack_before_fsync or (self.bugs.vote_without_fsync and not rd.entries):
-                for m in rd.messages:
-                    self._send(node, m)
-                rd.messages = []
-            if self.pipelined:
-                for state in rd.read_states:
-                    self.checker.on_read_state(node_id, state)
-                if rd.committed:
-                    self._apply(node, rd.committed)
-                    core.on_applied(rd.committed[-1].index, rd.committed)
-            fsync_ms = self.rng.uniform(0.2, 3.0) if rd.must_sync else 0.0
-            # Writes complete in order: never before the previous one of this node.
-            done_at = max(self.now + fsync_ms, node.last_done_at)
-            node.last_done_at = done_at
-            node.outstanding += 1
-            self.at(done_at - self.now, functools.partial(self._persisted, node_id, generation, rd))
+        """What the node's loop does after stepping its inputs: hand the core's Readies to its
+        runner, and serve the reads that are due."""
+        ports = self.nodes[node_id].ports
+        if ports is not None:
+            ports.runner.pump()
+            ports.runner.serve_reads()
 
-    def _persisted(self, node_id: int, generation: int, rd: Ready) -> None:
-        node = self.nodes[node_id]
-        if node.core is None or node.generation != generation:
-            return
-        if rd.must_sync and not (self.bugs.vote_without_fsync and not rd.entries):
-            node.disk.sync()
-            self._state_durable(node)
-        for m in rd.messages:
-            self._send(node, m)
-        if self.pipelined:
-            node.core.on_persisted(rd)
-        else:
-            for state in rd.read_states:
-                self.checker.on_read_state(node_id, state)
-            self._apply(node, rd.committed)
-            node.core.advance(rd)
-        node.outstanding -= 1
-        node.busy = node.outstanding > 0
-        if not node.busy:
-            self._maybe_snapshot(node)
-        self._pump(node_id)
-
-    def _apply(self, node: SimNode, committed: list[Entry]) -> None:
-        for entry in committed:
-            if entry.index <= node.state_index:
-                continue
-            assert entry.index == node.state_index + 1, f"apply gap at n{node.node_id}"
-            self._apply_entry(node, entry)
-            node.state_index = entry.index
-            self.checker.on_apply(node.node_id, entry)
-            self._answer(node, entry)
-
-    def _answer(self, node: SimNode, entry: Entry) -> None:
+    def _answer(self, node: SimNode, entry: Entry, result: list[bytes]) -> None:
         """The leader that took a proposal answers its client once it applied the entry."""
         if entry.kind is EntryKind.NORMAL:
-            value = int.from_bytes(entry.data[:8], "big")
-            pending = self._inflight.get(value)
-            if pending and pending[0] == node.node_id:
-                del self._inflight[value]
-                if (pending[1], pending[2]) == (entry.index, entry.term):
-                    self.stats["acked"] += 1
-                    self.checker.on_ack(value, entry)
+            self.operators.applied(node.node_id, entry)
 
     # ---- the replicated state: hooks a subclass replaces to run a real state machine ----------
     # The base replicates an opaque list of applied entries, which is all the Raft checker needs.
@@ -350,8 +280,17 @@ class Cluster:
         """The state machine's own storage caught up with what it applied (fsync or snapshot)."""
         node.durable_state = (node.state_index, tuple(node.applied))
 
-    def _apply_entry(self, node: SimNode, entry: Entry) -> None:
+    def _apply_entry(self, node: SimNode, entry: Entry) -> list[bytes]:
+        """Apply one entry to the node's state; the results its proposer is answered with."""
         node.applied.append((entry.index, entry.term, entry.data))
+        return []
+
+    def _uncommitted(self, node: SimNode) -> bool:
+        """The node's machine holds applied state its store has not committed (group commit)."""
+        return False
+
+    def _commit(self, node: SimNode) -> None:
+        """Commit what `_uncommitted` reported (the runner's idle commit)."""
 
     def _install_state(self, node: SimNode, snapshot: Snapshot) -> None:
         node.applied = list(_decode_state(snapshot.data))
@@ -365,17 +304,16 @@ class Cluster:
         node.state_index = snapshot.meta.index
         self.checker.on_snapshot_installed(node.node_id, snapshot)
 
-    def _maybe_snapshot(self, node: SimNode) -> None:
+    def _take_snapshot(self, node: SimNode) -> None:
+        """Compact the log at what the machine has applied (the runner decided it is time)."""
         core = node.core
         assert core is not None
-        every = self.faults.snapshot_every_entries
-        if every and core.log.applied - core.log.snapshot_index >= every and node.state_index == core.log.applied:
-            index = core.log.applied
-            meta = core.compact(index)
-            data = self._snapshot_state(node)
-            node.disk.save_snapshot(Snapshot(meta, data), installed=False)
-            self._state_durable(node)
-            self.stats["snapshots"] += 1
+        if node.state_index != core.log.applied or core.log.applied <= core.log.snapshot_index:
+            return
+        meta = core.compact(core.log.applied)
+        node.disk.save_snapshot(Snapshot(meta, self._snapshot_state(node)), installed=False)
+        self._state_durable(node)
+        self.stats["snapshots"] += 1
 
     # ---- network ------------------------------------------------------------------------
     def _send(self, node: SimNode, m: Message) -> None:
@@ -405,7 +343,7 @@ class Cluster:
         node.core.step(m)
         self._pump(m.to)
 
-    # ---- clients and operators -----------------------------------------------------------
+    # ---- clients and operators (operators.py) ----------------------------------------------
     def leader(self) -> int | None:
         best: tuple[int, int] | None = None
         for node_id, node in self.nodes.items():
@@ -414,141 +352,20 @@ class Cluster:
                 best = (core.term, node_id)
         return best[1] if best else None
 
-    def _leader_core(self) -> tuple[int, RaftCore] | None:
-        leader = self.leader()
-        if leader is None:
-            return None
-        core = self.nodes[leader].core
-        assert core is not None
-        return leader, core
-
-    def propose(self) -> None:
-        found = self._leader_core()
-        if found is None:
-            return
-        leader, core = found
-        self._next_value += 1
-        value = self._next_value
-        data = value.to_bytes(8, "big") + self.rng.randbytes(self.rng.randrange(0, 64))
-        try:
-            index = core.propose(data)
-        except ProposalDropped:
-            return
-        self.stats["proposed"] += 1
-        self._inflight[value] = (leader, index, core.term)
-        self._pump(leader)
-
-    def change_membership(self) -> None:
-        found = self._leader_core()
-        if found is None:
-            return
-        leader, core = found
-        conf = core.conf
-        missing = [n for n in self.ids if n not in conf.voters]
-        if missing:
-            change = ConfChange(ConfChangeType.ADD_VOTER, self.rng.choice(missing))
-        else:
-            candidates = [n for n in sorted(conf.voters) if n != leader]
-            change = ConfChange(ConfChangeType.REMOVE_NODE, self.rng.choice(candidates))
-        try:
-            core.propose_conf_change(change)
-        except (ProposalDropped, MembershipError):
-            return
-        self.stats["conf_changes"] += 1
-        self.log(f"n{leader} proposes {change.change.name} n{change.node}")
-        self._pump(leader)
-
-    def read(self) -> None:
-        found = self._leader_core()
-        if found is None:
-            return
-        leader, core = found
-        self.stats["reads"] += 1
-        context = self._seq.to_bytes(8, "big")
-        self.checker.on_read_requested(context, leader)
-        core.read_index(context)
-        self._pump(leader)
-
-    def transfer(self) -> None:
-        found = self._leader_core()
-        if found is None:
-            return
-        leader, core = found
-        targets = [n for n in sorted(core.conf.voters) if n != leader]
-        if targets:
-            core.transfer_leadership(self.rng.choice(targets))
-            self._pump(leader)
-
-    # ---- fault schedule --------------------------------------------------------------------
-    def _chaos(self) -> None:
-        if self.healed:
-            return
-        f = self.faults
-        r = self.rng.random()
-        if r < 0.25 and f.crash_probability:
-            alive = [n for n, node in self.nodes.items() if node.core is not None]
-            if alive and self.rng.random() < f.crash_probability:
-                victim = self.rng.choice(alive)
-                self.crash(victim)
-                self.at(self.rng.uniform(50, f.restart_after_ms_max), lambda: self.restart(victim))
-        elif r < 0.45 and f.partition_probability:
-            self.blocked = set()
-            if self.rng.random() < f.partition_probability:
-                self._partition()
-        elif r < 0.55 and self.membership:
-            self.change_membership()
-        elif r < 0.6:
-            self.transfer()
-        self.at(self.rng.uniform(50, 400), self._chaos)
-
-    def _partition(self) -> None:
-        ids = self.ids[:]
-        self.rng.shuffle(ids)
-        cut = self.rng.randrange(1, len(ids))
-        side_a, side_b = ids[:cut], ids[cut:]
-        one_way = self.rng.random() < self.faults.one_way_probability
-        for a in side_a:
-            for b in side_b:
-                self.blocked.add((a, b))
-                if not one_way:
-                    self.blocked.add((b, a))
-        self.stats["partitions"] += 1
-        self.stats["faults"] += 1
-        self.log(f"partition {sorted(side_a)} | {sorted(side_b)}{' one-way' if one_way else ''}")
-
-    def _client_loop(self) -> None:
-        if self.clients_stopped:
-            return
-        if self.rng.random() < 0.8:
-            self.propose()
-        if self.rng.random() < 0.05:
-            self.read()
-        self.at(self.rng.uniform(5, 40), self._client_loop)
-
     # ---- the whole run ---------------------------------------------------------------------
     def run(self, chaos_ms: int = 8000, heal_ms: int = 6000) -> dict[str, Any]:
-        self.at(0, self._client_loop)
-        self.at(100, self._chaos)
+        operators = self.operators
+        self.at(0, operators.client_loop)
+        self.at(100, operators.chaos)
         self.time.schedule_takeovers()
         self.run_until(chaos_ms)
         self.heal()
         self.run_until(chaos_ms + heal_ms // 2)
-        self.clients_stopped = True
-        self._final_proposal()
+        operators.clients_stopped = True
+        operators.final_proposal()
         self.run_until(chaos_ms + heal_ms)
-        self.checker.check_converged(self.final_value)
+        self.checker.check_converged(operators.final_value)
         return dict(self.stats)
-
-    def _final_proposal(self) -> None:
-        """After healing, a fresh proposal must commit: the liveness half of the check."""
-        if self.final_value in self.checker.acked:
-            return
-        if self.final_value not in self._inflight:
-            before = self._next_value
-            self.propose()
-            if self._next_value != before and self._next_value in self._inflight:
-                self.final_value = self._next_value
-        self.at(50, self._final_proposal)
 
     def heal(self) -> None:
         self.healed = True

@@ -208,3 +208,24 @@ def test_ahead_of_the_majority_it_goes_on_at_the_majoritys_pace_read_often_or_no
             hear(clock, real, n2=T0 + real, n3=T0 + real)
         reading = clock.read(wall_ms=T0 + real, mono_ms=real)
     assert T0 + 30_000 + 2000 - 60 <= reading <= T0 + 30_000 + 2000
+
+
+
+def test_a_lead_counted_against_one_base_is_not_carried_on_against_another() -> None:
+    """A leader ahead of its majority's time goes on at that time's rate; when it becomes a
+    follower, its new base is another leader's reading, and the lead is counted afresh from there.
+    Counted from the old anchor, a fast monotonic clock's advance jumped the reading ahead at once
+    (simulation seed 25000217, 5 nodes with membership, a node 9 % fast: 312 ms in 22 ms)."""
+    clock = LogClock(2)
+    clock.set_role(leading=True, leader=2, voters=VOTERS)
+    clock.committed(T0 + 1000)  # the log is 1 s ahead of the majority's time
+    assert clock.read(wall_ms=T0, mono_ms=0) == T0 + 1000
+    for real in range(100, 2001, 100):  # its monotonic clock runs 20 % fast
+        clock.heard(1, wall_ms=T0 + real, clock_ms=0, mono_ms=real * 6 // 5)
+        clock.heard(3, wall_ms=T0 + real, clock_ms=0, mono_ms=real * 6 // 5)
+        assert clock.read(wall_ms=T0 + real, mono_ms=real * 6 // 5) == T0 + 900 + real  # the majority's rate
+    clock.set_role(leading=False, leader=3, voters=VOTERS)
+    clock.heard(3, wall_ms=T0 + 2000, clock_ms=T0 + 2850, mono_ms=2400)  # n3's reading, just below ours
+    assert clock.read(wall_ms=T0 + 2000, mono_ms=2400) == T0 + 2900  # holds: no jump
+    clock.heard(3, wall_ms=T0 + 2100, clock_ms=T0 + 2950, mono_ms=2520)
+    assert clock.read(wall_ms=T0 + 2100, mono_ms=2520) == T0 + 2950  # then the leader's, once it passes ours

@@ -1,0 +1,113 @@
+"""The production node's ports of the Ready runner (ready_runner.py): threads, the WAL, a machine.
+
+A `ThreadLane` is one worker thread whose completions come back on the event loop (the WAL
+thread, the apply thread). `WalStorage` writes Readies to the WAL with one fsync per batch and
+installs received snapshots. `MachineApplier` applies committed entries to a `StateMachine`
+exactly as every replica must: the leader's stamped clock, no-op for an entry that does not parse,
+`note_applied` for configuration entries and for entries a restart replays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from raft_store.core import Ready
+from raft_store.metrics import NodeMetrics
+from raft_store.node_clock import NodeClock
+from raft_store.ready_runner import Results
+from raft_store.state_machine import BatchFormatError, GroupCommittingMachine, StateMachine, decode_batch
+from raft_store.types import Entry, EntryKind, Snapshot
+from raft_store.wal import Wal
+
+log = logging.getLogger("raft_store.node")
+T = TypeVar("T")
+
+
+class ThreadLane:
+    """One thread; `done` runs on the loop that submitted. A job cancelled at shutdown reports nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    def submit(self, job: Callable[[], T], done: Callable[[Callable[[], T]], None]) -> None:
+        future = asyncio.get_running_loop().run_in_executor(self.pool, job)
+        future.add_done_callback(lambda f: None if f.cancelled() else done(f.result))
+
+    async def run(self, job: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, job)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class WalStorage:
+    def __init__(self, wal: Callable[[], Wal], install: Callable[[Snapshot], None]) -> None:
+        self._wal = wal
+        self._install = install
+
+    def persist(self, batch: list[Ready]) -> None:
+        """One write per Ready, one fsync for the whole batch (group commit)."""
+        wal = self._wal()
+        sync = False
+        for rd in batch:
+            if rd.entries:
+                wal.append(rd.entries)
+            if rd.hard_state is not None:
+                wal.set_hard_state(rd.hard_state)
+            sync = sync or rd.must_sync
+        if sync:
+            wal.sync()
+
+    def install_snapshot(self, snapshot: Snapshot) -> None:
+        self._install(snapshot)
+
+
+class MachineApplier:
+    def __init__(
+        self, machine: StateMachine, clock: NodeClock, metrics: NodeMetrics, *,
+        respond: Callable[[int], bool], answer: Callable[[list[Entry], Results], None],
+    ) -> None:  # fmt: skip
+        self.machine = machine
+        self._clock = clock
+        self._metrics = metrics
+        self._respond = respond
+        """Whether this node has clients waiting for an entry's results (only its proposer does)."""
+        self._answer = answer
+
+    def apply(self, entries: list[Entry]) -> Results:
+        out: Results = []
+        machine = self.machine
+        for entry in entries:
+            if entry.index <= machine.applied_index():
+                out.append(None)  # replayed after a restart: already in the machine's state
+                continue
+            if entry.kind is EntryKind.NORMAL:
+                try:
+                    now_ms, commands = decode_batch(entry.data)
+                except BatchFormatError:
+                    log.error("entry %d does not parse; applying it as a no-op", entry.index)
+                    machine.note_applied(entry.index)
+                    out.append(None)
+                    continue
+                result = machine.apply_batch(entry.index, now_ms, commands, respond=self._respond(entry.index))
+                self._clock.committed(now_ms)
+                out.append(result)
+                self._metrics.applied_commands += len(commands)
+            else:
+                machine.note_applied(entry.index)
+                out.append(None)
+        return out
+
+    def applied(self, entries: list[Entry], results: Results) -> None:
+        self._answer(entries, results)
+
+    def uncommitted(self) -> bool:
+        return isinstance(self.machine, GroupCommittingMachine) and self.machine.uncommitted
+
+    def commit(self) -> None:
+        if isinstance(self.machine, GroupCommittingMachine):
+            self.machine.commit()

@@ -1,0 +1,182 @@
+"""The Ready runner's contract, one rule at a time, on a real core with ports the test completes by hand.
+
+The simulations exercise the runner under random interleavings; these pin the rules the node's
+throughput and safety rely on, so a regression names the rule it broke.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from raft_store.core import Config, RaftCore, Ready, Recovered, Role
+from raft_store.ready_runner import ReadJob, ReadyRunner, Results, RunnerConfig
+from raft_store.types import ConfState, Entry, EntryKind, Message, ReadState, Snapshot, SnapshotMeta
+
+
+class ManualLane:
+    """Jobs wait until the test completes them, in order."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Callable[[], Any], Callable[[Callable[[], Any]], None]]] = []
+
+    def submit(self, job: Callable[[], Any], done: Callable[[Callable[[], Any]], None]) -> None:
+        self.jobs.append((job, done))
+
+    def complete(self) -> None:
+        job, done = self.jobs.pop(0)
+        value = job()
+        done(lambda: value)
+
+
+class Ports:
+    def __init__(self) -> None:
+        self.batches: list[list[Ready]] = []
+        self.applied: list[int] = []
+        self.sent: list[Message] = []
+        self.reads: list[ReadState] = []
+        self.read_jobs = 0
+        self.answered = 0
+        self.failures: list[BaseException] = []
+
+    def persist(self, batch: list[Ready]) -> None:
+        self.batches.append(batch)
+
+    def install_snapshot(self, snapshot: Snapshot) -> None:
+        raise AssertionError("no snapshot in these tests")
+
+    def apply(self, entries: list[Entry]) -> Results:
+        self.applied += [e.index for e in entries]
+        return [[] for _ in entries]
+
+    def applied_(self, entries: list[Entry], results: Results) -> None:
+        pass
+
+    def read_state(self, state: ReadState) -> None:
+        self.reads.append(state)
+
+    def pending(self) -> bool:
+        return bool(self.reads)
+
+    def take(self, applied: int) -> ReadJob[Any] | None:
+        if not self.reads:
+            return None
+        self.reads = []
+
+        def job() -> int:
+            self.read_jobs += 1
+            return applied
+
+        def finish(result: Callable[[], Any]) -> None:
+            self.answered += 1
+
+        return job, finish
+
+    def uncommitted(self) -> bool:
+        return False
+
+    def commit(self) -> None:
+        pass
+
+    def send(self, m: Message) -> None:
+        self.sent.append(m)
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Any:
+        raise AssertionError("no idle commit in these tests")
+
+    def take_snapshot(self) -> None:
+        raise AssertionError("no snapshot in these tests")
+
+    def fail(self, exc: BaseException) -> None:
+        self.failures.append(exc)
+
+    def wake(self) -> None:
+        pass
+
+    def observe_fsync(self, entries: int, started: float) -> None:
+        pass
+
+    def now(self) -> float:
+        return 0.0
+
+
+class _Applier:
+    def __init__(self, ports: Ports) -> None:
+        self.ports = ports
+
+    def apply(self, entries: list[Entry]) -> Results:
+        return self.ports.apply(entries)
+
+    def applied(self, entries: list[Entry], results: Results) -> None:
+        self.ports.applied_(entries, results)
+
+    def uncommitted(self) -> bool:
+        return False
+
+    def commit(self) -> None:
+        pass
+
+
+def _runner(**config: Any) -> tuple[ReadyRunner, Ports, ManualLane, ManualLane]:
+    conf = ConfState(voters=frozenset({1}))
+    core = RaftCore(Config(node_id=1), Recovered(snapshot=SnapshotMeta(0, 0, conf)), random.Random(1))
+    ports, disk, machine = Ports(), ManualLane(), ManualLane()
+    runner = ReadyRunner(core, RunnerConfig(**config), storage=ports, applier=_Applier(ports), reader=ports,
+                         disk=disk, machine=machine, effects=ports)  # fmt: skip
+    return runner, ports, disk, machine
+
+
+def _lead(runner: ReadyRunner, disk: ManualLane) -> None:
+    runner.core.campaign()
+    runner.pump()
+    while disk.jobs:
+        disk.complete()
+        runner.pump()
+    assert runner.core.role is Role.LEADER
+
+
+def test_writes_arriving_during_a_write_share_the_next_one() -> None:
+    runner, ports, disk, _ = _runner(inline_persist_bytes_max=-1)
+    _lead(runner, disk)
+    before = len(ports.batches)
+    for value in (b"a", b"b", b"c"):
+        runner.core.propose(value)
+        runner.pump()
+    assert len(disk.jobs) == 1, "one write at a time"
+    disk.complete()  # the first proposal's write; the other two waited
+    runner.pump()
+    disk.complete()
+    runner.pump()
+    sizes = [sum(len(rd.entries) for rd in batch) for batch in ports.batches[before:]]
+    assert sizes == [1, 2], f"the two proposals that waited are one write: {sizes}"
+    assert not ports.failures
+
+
+def test_entries_apply_only_once_durable_on_a_single_voter() -> None:
+    runner, ports, disk, _ = _runner(inline_persist_bytes_max=-1)
+    _lead(runner, disk)
+    index = runner.core.propose(b"x")
+    runner.pump()
+    assert index not in ports.applied
+    disk.complete()
+    runner.pump()
+    assert index in ports.applied
+
+
+def test_an_apply_committed_during_a_read_job_queues_behind_it() -> None:
+    runner, ports, disk, machine = _runner(inline_persist_bytes_max=-1)
+    _lead(runner, disk)
+    ports.reads.append(ReadState(index=runner.core.log.applied, context=b"r"))
+    runner.serve_reads()
+    assert runner.reading and len(machine.jobs) == 1
+    index = runner.core.propose(b"x")
+    runner.pump()
+    disk.complete()  # durable and committed: the apply must not run inline beside the read job
+    runner.pump()
+    assert index not in ports.applied and len(machine.jobs) == 2
+    machine.complete()  # the read job
+    assert ports.answered == 1 and index not in ports.applied
+    machine.complete()  # then the apply
+    assert index in ports.applied
+    assert runner.core.log.entry(index).kind is EntryKind.NORMAL
