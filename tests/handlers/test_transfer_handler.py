@@ -222,8 +222,16 @@ async def test_a_request_arriving_after_its_expiry_is_refused_and_retried_as_not
     assert await transfers(no_dedup_expiry) == ONE_TRANSFER
 
 
+@pytest.mark.parametrize(
+    ("number", "previous"),
+    [
+        (2, "timeout"),  # the next attempt after the unknown outcome
+        (1, None),  # an edited version's first attempt: the store passes on its predecessor's deadline
+    ],
+    ids=["retry", "edited-version"],
+)
 async def test_after_an_unknown_outcome_the_next_attempt_waits_for_the_expiry_then_looks(
-    no_dedup_expiry: Standins,
+    no_dedup_expiry: Standins, number: int, previous: str | None,
 ) -> None:
     skew_s = 0.3
     async with build_registry(handler_settings(no_dedup_expiry, gateway=QUICK, guarantee="expiry",
@@ -235,7 +243,7 @@ async def test_after_an_unknown_outcome_the_next_attempt_waits_for_the_expiry_th
         in_doubt_ms = first_lease.in_doubt_report_ms()
         await no_dedup_expiry.faults("payment")
         started = time.monotonic()
-        second = await handler.handle(attempt_of(PAYLOAD, number=2, previous="timeout", in_doubt_ms=in_doubt_ms,
+        second = await handler.handle(attempt_of(PAYLOAD, number=number, previous=previous, in_doubt_ms=in_doubt_ms,
                                                  lease=lease_from(wall_ms())))  # fmt: skip
         waited_s = time.monotonic() - started
     assert shape(first) == ("retryable", "timeout", None, None, True)
@@ -244,30 +252,6 @@ async def test_after_an_unknown_outcome_the_next_attempt_waits_for_the_expiry_th
     assert shape(second) == ("succeeded", "already transferred", 200)
     assert await transfers(no_dedup_expiry) == ONE_TRANSFER
     assert (await no_dedup_expiry.stats("payment"))["by_outcome"] == {"created": 1, "found": 1}
-
-
-async def test_an_edited_versions_first_attempt_waits_for_its_predecessors_request_then_looks(
-    no_dedup_expiry: Standins,
-) -> None:
-    """Finance edited a transfer whose last request timed out: the new version's first attempt
-    carries the predecessor's in-doubt deadline (the store passes it on) and must not pay again."""
-    skew_s = 0.3
-    async with build_registry(handler_settings(no_dedup_expiry, gateway=QUICK, guarantee="expiry",
-                                               clock_skew_ms=int(skew_s * 1000)), secrets=SECRETS) as expiring:  # fmt: skip
-        handler = expiring.handler(Kind.TRANSFER)
-        await no_dedup_expiry.faults("payment", apply_then_timeout_rate=1.0, withhold_ms=WITHHOLD_MS)
-        first_lease = lease_from(wall_ms())
-        first = await handler.handle(attempt_of(PAYLOAD, lease=first_lease))
-        in_doubt_ms = first_lease.in_doubt_report_ms()
-        await no_dedup_expiry.faults("payment")
-        started = time.monotonic()
-        edited = await handler.handle(attempt_of(PAYLOAD, number=1, in_doubt_ms=in_doubt_ms, lease=lease_from(wall_ms())))
-        waited_s = time.monotonic() - started
-    assert shape(first) == ("retryable", "timeout", None, None, True)
-    assert in_doubt_ms is not None and in_doubt_ms > 0
-    assert waited_s >= in_doubt_ms / 1000 + skew_s
-    assert shape(edited) == ("succeeded", "already transferred", 200)
-    assert await transfers(no_dedup_expiry) == ONE_TRANSFER
 
 
 async def test_without_a_guarantee_an_unknown_outcome_is_looked_up_twice_then_parked_then_sent_on_redrive(
