@@ -519,8 +519,8 @@ def summarize(
         "requests": settings.requests, "acknowledged": len(posted.acknowledged), "done": len(done),
         "window_s": round(window_s, 2), "settled": window.settled, "backlog_max": window.backlog_max,
         "posted_per_s": round(len(posted.acknowledged) / intake_s, 1) if intake_s > 0 else None,
-        "post": {"batch_p50_ms": _ms(figures.percentile(posted.batch_latencies_s, 0.5)),
-                 "batch_p99_ms": _ms(figures.percentile(posted.batch_latencies_s, 0.99)),
+        "post": {"batch_p50_ms": figures.ms(figures.percentile(posted.batch_latencies_s, 0.5)),
+                 "batch_p99_ms": figures.ms(figures.percentile(posted.batch_latencies_s, 0.99)),
                  "replays": posted.replays, "retried_items": posted.retried_items,
                  "retried_batches": posted.retried_batches, "refused": posted.refused,
                  **({"first_refusal": posted.first_refusal} if posted.first_refusal else {})},
@@ -530,10 +530,6 @@ def summarize(
                            for name, n in window.leader.items()},
         "store_counts": window.counts,
     }  # fmt: skip
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
 
 
 def checks(result: dict[str, Any], window: Window) -> list[str]:

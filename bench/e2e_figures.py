@@ -26,6 +26,11 @@ DONE: Final = "done"
 TERMINAL: Final = frozenset({"done", "dead", "discarded"})
 
 
+def ms(seconds: float | None) -> float | None:
+    """Seconds as milliseconds to 0.1, as every figure prints them."""
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
 def percentile(values: Sequence[float], fraction: float) -> float | None:
     """Nearest rank: the smallest value with at least `fraction` of the values at or below it."""
     if not values:

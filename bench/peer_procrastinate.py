@@ -322,16 +322,12 @@ def summarize(window: Window, jobs: Jobs, ledgers: figures.Ledgers, settings: Se
         **figures.effects_of(window.acknowledged, done_ids, set(), ledgers, store_key_prefix=""),
         "requests": settings.requests, "acknowledged": len(window.acknowledged), "refused": window.refused,
         "done": len(done_ids), "window_s": round(window_s, 2), "settled": window.settled, "job_counts": window.counts,
-        "post": {"batch_p50_ms": _ms(figures.percentile(window.batch_latencies_s, 0.5)),
-                 "batch_p99_ms": _ms(figures.percentile(window.batch_latencies_s, 0.99)),
+        "post": {"batch_p50_ms": figures.ms(figures.percentile(window.batch_latencies_s, 0.5)),
+                 "batch_p99_ms": figures.ms(figures.percentile(window.batch_latencies_s, 0.99)),
                  **({"first_refusal": window.first_refusal} if window.first_refusal else {})},
         **cpu,
         "peer_total_cpu_us_per_request": round(peer_total, 1),
     }  # fmt: skip
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
 
 
 def checks(result: dict[str, Any], window: Window) -> list[str]:
