@@ -79,7 +79,7 @@ STDLIB_FORBIDDEN: Final[Mapping[str, frozenset[str]]] = {"delay": frozenset({"sq
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
     "raft_store.log_clock", "raft_store.ready_runner",
-    "queues.model", "queues.events", "queues.lifecycle", "queues.codec", "queues.query_codec",
+    "queues.model", "queues.events", "queues.views", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies", "ledger.request_ids",
     "api.schemas", "submission.models", "submission.rules",
@@ -98,7 +98,7 @@ MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
     "bench/e2e.py": 692,
-    "queues/model.py": 862,
+    "queues/model.py": 839,
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
     "raft_store/wal.py::Wal": 315,
