@@ -107,6 +107,7 @@ class BreakerBoard:
         return self._downstream_of[kind]
 
     def took(self, kind: str, count: int) -> None:
+        """Attempts started under a ramp (negative: slots taken for a lease and not granted)."""
         self.breakers[self._downstream_of[kind]].took(count)
 
     # ---- what an attempt says ------------------------------------------------------------------

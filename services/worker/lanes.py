@@ -164,14 +164,18 @@ class SetLane:
             for kind in probes
         ]  # fmt: skip
         kinds = ready + probes
-        for kind, count in zip(kinds, asked, strict=True):
+        for index, (kind, count) in enumerate(zip(kinds, asked, strict=True)):
             self._shares.take(self.set_id, kind, count)
+            if index < len(ready):  # a ramp's allowance, too, is taken before the lanes' leases run at once
+                self._board.took(kind, count)
         started = [0] * len(kinds)
         try:
             await self._send(commands, kinds, asked, len(ready), started)
         finally:  # a grant keeps its slot until its attempt ends; the rest are given back
-            for kind, count, used in zip(kinds, asked, started, strict=True):
+            for index, (kind, count, used) in enumerate(zip(kinds, asked, started, strict=True)):
                 self._shares.give(self.set_id, kind, count - used)
+                if index < len(ready):
+                    self._board.took(kind, used - count)
         self._shares.want(self.set_id, self.watch.backlog)
         return sum(started)
 
@@ -196,7 +200,5 @@ class SetLane:
                                           requested_s=requested_s, received_s=received_s)  # fmt: skip
                 started[index] += 1
                 self._start(self, grant, lease, probe)
-            if grants and not probe:
-                self._board.took(kinds[index], len(grants))
             self.leased += len(grants)
             self._metrics.set_grants.labels(str(self.set_id)).inc(len(grants))

@@ -141,11 +141,6 @@ class Worker:
         return len(self._running) >= self._settings.siblings_min
 
     @property
-    def queue(self) -> QueueClient:
-        """The lowest-numbered set's client: where cluster-wide reads go for now (documents.py)."""
-        return next(iter(self.lanes.values())).queue
-
-    @property
     def metrics(self) -> WorkerMetrics:
         return self._metrics
 
