@@ -163,7 +163,9 @@ class Worker:
         for lane in self.lanes.values():
             helpers += [asyncio.create_task(lane.completions.run()), asyncio.create_task(lane.keeper.run())]
         try:
-            await asyncio.gather(*(lane.lease_until(stop) for lane in self.lanes.values()))
+            async with asyncio.TaskGroup() as lanes:  # one lane failing for a bug stops them all
+                for lane in self.lanes.values():
+                    lanes.create_task(lane.lease_until(stop), name=f"lane-{lane.set_id}")
             await self._drain()
         finally:
             for helper in helpers:
