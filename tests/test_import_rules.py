@@ -102,7 +102,6 @@ OVERSIZED: Final[Mapping[str, int]] = {
     "raft_store/core.py": 785,
     "raft_store/core.py::RaftCore": 658,
     "raft_store/wal.py::Wal": 315,
-    "services/worker/runner.py::Worker": 312,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The
 list only shrinks: split one and lower its number (or drop it once under the limit)."""
