@@ -116,6 +116,28 @@ class _Tx:
         return found
 
 
+class _OlderTx(_Tx):
+    """A read-only view of a file written by an earlier version, which lacks the tables added since
+    (their handles are None): they read as empty (a read-only open cannot create them; a writer
+    creates them and the machine rebuilds what they derive from, docs/storage.md)."""
+
+    __slots__ = ()
+
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        return None if self._dbs[table] is None else super().get(table, key)
+
+    def scan(
+        self, table: Table, start: bytes = b"", stop: bytes | None = None, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        return iter(()) if self._dbs[table] is None else super().scan(table, start, stop, reverse=reverse)
+
+    def count(self, table: Table) -> int:
+        return 0 if self._dbs[table] is None else super().count(table)
+
+
+_ADDED_LATER: Final = frozenset({Table.DEAD_BUCKETS, Table.DEAD_AMOUNTS})
+"""Tables a file of an earlier version may lack: derived indexes, rebuilt when a writer opens it."""
+
 Pin = tuple[lmdb.Transaction, ckpt.Checkpoint]
 """A reader on a committed state, and that state's checkpoint record."""
 
@@ -284,7 +306,7 @@ class LmdbStore:
             raise StoreError(f"{self.path}: cannot open the queue store: {error}") from None
         if self._readonly:
             try:
-                return env, tuple(env.open_db(name, create=False) for name in _NAMES)
+                return env, tuple(self._open_existing(env, table) for table in Table)
             except lmdb.Error as error:
                 env.close()
                 raise StoreError(f"{self.path} is not a queue store of this version: {error}") from None
@@ -292,6 +314,15 @@ class LmdbStore:
         self._env, self._dbs = env, dbs
         self._syncer.make_durable()  # what is in the file now is the state to roll back to
         return env, dbs
+
+    @staticmethod
+    def _open_existing(env: lmdb.Environment, table: Table) -> Any:
+        try:
+            return env.open_db(_NAMES[table], create=False)
+        except lmdb.NotFoundError:
+            if table in _ADDED_LATER:
+                return None
+            raise
 
     def _recover(self) -> None:
         """Before opening: a clean stop's file is trusted as it is; a file with a checkpoint record
@@ -332,7 +363,7 @@ class LmdbStore:
             return _Tx(self._txn, self._dbs)
         if self._reader is None:
             self._reader = self._env.begin()
-        return _Tx(self._reader, self._dbs)
+        return _OlderTx(self._reader, self._dbs) if None in self._dbs else _Tx(self._reader, self._dbs)
 
     @property
     def uncommitted(self) -> bool:
