@@ -15,6 +15,7 @@ approver; a refusal says nothing was done).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Final
 
 from fastapi import Depends, Request
@@ -25,7 +26,7 @@ from api.money_view import diff_rows
 from api.problems import Problem, invalid
 from api.review_policy import current_payload, diff
 from api.services import ApiServices
-from api.views import request_document, timeline_entries
+from api.views import AuditWithIds, request_document, timeline_entries
 from api.web.headers import page_router
 from api.web.page_support import (
     Flash,
@@ -39,7 +40,7 @@ from api.web.page_support import (
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
-from queues import MessageView
+from queues import AuditEntry, EventType, MessageView, State
 
 router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
@@ -88,6 +89,15 @@ def _timeline(found: ApiServices, entries: list[dict[str, Any]]) -> list[dict[st
     return [{**entry, "audit": shown_entry(found, entry["audit"])} if "audit" in entry else entry for entry in entries]
 
 
+def _discard(view: MessageView, audit: Sequence[AuditWithIds]) -> AuditEntry | None:
+    """Who discarded a discarded request, when and why: the tier forgets its dead time when the
+    request leaves it, so the page's "Dead" fact reads the audit entry instead of a bare dash."""
+    if view.state is not State.DISCARDED:
+        return None
+    found = [entry for entry, ids in audit if entry.action == EventType.DISCARDED.value and view.message_id in ids]
+    return found[-1] if found else None
+
+
 async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> dict[str, Any]:
     view = await actions.request(found, request_id)
     siblings = (await actions.store(found, found.queue.by_ref_key(view.ref_key))).value
@@ -97,7 +107,7 @@ async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> 
     document = request_document(view, request_id, events)
     money = actions.amount(view)
     return {
-        "request": document, "view": view,
+        "request": document, "view": view, "discard": _discard(view, audit),
         "payload": document["payload"], "edited_payload": document["edited_payload"],
         "amount_minor": None if money is None else money[0], "currency": None if money is None else money[1],
         "attempts": [{**a, "excerpt": (a["error_text"] or "")[:EXCERPT_CHARS], "started_ms": h.leased_ms,

@@ -8,9 +8,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
-from projector_support import FAST, KINDS, Traffic
+from projector_support import FAST, KINDS, Traffic, execute
 
 from ledger import migrate, pg
 from queues import QueueClient, RaftClient
@@ -75,11 +74,3 @@ async def gapped(tmp_path: Path) -> AsyncIterator[tuple[StoreThread, QueueClient
             yield store, client
         finally:
             await client.raft.close()
-
-
-async def execute(dsn: str, statement: str) -> None:
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(statement)
-    finally:
-        await connection.close()

@@ -208,3 +208,11 @@ def _assert_attempt(row: asyncpg.Record, history: Any) -> None:
 
 def event_types(events: Sequence[Event]) -> set[EventType]:
     return {event.type for event in events}
+
+
+async def execute(dsn: str, statement: str) -> None:
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()

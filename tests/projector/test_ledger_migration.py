@@ -10,7 +10,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from conftest import execute
+from projector_support import execute
 
 from ledger import migrate, pg
 

@@ -85,6 +85,9 @@ async def test_discard_needs_a_code_and_a_comment(store: StoreThread) -> None:
         done = await pages.post(R, path, {"reason_code": "duplicate", "comment": "paid twice, ticket 7"})
         assert done.status_code == 200 and 'data-kind="success"' in done.text
         assert (await pages.api.queue.get(int(request_id.split("-")[1]))).value.state is State.DISCARDED
+        page = (await pages.get(R, f"/review/requests/{request_id}")).text
+        dead_fact = re.search(r'data-test="request-dead">(.*?)</dd>', page, re.S)
+        assert dead_fact and "discarded " in dead_fact.group(1) and "paid twice, ticket 7" in dead_fact.group(1), page
 
 
 async def test_a_money_moving_redrive_is_proposed_and_approved_by_another_person(store: StoreThread) -> None:
