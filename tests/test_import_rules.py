@@ -80,7 +80,7 @@ PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
     "raft_store.log_clock", "raft_store.ready_runner", "raft_store.ready", "raft_store.elections",
     "raft_store.replication", "raft_store.following", "raft_store.read_index",
-    "queues.model", "queues.events", "queues.lifecycle", "queues.codec", "queues.query_codec",
+    "queues.model", "queues.events", "queues.views", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies", "ledger.request_ids",
     "api.schemas", "submission.models", "submission.rules",
@@ -99,7 +99,7 @@ MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
     "bench/e2e.py": 692,
-    "queues/model.py": 862,
+    "queues/model.py": 839,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The
 list only shrinks: split one and lower its number (or drop it once under the limit)."""

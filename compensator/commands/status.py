@@ -20,15 +20,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from compensator.commands.run import local_pg_data
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
-from compensator.store import queue_client
+from compensator.store import control_set, queue_client, raft_client
 from ledger import pg
 from ledger.kinds import DOWNSTREAM_OF
-from queues import ClientError, QueueError, State
+from queues import ClientError, QueueClient, QueueError, SetsClient, State
 from services.kafka.publisher_lease import NAMESPACE as PUBLISHER_NAMESPACE
 from services.worker.breaker import holder
 
@@ -89,8 +90,10 @@ async def gather(config: Config) -> dict[str, Any]:
         held = [p for name in names for p in pauses.get(name, ()) if p.holder == holder(downstream)]
         breakers.append({"downstream": downstream, "state": "open" if held else "closed", "kinds": names,
                          "since_ms": held[0].since_ms if held else None, "reason": held[0].reason if held else None})  # fmt: skip
+    sets = await _sets(config) if config.store.control_addresses else []
     return {
-        "healthy": healthy,
+        "healthy": healthy and all(found["healthy"] for found in sets),
+        "sets": sets,
         "leader": int(leader["node"]) if leader else None,
         "term": int(leader["term"]) if leader else None,
         "commit": commit,
@@ -138,6 +141,38 @@ async def _projector(config: Config, last_seq: int) -> dict[str, Any]:
     return row | {"cursor": cursor, "lag_events": max(0, last_seq - cursor), "holder": found["owner"] or None}
 
 
+async def _sets(config: Config) -> list[dict[str, Any]]:
+    """The control set and each set of its table: id, addresses, leader, commit, healthy (every
+    node within `api.ready_lag_entries_max` of its leader's commit). Never raises: a control set
+    that cannot be read is a row saying so."""
+    control = control_set(config)
+    rows = [_set_row(0, config.store.control_addresses, await control.queue.node_statuses(), config)]
+    try:
+        sets = await SetsClient.from_control(control, connect=lambda _set_id, addresses: QueueClient(
+            raft_client(config, control.queue.raft.auth, addresses)))  # fmt: skip
+    except (ClientError, QueueError, ValueError) as error:
+        rows[0]["error"] = f"the set table could not be read: {error}"
+        rows[0]["healthy"] = False
+        await control.queue.raft.close()
+        return rows
+    try:
+        rows += [_set_row(found.set_id, found.addresses, found.nodes, config) for found in await sets.statuses()]
+    finally:
+        await sets.close()
+    return rows
+
+
+def _set_row(set_id: int, addresses: Sequence[str], nodes: list[dict[str, Any]], config: Config) -> dict[str, Any]:
+    leaders = [node for node in nodes if node.get("role") == "leader"]
+    leader = max(leaders, key=lambda node: int(node.get("term", 0)), default=None)
+    commit = int(leader["commit"]) if leader else None
+    lags = [commit - int(node.get("applied", 0)) for node in nodes if commit is not None and "error" not in node]
+    healthy = leader is not None and len(lags) == len(nodes) and max(lags) <= config.api.ready_lag_entries_max
+    return {"set": set_id, "addresses": list(addresses), "leader": int(leader["node"]) if leader else None,
+            "commit": commit, "nodes_up": sum(1 for node in nodes if "error" not in node), "nodes": len(nodes),
+            "healthy": healthy, "error": None}  # fmt: skip
+
+
 def _node_row(node: dict[str, Any], commit: int) -> dict[str, Any]:
     if "error" in node:
         return {"address": node["address"], "node": None, "role": "down", "term": None, "applied": None,
@@ -171,6 +206,12 @@ def render(report: dict[str, Any]) -> str:
         else:
             lines.append(f"  {row['address']:<21} node {row['node']}  {row['role']:<9} term {row['term']:<4}"
                          f" applied {row['applied']:<10} lag {row['lag']}")  # fmt: skip
+    for found in report.get("sets", []):
+        name = "control set" if found["set"] == 0 else f"set {found['set']}"
+        state = found["error"] or (f"leader node {found['leader']}, commit {found['commit']}" if found["leader"]
+                                   else "NO LEADER")  # fmt: skip
+        lines.append(f"{name:<12} {','.join(found['addresses'])}  {state}, {found['nodes_up']}/{found['nodes']} nodes up"
+                     + ("" if found["healthy"] else "  (UNHEALTHY)"))  # fmt: skip
     lines.append("")
     header = f"{'kind':<14}" + "".join(f"{state:>11}" for state in _STATES) + f"{'oldest due':>12}  paused by"
     lines.append(header)
