@@ -6,9 +6,8 @@ ports of set 1's plus 10 (k - 1), the control set's on set 1's plus 50: fixed, s
 started once keeps matching its addresses on the next start (a node's peers are its set's
 addresses), and checked free before anything starts. Every child process is told the control set
 (`COMPENSATOR_STORE__CONTROL_ADDRESSES`), so the API routes intake over every set. Each set gets
-its own worker and projector processes pointed at it (`store.addresses`, `store.set_id`): the
-worker that leases from several sets at once is issue 25's other half; `store.set_clients` is
-what it will take.
+its own worker and projector processes pointed at it (`store.addresses`, `store.set_id`); every
+worker leases from every set of the table (`store.set_clients`), the projector reads its own set.
 
 Must never: change anything `compensator run` does without `--sets`.
 """

@@ -1,8 +1,8 @@
 """The worker process kind (``compensator worker``): a compensation worker (services/worker/) with
 its store client, its handlers and their connections, its limits and its tracer; and beside it,
 with `worker.maintenance`, the queue's maintenance driver for each set (it reads before it writes,
-so every worker may run one). The worker leases from every set it is given (one today:
-`store.set_id`).
+so every worker may run one). The worker leases from every set: `store.set_id`'s alone, or with
+`store.control_addresses` every set of the control set's table (docs/sets.md).
 
 Before it leases, the process reads the retry policies from the store (they are set at runtime,
 not in the configuration) and refuses to start when one would break what a downstream is declared
@@ -28,13 +28,14 @@ from compensator.config import Config
 from compensator.config_processes import worker_breaker
 from compensator.guarantees import policy_problems
 from compensator.shell import ProcessError, Running, Shell
-from compensator.store import queue_client
+from compensator.store import set_clients
 from compensator.telemetry import tracer_provider
 from compensator.wiring.parts import callback_secrets, metrics_address, process_name
 from handlers.registry import Registry, RegistryError, build_registry
 from handlers.signing import SecretsError
 from queues import ClientError, KindView, QueueClient, QueueError
 from queues.maintenance import MaintenanceDriver
+from queues.sets.table import TableError
 from services.worker.limits import Limits
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Worker, WorkerSettings
@@ -55,6 +56,7 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
     closed on exit. The handlers come from `config.handlers` and the callback secrets (a file or
     $COMPENSATOR_CALLBACK_SECRETS) unless a registry is given."""
     settings = config.worker
+    sets = await _sets(config)
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="worker")
     metrics = WorkerMetrics()
     if registry is None:
@@ -72,8 +74,6 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
                         for h in handlers.values()},
         downstream_of={kind: h.downstream for kind, h in handlers.items()},
     )  # fmt: skip
-    # One set for now; with the sets of issue 25 this is `await set_clients(config)` (compensator/store.py).
-    sets = {config.store.set_id: queue_client(config)}
     built = Worker(
         sets, handlers, limits,
         WorkerSettings(worker_id=name or process_name(), lease_ms=settings.lease_ms, batch_max=settings.batch_max,
@@ -88,6 +88,26 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
         for queue in sets.values():
             await queue.raft.close()
         provider.shutdown()
+
+
+SETS_WAIT_S = 60.0
+"""How long a worker of several sets waits for the control set's table at start (it may start
+before its store, as `compensator run` starts it) before it exits with one line."""
+
+
+async def _sets(config: Config) -> dict[int, QueueClient]:
+    """Every set's client (compensator/store.py `set_clients`): one set, or the sets of the control
+    set's table as it is now. A set added later reaches this worker when it restarts (docs/sets.md)."""
+    deadline = asyncio.get_running_loop().time() + SETS_WAIT_S
+    while True:
+        try:
+            return await set_clients(config)
+        except (ClientError, QueueError, TableError) as error:
+            if asyncio.get_running_loop().time() > deadline:
+                raise ProcessError(f"cannot read the set table from the control set"
+                                   f" ({','.join(config.store.control_addresses)}): {error}") from None  # fmt: skip
+            log.warning("cannot read the set table yet: %s", error)
+            await asyncio.sleep(1.0)
 
 
 async def check_policies(config: Config, sets: Mapping[int, QueueClient], stop: asyncio.Event) -> None:
