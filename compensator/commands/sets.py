@@ -6,8 +6,8 @@
     compensator sets add --resume --reason R                 (finish an add that stopped half-way)
 
 Adding sets is three steps, each a replicated, audited write: the new epoch written as pending in
-the control set; a `RouteFence(new epoch)` committed on every set of the epoch before; the epoch
-marked active. A step that fails stops the command (exit 1) and `--resume` finishes it: each step
+the control set; the intended cluster-wide settings copied to the new sets and a `RouteFence(new
+epoch)` committed on every set of the epoch before; the epoch marked active. A step that fails stops the command (exit 1) and `--resume` finishes it: each step
 is idempotent. The new sets must answer before anything is written.
 
 Why against the store with the cluster secret, as `compensator token` is, and not through the
@@ -32,7 +32,7 @@ from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
 from compensator.config_processes import parse_address
 from compensator.store import control_set, raft_client, store_auth
-from queues import ClientError, ControlSet, QueueClient, QueueError, SetsClient, StoreAuth
+from queues import ClientError, ControlSet, QueueClient, QueueError, SetsClient, StoreAuth, cluster_settings
 from queues.sets import table
 from queues.sets.table import SetTable, TableError
 
@@ -155,6 +155,7 @@ async def _add(control: ControlSet, config: Config, args: argparse.Namespace) ->
     before = found.epochs[pending.epoch - 2]
     sets = _facade(config, found)
     try:
+        await _copy_settings(control, sets, [s for s in pending.sets if s not in before.sets])
         fenced = await sets.fence(before.sets, pending.epoch, actor=args.actor, reason=reason)
     finally:
         await sets.close()
@@ -163,6 +164,20 @@ async def _add(control: ControlSet, config: Config, args: argparse.Namespace) ->
                         reason=reason)  # fmt: skip
     print(f"epoch {pending.epoch} active", file=sys.stderr)
     return 0
+
+
+async def _copy_settings(control: ControlSet, sets: SetsClient, new_ids: list[int]) -> None:
+    """The intended cluster-wide settings (pauses, policies, breakers' modes, classification
+    tables, retention: queues/sets/settings.py) written to the new sets before their epoch is
+    active, so no key is leased there under settings the other sets do not have. A failure stops
+    the add (`--resume` repeats it: each write is idempotent)."""
+    report = await cluster_settings.repair(control.queue, {set_id: sets.client(set_id) for set_id in new_ids})
+    for set_id in new_ids:
+        done = report.get(set_id, [])
+        if isinstance(done, Exception):
+            raise SetsCommandError(f"set {set_id} did not take the cluster-wide settings ({done}); nothing was"
+                                   " activated: run `compensator sets add --resume` when it answers")  # fmt: skip
+        print(f"set {set_id}: {len(done)} cluster-wide setting(s) copied", file=sys.stderr)
 
 
 def _facade(config: Config, found: SetTable) -> SetsClient:
