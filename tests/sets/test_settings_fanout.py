@@ -12,7 +12,7 @@ from queues.sets import table
 from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy, Resume
 from raft_store.testing.inprocess import StoreThread
 from tests.sets.test_sets_client import add_set, connector, control_of, item
-from tests.sets.test_sets_client import stores as stores  # noqa: F401  (the fixture)
+from tests.sets.test_sets_client import stores as stores  # the fixture, re-exported
 
 KIND = "transfer"
 

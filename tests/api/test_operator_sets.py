@@ -1,0 +1,100 @@
+"""The operator routes with several sets (docs/sets.md, "What is cluster-wide, and where"): a pause
+through the API holds in every set; with a set down, a pause or a breaker's mode answers 503
+`partially-applied` naming the sets that applied it and those that did not (one line for the
+command line), and the settings repair brings the set in line once it is back. The control set
+and three sets are one-node stores in this process, sharing one cluster secret."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from api_support import running_api
+
+from api.services import ApiServices
+from compensator.commands.operator import _problem_line
+from queues import QueueClient, RaftClient, Role
+from queues.replicated import machine_factory
+from queues.sets import table
+from queues.sets.client import ControlSet
+from raft_store.auth import write_secret_file
+from raft_store.testing.inprocess import StoreThread
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
+    """The control set (0) and sets 1-3, one secret for all (as a deployment has)."""
+    secret = tmp_path / "secret"
+    write_secret_file(secret)
+    started: dict[int, StoreThread] = {}
+    try:
+        for set_id in range(4):
+            folder = tmp_path / f"s{set_id}"
+            folder.mkdir()
+            shutil.copy(secret, folder / "store.secret")
+            started[set_id] = StoreThread(folder / "store", machine_factory)
+            started[set_id].start()
+        yield started
+    finally:
+        for thread in started.values():
+            thread.stop()
+
+
+def client(thread: StoreThread) -> QueueClient:
+    return QueueClient(RaftClient([thread.address], auth=thread.auth, attempt_timeout_s=0.5, deadline_s=2))
+
+
+async def holders(thread: StoreThread) -> list[str]:
+    queue = client(thread)
+    try:
+        return [p.holder for v in (await queue.kinds()).value if v.kind == "transfer" for p in v.pauses]
+    finally:
+        await queue.raft.close()
+
+
+async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
+    stores: dict[int, StoreThread],
+) -> None:
+    control = ControlSet(client(stores[0]))
+    await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
+                        actor="test", reason="init")  # fmt: skip
+    await control.queue.raft.close()
+    async with running_api(stores[1], store__control_addresses=stores[0].addresses) as api:
+        operator = api.auth(Role.OPERATOR)
+        answer = await api.client.post("/v1/kinds/transfer/pause", json={"reason": "outage", "holder": "ops:a"},
+                                       headers=operator)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["paused"] is True
+        assert [await holders(stores[s]) for s in (1, 2, 3)] == [["ops:a"]] * 3
+        again = await api.client.post("/v1/kinds/transfer/pause", json={"reason": "outage", "holder": "ops:a"},
+                                      headers=operator)  # fmt: skip
+        assert again.status_code == 409  # held in every set: as one set answers
+
+        stores[2].stop_node()
+        answer = await api.client.post("/v1/kinds/transfer/pause", json={"reason": "outage", "holder": "ops:b"},
+                                       headers=operator)  # fmt: skip
+        assert answer.status_code == 503 and answer.headers["retry-after"]
+        problem = answer.json()
+        assert problem["type"] == "/problems/partially-applied"
+        assert (problem["applied_sets"], problem["unapplied_sets"]) == ([1, 3], [2])
+        line = _problem_line(503, answer.headers["content-type"], answer.text)
+        assert "applied in sets 1,3" in line and "not applied in sets 2" in line and "safe" in line
+        mode = await api.client.put("/v1/breakers/payment", json={"mode": "open", "reason": "drill"}, headers=operator)
+        assert mode.status_code == 503 and mode.json()["unapplied_sets"] == [2]
+
+        stores[2].start_node()
+        services: ApiServices = api.app.state.services
+        assert services.sets is not None
+        report = await services.sets.repair_settings()
+        assert list(report) == [2]
+        assert await holders(stores[2]) == ["ops:a", "ops:b"]
+        queue = client(stores[2])
+        try:
+            documents = (await queue.documents("breakers")).value.documents
+        finally:
+            await queue.raft.close()
+        assert [d.name for d in documents] == ["payment"]
+        resumed = await api.client.post("/v1/kinds/transfer/resume", json={"holder": "ops:b"}, headers=operator)
+        assert resumed.status_code == 200 and [await holders(stores[s]) for s in (1, 2, 3)] == [["ops:a"]] * 3
