@@ -116,6 +116,8 @@ class ApiServices:
         try:
             outcome = await self.sets.broadcast(setting, actor=actor)
         except cluster_settings.IntentUnavailable as error:
+            if error.refused:
+                raise Problem("conflict", str(error)) from None
             raise Problem("not-ready", f"{error}. Repeating the same call is safe.", headers=retry) from None
         if outcome.unreachable:
             raise Problem(

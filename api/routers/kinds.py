@@ -152,7 +152,7 @@ async def get_policy(request: Request, kind: KindPath, principal: Observer) -> R
 
 @router.put(
     "/v1/kinds/{kind}/policy", response_model=PolicyChange, summary="Replace a kind's retry policy",
-    responses=openapi.problems(400, 401, 403, 404, 413, 415, 422, 503),
+    responses=openapi.problems(400, 401, 403, 404, 409, 413, 415, 422, 503),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/RetryPolicy"}}}}},
 )  # fmt: skip

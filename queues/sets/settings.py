@@ -183,11 +183,13 @@ class BroadcastOutcome:
 
 
 class IntentUnavailable(Exception):
-    """The control set did not take the intent: nothing was written to any set."""
+    """The control set did not take the intent: nothing was written to any set. `refused`: it
+    answered with a refusal (a repeat will not help: its namespace is full), else it did not answer."""
 
-    def __init__(self, error: ClientError | QueueError) -> None:
+    def __init__(self, error: ClientError | QueueError, *, refused: bool = False) -> None:
         super().__init__(f"the control set did not record the setting, so no set was changed: {error}")
         self.error = error
+        self.refused = refused
 
 
 async def record(control: QueueClient, setting: Setting, *, actor: str) -> None:
@@ -199,7 +201,9 @@ async def record(control: QueueClient, setting: Setting, *, actor: str) -> None:
         except (ClientError, QueueError) as error:
             raise IntentUnavailable(error) from None
         if result.code is not Code.OK:
-            raise IntentUnavailable(QueueError(f"the control set refused the intent {name}: {result.code.name}"))
+            raise IntentUnavailable(QueueError(
+                f"it refused the intent {name} ({result.code.name}; its namespace {NAMESPACE!r} holds at most 1000"
+                " settings, and intents are never deleted: see docs/sets.md, 'Not done yet')"), refused=True)  # fmt: skip
 
 
 async def broadcast(

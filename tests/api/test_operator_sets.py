@@ -6,6 +6,7 @@ and three sets are one-node stores in this process, sharing one cluster secret."
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,11 +15,14 @@ import pytest
 from api_support import running_api
 
 from api.services import ApiServices
+from compensator.cli import main
 from compensator.commands.operator import _problem_line
-from queues import QueueClient, RaftClient, Role
+from delay.policy import RetryPolicy
+from queues import QueueClient, RaftClient, Role, SetsClient
 from queues.replicated import machine_factory
 from queues.sets import table
 from queues.sets.client import ControlSet
+from queues.sets.settings import REPAIR_ACTOR, Pause, Policy
 from raft_store.auth import write_secret_file
 from raft_store.testing.inprocess import StoreThread
 
@@ -61,7 +65,7 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
     await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
                         actor="test", reason="init")  # fmt: skip
     await control.queue.raft.close()
-    async with running_api(stores[1], store__control_addresses=stores[0].addresses) as api:
+    async with running_api(stores[1], store__control_addresses=stores[0].addresses, store__sets_refresh_s="1") as api:
         operator = api.auth(Role.OPERATOR)
         answer = await api.client.post("/v1/kinds/transfer/pause", json={"reason": "outage", "holder": "ops:a"},
                                        headers=operator)  # fmt: skip
@@ -85,11 +89,13 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
         assert mode.status_code == 503 and mode.json()["unapplied_sets"] == [2]
 
         stores[2].start_node()
-        services: ApiServices = api.app.state.services
-        assert services.sets is not None
-        report = await services.sets.repair_settings()
-        assert list(report) == [2]
+        for _ in range(100):  # the API's settings repair runs every store.sets_refresh_s (1 s here)
+            if await holders(stores[2]) == ["ops:a", "ops:b"]:
+                break
+            await asyncio.sleep(0.1)
         assert await holders(stores[2]) == ["ops:a", "ops:b"]
+        services: ApiServices = api.app.state.services
+        assert services.sets is not None and await services.sets.repair_settings() == {}  # in line now
         queue = client(stores[2])
         try:
             documents = (await queue.documents("breakers")).value.documents
@@ -98,3 +104,47 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
         assert [d.name for d in documents] == ["payment"]
         resumed = await api.client.post("/v1/kinds/transfer/resume", json={"holder": "ops:b"}, headers=operator)
         assert resumed.status_code == 200 and [await holders(stores[s]) for s in (1, 2, 3)] == [["ops:a"]] * 3
+
+
+def test_sets_add_copies_the_intended_settings_to_the_new_set_before_activating_it(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`compensator sets add`, in this process: set 3 joins sets 1 and 2 holding their pause and
+    policy, written there by the settings repair's actor, before its epoch is active."""
+
+    async def prepare() -> None:
+        control = ControlSet(client(stores[0]))
+        try:
+            await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2)}), expected_version=0,
+                                actor="test", reason="init")  # fmt: skip
+            sets = await SetsClient.from_control(control, connect=lambda _s, a: client(
+                next(t for t in stores.values() if t.addresses == a[0])))  # fmt: skip
+            try:
+                for setting in (Pause(kind="transfer", holder="ops:a", reason="outage"),
+                                Policy(kind="transfer", policy=RetryPolicy(attempts_max=4))):  # fmt: skip
+                    assert (await sets.broadcast(setting, actor="alice")).applied == [1, 2]
+            finally:
+                await sets.close()
+        finally:
+            await control.queue.raft.close()
+
+    asyncio.run(prepare())
+    monkeypatch.setenv("COMPENSATOR_STORE__ADDRESSES", stores[1].addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__CONTROL_ADDRESSES", stores[0].addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__SECRET_FILE", str(stores[1].secret_file))
+    assert main(["sets", "add", "--addresses", stores[3].addresses, "--reason", "grow"]) == 0
+    assert "set 3: 2 cluster-wide setting(s) copied" in capsys.readouterr().err
+
+    async def check() -> None:
+        queue = client(stores[3])
+        try:
+            kinds = {view.kind: view for view in (await queue.kinds()).value}
+            assert [p.holder for p in kinds["transfer"].pauses] == ["ops:a"]
+            assert kinds["transfer"].policy == RetryPolicy(attempts_max=4)
+            audit = (await queue.audit_log(limit=5)).value.entries
+            assert {entry.actor for entry in audit} == {REPAIR_ACTOR}
+            assert any("alice" in entry.reason for entry in audit)
+        finally:
+            await queue.raft.close()
+
+    asyncio.run(check())
