@@ -75,7 +75,7 @@ async def publisher_process(config: Config, *, holder: str = "", accept_gap: boo
     lease = PublisherLease(queue, name=kafka.events_topic, holder=holder, lease_ms=kafka.publisher_lease_ms)
     settings = PublisherSettings(topic=kafka.events_topic, batch_max=kafka.publisher_batch_max,
                                  poll_ms=kafka.publisher_poll_ms, lease_ms=kafka.publisher_lease_ms,
-                                 accept_gap=accept_gap)  # fmt: skip
+                                 accept_gap=accept_gap, set_id=config.store.set_id)  # fmt: skip
     publisher = EventPublisher(queue, sink, lease, settings, metrics=metrics,
                                tracer=provider.get_tracer("compensator.kafka"))  # fmt: skip
 
