@@ -22,7 +22,7 @@ from queues import QueueClient, RaftClient, Role, SetsClient
 from queues.replicated import machine_factory
 from queues.sets import table
 from queues.sets.client import ControlSet
-from queues.sets.settings import REPAIR_ACTOR, Pause, Policy
+from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy
 from raft_store.auth import write_secret_file
 from raft_store.testing.inprocess import StoreThread
 
@@ -65,7 +65,8 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
     await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
                         actor="test", reason="init")  # fmt: skip
     await control.queue.raft.close()
-    async with running_api(stores[1], store__control_addresses=stores[0].addresses, store__sets_refresh_s="1") as api:
+    async with running_api(stores[1], store__control_addresses=stores[0].addresses, store__sets_refresh_s="1",
+                           store__deadline_s="1", store__attempt_timeout_s="0.5") as api:
         operator = api.auth(Role.OPERATOR)
         answer = await api.client.post("/v1/kinds/transfer/pause", json={"reason": "outage", "holder": "ops:a"},
                                        headers=operator)  # fmt: skip
@@ -132,6 +133,10 @@ def test_sets_add_copies_the_intended_settings_to_the_new_set_before_activating_
     monkeypatch.setenv("COMPENSATOR_STORE__ADDRESSES", stores[1].addresses)
     monkeypatch.setenv("COMPENSATOR_STORE__CONTROL_ADDRESSES", stores[0].addresses)
     monkeypatch.setenv("COMPENSATOR_STORE__SECRET_FILE", str(stores[1].secret_file))
+    monkeypatch.setenv("COMPENSATOR_STORE__DEADLINE_S", "1")  # how long a command waits for a set that is down
+    monkeypatch.setenv("COMPENSATOR_STORE__ATTEMPT_TIMEOUT_S", "0.5")
+    assert main(["sets", "settings"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["pause/transfer/ops:a: in every set", "policy/transfer: in every set"]
     assert main(["sets", "add", "--addresses", stores[3].addresses, "--reason", "grow"]) == 0
     assert "set 3: 2 cluster-wide setting(s) copied" in capsys.readouterr().err
 
@@ -148,3 +153,31 @@ def test_sets_add_copies_the_intended_settings_to_the_new_set_before_activating_
             await queue.raft.close()
 
     asyncio.run(check())
+
+    # A write that set 2 missed: `sets settings` names it (exit 1) and --repair applies it.
+    stores[2].stop_node()
+    mode = Document(namespace="breakers", name="payment", body=b'{"mode":"open","reason":"r"}', reason="drill")
+
+    async def partial() -> list[int]:
+        control = ControlSet(client(stores[0]))
+        found, _ = await control.read()
+        assert found is not None
+        sets = SetsClient(found, connect=lambda _s, a: client(next(t for t in stores.values() if t.addresses == a[0])),
+                          control=control)  # fmt: skip
+        try:
+            return (await sets.broadcast(mode, actor="alice")).unreachable
+        finally:
+            await sets.close()
+
+    assert asyncio.run(partial()) == [2]
+    assert main(["sets", "settings"]) == 1
+    printed = capsys.readouterr()
+    assert "set 2: does not answer" in printed.out and "sets 2 do not answer" in printed.err
+    stores[2].start_node()
+    assert main(["sets", "settings"]) == 1
+    printed = capsys.readouterr()
+    assert "document/breakers/payment: missing in sets 2" in printed.out.splitlines()
+    assert "sets 2 miss intended settings" in printed.err
+    assert main(["sets", "settings", "--repair"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["set 2: re-applied document/breakers/payment"]
+    assert main(["sets", "settings"]) == 0

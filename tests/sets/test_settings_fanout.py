@@ -6,15 +6,28 @@ before its epoch is active. In-process one-node stores, the real client protocol
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from delay.policy import RetryPolicy
-from queues import Code, ControlSet, EnqueueResult, QueueClient, SetsClient, cluster_settings
+from queues import Code, ControlSet, EnqueueResult, QueueClient, RaftClient, SetsClient, cluster_settings
 from queues.sets import table
 from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy, Resume
 from raft_store.testing.inprocess import StoreThread
-from tests.sets.test_sets_client import add_set, connector, control_of, item
+from tests.sets.test_sets_client import add_set, control_of, item
 from tests.sets.test_sets_client import stores as stores  # the fixture, re-exported
 
 KIND = "transfer"
+
+
+def connector(stores: dict[int, StoreThread]) -> Callable[[int, tuple[str, ...]], QueueClient]:
+    """Clients that give up on a set that is down after 1 s (the store deadline's role)."""
+    by_address = {thread.addresses: thread for thread in stores.values()}
+
+    def connect(_set_id: int, addresses: tuple[str, ...]) -> QueueClient:
+        thread = by_address[addresses[0]]
+        return QueueClient(RaftClient([thread.address], auth=thread.auth, attempt_timeout_s=0.5, deadline_s=1))
+
+    return connect
 
 
 async def facade(stores: dict[int, StoreThread]) -> tuple[ControlSet, SetsClient]:
