@@ -74,6 +74,17 @@ def before_param(request: Request) -> int | None:
     return int(text) if text.isdigit() and len(text) <= 19 and 0 < int(text) <= NUMBER_MAX else None
 
 
+def set_param(request: Request) -> int | None:
+    """Several sets: the set a proposal or a job lives in (`?set=3`, as the pages link it); left out:
+    the home set. Anything else names no set (a 404 page)."""
+    text = request.query_params.get("set")
+    if text is None:
+        return None
+    if not (text.isdigit() and len(text) <= 5 and int(text) >= 1):
+        raise Problem("not-found", f"no set {text[:20]}")
+    return int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class Flash:
     kind: str

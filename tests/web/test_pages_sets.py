@@ -1,0 +1,138 @@
+"""The review with several sets (docs/review.md, "Several sets"): the dead-letter list, its totals
+and `GET /v1/review/dead-letters` span every set, merged oldest first and paged with a position
+per set; a set that does not answer is a 503 naming it (or a partial answer when asked, a banner on
+the page); a request of set 3 is shown, redriven, discarded, edited and proposed from the review,
+its proposal listed as `3-n` and approved in set 3; a redrive spanning sets is refused whole. The
+control set and three sets are one-node stores in this process."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pages_support import list_update, marked_ids, running_pages, transfer
+from sets_support import client, dead_in_sets, set_stores, write_table
+
+from queues import Role, State
+from raft_store.testing.inprocess import StoreThread
+
+V, R, A = Role.VIEWER, Role.REVIEWER, Role.APPROVER
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
+    with set_stores(tmp_path) as started:
+        yield started
+
+
+def _key(request_id: str) -> tuple[int, int]:
+    set_id, message = request_id.split("-")
+    return int(set_id), int(message)
+
+
+async def test_the_dead_letter_list_and_totals_span_every_set_and_page_across_them(
+    stores: dict[int, StoreThread],
+) -> None:
+    overrides = await write_table(stores)
+    async with running_pages(stores[1], **overrides) as pages:
+        ids = await dead_in_sets(pages.api, stores, *(list_update(f"m{n}", 100 + n) for n in range(14)))
+        assert {_key(i)[0] for i in ids} == {1, 2, 3}, ids  # the keys are spread over every set
+        headers = pages.api.auth(Role.OPERATOR)
+        seen: list[dict[str, object]] = []
+        cursor = None
+        for _ in range(10):
+            query = {"limit": "4", **({"cursor": cursor} if cursor else {})}
+            answer = await pages.api.client.get("/v1/review/dead-letters", params=query, headers=headers)
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert body["partial"] is False and body["unanswered_sets"] == []
+            seen.extend(body["items"])
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        listed = [str(item["id"]) for item in seen]
+        assert sorted(listed) == sorted(ids)  # every row once, none missing, none twice
+        assert listed == [str(i["id"]) for i in sorted(seen, key=lambda i: (str(i["dead_at"]), *_key(str(i["id"]))))]
+        for bad in ("1.1", "9:1.1", "1:1.1,1:2.2", "x"):
+            refused = await pages.api.client.get("/v1/review/dead-letters", params={"cursor": bad}, headers=headers)
+            assert refused.status_code == 422, (bad, refused.text)
+
+        page = await pages.get(V, "/review/dead-letters")
+        assert sorted(marked_ids(page.text, "dead-letter-row")) == sorted(ids)
+        assert 'data-test="summary-count">14<' in page.text
+        total = sum(100 + n for n in range(14))
+        assert f'data-currency="CNY" data-count="14" data-amount-minor="{total}"' in page.text
+        oldest = re.search(r'data-test="summary-oldest"><a href="/review/requests/([0-9-]+)"', page.text)
+        assert oldest and oldest.group(1) == listed[0]
+        paged = await pages.get(V, "/review/dead-letters?cursor=" + "1:1.1,7:1.1")
+        assert paged.status_code == 422 and 'data-field="cursor"' in paged.text
+        export = await pages.get(Role.ADMIN, "/review/dead-letters.csv")
+        assert sorted(line.split(",")[0] for line in export.text.splitlines()[1:]) == sorted(ids)
+
+        stores[3].stop_node()
+        try:
+            down = await pages.api.client.get("/v1/review/dead-letters", headers=headers)
+            assert down.status_code == 503 and down.headers["retry-after"]
+            assert down.json()["unanswered_sets"] == [3]
+            partial = await pages.api.client.get("/v1/review/dead-letters?partial=true", headers=headers)
+            assert partial.status_code == 200 and partial.json()["partial"] is True
+            assert partial.json()["unanswered_sets"] == [3]
+            assert sorted(i["id"] for i in partial.json()["items"]) == sorted(i for i in ids if i.startswith(("1-", "2-")))
+            banner = await pages.get(V, "/review/dead-letters")
+            assert banner.status_code == 200 and "Set 3 did not answer" in banner.text
+            assert all(not i.startswith("3-") for i in marked_ids(banner.text, "dead-letter-row"))
+        finally:
+            stores[3].start_node()
+
+
+async def test_a_set_3_request_is_shown_redriven_discarded_edited_and_proposed_from_the_review(
+    stores: dict[int, StoreThread],
+) -> None:
+    overrides = await write_table(stores)
+    async with running_pages(stores[1], **overrides) as pages:
+        ids = await dead_in_sets(pages.api, stores, *(list_update(f"a{n}") for n in range(12)),
+                                 *(transfer(f"t{n}", 5000) for n in range(8)))  # fmt: skip
+        in_3 = [i for i in ids[:12] if i.startswith("3-")]
+        money_3 = next(i for i in ids[12:] if i.startswith("3-"))
+        assert len(in_3) >= 3, ids
+        set_3 = client(stores[3])
+        try:
+            detail = await pages.get(R, f"/review/requests/{in_3[0]}")
+            assert detail.status_code == 200 and in_3[0] in detail.text
+            redriven = await pages.post(R, f"/review/requests/{in_3[0]}/redrive", {"reason": "bank is back"})
+            assert redriven.status_code == 200 and 'data-kind="success"' in redriven.text, redriven.text
+            assert (await set_3.get(_key(in_3[0])[1])).value.state is State.READY
+
+            discarded = await pages.post(R, f"/review/requests/{in_3[1]}/discard",
+                                         {"reason_code": "duplicate", "comment": "paid twice, ticket 9"})  # fmt: skip
+            assert discarded.status_code == 200 and 'data-kind="success"' in discarded.text
+            assert (await set_3.get(_key(in_3[1])[1])).value.state is State.DISCARDED
+
+            payload = {**list_update("a")["payload"], "receiver": "user-700043"}
+            edited = await pages.api.client.post(f"/v1/review/requests/{in_3[2]}/edit", headers=pages.api.auth(R),
+                                                 json={"payload": payload, "reason": "receiver typo"})  # fmt: skip
+            assert edited.status_code == 200, edited.text
+            assert edited.json()["new_id"].startswith("3-")
+
+            proposed = await pages.post(R, f"/review/requests/{money_3}/redrive", {"reason": "bank is back"})
+            assert 'data-kind="proposed"' in proposed.text
+            listed = await pages.api.client.get("/v1/review/proposals?pending=true", headers=pages.api.auth(A))
+            ((document),) = listed.json()
+            assert document["set"] == 3 and document["targets"] == [money_3]
+            inbox = await pages.get(A, "/review/approvals")
+            label = f"3-{document['id']}"
+            assert marked_ids(inbox.text, "proposal") == [label]
+            assert f'action="/review/approvals/{document["id"]}/approve?set=3"' in inbox.text
+            approved = await pages.post(A, f"/review/approvals/{document['id']}/approve?set=3", {"reason": "checked"})
+            assert approved.status_code == 200 and f"Approved proposal {label}" in approved.text, approved.text
+            assert (await set_3.get(_key(money_3)[1])).value.state is State.READY
+        finally:
+            await set_3.raft.close()
+
+        other = next(i for i in ids[:12] if not i.startswith("3-") and i not in in_3)
+        spanning = await pages.api.client.post("/v1/review/redrive", headers=pages.api.auth(R),
+                                               json={"ids": [in_3[0], other], "reason": "both"})  # fmt: skip
+        assert spanning.status_code == 422 and "sets" in spanning.text
+        assert (await pages.get(R, "/review/requests/7-1")).status_code == 404
