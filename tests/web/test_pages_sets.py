@@ -2,7 +2,8 @@
 and `GET /v1/review/dead-letters` span every set, merged oldest first and paged with a position
 per set; a set that does not answer is a 503 naming it (or a partial answer when asked, a banner on
 the page); a request of set 3 is shown, redriven, discarded, edited and proposed from the review,
-its proposal listed as `3-n` and approved in set 3; a redrive spanning sets is refused whole. The
+its proposal listed as `3-n` and approved in set 3; a redrive spanning sets is refused whole; the
+audit chain is every set's, merged by time and paged with a position per set. The
 control set and three sets are one-node stores in this process."""
 
 from __future__ import annotations
@@ -136,3 +137,33 @@ async def test_a_set_3_request_is_shown_redriven_discarded_edited_and_proposed_f
                                                json={"ids": [in_3[0], other], "reason": "both"})  # fmt: skip
         assert spanning.status_code == 422 and "sets" in spanning.text
         assert (await pages.get(R, "/review/requests/7-1")).status_code == 404
+
+        operator = pages.api.auth(Role.OPERATOR)
+        about = await pages.api.client.get(f"/v1/audit?target={in_3[0]}", headers=operator)
+        assert about.status_code == 200, about.text
+        assert {e["set"] for e in about.json()["entries"]} == {3} and list(about.json()["heads"]) == ["3"]
+        assert [e["action"] for e in about.json()["entries"]] == ["redriven"]
+        whole: list[dict[str, object]] = []
+        cursor = None
+        for _ in range(40):
+            answer = await pages.api.client.get("/v1/audit", headers=operator,
+                                                params={"limit": "3", **({"cursor": cursor} if cursor else {})})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+            whole.extend(answer.json()["entries"])
+            cursor = answer.json()["next_cursor"]
+            if cursor is None:
+                break
+        assert sorted(answer.json()["heads"]) == ["1", "2", "3"]
+        assert len(whole) == answer.json()["count"] == len({(e["set"], e["seq"]) for e in whole})
+        assert [e["at"] for e in whole] == sorted((e["at"] for e in whole), reverse=True)  # newest first over the sets
+        assert {"redriven", "discarded", "edit_redrive", "propose", "approve"} <= {e["action"] for e in whole if e["set"] == 3}
+        assert (await pages.api.client.get("/v1/audit?before=5", headers=operator)).status_code == 422
+        page = await pages.get(V, "/review/audit?action=discarded")
+        assert re.findall(r'data-test="audit-entry" data-seq="\d+" data-action="discarded" [^>]*data-set="(\d)"', page.text) == ["3"]
+        assert len(re.findall(r'data-test="audit-set-head"', page.text)) == 3
+        stores[2].stop_node()
+        try:
+            down = await pages.api.client.get("/v1/audit", headers=operator)
+            assert down.status_code == 503 and down.json()["unanswered_sets"] == [2]
+        finally:
+            stores[2].start_node()
