@@ -1,13 +1,14 @@
 """The review with several sets (docs/review.md, "Several sets"): the dead-letter list, its totals
 and `GET /v1/review/dead-letters` span every set, merged oldest first and paged with a position
 per set; a set that does not answer is a 503 naming it (or a partial answer when asked, a banner on
-the page); a request of set 3 is shown, redriven, discarded, edited and proposed from the review,
+the page) while /readyz stays ready naming it; a request of set 3 is shown, redriven, discarded, edited and proposed from the review,
 its proposal listed as `3-n` and approved in set 3; a redrive spanning sets is refused whole; the
 audit chain is every set's, merged by time and paged with a position per set. The
 control set and three sets are one-node stores in this process."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,8 +73,13 @@ async def test_the_dead_letter_list_and_totals_span_every_set_and_page_across_th
         export = await pages.get(Role.ADMIN, "/review/dead-letters.csv")
         assert sorted(line.split(",")[0] for line in export.text.splitlines()[1:]) == sorted(ids)
 
+        ready = (await pages.api.client.get("/readyz")).json()
+        assert ready["status"] == "ready" and ready["checks"]["sets_down"] == [] and sorted(ready["checks"]["sets"]) == ["1", "2", "3"]
         stores[3].stop_node()
         try:
+            await asyncio.sleep(1.1)  # readiness is probed at most once a second
+            still = await pages.api.client.get("/readyz")  # a set down stops its keys only, not the API
+            assert still.status_code == 200 and still.json()["checks"]["sets_down"] == [3], still.text
             down = await pages.api.client.get("/v1/review/dead-letters", headers=headers)
             assert down.status_code == 503 and down.headers["retry-after"]
             assert down.json()["unanswered_sets"] == [3]
