@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from api.problems import Problem, invalid
 from api.services import ApiServices
@@ -30,9 +30,11 @@ from queues import (
     ClientError,
     DeadLetterFilter,
     DeadLetterSummary,
+    JobView,
     MessageView,
     ProposalView,
     QueueError,
+    Read,
 )
 
 SETS_IN_CURSOR_MAX: Final = 64
@@ -174,32 +176,59 @@ async def dead_letter_totals(services: ApiServices, dead_filter: DeadLetterFilte
     return Totals(Summary(value, read_at), None if first is None else str(RequestId(first[1], first[2])), unanswered)
 
 
+T = TypeVar("T")
+
+
+async def newest_first(
+    services: ApiServices, read: Callable[[ApiServices], Awaitable[Read[tuple[T, ...]]]],
+    created_and_number: Callable[[T], tuple[int, int]], *, limit: int, one_set: bool, partial: bool = False,
+) -> tuple[list[tuple[ApiServices, T]], list[int]]:  # fmt: skip
+    """Proposals or jobs, newest first, each with its set's services: these services' set's
+    (`one_set`, or one set only: `before` pages on there), or every set's newest `limit` merged by
+    time (created, then set and number, newest first) and cut to `limit`. Also the sets that did not
+    answer (a 503 naming them unless `partial`)."""
+    each = [services] if one_set or services.sets is None else await services.every_set()
+    reads = await asyncio.gather(*(read(s) for s in each), return_exceptions=True)
+    merged: list[tuple[ApiServices, T]] = []
+    unanswered: list[int] = []
+    for set_services, answer in zip(each, reads, strict=True):
+        if isinstance(answer, (ClientError, QueueError)):
+            if len(each) == 1 or isinstance(answer, QueueError):
+                raise services.read_failure(answer)
+            unanswered.append(set_services.settings.set_id)
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            merged.extend((set_services, view) for view in answer.value)
+    if unanswered and not partial:
+        raise set_down(unanswered, "the list")
+    if len(each) > 1:
+        def order(pair: tuple[ApiServices, T]) -> tuple[int, int, int]:
+            created, number = created_and_number(pair[1])
+            return created, pair[0].settings.set_id, number
+
+        merged.sort(key=order, reverse=True)
+    return merged[:limit], unanswered
+
+
 async def proposals(
     services: ApiServices, *, pending_only: bool, before: int | None, limit: int, one_set: bool, partial: bool = False
 ) -> tuple[list[tuple[ApiServices, ProposalView]], list[int]]:
-    """Proposals, newest first, each with its set's services: these services' set's (`one_set`, or
-    one set only; `before` pages on), or every set's newest `limit` merged by time (created, then
-    set and number, newest first) and cut to `limit`. Also the sets that did not answer (a 503
-    unless `partial`)."""
-    each = [services] if one_set or services.sets is None else await services.every_set()
-    reads = await asyncio.gather(*(s.queue.proposals(pending_only=pending_only, before_id=before, limit=limit)
-                                   for s in each), return_exceptions=True)  # fmt: skip
-    merged: list[tuple[ApiServices, ProposalView]] = []
-    unanswered: list[int] = []
-    for set_services, read in zip(each, reads, strict=True):
-        if isinstance(read, (ClientError, QueueError)):
-            if len(each) == 1 or isinstance(read, QueueError):
-                raise services.read_failure(read)
-            unanswered.append(set_services.settings.set_id)
-        elif isinstance(read, BaseException):
-            raise read
-        else:
-            merged.extend((set_services, view) for view in read.value)
-    if unanswered and not partial:
-        raise set_down(unanswered, "the proposals")
-    if len(each) > 1:
-        merged.sort(key=lambda pair: (pair[1].created_ms, pair[0].settings.set_id, pair[1].proposal_id), reverse=True)
-    return merged[:limit], unanswered
+    """Proposals, newest first (`newest_first`)."""
+    return await newest_first(
+        services, lambda s: s.queue.proposals(pending_only=pending_only, before_id=before, limit=limit),
+        lambda view: (view.created_ms, view.proposal_id), limit=limit, one_set=one_set, partial=partial,
+    )  # fmt: skip
+
+
+async def jobs(
+    services: ApiServices, *, active_only: bool, before: int | None, limit: int, one_set: bool, partial: bool = False
+) -> tuple[list[tuple[ApiServices, JobView]], list[int]]:
+    """Redrive jobs, newest first (`newest_first`)."""
+    return await newest_first(
+        services, lambda s: s.queue.jobs(active_only=active_only, before_id=before, limit=limit),
+        lambda job: (job.created_ms, job.job_id), limit=limit, one_set=one_set, partial=partial,
+    )  # fmt: skip
 
 
 _AUDIT_POSITION: Final = r"[1-9][0-9]{0,4}:[0-9]{1,19}"

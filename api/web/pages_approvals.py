@@ -137,7 +137,7 @@ async def approve(request: Request, proposal_id: NumberPath, user: PostingUser) 
     done = ", ".join(actions.public(found, m) for m in (*result.ids, *result.new_ids))
     refused = ", ".join(f"{actions.public(found, m)} ({c.name.lower()})" for m, c in result.refused)
     job = getattr(result, "job_id", 0)
-    text = f"Approved proposal {_label(found, proposal_id)}" + (f": job {job} started" if job else f"; done: {done or 'nothing'}")
+    text = f"Approved proposal {_label(found, proposal_id)}" + (f": job {_label(found, job)} started" if job else f"; done: {done or 'nothing'}")
     flashes = [Flash("success", text + ".")]
     if refused:
         flashes.append(Flash("error", f"Not done (the store refused them): {refused}."))

@@ -173,3 +173,41 @@ async def test_a_set_3_request_is_shown_redriven_discarded_edited_and_proposed_f
             assert down.status_code == 503 and down.json()["unanswered_sets"] == [2]
         finally:
             stores[2].start_node()
+
+
+async def test_a_redrive_job_of_set_3_runs_there_and_is_listed_with_its_set(stores: dict[int, StoreThread]) -> None:
+    overrides = await write_table(stores)
+    async with running_pages(stores[1], **overrides) as pages:
+        ids = await dead_in_sets(pages.api, stores, *(list_update(f"j{n}") for n in range(12)), prefix="j")
+        in_3 = [i for i in ids if i.startswith("3-")]
+        other = next(i for i in ids if not i.startswith("3-"))
+        dry = await pages.post(R, "/review/redrive/dry-run", {"scope": "selection", "ids": in_3})
+        assert dry.status_code == 200 and 'data-test="confirm-submit"' in dry.text, dry.text
+        spanning = await pages.post(R, "/review/redrive/dry-run", {"scope": "selection", "ids": [in_3[0], other]})
+        assert spanning.status_code == 422 and "holds requests of sets" in spanning.text
+        started = await pages.post(R, "/review/redrive", {"scope": "selection", "ids": in_3, "reason": "bank is back",
+                                                          "rate_per_s": "1000"})  # fmt: skip
+        assert started.status_code == 303 and started.headers["location"].endswith("&set=3"), started.text
+        job_id = int(started.headers["location"].split("?")[0].rsplit("/", 1)[1])
+        page = await pages.get(R, started.headers["location"])
+        assert f'data-test="job-id">3-{job_id}<' in page.text and f"Job 3-{job_id} started" in page.text
+        assert f'hx-get="/review/jobs/{job_id}/progress?set=3"' in page.text
+        assert sorted(re.findall(r'data-test="job-item" data-id="([0-9-]+)"', page.text)) == sorted(in_3)
+        cancelled = await pages.post(R, f"/review/jobs/{job_id}/cancel?set=3", {"reason": "wrong batch"})
+        assert cancelled.status_code == 200 and f"Job 3-{job_id} is cancelled" in cancelled.text, cancelled.text
+        listed = await pages.get(V, "/review/jobs")
+        assert marked_ids(listed.text, "job-row") == [f"3-{job_id}"]
+        assert f'href="/review/jobs/{job_id}?set=3"' in listed.text
+
+        body = {"ids": [other], "reason": "one more", "rate_per_s": 1000}
+        answer = await pages.api.client.post("/v1/review/jobs", json=body, headers=pages.api.auth(R))
+        assert answer.status_code == 201, answer.text
+        set_id = int(other.split("-")[0])
+        assert answer.json()["set"] == set_id and answer.headers["location"].endswith(f"?set={set_id}")
+        jobs = (await pages.api.client.get("/v1/review/jobs", headers=pages.api.auth(V))).json()
+        assert [(j["set"], j["state"]) for j in jobs] == [(set_id, "running"), (3, "cancelled")]
+        one = await pages.api.client.get(answer.headers["location"], headers=pages.api.auth(V))
+        assert one.status_code == 200 and one.json()["total"] == 1
+        refused = await pages.api.client.post("/v1/review/jobs", headers=pages.api.auth(R),
+                                              json={**body, "ids": [in_3[0], other]})  # fmt: skip
+        assert refused.status_code == 422
