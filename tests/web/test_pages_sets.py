@@ -3,12 +3,14 @@ and `GET /v1/review/dead-letters` span every set, merged oldest first and paged 
 per set; a set that does not answer is a 503 naming it (or a partial answer when asked, a banner on
 the page) while /readyz stays ready naming it; a request of set 3 is shown, redriven, discarded, edited and proposed from the review,
 its proposal listed as `3-n` and approved in set 3; a redrive spanning sets is refused whole; the
-audit chain is every set's, merged by time and paged with a position per set. The
+audit chain is every set's, merged by time and paged with a position per set, and `compensator audit
+verify` verifies each set's chain. The
 control set and three sets are one-node stores in this process."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from pages_support import list_update, marked_ids, running_pages, transfer
 from sets_support import client, dead_in_sets, set_stores, write_table
 
+from compensator.cli import main
 from queues import Role, State
 from raft_store.testing.inprocess import StoreThread
 
@@ -211,3 +214,31 @@ async def test_a_redrive_job_of_set_3_runs_there_and_is_listed_with_its_set(stor
         refused = await pages.api.client.post("/v1/review/jobs", headers=pages.api.auth(R),
                                               json={**body, "ids": [in_3[0], other]})  # fmt: skip
         assert refused.status_code == 422
+
+
+def test_audit_verify_checks_every_sets_chain_and_names_a_set_that_does_not_answer(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def prepare() -> None:
+        await write_table(stores)
+        for set_id in (1, 2, 3):
+            queue = client(stores[set_id])
+            try:
+                await queue.put_document("notes", f"n{set_id}", b"{}", actor="alice", reason="audited")
+            finally:
+                await queue.raft.close()
+
+    asyncio.run(prepare())
+    for name, value in {"ADDRESSES": stores[1].addresses, "CONTROL_ADDRESSES": stores[0].addresses,
+                        "SECRET_FILE": str(stores[1].secret_file), "DEADLINE_S": "1",
+                        "ATTEMPT_TIMEOUT_S": "0.5"}.items():  # fmt: skip
+        monkeypatch.setenv(f"COMPENSATOR_STORE__{name}", value)
+    assert main(["audit", "verify"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(line["source"].split(":")[0], line["entries"], line["verified"]) for line in lines] == [
+        ("set 1", 1, True), ("set 2", 1, True), ("set 3", 1, True)]
+    stores[2].stop_node()
+    assert main(["audit", "verify"]) == 1
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["source"].split(":")[0] for line in out.splitlines()] == ["set 1", "set 3"]
+    assert "set 2: " in err and "did not answer" in err
