@@ -24,13 +24,13 @@ import random
 from typing import Any
 
 from queues.core import reads
+from queues.model import Code, PutDocument, QueueResult
+from queues.sets import routing
+from queues.sets import table as tables
 from queues.simulation.cluster import STRAGGLERS_MS_MAX
 from queues.simulation.net import Client
 from queues.simulation.routers import DUAL_SEND, REPLAY, Key, Placed, Router, SetAdder, new_key, read_table
 from queues.simulation.world import World, WorldCluster
-from queues.model import Code, PutDocument, QueueResult
-from queues.sets import routing
-from queues.sets import table as tables
 from raft_store.simulation.cluster import SimulationFailure
 from raft_store.simulation.runner import Outcome
 

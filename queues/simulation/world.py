@@ -69,7 +69,7 @@ class WorldCluster(QueueCluster):
         self.label = label
         super().__init__(seed, replay=world.replay, **kwargs)
 
-    @property  # type: ignore[override]
+    @property
     def now(self) -> int:
         return self.world.now
 

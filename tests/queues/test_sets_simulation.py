@@ -1,7 +1,7 @@
 """The multi-set simulation (docs/queue-simulation.md, "Several sets"): several queue sets and the
 control set in one simulated clock, producers routed as the facade routes, a set added mid-run by
 an operator who may crash between steps, crashes and partitions in every set and the control set.
-CI spends SETS_SIM_BUDGET_S (default 30 s) on fresh seeds; the planted bug (the operator activates
+CI spends SETS_SIM_BUDGET_S (default 25 s) on fresh seeds; the planted bug (the operator activates
 the new epoch before fencing the old sets) must be caught within a few seeds.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from queues.simulation.sets import run_sets_seed, sentence
 from raft_store.simulation.runner import Outcome
 
-BUDGET_S = float(os.environ.get("SETS_SIM_BUDGET_S", "30"))
+BUDGET_S = float(os.environ.get("SETS_SIM_BUDGET_S", "25"))
 FIRST_SEED = int(os.environ.get("SETS_SIM_FIRST_SEED", "7001000"))
 BUG_SEEDS_MAX = 6
 
