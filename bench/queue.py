@@ -47,6 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import queue_sets
+from bench.queue_figures import log_shape, percentile
 from queues.client import QueueClient
 from queues.lateness import LatenessReport
 from queues.model import Code, Enqueue, Grant
@@ -102,20 +104,6 @@ async def preload(
 
     await asyncio.gather(*(loader() for _ in range(inflight)))
     return time.perf_counter() - started
-
-
-async def log_shape(cluster: ProcessCluster, raft: RaftClient) -> tuple[int, int]:
-    """(applied index, applied commands) of the leader: their ratio over a run is commands per entry."""
-    for status in (await cluster.statuses(raft)).values():
-        if status.get("role") == "leader":
-            metrics: dict[str, Any] = status["metrics"]  # type: ignore[assignment]
-            return int(str(status["applied"])), int(metrics["applied_commands"])
-    return 0, 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def payload_of(size: int) -> bytes:
@@ -487,8 +475,6 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     if args.sets > 1:
-        from bench import queue_sets  # it imports this module's helpers
-
         result = queue_sets.run(args)
     else:
         with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:

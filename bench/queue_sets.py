@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.queue import log_shape, percentile
+from bench.queue_figures import log_shape, percentile
 from bench.sets_cluster import SetProcesses
 from compensator.config import StoreConfig
 from queues import RaftClient
