@@ -608,7 +608,7 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
     parser.add_argument("--profile-process", choices=PROFILED, default="worker", help="worker: the first worker")
     parser.add_argument("--profile-format", choices=("flamegraph", "speedscope", "raw"), default="flamegraph")
     parser.add_argument("--sets", type=int, default=1, help="sets of 3 nodes (more: with a control set)")
-    parser.add_argument("--compare-sets", metavar="N,M", help="run with N sets, then M; the CPU per done ratio")
+    parser.add_argument("--compare-sets", metavar="N,M", help="run with N sets, then M; the CPU per done ratio (more sets over fewer)")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store, ledgers)")
     parser.add_argument("--json", action="store_true", help="one line of JSON")
     args = parser.parse_args(argv)

@@ -7,7 +7,8 @@
 On one 2-core machine more sets cannot add cores: what a second and third set may cost is CPU per
 done request, so `--compare-sets` runs the same load with N sets, then M, in one command (the same
 machine, minutes apart, the load average recorded for each) and prints
-`cpu_us_per_done_ratio` = M's total CPU per done request / N's, with `within_15_percent`.
+`cpu_us_per_done_ratio` = the total CPU per done request of the run with more sets over the one
+with fewer (whichever ran first), with `within_15_percent`.
 
 Must never: report a ratio of runs that lost a request, paid twice or did not finish.
 """
@@ -90,10 +91,11 @@ def compare(settings: Settings, args: argparse.Namespace, run_one: RunOne) -> in
         result, errors = run_one(dataclasses.replace(settings, sets=count), args)
         runs[str(count)] = result
         failed += [f"--sets {count}: {error}" for error in errors]
-    first, second = (runs[str(c)].get("cpu_us_per_request", {}).get("total") for c in counts)
-    ratio = round(second / first, 3) if first and second else None
+    fewer, more = (runs[str(c)].get("cpu_us_per_request", {}).get("total") for c in sorted(counts))
+    ratio = round(more / fewer, 3) if fewer and more else None
     summary: dict[str, Any] = {
         "compare_sets": list(counts),
+        "ratio_of": f"--sets {max(counts)} over --sets {min(counts)}",
         "cpu_us_per_done": {str(c): runs[str(c)].get("cpu_us_per_request", {}).get("total") for c in counts},
         "cpu_us_per_done_ratio": ratio if not failed else None,
         "within_15_percent": ratio is not None and not failed and ratio <= RATIO_LIMIT,

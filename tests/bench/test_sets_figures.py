@@ -47,10 +47,12 @@ def test_compare_sets_takes_two_set_counts(text: str, parsed: tuple[int, int] | 
     assert e2e_sets.parse_compare(text) == parsed
 
 
-def _compare(totals: dict[int, float], errors: dict[int, list[str]], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:
+def _compare(
+    totals: dict[int, float], errors: dict[int, list[str]], capsys: pytest.CaptureFixture[str], order: str = "1,3"
+) -> tuple[int, Any]:
     from bench.e2e import parse_settings
 
-    settings, args = parse_settings(["--compare-sets", "1,3", "--json"])
+    settings, args = parse_settings(["--compare-sets", order, "--json"])
     seen: list[int] = []
 
     def run_one(given: Any, _args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -58,7 +60,7 @@ def _compare(totals: dict[int, float], errors: dict[int, list[str]], capsys: pyt
         return {"cpu_us_per_request": {"total": totals[given.sets]}, "lost": 0, "double_paid": 0}, errors.get(given.sets, [])
 
     code = e2e_sets.compare(settings, args, run_one)
-    assert seen == [1, 3]
+    assert seen == [int(n) for n in order.split(",")]
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -67,6 +69,8 @@ def test_compare_sets_runs_both_and_reads_the_ratio_of_cpu_per_done(capsys: pyte
     assert code == 0 and found["cpu_us_per_done_ratio"] == 1.1 and found["within_15_percent"] is True
     code, found = _compare({1: 4000.0, 3: 4800.0}, {}, capsys)
     assert code == 0 and found["cpu_us_per_done_ratio"] == 1.2 and found["within_15_percent"] is False
+    code, found = _compare({1: 4000.0, 3: 4800.0}, {}, capsys, order="3,1")  # always more sets over fewer
+    assert found["cpu_us_per_done_ratio"] == 1.2 and found["within_15_percent"] is False
 
 
 def test_compare_sets_gives_no_ratio_when_a_run_failed(capsys: pytest.CaptureFixture[str]) -> None:
