@@ -176,6 +176,10 @@ async def test_intake_spreads_an_added_set_keeps_every_replay_home_and_a_lost_se
         spread = Counter(int(item["request"]["id"].split("-")[0]) for item in items.values())
         assert set(spread) == {1, 2, 3} and all(abs(n - 1000) <= 100 for n in spread.values()), spread
         ids = {key: item["request"]["id"] for key, item in items.items()}
+        status = deployment.compensator("status", "--json")  # every set, and the whole store's depth
+        report = json.loads(status.stdout)
+        assert [(row["set"], row["healthy"]) for row in report["sets"]] == [(n, True) for n in (0, 1, 2, 3)], report
+        assert sum(sum(by_state.values()) for by_state in report["depth"].values()) == 3000, report["depth"]
 
         deployment.sets[4].start_all()
         await _leaders([deployment.sets[4]])
