@@ -84,7 +84,10 @@ class WorldCluster(QueueCluster):
         self.world.run_until(end_ms)
 
     def log_tail(self) -> tuple[int, int, int] | None:
-        return self._log_tail()
+        """(leader, term, last index) of the leader's log, as raft_store/simulation/quiet.py watches it."""
+        leader = self.leader()
+        core = None if leader is None else self.nodes[leader].core
+        return None if leader is None or core is None else (leader, core.term, core.log.last_index())
 
     def fail(self, reason: str) -> None:
         raise SimulationFailure(self.world.seed, self.world.replay, f"{self.label}: {reason}", self.trace)
