@@ -39,6 +39,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -251,7 +252,7 @@ def ours_level(root: Path, concurrency: int, settings: Settings) -> dict[str, An
     cluster.start_all()
     try:
         args = argparse.Namespace(concurrency=concurrency, seconds=settings.seconds, payload_bytes=len(PAYLOAD))
-        found = asyncio.run(bench_queue.enqueue_mode(cluster, args))
+        found = _run_async(bench_queue.enqueue_mode(cluster, args))
     finally:
         cluster.stop_all()
     return {
@@ -302,9 +303,35 @@ def run_system(name: str, root: Path, settings: Settings) -> dict[str, Any]:
         cluster.stop()
 
 
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _run_async(coroutine: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """`asyncio.run`, where Ctrl-C, SIGTERM and SIGHUP cancel the run and then raise
+    KeyboardInterrupt (the caller's cleanups stop the servers): raised from a signal handler
+    instead, it can land in one of uvloop's protocol callbacks, which reports it and goes on."""
+
     async def wrapped() -> dict[str, Any]:
-        return await coroutine
+        loop, task, caught = asyncio.get_running_loop(), asyncio.current_task(), []
+        before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+        def stop(sig: signal.Signals) -> None:
+            caught.append(sig)
+            if task is not None:
+                task.cancel()
+
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, stop, sig)
+        try:
+            return await coroutine
+        except asyncio.CancelledError:
+            if caught:
+                raise KeyboardInterrupt(caught[0].name) from None
+            raise
+        finally:
+            for sig, handler in before.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, handler)
 
     return asyncio.run(wrapped())
 
