@@ -40,6 +40,7 @@ from queues import (
     OutcomeUnknown,
     QueueClient,
     QueueError,
+    SetsClient,
     State,
     Unavailable,
 )
@@ -82,9 +83,11 @@ class Intake:
         self, queue: QueueClient, *, set_id: int, clock_ms: Callable[[], int], tracer: trace.Tracer,
         callback_targets: Collection[str] = (),
         observe_store_s: Callable[[str, float], None] = lambda operation, seconds: None,
-        perf_clock_s: Callable[[], float] = time.perf_counter,
+        perf_clock_s: Callable[[], float] = time.perf_counter, sets: SetsClient | None = None,
     ) -> None:
         self._queue = queue
+        self._sets = sets
+        """Many sets (store.control_addresses): each key goes to its home set (docs/sets.md)."""
         self._callback_targets = frozenset(callback_targets)
         """The registered callback targets (handlers.callback.targets): a callback to another is refused."""
         self._set_id = set_id
@@ -96,6 +99,9 @@ class Intake:
     def public_id(self, message_id: int) -> str:
         return str(RequestId(self._set_id, message_id))
 
+    def _queue_of(self, set_id: int) -> QueueClient:
+        return self._queue if self._sets is None else self._sets.client(set_id)
+
     def command(self, principal: Principal, item: Item, trace_headers: dict[str, str]) -> Enqueue | Problem:
         try:
             return build_enqueue(producer=principal.name, key=item.key, submission=item.submission,
@@ -104,8 +110,10 @@ class Intake:
         except Invalid as refused:
             return problem_of(refused)
 
-    def _accepted(self, message_id: int, kind: str, ref_key: str, state: State, due_ms: int, replayed: bool) -> Answer:
-        public = self.public_id(message_id)
+    def _accepted(
+        self, set_id: int, message_id: int, kind: str, ref_key: str, state: State, due_ms: int, replayed: bool
+    ) -> Answer:
+        public = str(RequestId(set_id, message_id))
         document = {
             "id": public, "kind": kind, "ref_key": ref_key, "state": state.value,
             "ledger_state": LEDGER_STATE_OF[state.value].value, "due_at": utc(due_ms), "replayed": replayed,
@@ -143,7 +151,25 @@ class Intake:
             await self._answer(items, commands, results, answers)
         return [answer for answer in answers if answer is not None]
 
-    async def _enqueue(self, commands: list[Enqueue]) -> list[EnqueueResult] | Problem:
+    async def _enqueue(self, commands: list[Enqueue]) -> list[tuple[int, EnqueueResult | Problem]] | Problem:
+        if self._sets is not None:
+            return await self._enqueue_routed(commands)
+        found = await self._enqueue_one_set(commands)
+        return found if isinstance(found, Problem) else [(self._set_id, result) for result in found]
+
+    async def _enqueue_routed(self, commands: list[Enqueue]) -> list[tuple[int, EnqueueResult | Problem]]:
+        """Each command in its key's home set; a set that failed fails only its own items."""
+        assert self._sets is not None
+        if not commands:
+            return []
+        started = self._perf()
+        try:
+            placed = await self._sets.enqueue_many(commands)
+        finally:
+            self._observe("enqueue", self._perf() - started)
+        return [(s, r if isinstance(r, EnqueueResult) else store_failure(r)) for s, r in placed]
+
+    async def _enqueue_one_set(self, commands: list[Enqueue]) -> list[EnqueueResult] | Problem:
         if not commands:
             return []
         started = self._perf()
@@ -160,17 +186,19 @@ class Intake:
             self._observe("enqueue", self._perf() - started)
 
     async def _answer(
-        self, items: Sequence[Item | Problem], commands: list[tuple[int, Enqueue]], results: list[EnqueueResult],
-        answers: list[Answer | None],
-    ) -> None:
-        existing: list[tuple[int, Enqueue, EnqueueResult]] = []
-        for (index, command), result in zip(commands, results, strict=True):
-            if result.code is Code.OK and result.state is not None and result.due_ms is not None:
+        self, items: Sequence[Item | Problem], commands: list[tuple[int, Enqueue]],
+        results: list[tuple[int, EnqueueResult | Problem]], answers: list[Answer | None],
+    ) -> None:  # fmt: skip
+        existing: list[tuple[int, Enqueue, int, EnqueueResult]] = []
+        for (index, command), (set_id, result) in zip(commands, results, strict=True):
+            if isinstance(result, Problem):
+                answers[index] = Answer(result.type.status, problem=result)
+            elif result.code is Code.OK and result.state is not None and result.due_ms is not None:
                 answers[index] = self._accepted(
-                    result.message_id, command.kind, command.ref_key, result.state, result.due_ms, False
+                    set_id, result.message_id, command.kind, command.ref_key, result.state, result.due_ms, False
                 )
             elif result.code is Code.EXISTS:
-                existing.append((index, command, result))
+                existing.append((index, command, set_id, result))
             elif result.code is Code.CONFLICT:
                 answers[index] = Answer(422, problem=_reused())
             else:
@@ -179,21 +207,28 @@ class Intake:
         if existing:
             await self._replays(existing, answers)
 
-    async def _replays(self, existing: list[tuple[int, Enqueue, EnqueueResult]], answers: list[Answer | None]) -> None:
+    async def _replays(
+        self, existing: list[tuple[int, Enqueue, int, EnqueueResult]], answers: list[Answer | None]
+    ) -> None:
         """EXISTS: a replay when the stored body's fingerprint is this body's, else key reuse."""
-        started = self._perf()
-        try:
-            views = {v.message_id: v for v in (await self._queue.get_many(
-                [result.message_id for _, _, result in existing], with_history=False)).value}  # fmt: skip
-        except (ClientError, QueueError) as error:
-            problem = store_failure(error)
-            for index, _, _ in existing:
-                answers[index] = Answer(problem.type.status, problem=problem)
-            return
-        finally:
-            self._observe("replay_read", self._perf() - started)
-        for index, command, result in existing:
-            view: MessageView | None = views.get(result.message_id)
+        views: dict[tuple[int, int], MessageView] = {}
+        for set_id in sorted({set_id for _, _, set_id, _ in existing}):
+            started = self._perf()
+            try:
+                ids = [result.message_id for _, _, s, result in existing if s == set_id]
+                found = (await self._queue_of(set_id).get_many(ids, with_history=False)).value
+                views.update(((set_id, v.message_id), v) for v in found)
+            except (ClientError, QueueError) as error:
+                problem = store_failure(error)
+                for index, _, s, _ in existing:
+                    if s == set_id:
+                        answers[index] = Answer(problem.type.status, problem=problem)
+            finally:
+                self._observe("replay_read", self._perf() - started)
+        for index, command, set_id, result in existing:
+            if answers[index] is not None:
+                continue
+            view: MessageView | None = views.get((set_id, result.message_id))
             if view is None:  # purged between the enqueue and this read: the key is free again
                 problem = Problem("store-unavailable", "the original request ended as this was answered; retry",
                                   headers={"Retry-After": RETRY_AFTER_S})  # fmt: skip
@@ -201,7 +236,9 @@ class Intake:
             elif view.headers.get(HEADER_FINGERPRINT) != command.headers[HEADER_FINGERPRINT]:
                 answers[index] = Answer(422, problem=_reused())
             else:
-                answers[index] = self._accepted(view.message_id, view.kind, view.ref_key, view.state, view.due_ms, True)
+                answers[index] = self._accepted(
+                    set_id, view.message_id, view.kind, view.ref_key, view.state, view.due_ms, True
+                )
 
 
 def _reused() -> Problem:

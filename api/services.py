@@ -23,7 +23,7 @@ from api.review_policy import FourEyes
 from api.summaries import SummaryReads
 from api.web.sessions import WebAuth
 from delay.policy import RetryPolicy
-from queues import ClientError, QueueClient, QueueError
+from queues import ClientError, QueueClient, QueueError, SetsClient, UnknownSet
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +51,9 @@ class ApiServices:
     four_eyes: FourEyes = dataclasses.field(default_factory=FourEyes)
     web: WebAuth | None = None
     """Users and sessions of the review pages (api/web/sessions.py); None: every page asks for a login."""
+    sets: SetsClient | None = None
+    """Every set of the set table (store.control_addresses, docs/sets.md); None: one set, `queue`.
+    `queue` stays the home set's client: tokens, users, sessions and the review pages live there."""
     summaries: SummaryReads = dataclasses.field(init=False)
     """The dead-letter list's counts and totals: one read of a filter at a time, shared."""
     masked: ApiServices = dataclasses.field(init=False, repr=False)
@@ -67,6 +70,8 @@ class ApiServices:
         object.__setattr__(self, "masked", twin)
 
     async def start(self) -> None:
+        if self.sets is not None:
+            await self.sets.refresh()  # unreachable: intake answers 503 until a refresh reads the table
         await self.tokens.start()
         if self.web is not None:
             await self.web.start()
@@ -76,6 +81,19 @@ class ApiServices:
             await self.web.close()
         await self.tokens.close()
         await self.queue.raft.close()
+        if self.sets is not None:
+            await self.sets.close()
+
+    async def queue_of(self, set_id: int) -> QueueClient | None:
+        """The client of the set a request id names, read as this caller may (masked or not); None
+        for a set that does not exist (the caller answers 404)."""
+        if self.sets is None:
+            return self.queue if set_id == self.settings.set_id else None
+        try:
+            plain = await self.sets.client_of(set_id)
+        except UnknownSet:
+            return None
+        return MaskedQueueClient(plain) if isinstance(self.queue, MaskedQueueClient) else plain
 
     @staticmethod
     def read_failure(error: ClientError | QueueError) -> Problem:

@@ -13,9 +13,11 @@ dead letters are made as workers make them (enqueue in batches of 1000, lease, f
 transfers of 1.00-9.99 in CNY and JPY.
 
 Figures (milliseconds, the median of `--repeat` runs, with the minimum): the summary of the whole
-tier, of one currency (both answered from the tier's aggregates) and of a currency-and-amount
-filter (a scan of the matching groups), a first page of 100 under that filter, the creation of a
-job holding every dead letter (one apply), and one step of 300 items (one apply).
+tier, of one currency (both answered from the tier's aggregates), of a currency-and-amount filter
+(from the amount buckets' aggregates: 3.00-7.00, one bound inside a bucket) and of one whose two
+bounds both fall inside buckets (3.05-6.95: two edge buckets read letter by letter), a first page
+of 100 under the filter, the creation of a job holding every dead letter (one apply), and one step
+of 300 items (one apply).
 """
 
 from __future__ import annotations
@@ -109,11 +111,13 @@ def run(dead: int, repeat: int) -> dict[str, Any]:
         summary = store.ask(everything)
         assert isinstance(summary, qc.DeadLetterSummaryAnswer) and summary.summary.count == dead, summary
         money = DeadLetterFilter(kind="transfer", currency="CNY", amount_min_minor=300, amount_max_minor=700)
+        edges = DeadLetterFilter(kind="transfer", currency="CNY", amount_min_minor=305, amount_max_minor=695)
         currency = DeadLetterFilter(kind="transfer", currency="CNY")
         figures: dict[str, Any] = {
             "summary_all": timed(repeat, lambda: store.ask(everything)),
             "summary_currency": timed(repeat, lambda: store.ask(qc.DeadLetterSummary(filter=currency))),
             "summary_money_filter": timed(repeat, lambda: store.ask(qc.DeadLetterSummary(filter=money))),
+            "summary_money_edges": timed(repeat, lambda: store.ask(qc.DeadLetterSummary(filter=edges))),
             "page_of_100_money_filter": timed(repeat, lambda: store.ask(qc.DeadLetters(filter=money, limit=100))),
         }
         job_ids = tuple(ids[:100_000])

@@ -102,6 +102,14 @@ class StoreConfig(Section, frozen=True):
     """This process's PEM certificate for TLS to the store (the nodes take theirs as `compensator node --tls-cert`)."""
     tls_key: str = ""
     """The PEM private key of `tls_cert` (mode 0600)."""
+    control_addresses: tuple[str, ...] = ()
+    """host:port of the control set's nodes, which hold the set table (docs/sets.md). Empty: one
+    set, `set_id` at `addresses`, and nothing of sets is used. Set: the API routes intake by key
+    over every set the table names, and `compensator sets` manages the table."""
+    sets_refresh_s: float = 30.0
+    """How often a process re-reads the set table from the control set (it also re-reads it when a
+    set answers ROUTE_STALE or an id names a set it does not know); it keeps its cached table while
+    the control set is unreachable."""
 
 
 class ApiConfig(Section, frozen=True):
@@ -278,6 +286,14 @@ def _problems(config: Config) -> list[str]:
             problems.append(f"store.addresses: {error}")
     check(len(set(store.addresses)) == len(store.addresses), "store.addresses", "an address is listed twice")
     check(1 <= store.set_id <= 65535, "store.set_id", "must be in 1..65535")
+    for address in store.control_addresses:
+        try:
+            parse_address(address)
+        except ValueError as error:
+            problems.append(f"store.control_addresses: {error}")
+    check(not set(store.control_addresses) & set(store.addresses), "store.control_addresses",
+          "the control set's nodes are not a set's nodes: give them their own addresses")  # fmt: skip
+    check(1 <= store.sets_refresh_s <= 3600, "store.sets_refresh_s", "must be in 1..3600")
     check(0 < store.attempt_timeout_s <= store.deadline_s, "store.attempt_timeout_s", "must be in (0, deadline_s]")
     check(store.deadline_s <= 60, "store.deadline_s", "must be at most 60 s (callers wait this long for a 503)")
     tls = [store.tls_ca, store.tls_cert, store.tls_key]

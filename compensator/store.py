@@ -8,11 +8,12 @@ and `compensator user add` to the store's administrators (docs/security.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from compensator.config import Config
 from compensator.config_processes import parse_address
-from queues import QueueClient, RaftClient, StoreAuth
+from queues import ControlSet, QueueClient, RaftClient, SetsClient, StoreAuth
 from raft_store.auth import AuthConfigError
 
 
@@ -34,13 +35,50 @@ def store_auth(config: Config) -> StoreAuth:
         raise StoreSecretError(f"{error}{hint}; the store admits only holders of its cluster secret") from None
 
 
-def raft_client(config: Config, auth: StoreAuth | None = None) -> RaftClient:
+def raft_client(config: Config, auth: StoreAuth | None = None, addresses: Sequence[str] | None = None) -> RaftClient:
+    """A client of the set at `addresses` (default `store.addresses`), with the store's deadlines."""
     store = config.store
     return RaftClient(
-        [parse_address(address) for address in store.addresses], auth=auth or store_auth(config),
-        attempt_timeout_s=store.attempt_timeout_s, deadline_s=store.deadline_s,
+        [parse_address(address) for address in (store.addresses if addresses is None else addresses)],
+        auth=auth or store_auth(config), attempt_timeout_s=store.attempt_timeout_s, deadline_s=store.deadline_s,
     )  # fmt: skip
 
 
 def queue_client(config: Config, auth: StoreAuth | None = None) -> QueueClient:
     return QueueClient(raft_client(config, auth))
+
+
+def control_set(config: Config, auth: StoreAuth | None = None) -> ControlSet:
+    """The control set's client (store.control_addresses; ValueError when there is none)."""
+    if not config.store.control_addresses:
+        raise ValueError("store.control_addresses is empty: this deployment is one set and has no control set")
+    return ControlSet(QueueClient(raft_client(config, auth, config.store.control_addresses)))
+
+
+def sets_client(config: Config, auth: StoreAuth | None = None) -> SetsClient | None:
+    """The facade over every set of the table (read at its first refresh), or None in one-set mode."""
+    if not config.store.control_addresses:
+        return None
+    auth = auth or store_auth(config)
+    return SetsClient.lazy(
+        control_set(config, auth), refresh_s=config.store.sets_refresh_s,
+        connect=lambda _set_id, addresses: QueueClient(raft_client(config, auth, addresses)),
+    )  # fmt: skip
+
+
+async def set_clients(config: Config, auth: StoreAuth | None = None) -> dict[int, QueueClient]:
+    """Every set's client by set id: what a worker leases from. One set: {store.set_id: its client}.
+    Many: the sets of the table the control set holds now (read once; the control set's client is
+    closed again). Raises TableError while the control set holds no table, ClientError when it
+    cannot be read."""
+    if not config.store.control_addresses:
+        return {config.store.set_id: queue_client(config, auth)}
+    auth = auth or store_auth(config)
+    control = control_set(config, auth)
+    try:
+        sets = await SetsClient.from_control(
+            control, connect=lambda _set_id, addresses: QueueClient(raft_client(config, auth, addresses)),
+        )  # fmt: skip
+    finally:
+        await control.queue.raft.close()
+    return dict(sets.clients)

@@ -50,6 +50,7 @@ from queues.model import (
     TokenView,
 )
 from queues.query_codec import KindView, PauseView
+from queues.sets.client import ControlSet, SetsClient, UnknownSet
 from raft_store.auth import StoreAuth
 from raft_store.client import (
     AuthenticationFailed,
@@ -73,6 +74,7 @@ __all__ = [
     "AuthenticationFailed",
     "ClientError",
     "Code",
+    "ControlSet",
     "DeadLetterFilter",
     "DeadLetterSummary",
     "Discard",
@@ -111,11 +113,13 @@ __all__ = [
     "ReviewAction",
     "ReviewResult",
     "Role",
+    "SetsClient",
     "State",
     "StoreAuth",
     "TokenResult",
     "TokenView",
     "Unavailable",
+    "UnknownSet",
     "proposal_action",
     "proposal_with_action",
 ]

@@ -35,6 +35,7 @@ class EventType(enum.Enum):
     TOKEN_REVOKED = "token_revoked"
     QUOTA_SET = "quota_set"
     DOCUMENT_PUT = "document_put"
+    ROUTE_FENCED = "route_fenced"
 
 
 OPERATOR_EVENT_TYPES: Final = (EventType.DEAD_LETTERED, EventType.REDRIVEN, EventType.DISCARDED)

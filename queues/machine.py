@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from queues.core import apply
+from queues.core import apply, dead_letters
 from queues.core.canonical import canonical_state, state_digest, store_digest
 from queues.core.config import QueueConfig
 from queues.core.entry import Catalog, load_meta
@@ -102,7 +102,17 @@ class QueueMachine:
                 for kind in missing:
                     tx.put(Table.KINDS, kind.encode(), policy_bytes(self.config.default_policy))
             self._store.commit()
+        self._derive()
         return load_meta(self._store.read()).applied_index
+
+    def _derive(self) -> None:
+        """Build the derived indexes a store written by an earlier version lacks (today the dead
+        tier's amount index, queues.core.dead_amounts): from the replicated rows alone, so every
+        replica builds the same bytes, and no replicated value changes."""
+        if not dead_letters.amount_index_current(self._store.read()):
+            with self._store.write() as tx:
+                dead_letters.rebuild_amount_index(tx)
+            self._store.commit()
 
     @property
     def store(self) -> Store:
@@ -193,6 +203,7 @@ class QueueMachine:
     def _restore(self, path: Path, index: int) -> None:
         self._catalog.forget()
         self._store.restore(path)
+        self._derive()
         self._applied = load_meta(self._store.read()).applied_index
         assert self._applied == index, f"snapshot says {self._applied}, expected {index}"
 
@@ -209,6 +220,7 @@ class QueueMachine:
             raise TypeError("restore_bytes is for the in-memory store")
         self._catalog.forget()
         store.load_image(image)
+        self._derive()
         self._applied = load_meta(store.read()).applied_index
         assert self._applied == index, f"image says {self._applied}, expected {index}"
 

@@ -20,6 +20,10 @@ from queues.events import OPERATOR_EVENT_TYPES as OPERATOR_EVENT_TYPES
 from queues.events import Event as Event
 from queues.events import EventType as EventType
 from queues.events import EventValue as EventValue
+from queues.views import AttemptView as AttemptView
+from queues.views import AuditEntry as AuditEntry
+from queues.views import DeadLetterSummary as DeadLetterSummary
+from queues.views import DocumentView as DocumentView
 
 PAYLOAD_BYTES_MAX: Final = 256 * 1024
 """RocketMQ's and QMQ's message size limit: a compensation request is a small instruction."""
@@ -146,6 +150,9 @@ class Code(enum.IntEnum):
     """Approve: the approver is the proposer. Four eyes are two people."""
     EXPIRED = 16
     """Approve or reject: the proposal's time ran out (it is expired now, and nothing was done)."""
+    ROUTE_STALE = 17
+    """Enqueue of a key this set does not hold, routed by an epoch older than the set's fence: the
+    set table changed (a set was added); re-read it and route again (docs/sets.md)."""
 
 
 Currency = Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")]
@@ -211,6 +218,11 @@ class Enqueue(_Command, frozen=True, tag="enqueue"):
     """Chosen by the client once per enqueue and kept across its retries (0: none). Enqueues travel
     without a session lane; a repeat of the key whose request_id is the original's is the same
     request retried, and answers OK as the first application did, not EXISTS."""
+    route_epoch: Annotated[int, msgspec.Meta(ge=0, le=(1 << 31) - 1)] = 0
+    """The set-table epoch the client routed this key by (0: not routed, a single set). A set
+    fenced at a newer epoch (`RouteFence`) refuses a key it does not hold with ROUTE_STALE. A node
+    of the version before refuses the field (commands refuse unknown fields): upgrade the nodes
+    before the API and other producers, as for any new command field."""
 
 
 class Lease(_Command, frozen=True, tag="lease"):
@@ -487,10 +499,19 @@ class PutDocument(_Command, frozen=True, tag="put_document"):
     reason: Text = ""
 
 
+class RouteFence(_Command, frozen=True, tag="route_fence"):
+    """Raise the set's minimum route epoch (never lower it): from now on the set refuses a key it
+    does not hold when the enqueue was routed by an older epoch (docs/sets.md, "Fencing")."""
+
+    epoch: Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
+    actor: Name
+    reason: Text = ""
+
+
 QueueCommand = (
     Enqueue | Lease | ExtendLease | Ack | AckMany | Fail | Release | ExpireLeases | Redrive | Discard
     | PauseKind | ResumeKind | SetPolicy | Purge | SetRetention | PutToken | RevokeToken | SetQuota | PutDocument
-    | EditRedrive | Propose | Approve | Reject | RedriveJob | StepJob | ControlJob
+    | EditRedrive | Propose | Approve | Reject | RedriveJob | StepJob | ControlJob | RouteFence
 )  # fmt: skip
 
 
@@ -659,6 +680,13 @@ class JobStepResult(_Result, frozen=True, tag="job_step"):
     """The leader time from which the rate allows the next item (None: the job is not running)."""
 
 
+class RouteResult(_Result, frozen=True, tag="route"):
+    """RouteFence: the set's minimum route epoch after it (OK). Enqueue: ROUTE_STALE, with the
+    set's minimum route epoch, for a new key routed by an older epoch."""
+
+    min_route_epoch: int = 0
+
+
 class ErrorResult(_Result, frozen=True, tag="error"):
     """The command's bytes did not decode, or its values contradict each other."""
 
@@ -667,30 +695,11 @@ class ErrorResult(_Result, frozen=True, tag="error"):
 
 QueueResult = (
     EnqueueResult | LeaseResult | Outcome | Outcomes | BatchResult | KindResult | RetentionResult | TokenResult
-    | DocumentResult | ReviewResult | JobStepResult | ErrorResult
+    | DocumentResult | ReviewResult | JobStepResult | RouteResult | ErrorResult
 )
 
 
 # ---- query views ----------------------------------------------------------------------------
-class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
-    attempt: int
-    token: int
-    worker_id: str
-    leased_ms: int
-    ended_ms: int | None
-    outcome: str | None
-    """None while leased; else succeeded, failed, expired."""
-    error_class: str | None
-    error_text: str | None
-
-
-class DocumentView(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    body: bytes
-    updated_ms: int
-    updated_by: str
-
-
 class TokenView(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     role: Role
@@ -766,20 +775,6 @@ class JobItem(msgspec.Struct, frozen=True, kw_only=True):
     done_ms: int | None
 
 
-class DeadLetterSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """The dead letters a filter matches, counted and summed (queries.dead_letter_summary)."""
-
-    count: int = 0
-    by_currency: tuple[tuple[str, int, int], ...] = ()
-    """(currency, matches, total amount_minor), by currency: the matches whose current payload has
-    both an integer `amount_minor` and a `currency`."""
-    without_amount: int = 0
-    """Matches whose payload lacks either (not JSON, another kind's shape): count = these + the above."""
-    oldest_dead_ms: int | None = None
-    oldest_id: int | None = None
-    """The first match in (dead_ms, id) order: where a page of the same filter starts."""
-
-
 AUDIT_FILTER_VALUES_MAX: Final = 32
 AuditTarget = Annotated[str, msgspec.Meta(min_length=1, max_length=320)]
 """A target or the start of one: `document:<namespace>/<name>` is the longest kind."""
@@ -814,24 +809,6 @@ class AuditFilter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         # Raised here, a decode answers INVALID: an empty time range is refused at the edge.
         if self.from_ms is not None and self.to_ms is not None and self.from_ms >= self.to_ms:
             raise ValueError("the time range is empty: its start is not before its end")
-
-
-class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One operator action, as the replicated command that performed it wrote it (queues/audit_chain.py)."""
-
-    seq: int
-    log_index: int
-    ts_ms: int
-    actor: str
-    action: str
-    target: str
-    reason: str
-    before: str
-    """Canonical JSON (keys sorted, no spaces) of what the action changed, as it was."""
-    after: str
-    """Canonical JSON of the same, as the action left it."""
-    prev_hash: bytes
-    hash: bytes
 
 
 class ProposalView(msgspec.Struct, frozen=True, kw_only=True):

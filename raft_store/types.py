@@ -30,6 +30,15 @@ class EntryKind(enum.IntEnum):
     CONF = 2
 
 
+class Role(enum.Enum):
+    """A node's part in its current term."""
+
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     term: int

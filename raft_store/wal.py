@@ -5,20 +5,20 @@ a write, `sync` makes everything since the previous sync durable with one fsync,
 appends share one fsync (group commit). An acknowledgement may leave the node only after the
 `sync` covering it has returned.
 
-The log is replayed, not indexed: recovery applies the records of every segment in order with
-the same rules the live object applies, so what is on disk always means exactly one state.
-See docs/storage.md for the format and the recovery rules.
+The log is replayed, not indexed: recovery (raft_store/wal_recovery.py) applies the records of
+every segment in order with the same rules the live object applies (the records and their replay
+are raft_store/wal_records.py), so what is on disk always means exactly one state. This module
+is the writing side: segments rolled at sync boundaries, group commit, compaction. See
+docs/storage.md for the format and the recovery rules.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, pairwise
+from itertools import chain
 from pathlib import Path
 
 from raft_store import framing
@@ -29,10 +29,23 @@ from raft_store.files import (
     FsyncFailedError,
     SimulatedCrash,
     WalFailedError,
-    private_dir,
 )
 from raft_store.framing import CorruptLogError, TornTail
-from raft_store.types import Entry, EntryKind, HardState
+from raft_store.types import Entry, HardState
+from raft_store.wal_records import (
+    COMPACT,
+    ENTRY,
+    HARD_STATE,
+    MAX_DATA,
+    REC_COMPACT,
+    REC_ENTRY,
+    REC_HARD_STATE,
+    REC_TRUNCATE,
+    TRUNCATE,
+    Replay,
+    Segment,
+)
+from raft_store.wal_recovery import Recovered, recover, segment_name
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -50,26 +63,6 @@ __all__ = [
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
-# Record types (type 0 is never written, see framing).
-REC_ENTRY = 1  # term u64, index u64, kind u8, data
-REC_HARD_STATE = 2  # term u64, vote u64, commit u64
-REC_TRUNCATE = 3  # from_index u64: drop entries with index >= from_index
-REC_COMPACT = 4  # index u64, term u64, reset u8: the log now starts after index
-KNOWN_TYPES = frozenset({REC_ENTRY, REC_HARD_STATE, REC_TRUNCATE, REC_COMPACT})
-
-_ENTRY = struct.Struct("<QQB")
-_HARD_STATE = struct.Struct("<QQQ")
-_TRUNCATE = struct.Struct("<Q")
-_COMPACT = struct.Struct("<QQB")
-_MAX_DATA = framing.MAX_PAYLOAD - _ENTRY.size
-
-_SEGMENT_NAME = re.compile(r"^(\d{16})-(\d{20})\.wal$")
-
-
-def segment_name(seq: int, first_index: int) -> str:
-    """Zero-padded so lexical order is creation order; first index helps humans and checks."""
-    return f"{seq:016d}-{first_index:020d}.wal"
-
 
 @dataclass(frozen=True, slots=True)
 class SyncStats:
@@ -78,16 +71,6 @@ class SyncStats:
     entries: int
     bytes: int
     fsyncs: int
-
-
-@dataclass(frozen=True, slots=True)
-class Recovered:
-    hard_state: HardState
-    entries: list[Entry]
-    first_index: int
-    torn_tail: TornTail | None
-    snapshot_index: int
-    snapshot_term: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,89 +96,6 @@ class GroupCommitPolicy:
         return pending_entries >= self.max_entries or pending_age_ms >= self.max_delay_ms
 
 
-@dataclass(slots=True)
-class _Segment:
-    seq: int
-    first_index: int
-    path: Path
-    max_index: int  # highest entry index ever written in it; decides when compaction may delete it
-
-
-class _Replay:
-    """Applies records in order; used by recovery, mirrored by the live Wal methods."""
-
-    def __init__(self) -> None:
-        self.offset = 0  # index before the first entry held in `entries`
-        self.entries: list[Entry] = []
-        self.snap_index = 0
-        self.snap_term = 0
-        self.hs = HardState()
-
-    def last(self) -> int:
-        return self.offset + len(self.entries)
-
-    def segment(self, seg: _Segment, buf: bytes, records: list[framing.Record], first: bool) -> None:
-        path = seg.path
-        if first:
-            # Entries before this segment were deleted by compaction; a later (or this segment's)
-            # compaction record must cover them, which the final check in Wal.open verifies.
-            self.offset = seg.first_index - 1
-        elif seg.first_index != self.last() + 1:
-            raise CorruptLogError(
-                path, 0, f"segment starts at index {seg.first_index} but the log ends at {self.last()}"
-            )
-        entries = self.entries
-        unpack_entry = _ENTRY.unpack_from
-        for rec in records:
-            rtype = rec.rtype
-            if rtype == REC_ENTRY:
-                term, index, kind = unpack_entry(buf, rec.start)
-                if index != self.offset + len(entries) + 1:
-                    raise CorruptLogError(
-                        path, rec.offset, f"entry {index} does not follow {self.offset + len(entries)}"
-                    )
-                try:
-                    ekind = EntryKind(kind)
-                except ValueError:
-                    raise CorruptLogError(path, rec.offset, f"unknown entry kind {kind}") from None
-                entries.append(Entry(term, index, ekind, buf[rec.start + _ENTRY.size : rec.end]))
-                if index > seg.max_index:
-                    seg.max_index = index
-            elif rtype == REC_HARD_STATE:
-                self.hs = HardState(*_HARD_STATE.unpack_from(buf, rec.start))
-            elif rtype == REC_TRUNCATE:
-                (frm,) = _TRUNCATE.unpack_from(buf, rec.start)
-                last = self.last()
-                if frm <= self.snap_index or frm > last:
-                    raise CorruptLogError(path, rec.offset, f"truncation at {frm} outside ({self.snap_index}, {last}]")
-                if frm <= self.offset:
-                    # Only possible in the first retained segment: the truncated entries were in
-                    # deleted segments; the compaction that deleted them covers this range.
-                    entries.clear()
-                    self.offset = frm - 1
-                else:
-                    del entries[frm - self.offset - 1 :]
-            elif rtype == REC_COMPACT:
-                index, term, reset = _COMPACT.unpack_from(buf, rec.start)
-                if index < self.snap_index or (index == self.snap_index and term != self.snap_term and index):
-                    raise CorruptLogError(
-                        path,
-                        rec.offset,
-                        f"compaction to {index}/{term} after {self.snap_index}/{self.snap_term}",
-                    )
-                if reset:
-                    entries.clear()
-                    self.offset = index
-                elif index > self.offset:
-                    if index > self.last():
-                        raise CorruptLogError(path, rec.offset, f"compaction to {index} past the log end")
-                    del entries[: index - self.offset]
-                    self.offset = index
-                self.snap_index, self.snap_term = index, term
-            else:  # pragma: no cover - scan_log rejects unknown types
-                raise CorruptLogError(path, rec.offset, f"unknown record type {rtype}")
-
-
 class Wal:
     """The durable log of one Raft node. Not thread-safe: one thread owns it."""
 
@@ -204,8 +104,8 @@ class Wal:
         directory: Path,
         fs: FileSystem,
         segment_bytes: int,
-        segments: list[_Segment],
-        replay: _Replay,
+        segments: list[Segment],
+        replay: Replay,
     ) -> None:
         self._dir = directory
         self._fs = fs
@@ -238,77 +138,8 @@ class Wal:
             raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
         directory = Path(directory)
         fs = FileSystem(volatile=volatile, fault=fault)
-        if not directory.exists():
-            private_dir(directory)
-            fs.fsync_dir(directory.parent)
-
-        segments: list[_Segment] = []
-        for p in directory.iterdir():
-            if p.suffix != ".wal":
-                continue
-            m = _SEGMENT_NAME.match(p.name)
-            if m is None:
-                raise CorruptLogError(p, 0, "unrecognised segment name")
-            segments.append(_Segment(int(m.group(1)), int(m.group(2)), p, 0))
-        segments.sort(key=lambda s: s.seq)
-        for prev, nxt in pairwise(segments):
-            if nxt.seq != prev.seq + 1:
-                raise CorruptLogError(nxt.path, 0, f"segment {prev.seq + 1} is missing")
-
-        # One segment in memory at a time: scan, check its header, replay, move on.
-        replay = _Replay()
-        drop_last = False
-        last_torn: TornTail | None = None
-        last_size = 0
-        for i, seg in enumerate(segments):
-            is_last = i == len(segments) - 1
-            buf = seg.path.read_bytes()
-            records, torn_here = framing.scan_log(buf, seg.path, is_last=is_last, known_types=KNOWN_TYPES)
-            # Every segment starts with a hard-state and a compaction record, written in the same
-            # write as its first data. Only the last segment may lack them, and only as the result
-            # of a crash before its first sync: then nothing in it was ever durable and it goes.
-            has_header = len(records) >= 2 and records[0].rtype == REC_HARD_STATE and records[1].rtype == REC_COMPACT
-            if not has_header:
-                partial = not records or (len(records) == 1 and records[0].rtype == REC_HARD_STATE)
-                if not (is_last and partial):
-                    raise CorruptLogError(seg.path, 0, "segment does not start with its header records")
-                drop_last = True
-            else:
-                replay.segment(seg, buf, records, first=i == 0)
-            if is_last:
-                last_torn, last_size = torn_here, len(buf)
-            del buf, records
-        if replay.offset != replay.snap_index:
-            raise CorruptLogError(
-                segments[0].path,
-                0,
-                f"entries {replay.snap_index + 1}..{replay.offset} are missing "
-                f"(compaction point {replay.snap_index}, first segment starts at {segments[0].first_index})",
-            )
-
-        # Only now, with the whole log verified, change files.
-        torn: TornTail | None = None
-        if drop_last:
-            last = segments.pop()
-            fs.remove(last.path)
-            fs.fsync_dir(directory)
-            if last_size:
-                reason = last_torn.reason if last_torn else "no data after the header"
-                torn = TornTail(last.path, 0, last_size, f"segment header incomplete: {reason}")
-        elif last_torn is not None:
-            torn = last_torn
-            fs.truncate(torn.path, torn.offset)
-
-        wal = cls(directory, fs, segment_bytes, segments, replay)
-        recovered = Recovered(
-            hard_state=replay.hs,
-            entries=replay.entries,
-            first_index=replay.offset + 1,
-            torn_tail=torn,
-            snapshot_index=replay.snap_index,
-            snapshot_term=replay.snap_term,
-        )
-        return wal, recovered
+        segments, replay, recovered = recover(directory, fs)
+        return cls(directory, fs, segment_bytes, segments, replay), recovered
 
     # ------------------------------------------------------------------ queries
 
@@ -356,11 +187,11 @@ class Wal:
         if cur is not None:
             cur.close()
         self._cur = new
-        self._segments.append(_Segment(seq, first, path, 0))
+        self._segments.append(Segment(seq, first, path, 0))
         self._created_since_sync = True
         hs = self._hs
-        n = framing.append_record(head, REC_HARD_STATE, _HARD_STATE.pack(hs.term, hs.vote, hs.commit))
-        n += framing.append_record(head, REC_COMPACT, _COMPACT.pack(self._snap_index, self._snap_term, 0))
+        n = framing.append_record(head, REC_HARD_STATE, HARD_STATE.pack(hs.term, hs.vote, hs.commit))
+        n += framing.append_record(head, REC_COMPACT, COMPACT.pack(self._snap_index, self._snap_term, 0))
         self._pending_records += 2
         return n
 
@@ -378,7 +209,7 @@ class Wal:
 
         parts: list[bytes] = []
         ap = parts.append
-        pack_entry = _ENTRY.pack
+        pack_entry = ENTRY.pack
         pack_header = framing.RECORD_HEADER.pack
         crc = framing.crc32c
         seed = framing.crc_seed(REC_ENTRY)
@@ -390,7 +221,7 @@ class Wal:
                 raise ValueError(f"entries not contiguous: expected {expected}, got {e.index}")
             expected += 1
             data = e.data
-            if len(data) > _MAX_DATA:
+            if len(data) > MAX_DATA:
                 raise ValueError(f"entry {e.index} data of {len(data)} bytes is too large")
             head = pack_entry(e.term, e.index, e.kind)
             ap(pack_header(17 + len(data), crc(data, crc(head, seed)), REC_ENTRY))
@@ -401,7 +232,7 @@ class Wal:
         head_parts: list[bytes] = []
         self._roll_if_needed(head_parts)
         if first <= last:
-            framing.append_record(head_parts, REC_TRUNCATE, _TRUNCATE.pack(first))
+            framing.append_record(head_parts, REC_TRUNCATE, TRUNCATE.pack(first))
             self._pending_records += 1
         buf = b"".join(chain(head_parts, parts)) if head_parts else b"".join(parts)
         assert self._cur is not None
@@ -424,7 +255,7 @@ class Wal:
             return
         parts: list[bytes] = []
         self._roll_if_needed(parts)
-        framing.append_record(parts, REC_HARD_STATE, _HARD_STATE.pack(hs.term, hs.vote, hs.commit))
+        framing.append_record(parts, REC_HARD_STATE, HARD_STATE.pack(hs.term, hs.vote, hs.commit))
         buf = b"".join(parts)
         assert self._cur is not None
         self._cur.write(buf)
@@ -466,7 +297,7 @@ class Wal:
         keep_suffix = upto_index <= last and self._terms[upto_index - self._offset - 1] == term
         parts: list[bytes] = []
         self._roll_if_needed(parts)
-        framing.append_record(parts, REC_COMPACT, _COMPACT.pack(upto_index, term, 0 if keep_suffix else 1))
+        framing.append_record(parts, REC_COMPACT, COMPACT.pack(upto_index, term, 0 if keep_suffix else 1))
         buf = b"".join(parts)
         assert self._cur is not None
         self._cur.write(buf)
@@ -480,7 +311,7 @@ class Wal:
         self._pending_bytes += len(buf)
         stats = self.sync()
 
-        doomed: list[_Segment] = []
+        doomed: list[Segment] = []
         for seg in self._segments[:-1]:
             if keep_suffix and seg.max_index > upto_index:
                 break

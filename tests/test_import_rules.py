@@ -78,8 +78,9 @@ STDLIB_FORBIDDEN: Final[Mapping[str, frozenset[str]]] = {"delay": frozenset({"sq
 
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
-    "raft_store.log_clock", "raft_store.ready_runner",
-    "queues.model", "queues.events", "queues.lifecycle", "queues.codec", "queues.query_codec",
+    "raft_store.log_clock", "raft_store.ready_runner", "raft_store.ready", "raft_store.elections",
+    "raft_store.replication", "raft_store.following", "raft_store.read_index",
+    "queues.model", "queues.events", "queues.views", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies", "ledger.request_ids",
     "api.schemas", "submission.models", "submission.rules",
@@ -98,11 +99,7 @@ MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
     "bench/e2e.py": 692,
-    "queues/model.py": 862,
-    "raft_store/core.py": 785,
-    "raft_store/core.py::RaftCore": 658,
-    "raft_store/wal.py::Wal": 315,
-    "services/worker/runner.py::Worker": 312,
+    "queues/model.py": 839,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The
 list only shrinks: split one and lower its number (or drop it once under the limit)."""

@@ -35,7 +35,8 @@ def _policy(policy: RetryPolicy) -> dict[str, Any]:
 async def _views(services: ApiServices) -> tuple[tuple[KindView, ...], dict[tuple[str, str], int], dict[str, int]]:
     try:
         kinds = (await services.queue.kinds()).value
-        counts = (await services.queue.counts()).value
+        # Counts span the sets; kinds, pauses and policies are the home set's (docs/sets.md).
+        counts = (await services.queue.counts()).value if services.sets is None else await services.sets.counts()
         oldest = (await services.queue.oldest_due_age_ms()).value
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None

@@ -146,14 +146,15 @@ def _batch_item(answer: Answer, instance: str) -> dict[str, Any]:
 async def get_request(request: Request, request_id: str, principal: Reader) -> Response:
     services = of(request)  # a viewer's reads are masked
     parsed = RequestId.parse(request_id)
-    if parsed is None or parsed.set_id != services.settings.set_id:
+    queue = None if parsed is None else await services.queue_of(parsed.set_id)
+    if parsed is None or queue is None:
         raise Problem("not-found", f"no request {request_id}")
     try:
-        view = (await services.queue.get(parsed.message_id)).value
+        view = (await queue.get(parsed.message_id)).value
         if view is None or (principal.role is Role.PRODUCER and not principal.owns(view.idempotency_key)):
             raise Problem("not-found", f"no request {request_id}")
-        events = (await services.queue.message_events([view.message_id])).value
-        audit = (await services.queue.message_audit([view.message_id])).value
+        events = (await queue.message_events([view.message_id])).value
+        audit = (await queue.message_audit([view.message_id])).value
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None
     return json_response(request_document(view, request_id, events, audit))

@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 
 from api.tokens import new_token, token_hash
 from compensator.commands import demo
+from compensator.commands.run_sets import LocalSets
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
 from compensator.config_processes import parse_address
@@ -137,9 +138,10 @@ def port_taken(host: str, port: int) -> bool:
 
 
 class LocalService:
-    def __init__(self, config: Config, *, config_path: Path | None) -> None:
+    def __init__(self, config: Config, *, config_path: Path | None, sets: int = 1) -> None:
         self.config = config
         self.data_dir = Path(config.local.data_dir)
+        self.sets = LocalSets.plan(config, sets, self.data_dir) if sets != 1 else None  # `run --sets N`
         self.addresses = [parse_address(a) for a in config.store.addresses]
         python = [sys.executable, "-m", "compensator"]
         config_args = ["--config", str(config_path.resolve())] if config_path else []
@@ -151,7 +153,8 @@ class LocalService:
             Child(f"node {i}", [*python, "node", *config_args, "--id", str(i), "--data", str(self.data_dir / f"node{i}"),
                                 *auth_args], self.data_dir / f"node{i}.log")  # the set: store.addresses
             for i in range(1, len(self.addresses) + 1)
-        ]  # fmt: skip
+        ] + [Child(name, [*python, "node", *config_args, *node_args, *auth_args], log, env=env)
+             for name, node_args, log, env in (self.sets.nodes if self.sets else [])]  # fmt: skip
         local = config.local
         self.standin_ports = {
             "payment": _port(config.handlers.payment.base_url), "red_packet": _port(config.handlers.red_packet.base_url),
@@ -171,7 +174,8 @@ class LocalService:
         targets = {"COMPENSATOR_HANDLERS__CALLBACK": json.dumps({"targets": [{"name": local.callback_target,
                                                                              "url": target_url}]})}  # fmt: skip
         # The API refuses a callback to a target the workers do not know: both read the same targets.
-        self.api = Child("api", [*python, "api", *config_args], self.data_dir / "api.log", env=dict(targets))
+        sets_env = self.sets.env if self.sets else {}
+        self.api = Child("api", [*python, "api", *config_args], self.data_dir / "api.log", env={**targets, **sets_env})
         worker_env = {
             **targets,
             "COMPENSATOR_WORKER__CALLBACK_SECRETS_FILE": str(callback_secrets),
@@ -182,11 +186,14 @@ class LocalService:
             Child(f"worker {i}", [*python, "worker", *config_args, "--id", f"local-worker-{i}"],
                   self.data_dir / f"worker{i}.log", env=worker_env)
             for i in range(1, local.workers + 1)
-        ]  # fmt: skip
+        ] + [Child(f"set {k} worker", [*python, "worker", *config_args, "--id", f"local-worker-set{k}"],
+                   self.data_dir / f"worker-set{k}.log", env={**worker_env, **extra.set_env(k)})
+             for extra in ([self.sets] if self.sets else []) for k in sorted(extra.sets)[1:]]  # fmt: skip
         self.secrets_file = callback_secrets
-        self.projectors = [Child("projector", [
-            *python, "project", *config_args, "--id", "local-projector",
-        ], self.data_dir / "projector.log")] if local.projector else []  # fmt: skip
+        self.projectors = [Child(f"projector{k or ''}", [
+            *python, "project", *config_args, "--id", f"local-projector{k or ''}",
+        ], self.data_dir / f"projector{k or ''}.log", env=self.sets.set_env(k) if self.sets is not None and k else {})
+            for k in ([0, *sorted(self.sets.sets)[1:]] if self.sets else [0])] if local.projector else []  # fmt: skip
 
     def start_database(self) -> None:
         """The ledgers' PostgreSQL, started in the background (on a thread: pg_ctl waits); the
@@ -253,7 +260,7 @@ class LocalService:
         raise LaunchError(f"the stand-ins were not ready within 60 s: {last_words(self.standins[0].log)}")
 
     def check_ports(self) -> None:
-        wanted = [*self.addresses, (self.config.api.host, self.config.api.port),
+        wanted = [*self.addresses, *(self.sets.addresses() if self.sets else []), (self.config.api.host, self.config.api.port),
                   *(("127.0.0.1", port) for port in self.standin_ports.values())]  # fmt: skip
         taken = [f"{h}:{p}" for h, p in wanted if port_taken(h, p)]
         if taken:
@@ -357,7 +364,7 @@ async def reset_demo_users(queue: QueueClient) -> dict[str, str]:
 
 
 def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[str, int],
-           logins: dict[str, str] | None = None) -> str:  # fmt: skip
+           logins: dict[str, str] | None = None, sets: LocalSets | None = None) -> str:  # fmt: skip
     url = config.api_url
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     share = demo.Share(red_packet_id=f"rp-{stamp}", receiver="user-42", amount_minor=888, currency="CNY")
@@ -366,6 +373,7 @@ def banner(config: Config, leader: int, tokens: dict[str, str], standins: dict[s
         f"compensator is running; data in {config.local.data_dir}, logs beside it. Ctrl-C stops everything.",
         f"  API             {url}   (OpenAPI: {url}/docs)",
         f"  store           {','.join(config.store.addresses)}   (leader: node {leader})",
+        *(sets.banner_lines() if sets else []),
         *_ledger_lines(config),
         f"  producer token  {producer}   (local-producer: submits, reads its own)",
         f"  operator token  {operator}   (local-operator: kinds, pauses, policies, metrics)",
@@ -465,13 +473,14 @@ def _standins_lines(config: Config, ports: dict[str, int], operator: str) -> lis
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     run = subparsers.add_parser("run", help="the whole service on this machine (make run)")
+    run.add_argument("--sets", type=int, default=1, help="store sets (default 1; more: a control set too, docs/sets.md)")
     add_config_argument(run)
     run.set_defaults(handler=run_local)
 
 
 def run_local(args: argparse.Namespace) -> int:
     config = load_for(args)
-    service = LocalService(config, config_path=args.config)
+    service = LocalService(config, config_path=args.config, sets=args.sets)
     service.check_ports()
     service.ensure_cluster_secret()
     # The driver's and the auditor's log lines go to a file beside the children's logs; only what
@@ -496,8 +505,11 @@ async def serve(service: LocalService, stop: asyncio.Event) -> int:
             node.start()
         service.start_database()  # meanwhile: the nodes elect a leader
         leader = await _unless(stop, service.wait_leader(queue))
-        if leader is None:
+        if leader is None or (service.sets and await _unless(stop, service.sets.wait_leaders(service.supervise)) is None):
             return _interrupted()
+        if service.sets:
+            await service.sets.bootstrap()
+            service.sets.start_drivers()
         if not await _unless(stop, service.database_ready()):
             return _interrupted()
         tokens = await rotate_local_tokens(queue)
@@ -518,7 +530,7 @@ async def serve(service: LocalService, stop: asyncio.Event) -> int:
         service.api.start()
         if not await _unless(stop, service.wait_ready()):
             return _interrupted()
-        print(banner(config, leader, tokens, service.standin_ports, logins), flush=True)
+        print(banner(config, leader, tokens, service.standin_ports, logins, service.sets), flush=True)
         while not stop.is_set():
             service.supervise()
             with contextlib.suppress(TimeoutError):
@@ -541,6 +553,8 @@ async def serve(service: LocalService, stop: asyncio.Event) -> int:
         await service.stop_database()
         if driver is not None:
             await driver.stop()
+        if service.sets:
+            await service.sets.stop_drivers()
         if auditor is not None:
             await auditor.stop()
             await close_clients(auditor.replicas)

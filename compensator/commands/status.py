@@ -11,6 +11,10 @@ ingest's lag is the broker's to tell: its metric, `compensator_kafka_ingest_lag`
 `api.ready_lag_entries_max` of its commit index; 1 (with the picture printed) when not; a one-line
 error when no node answers at all.
 
+With `store.control_addresses` it also lists the control set and every set of its table (leader,
+commit, nodes up), and the kinds' depths and oldest due ages are the whole store's: every set's,
+summed (a set that serves no reads is marked, and its requests are missing from the sums).
+
 Must never: write to the store (reading the health of a sick set must not add to its load), or
 print a token or secret.
 """
@@ -20,15 +24,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from compensator.commands.run import local_pg_data
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
-from compensator.store import queue_client
+from compensator.store import control_set, queue_client, raft_client
 from ledger import pg
 from ledger.kinds import DOWNSTREAM_OF
-from queues import ClientError, QueueError, State
+from queues import ClientError, QueueClient, QueueError, SetsClient, State
 from services.kafka.publisher_lease import NAMESPACE as PUBLISHER_NAMESPACE
 from services.worker.breaker import holder
 
@@ -70,7 +76,10 @@ async def gather(config: Config) -> dict[str, Any]:
         await queue.raft.close()
     last_seq = digest.value.last_seq
     followers = [_publisher(doc.name, doc.body, doc.updated_ms, last_seq, counts.now_ms) for doc in publishers.value.documents]
-    followers.append(await _projector(config, last_seq))
+    followers.append(await _projector(config, last_seq, config.store.set_id))
+    sets, others = await _sets(config) if config.store.control_addresses else ([], [])
+    for other in others:
+        followers.append(await _projector(config, other.last_seq, other.set_id))
     leaders = [node for node in nodes if node.get("role") == "leader"]
     leader = max(leaders, key=lambda node: int(node.get("term", 0)), default=None)
     commit = (
@@ -80,8 +89,14 @@ async def gather(config: Config) -> dict[str, Any]:
     node_rows = [_node_row(node, commit) for node in nodes]
     healthy = leader is not None and all(row["lag"] is not None and row["lag"] <= lag_max for row in node_rows)
     depth: dict[str, dict[str, int]] = {}
-    for (kind, state), count in counts.value.items():
-        depth.setdefault(kind, dict.fromkeys(_STATES, 0))[state] = count
+    oldest = dict(ages.value)
+    for found in [counts.value, *(other.counts for other in others)]:
+        for (kind, state), count in found.items():
+            by_state = depth.setdefault(kind, dict.fromkeys(_STATES, 0))
+            by_state[state] = by_state.get(state, 0) + count
+    for other in others:
+        for kind, age in other.ages.items():
+            oldest[kind] = max(age, oldest.get(kind, age))
     pauses = {view.kind: view.pauses for view in kinds.value}
     breakers = []
     for downstream in sorted(set(DOWNSTREAM_OF.values())):
@@ -90,13 +105,14 @@ async def gather(config: Config) -> dict[str, Any]:
         breakers.append({"downstream": downstream, "state": "open" if held else "closed", "kinds": names,
                          "since_ms": held[0].since_ms if held else None, "reason": held[0].reason if held else None})  # fmt: skip
     return {
-        "healthy": healthy,
+        "healthy": healthy and all(found["healthy"] for found in sets),
+        "sets": sets,
         "leader": int(leader["node"]) if leader else None,
         "term": int(leader["term"]) if leader else None,
         "commit": commit,
         "nodes": node_rows,
         "depth": dict(sorted(depth.items())),
-        "oldest_due_age_ms": dict(sorted(ages.value.items())),
+        "oldest_due_age_ms": dict(sorted(oldest.items())),
         "paused": {kind: [p.holder for p in held] for kind, held in sorted(pauses.items()) if held},
         "breakers": breakers,
         "last_event_seq": last_seq,
@@ -114,10 +130,11 @@ def _publisher(topic: str, body: bytes | None, updated_ms: int, last_seq: int, n
             "holder": document.get("holder") if live else None}  # fmt: skip
 
 
-async def _projector(config: Config, last_seq: int) -> dict[str, Any]:
-    """The ledger projector's cursor, from its PostgreSQL: the configured one, or the local run's
+async def _projector(config: Config, last_seq: int, set_id: int) -> dict[str, Any]:
+    """A set's ledger projector's cursor, from its PostgreSQL: the configured one, or the local run's
     embedded server if it is running (never started from here)."""
-    row: dict[str, Any] = {"name": "ledger projector", "cursor": None, "lag_events": None, "holder": None}
+    name = "ledger projector" if not config.store.control_addresses else f"ledger projector (set {set_id})"
+    row: dict[str, Any] = {"name": name, "cursor": None, "lag_events": None, "holder": None}
     dsn = pg.dsn_from_env() or pg.EmbeddedPostgres(local_pg_data(config)).running_dsn()
     if dsn is None:
         return row | {"error": "no ledger database (COMPENSATOR_PG_DSN) to read its cursor from"}
@@ -127,7 +144,7 @@ async def _projector(config: Config, last_seq: int) -> dict[str, Any]:
         connection = await asyncpg.connect(dsn, timeout=1.0)
         try:
             found = await connection.fetchrow(
-                "SELECT last_seq, owner FROM projector_cursors WHERE set_id = $1", config.store.set_id)
+                "SELECT last_seq, owner FROM projector_cursors WHERE set_id = $1", set_id)
         finally:
             await connection.close()
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
@@ -136,6 +153,63 @@ async def _projector(config: Config, last_seq: int) -> dict[str, Any]:
         return row | {"error": "no cursor yet: the projector has not written this set"}
     cursor = int(found["last_seq"])
     return row | {"cursor": cursor, "lag_events": max(0, last_seq - cursor), "holder": found["owner"] or None}
+
+
+@dataclass(frozen=True)
+class _OtherSet:
+    """What a set other than the home set adds to the picture: its depth, its oldest due ages and
+    its last event (for its projector's lag)."""
+
+    set_id: int
+    counts: dict[tuple[str, str], int]
+    ages: dict[str, int]
+    last_seq: int
+
+
+async def _sets(config: Config) -> tuple[list[dict[str, Any]], list[_OtherSet]]:
+    """The control set and each set of its table: id, addresses, leader, commit, healthy (every
+    node within `api.ready_lag_entries_max` of its leader's commit); and each other set's depth,
+    so that the kinds' table is the whole store's. Never raises: a control set that cannot be read,
+    or a set that serves no reads, is a row saying so."""
+    control = control_set(config)
+    rows = [_set_row(0, config.store.control_addresses, await control.queue.node_statuses(), config)]
+    try:
+        sets = await SetsClient.from_control(control, connect=lambda _set_id, addresses: QueueClient(
+            raft_client(config, control.queue.raft.auth, addresses)))  # fmt: skip
+    except (ClientError, QueueError, ValueError) as error:
+        rows[0]["error"] = f"the set table could not be read: {error}"
+        rows[0]["healthy"] = False
+        await control.queue.raft.close()
+        return rows, []
+    others: list[_OtherSet] = []
+    try:
+        rows += [_set_row(found.set_id, found.addresses, found.nodes, config) for found in await sets.statuses()]
+        for row in rows[1:]:
+            if row["set"] == config.store.set_id or row["set"] not in sets.clients:
+                continue
+            queue = sets.clients[row["set"]]
+            try:
+                counts, ages, digest = await asyncio.gather(
+                    queue.counts(), queue.oldest_due_age_ms(), queue.events_digest(0, 0))
+            except (ClientError, QueueError) as error:
+                row["error"] = f"serves no reads (its requests are not in the table below): {error}"
+                row["healthy"] = False
+                continue
+            others.append(_OtherSet(row["set"], dict(counts.value), dict(ages.value), digest.value.last_seq))
+    finally:
+        await sets.close()
+    return rows, others
+
+
+def _set_row(set_id: int, addresses: Sequence[str], nodes: list[dict[str, Any]], config: Config) -> dict[str, Any]:
+    leaders = [node for node in nodes if node.get("role") == "leader"]
+    leader = max(leaders, key=lambda node: int(node.get("term", 0)), default=None)
+    commit = int(leader["commit"]) if leader else None
+    lags = [commit - int(node.get("applied", 0)) for node in nodes if commit is not None and "error" not in node]
+    healthy = leader is not None and len(lags) == len(nodes) and max(lags) <= config.api.ready_lag_entries_max
+    return {"set": set_id, "addresses": list(addresses), "leader": int(leader["node"]) if leader else None,
+            "commit": commit, "nodes_up": sum(1 for node in nodes if "error" not in node), "nodes": len(nodes),
+            "healthy": healthy, "error": None}  # fmt: skip
 
 
 def _node_row(node: dict[str, Any], commit: int) -> dict[str, Any]:
@@ -171,6 +245,12 @@ def render(report: dict[str, Any]) -> str:
         else:
             lines.append(f"  {row['address']:<21} node {row['node']}  {row['role']:<9} term {row['term']:<4}"
                          f" applied {row['applied']:<10} lag {row['lag']}")  # fmt: skip
+    for found in report.get("sets", []):
+        name = "control set" if found["set"] == 0 else f"set {found['set']}"
+        state = found["error"] or (f"leader node {found['leader']}, commit {found['commit']}" if found["leader"]
+                                   else "NO LEADER")  # fmt: skip
+        lines.append(f"{name:<12} {','.join(found['addresses'])}  {state}, {found['nodes_up']}/{found['nodes']} nodes up"
+                     + ("" if found["healthy"] else "  (UNHEALTHY)"))  # fmt: skip
     lines.append("")
     header = f"{'kind':<14}" + "".join(f"{state:>11}" for state in _STATES) + f"{'oldest due':>12}  paused by"
     lines.append(header)

@@ -69,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def with_store(
-    config: Config, action: Callable[[QueueClient], Awaitable[T]], error_type: type[ValueError] = TokenCommandError
+    config: Config, action: Callable[[QueueClient], Awaitable[T]], error_type: type[ValueError] = TokenCommandError,
+    queue: QueueClient | None = None,
 ) -> T:
-    """`action` on a client of the configured store, closed after; the store's failures as one line."""
-    queue = queue_client(config)
+    """`action` on a client of the configured store (or `queue`), closed after; the store's failures as one line."""
+    queue = queue or queue_client(config)
     try:
         return await action(queue)
     except AuthenticationFailed as error:

@@ -26,13 +26,14 @@ from api.web.sessions import WebAuth, WebSettings
 from compensator import config as configuration
 from compensator import guarantees
 from compensator.config import Config
-from compensator.store import queue_client
+from compensator.store import queue_client, sets_client
 from compensator.telemetry import tracer_provider
 from compensator.wiring.parts import wall_clock_ms
 
 
 def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> FastAPI:
     queue = queue_client(config)
+    sets = sets_client(config)
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="api")
     metrics = ApiMetrics(multiprocess_dir=os.environ.get(configuration.METRICS_DIR_ENV) or None)
     tokens = TokenCache(queue, refresh_interval_s=config.auth.refresh_interval_s)
@@ -56,6 +57,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             tracer=provider.get_tracer("compensator.api"),
             callback_targets=frozenset(target.name for target in config.handlers.callback.targets),
             observe_store_s=metrics.observe_store,
+            sets=sets,
         ),
         readiness=Readiness(queue, tokens, lag_max=config.api.ready_lag_entries_max),
         metrics=metrics,
@@ -69,6 +71,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
         ),
         four_eyes=four_eyes(config),
         web=WebAuth(queue, web_settings(config), clock_ms=wall_clock_ms),
+        sets=sets,
     )
     return create_app(services, tracer=provider)
 

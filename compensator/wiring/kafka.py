@@ -23,7 +23,7 @@ from aiokafka.errors import KafkaError
 
 from compensator.config import Config
 from compensator.shell import ProcessError, Running, Shell
-from compensator.store import queue_client
+from compensator.store import queue_client, sets_client
 from compensator.telemetry import tracer_provider
 from compensator.wiring.parts import metrics_address, process_name, wall_clock_ms
 from services.kafka.broker import BrokerSettings, RecordSink, ensure_topics
@@ -75,7 +75,7 @@ async def publisher_process(config: Config, *, holder: str = "", accept_gap: boo
     lease = PublisherLease(queue, name=kafka.events_topic, holder=holder, lease_ms=kafka.publisher_lease_ms)
     settings = PublisherSettings(topic=kafka.events_topic, batch_max=kafka.publisher_batch_max,
                                  poll_ms=kafka.publisher_poll_ms, lease_ms=kafka.publisher_lease_ms,
-                                 accept_gap=accept_gap)  # fmt: skip
+                                 accept_gap=accept_gap, set_id=config.store.set_id)  # fmt: skip
     publisher = EventPublisher(queue, sink, lease, settings, metrics=metrics,
                                tracer=provider.get_tracer("compensator.kafka"))  # fmt: skip
 
@@ -117,6 +117,7 @@ async def ingest_process(config: Config) -> AsyncIterator[Running]:
         raise _unreachable(config, error) from None
     _broker_reached()
     queue = queue_client(config)
+    sets = sets_client(config)  # with store.control_addresses: each record in its key's home set, as the API does
     metrics = KafkaMetrics()
     provider = tracer_provider(config.telemetry, process="kafka-ingest")
     rejects = RecordSink(broker)
@@ -125,7 +126,7 @@ async def ingest_process(config: Config) -> AsyncIterator[Running]:
                               body_bytes_max=kafka.body_bytes_max,
                               callback_targets=frozenset(t.name for t in config.handlers.callback.targets))  # fmt: skip
     ingest = Ingest(queue, consumer, rejects, settings, metrics=metrics,
-                    tracer=provider.get_tracer("compensator.kafka"), clock_ms=wall_clock_ms)  # fmt: skip
+                    tracer=provider.get_tracer("compensator.kafka"), clock_ms=wall_clock_ms, sets=sets)  # fmt: skip
 
     async def run(stop: asyncio.Event) -> int:
         print(f"kafka ingest from {kafka.ingest_topic} as {kafka.ingest_producer} running; SIGTERM stops it",
@@ -141,4 +142,6 @@ async def ingest_process(config: Config) -> AsyncIterator[Running]:
             await consumer.stop()
         await rejects.close()
         await queue.raft.close()
+        if sets is not None:
+            await sets.close()
         provider.shutdown()

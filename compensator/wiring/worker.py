@@ -1,7 +1,8 @@
 """The worker process kind (``compensator worker``): a compensation worker (services/worker/) with
 its store client, its handlers and their connections, its limits and its tracer; and beside it,
-with `worker.maintenance`, the queue's maintenance driver (it reads before it writes, so every
-worker may run one).
+with `worker.maintenance`, the queue's maintenance driver for each set (it reads before it writes,
+so every worker may run one). The worker leases from every set: `store.set_id`'s alone, or with
+`store.control_addresses` every set of the control set's table (docs/sets.md).
 
 Before it leases, the process reads the retry policies from the store (they are set at runtime,
 not in the configuration) and refuses to start when one would break what a downstream is declared
@@ -18,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -27,13 +28,14 @@ from compensator.config import Config
 from compensator.config_processes import worker_breaker
 from compensator.guarantees import policy_problems
 from compensator.shell import ProcessError, Running, Shell
-from compensator.store import queue_client
+from compensator.store import set_clients
 from compensator.telemetry import tracer_provider
 from compensator.wiring.parts import callback_secrets, metrics_address, process_name
 from handlers.registry import Registry, RegistryError, build_registry
 from handlers.signing import SecretsError
-from queues import ClientError, QueueClient, QueueError
+from queues import ClientError, KindView, QueueClient, QueueError
 from queues.maintenance import MaintenanceDriver
+from queues.sets.table import TableError
 from services.worker.limits import Limits
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Worker, WorkerSettings
@@ -54,6 +56,7 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
     closed on exit. The handlers come from `config.handlers` and the callback secrets (a file or
     $COMPENSATOR_CALLBACK_SECRETS) unless a registry is given."""
     settings = config.worker
+    sets = await _sets(config)
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="worker")
     metrics = WorkerMetrics()
     if registry is None:
@@ -71,9 +74,8 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
                         for h in handlers.values()},
         downstream_of={kind: h.downstream for kind, h in handlers.items()},
     )  # fmt: skip
-    queue = queue_client(config)
     built = Worker(
-        queue, handlers, limits,
+        sets, handlers, limits,
         WorkerSettings(worker_id=name or process_name(), lease_ms=settings.lease_ms, batch_max=settings.batch_max,
                        idle_poll_s=settings.idle_poll_ms / 1000, drain_grace_s=settings.drain_grace_s,
                        breaker=worker_breaker(settings)),
@@ -83,16 +85,38 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
         yield built
     finally:
         await registry.aclose()
-        await queue.raft.close()
+        for queue in sets.values():
+            await queue.raft.close()
         provider.shutdown()
 
 
-async def check_policies(config: Config, queue: QueueClient, stop: asyncio.Event) -> None:
-    """The kinds' retry policies in the store against the downstreams' declared guarantees; until
-    the store answers (a worker may start before its store), or until stopped."""
+SETS_WAIT_S = 60.0
+"""How long a worker of several sets waits for the control set's table at start (it may start
+before its store, as `compensator run` starts it) before it exits with one line."""
+
+
+async def _sets(config: Config) -> dict[int, QueueClient]:
+    """Every set's client (compensator/store.py `set_clients`): one set, or the sets of the control
+    set's table as it is now. A set added later reaches this worker when it restarts (docs/sets.md)."""
+    deadline = asyncio.get_running_loop().time() + SETS_WAIT_S
     while True:
         try:
-            kinds = (await queue.kinds()).value
+            return await set_clients(config)
+        except (ClientError, QueueError, TableError) as error:
+            if asyncio.get_running_loop().time() > deadline:
+                raise ProcessError(f"cannot read the set table from the control set"
+                                   f" ({','.join(config.store.control_addresses)}): {error}") from None  # fmt: skip
+            log.warning("cannot read the set table yet: %s", error)
+            await asyncio.sleep(1.0)
+
+
+async def check_policies(config: Config, sets: Mapping[int, QueueClient], stop: asyncio.Event) -> None:
+    """The kinds' retry policies in the store against the downstreams' declared guarantees; until
+    a set answers (a worker may start before its store), or until stopped. With many sets, from
+    the lowest-numbered that answers (cluster-wide documents: services/worker/documents.py)."""
+    while True:
+        try:
+            kinds = await _first_answer(sets)
             break
         except (ClientError, QueueError) as error:
             log.warning("cannot read the retry policies yet: %s", error)
@@ -106,16 +130,28 @@ async def check_policies(config: Config, queue: QueueClient, stop: asyncio.Event
                            " the downstream's declaration)")  # fmt: skip
 
 
+async def _first_answer(sets: Mapping[int, QueueClient]) -> Sequence[KindView]:
+    error: ClientError | QueueError | None = None
+    for set_id in sorted(sets):
+        try:
+            return (await sets[set_id].kinds()).value
+        except (ClientError, QueueError) as failed:
+            error = failed
+    assert error is not None
+    raise error
+
+
 @contextlib.asynccontextmanager
 async def process(config: Config, *, name: str = "") -> AsyncIterator[Running]:
     """`compensator worker`: SIGTERM drains it (services/worker/runner.py): no more leases, running
     attempts get `worker.drain_grace_s` to finish, the rest are handed back at once."""
     async with worker(config, name=name) as running:
-        driver = MaintenanceDriver(running.queue) if config.worker.maintenance else None
+        sets = {set_id: lane.queue for set_id, lane in running.lanes.items()}
+        drivers = [MaintenanceDriver(queue) for queue in sets.values()] if config.worker.maintenance else []
 
         async def run(stop: asyncio.Event) -> int:
-            await check_policies(config, running.queue, stop)
-            if driver is not None:
+            await check_policies(config, sets, stop)
+            for driver in drivers:
                 driver.start()
             print(f"worker {running.worker_id} running; SIGTERM drains it", flush=True)
             await running.run(stop)
@@ -125,5 +161,5 @@ async def process(config: Config, *, name: str = "") -> AsyncIterator[Running]:
         try:
             yield Running(run, registry=running.metrics.registry)
         finally:
-            if driver is not None:
+            for driver in drivers:
                 await driver.stop()

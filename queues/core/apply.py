@@ -53,6 +53,7 @@ from queues.model import (
     Release,
     ResumeKind,
     RevokeToken,
+    RouteFence,
     SetPolicy,
     SetQuota,
     SetRetention,
@@ -118,6 +119,8 @@ def run(entry: Entry, command: QueueCommand) -> QueueResult:
             return jobs.step(entry, command)
         case ControlJob():
             return jobs.control(entry, command)
+        case RouteFence():
+            return operator.route_fence(entry, command)
 
 
 def _apply_one(entry: Entry, data: bytes) -> tuple[bytes, QueueResult | ErrorResult]:

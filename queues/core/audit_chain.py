@@ -86,6 +86,8 @@ def _target(type_: EventType, message_id: int, kind: str, data: Detail) -> str:
         return f"document:{data.get('namespace')}/{data.get('name')}"
     if kind:
         return f"kind:{kind}"
+    if type_ is EventType.ROUTE_FENCED:
+        return "route_epoch"
     return "retention" if type_ is EventType.RETENTION_SET else type_.value
 
 

@@ -7,6 +7,9 @@ is EXISTS with the original id and its current state, different is CONFLICT. A r
 client-drawn `request_id` is the original's is the client's own retry after a lost answer
 (enqueues travel without a session lane) and is answered OK, as the first application was.
 
+A set fenced at route epoch N (`RouteFence`, docs/sets.md) refuses a key it does not hold when
+the enqueue was routed by an older epoch (ROUTE_STALE); a key it holds is answered as always.
+
 Must never: read a clock, or let a key have two live holders.
 """
 
@@ -25,6 +28,7 @@ from queues.model import (
     EventType,
     Phase,
     QueueResult,
+    RouteResult,
     content_hash,
     state_of,
 )
@@ -48,6 +52,10 @@ def enqueue(entry: Entry, command: Enqueue) -> QueueResult:
             code = Code.EXISTS
         state = state_of(existing.phase, existing.due_ms, now_ms)
         return EnqueueResult(code=code, message_id=existing.id, state=state, due_ms=existing.due_ms)
+    if command.route_epoch < entry.catalog.min_route_epoch(entry.tx):
+        # A new key routed by an epoch older than this set's fence: the key's home may be another
+        # set by the newer epoch; the client re-reads the set table (docs/sets.md, "Fencing").
+        return RouteResult(code=Code.ROUTE_STALE, min_route_epoch=entry.catalog.min_route_epoch(entry.tx))
     meta = entry.meta
     message_id = meta.next_message_id
     meta.next_message_id = message_id + 1

@@ -30,6 +30,8 @@ from queues.model import OPERATOR_EVENT_TYPES, EventType, EventValue, Phase
 
 _OPERATOR_TYPES: Final = frozenset(t.value for t in OPERATOR_EVENT_TYPES)
 _policy_decoder: Final = msgspec.msgpack.Decoder(RetryPolicy)
+MIN_ROUTE_EPOCH: Final = b"min_route_epoch"
+"""The SETTINGS row RouteFence writes (absent until a set is first fenced: old states need nothing)."""
 
 
 def load_meta(view: KvRead) -> Meta:
@@ -45,9 +47,20 @@ class Catalog:
         self._kinds: dict[str, RetryPolicy] | None = None
         self._paused: frozenset[str] | None = None
         self._retention: tuple[int, int] | None = None
+        self._route_epoch: int | None = None
 
     def forget(self) -> None:
-        self._kinds = self._paused = self._retention = None
+        self._kinds = self._paused = self._retention = self._route_epoch = None
+
+    def forget_route_epoch(self) -> None:
+        self._route_epoch = None
+
+    def min_route_epoch(self, view: KvRead) -> int:
+        """The set's fence (RouteFence): new keys routed by an older epoch are refused. 0: never fenced."""
+        if self._route_epoch is None:
+            stored = view.get(Table.SETTINGS, MIN_ROUTE_EPOCH)
+            self._route_epoch = 0 if stored is None else int_decoder.decode(stored)
+        return self._route_epoch
 
     def forget_kinds(self) -> None:
         self._kinds = None

@@ -7,6 +7,9 @@ after)`), and this module moves the message between the indexes its fields put i
     LEASES   deadline, id          while LEASED       expiry, earliest deadline first
     DEAD     group, dead_ms, id    while DEAD         the dead-letter tier, by (kind, error class,
                                                       currency, has an amount), with its aggregate
+    DEAD_AMOUNTS group, bucket, dead_ms, id           the same letters with an amount, by amount
+                                                      bucket, with the buckets' aggregates
+                                                      (queues.core.dead_amounts)
     PURGE    purge_ms, id          while a tombstone  the purge, oldest first
     REFS     hash(ref key), id     always             a business id's requests
     KEYS     hash(idempotency key) -> id              the key's current holder (claimed at enqueue)
@@ -24,7 +27,7 @@ from typing import Final
 
 import msgspec
 
-from queues.core import keys
+from queues.core import dead_amounts, keys
 from queues.core.entry import Entry
 from queues.core.money import money_of
 from queues.core.port import KvRead, KvWrite, Table
@@ -36,6 +39,8 @@ from queues.core.records import (
     encode,
     group_decoder,
     message_decoder,
+    sum_of,
+    to_sum,
 )
 from queues.model import Phase
 
@@ -166,19 +171,28 @@ def _move_dead(tx: KvWrite, entry: Entry, before: MessageRecord, after: MessageR
     if was and now and group_name(before) == group_name(after) and before.dead_ms == after.dead_ms:
         if before.attempts != after.attempts:
             key, group = _group(tx, entry, group_name(after))
-            tx.put(Table.DEAD, keys.group_key(group.group, after.dead_ms or 0, after.id),
-                   encode(DeadEntry(after.amount, after.attempts)))  # fmt: skip
+            _put_dead(tx, group.group, after)
         return
     if was:
         key, group = _group(tx, entry, group_name(before))
         tx.delete(Table.DEAD, keys.group_key(group.group, before.dead_ms or 0, before.id))
-        total = group.total - (before.amount or 0)
-        tx.put(Table.DEAD_GROUPS, key, encode(DeadGroup(group.group, group.count - 1, total)))
+        if before.amount is not None:
+            dead_amounts.remove(tx, group.group, before.dead_ms or 0, before.id, before.amount)
+        total = sum_of(group.total) - (before.amount or 0)
+        tx.put(Table.DEAD_GROUPS, key, encode(DeadGroup(group.group, group.count - 1, to_sum(total))))
     if now:
         key, group = _group(tx, entry, group_name(after))
-        tx.put(Table.DEAD, keys.group_key(group.group, after.dead_ms or 0, after.id),
-               encode(DeadEntry(after.amount, after.attempts)))  # fmt: skip
-        tx.put(Table.DEAD_GROUPS, key, encode(DeadGroup(group.group, group.count + 1, group.total + (after.amount or 0))))
+        _put_dead(tx, group.group, after)
+        total = sum_of(group.total) + (after.amount or 0)
+        tx.put(Table.DEAD_GROUPS, key, encode(DeadGroup(group.group, group.count + 1, to_sum(total))))
+
+
+def _put_dead(tx: KvWrite, group: int, record: MessageRecord) -> None:
+    """The letter in the DEAD index and, with an amount, in the amount index (queues.core.dead_amounts)."""
+    dead = DeadEntry(record.amount, record.attempts)
+    tx.put(Table.DEAD, keys.group_key(group, record.dead_ms or 0, record.id), encode(dead))
+    if record.amount is not None:
+        dead_amounts.add(tx, group, record.dead_ms or 0, record.id, dead)
 
 
 def dead_groups(view: KvRead) -> Iterator[tuple[GroupName, DeadGroup]]:

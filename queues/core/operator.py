@@ -16,7 +16,7 @@ import msgspec
 from delay.policy import RetryPolicy
 from queues.core import dead_letters, keys, messages
 from queues.core.delivery import load_current
-from queues.core.entry import Entry, holders
+from queues.core.entry import MIN_ROUTE_EPOCH, Entry, holders
 from queues.core.port import Table
 from queues.core.records import EventRow, PauseRow, encode, event_decoder
 from queues.lifecycle import TERMINAL, Action, transition
@@ -38,6 +38,8 @@ from queues.model import (
     Redrive,
     ResumeKind,
     RetentionResult,
+    RouteFence,
+    RouteResult,
     SetPolicy,
     SetRetention,
     State,
@@ -202,6 +204,22 @@ def set_retention(entry: Entry, command: SetRetention) -> QueueResult:
          "event_retention_ms": after[1], "retention_ms_before": before[0], "event_retention_ms_before": before[1]},
     )  # fmt: skip
     return RetentionResult(code=Code.OK, retention_ms=after[0], event_retention_ms=after[1])
+
+
+def route_fence(entry: Entry, command: RouteFence) -> QueueResult:
+    """Raise the set's minimum route epoch, never lower it (a repeat, or an older fence, changes
+    nothing and writes no audit entry): adding a set fences every set of the epoch before."""
+    before = entry.catalog.min_route_epoch(entry.tx)
+    if command.epoch <= before:
+        return RouteResult(code=Code.OK, min_route_epoch=before)
+    entry.tx.put(Table.SETTINGS, MIN_ROUTE_EPOCH, encode(command.epoch))
+    entry.catalog.forget_route_epoch()
+    entry.emit_audited(
+        EventType.ROUTE_FENCED, 0, "",
+        {"actor": command.actor, "reason": command.reason, "min_route_epoch": command.epoch,
+         "min_route_epoch_before": before},
+    )  # fmt: skip
+    return RouteResult(code=Code.OK, min_route_epoch=command.epoch)
 
 
 # ---- purge ------------------------------------------------------------------------------------------

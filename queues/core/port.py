@@ -60,6 +60,8 @@ class Table(enum.IntEnum):
     JOB_ITEMS_BY_RESULT = 31
     SESSIONS = 32
     SESSIONS_TOUCHED = 33
+    DEAD_BUCKETS = 34
+    DEAD_AMOUNTS = 35
 
 
 class KvRead(Protocol):

@@ -101,14 +101,27 @@ class EventRow(msgspec.Struct, frozen=True, array_like=True, gc=False):
     replica audit's digests."""
 
 
+Sum = int | str
+"""A sum of int64 amounts, which can leave what msgpack encodes (-2**63 to 2**64 - 1): an integer
+within that range (so the rows of earlier versions read as they are), else its decimal text."""
+
+
+def to_sum(value: int) -> Sum:
+    return value if -(1 << 63) <= value < (1 << 64) else str(value)
+
+
+def sum_of(stored: Sum) -> int:
+    return stored if isinstance(stored, int) else int(stored)
+
+
 class DeadGroup(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """The dead letters of one (kind, error class, currency, has an amount): the tier's aggregate,
     kept as letters enter and leave it, so a summary over a million is a read of a few groups."""
 
     group: int
     count: int = 0
-    total: int = 0
-    """Sum of the amounts (has_amount groups; Python integers: no overflow)."""
+    total: Sum = 0
+    """Sum of the amounts (has_amount groups), read through `sum_of`."""
 
 
 class DeadEntry(msgspec.Struct, frozen=True, array_like=True, gc=False):

@@ -42,13 +42,14 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 
 import lmdb
 
 from queues.core.port import KvRead, KvWrite, Table
 from queues.stores import StoreError
 from queues.stores import lmdb_checkpoint as ckpt
+from queues.stores.lmdb_tx import ADDED_LATER, NAMES, OlderTx, Tx
 from queues.stores.owner_thread import OwnerThread, result_of
 from raft_store.files import PRIVATE_FILE
 
@@ -61,59 +62,6 @@ SYNC_EVERY_S: Final = 0.5
 """How often the syncer fsyncs what was committed since its last fsync (see _Syncer)."""
 MAP_SIZE: Final = 1 << 40
 """The address space reserved for the file (1 TiB: virtual, not allocated; the file grows as written)."""
-_NAMES: Final = tuple(table.name.lower().encode() for table in Table)
-
-
-class _Tx:
-    """The port over one LMDB transaction."""
-
-    __slots__ = ("_dbs", "_txn", "changes")
-
-    def __init__(self, txn: lmdb.Transaction, dbs: tuple[Any, ...]) -> None:
-        self._txn = txn
-        self._dbs = dbs
-        self.changes = 0
-
-    def get(self, table: Table, key: bytes) -> bytes | None:
-        return cast("bytes | None", self._txn.get(key, db=self._dbs[table]))
-
-    def scan(
-        self, table: Table, start: bytes = b"", stop: bytes | None = None, *, reverse: bool = False
-    ) -> Iterator[tuple[bytes, bytes]]:
-        cursor = self._txn.cursor(db=self._dbs[table])
-        if not reverse:
-            if not cursor.set_range(start):
-                return
-            for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor.iternext()):
-                if stop is not None and key >= stop:
-                    return
-                yield key, value
-            return
-        if stop is None:
-            positioned = cursor.last()
-        elif cursor.set_range(stop):
-            positioned = cursor.prev()  # the last key below stop, if any
-        else:
-            positioned = cursor.last()  # every key is below stop
-        if not positioned:
-            return
-        for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor.iterprev()):
-            if key < start:
-                return
-            yield key, value
-
-    def count(self, table: Table) -> int:
-        return int(self._txn.stat(self._dbs[table])["entries"])
-
-    def put(self, table: Table, key: bytes, value: bytes, *, append: bool = False) -> None:
-        if not self._txn.put(key, value, db=self._dbs[table], append=append) and append:
-            raise StoreError(f"{table.name}: an append of {key.hex()} is not above the table's last key")
-        self.changes += 1
-
-    def delete(self, table: Table, key: bytes) -> bool:
-        found = bool(self._txn.delete(key, db=self._dbs[table]))
-        self.changes += found
-        return found
 
 
 Pin = tuple[lmdb.Transaction, ckpt.Checkpoint]
@@ -203,7 +151,7 @@ class _Syncer:
             except StoreError:  # two commits since the reader began overwrote its meta slot: again
                 reader.abort()
                 continue
-            return reader, ckpt.Checkpoint(txnid, index_of(_Tx(reader, self._store._dbs)), page)
+            return reader, ckpt.Checkpoint(txnid, index_of(Tx(reader, self._store._dbs)), page)
 
     def synced(self, candidate: Pin | None) -> None:
         """After an fsync that began after `candidate`'s commit: it is durable."""
@@ -284,14 +232,23 @@ class LmdbStore:
             raise StoreError(f"{self.path}: cannot open the queue store: {error}") from None
         if self._readonly:
             try:
-                return env, tuple(env.open_db(name, create=False) for name in _NAMES)
+                return env, tuple(self._open_existing(env, table) for table in Table)
             except lmdb.Error as error:
                 env.close()
                 raise StoreError(f"{self.path} is not a queue store of this version: {error}") from None
-        dbs = tuple(env.open_db(name) for name in _NAMES)
+        dbs = tuple(env.open_db(name) for name in NAMES)
         self._env, self._dbs = env, dbs
         self._syncer.make_durable()  # what is in the file now is the state to roll back to
         return env, dbs
+
+    @staticmethod
+    def _open_existing(env: lmdb.Environment, table: Table) -> Any:
+        try:
+            return env.open_db(NAMES[table], create=False)
+        except lmdb.NotFoundError:
+            if table in ADDED_LATER:
+                return None
+            raise
 
     def _recover(self) -> None:
         """Before opening: a clean stop's file is trusted as it is; a file with a checkpoint record
@@ -317,7 +274,7 @@ class LmdbStore:
     def write(self) -> Iterator[KvWrite]:
         parent = self._group()
         child = self._env.begin(write=True, parent=parent)
-        tx = _Tx(child, self._dbs)
+        tx = Tx(child, self._dbs)
         try:
             yield tx
         except BaseException:
@@ -329,10 +286,10 @@ class LmdbStore:
     def read(self) -> KvRead:
         self._settle()
         if self._txn is not None:
-            return _Tx(self._txn, self._dbs)
+            return Tx(self._txn, self._dbs)
         if self._reader is None:
             self._reader = self._env.begin()
-        return _Tx(self._reader, self._dbs)
+        return OlderTx(self._reader, self._dbs) if None in self._dbs else Tx(self._reader, self._dbs)
 
     @property
     def uncommitted(self) -> bool:
@@ -522,7 +479,7 @@ class LmdbPinned:
 
     def read(self) -> KvRead:
         assert self._txn is not None
-        return _Tx(self._txn, self._dbs)
+        return Tx(self._txn, self._dbs)
 
     def write(self, path: Path) -> None:
         """A compacted copy of the pinned state (free pages left out), fsynced, from any thread."""

@@ -50,9 +50,20 @@ class StoreThread:
     def start(self) -> None:
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         self._thread.start()
+        self.start_node()
+
+    def start_node(self) -> None:
+        """The node (again, after `stop_node`), from its data directory, on the same address."""
         self.node = Node(self._config, self._machine_factory(self._config.data_dir))
         self.run(self.node.start())
         self.run(self._wait_leader())
+
+    def stop_node(self) -> None:
+        """The node stops as a killed one would look to its clients (connections refused); the
+        thread stays, for `start_node`."""
+        if self.node is not None and not self.node.stopped.is_set():
+            self.run(self.node.stop())
+            self.node.machine.close()
 
     async def _wait_leader(self) -> None:
         client = RaftClient([self.address], auth=self.auth, attempt_timeout_s=0.5, deadline_s=10)
@@ -66,9 +77,7 @@ class StoreThread:
             await client.close()
 
     def stop(self) -> None:
-        if self.node is not None and not self.node.stopped.is_set():
-            self.run(self.node.stop())
-            self.node.machine.close()
+        self.stop_node()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 

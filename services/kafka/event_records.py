@@ -3,7 +3,7 @@
 Schema version 1 (docs/kafka.md): the value is a JSON object
 ``{"v": 1, "seq", "log_index", "ts_ms", "type", "message_id", "kind", "ref_key", "data"}``; the
 record's key is the message's ref key, so one business id's events share a partition and keep
-their order; headers carry the sequence number (consumers deduplicate by it), the type, the
+their order; headers carry the set and its sequence number (consumers deduplicate by the pair), the type, the
 schema, and the trace context the request was submitted with.
 
 Every event type is published the same way, the ones this version does not know included: the
@@ -28,6 +28,7 @@ HEADER_SEQ: Final = "seq"
 HEADER_TYPE: Final = "type"
 HEADER_SCHEMA: Final = "schema"
 HEADER_MESSAGE_ID: Final = "message-id"
+HEADER_SET: Final = "set"
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 """W3C trace context, as the API stored it with the message (api/intake.py)."""
 
@@ -55,13 +56,17 @@ def record_key(event: Event, ref: MessageRef | None) -> bytes:
     return (ref.ref_key if ref is not None else event.kind).encode()
 
 
-def event_record(event: Event, ref: MessageRef | None) -> Record:
+def event_record(event: Event, ref: MessageRef | None, set_id: int = 1) -> Record:
+    """`set_id`: the set whose log the event is from. Sequence numbers are per set, so with several
+    sets (docs/sets.md) a consumer deduplicates by (set, seq), and a request's public id is
+    ``{set}-{message_id}``."""
     value = {
-        "v": SCHEMA_VERSION, "seq": event.seq, "log_index": event.log_index, "ts_ms": event.ts_ms,
+        "v": SCHEMA_VERSION, "set": set_id, "seq": event.seq, "log_index": event.log_index, "ts_ms": event.ts_ms,
         "type": event.type.value, "message_id": event.message_id, "kind": event.kind,
         "ref_key": None if ref is None else ref.ref_key, "data": event.data,
     }  # fmt: skip
     headers = [
+        (HEADER_SET, str(set_id).encode()),
         (HEADER_SEQ, str(event.seq).encode()),
         (HEADER_TYPE, event.type.value.encode()),
         (HEADER_SCHEMA, SCHEMA.encode()),

@@ -29,7 +29,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from opentelemetry import propagate, trace
 
-from queues import ClientError, Code, Enqueue, EnqueueResult, MessageView, QueueClient, QueueError, Read
+from queues import ClientError, Code, Enqueue, EnqueueResult, MessageView, QueueClient, QueueError, Read, SetsClient
 from queues.model import ErrorResult, QueueResult
 from queues.query_codec import IDS_PER_QUERY_MAX
 from services.kafka.broker import SinkError
@@ -66,9 +66,10 @@ class Ingest:
     def __init__(
         self, queue: QueueClient, consumer: AIOKafkaConsumer, rejects: Sink, settings: IngestSettings, *,
         metrics: KafkaMetrics, tracer: trace.Tracer, clock_ms: Callable[[], int],
-        perf_clock_s: Callable[[], float] = time.perf_counter,
+        perf_clock_s: Callable[[], float] = time.perf_counter, sets: SetsClient | None = None,
     ) -> None:  # fmt: skip
         self._queue = queue
+        self._sets = sets
         self._consumer = consumer
         self._rejects = rejects
         self._settings = settings
@@ -121,18 +122,18 @@ class Ingest:
         stamped = {
             index: msgspec.structs.replace(command, request_id=_request_id()) for index, command in commands.items()
         }
-        results: dict[int, QueueResult] = {}
+        results: dict[int, tuple[int, QueueResult]] = {}
         for chunk in _frames(list(stamped.items())):
-            answers = await self._retrying(stop, "store", _bind(self._queue.submit_many, [c for _, c in chunk]))
+            answers = await self._retrying(stop, "store", _bind(self._submit, [c for _, c in chunk]))
             results.update(zip((index for index, _ in chunk), answers, strict=True))
         refused: dict[int, Rejection] = {}
-        existing: dict[int, EnqueueResult] = {}
+        existing: dict[int, tuple[int, EnqueueResult]] = {}
         created = 0
-        for index, result in results.items():
+        for index, (set_id, result) in results.items():
             if isinstance(result, EnqueueResult) and result.code is Code.OK:
                 created += 1
             elif isinstance(result, EnqueueResult) and result.code is Code.EXISTS:
-                existing[index] = result
+                existing[index] = (set_id, result)
             else:
                 refused[index] = _refusal(result)
         refused.update(await self._replays(stamped, existing, stop))
@@ -140,28 +141,49 @@ class Ingest:
         self._metrics.ingested.labels("existing").inc(len(existing) - len(refused.keys() & existing.keys()))
         return refused
 
+    async def _submit(self, commands: Sequence[Enqueue]) -> list[tuple[int, QueueResult]]:
+        """One frame's enqueues, each answered with its set: the home set's alone, or (with sets)
+        each in its key's home set, routed as the API routes them (queues/sets/). A set that could
+        not be reached fails the whole frame, which is sent again: the request ids stamped once
+        make a retry of an applied enqueue answer OK, whichever set applied it."""
+        if self._sets is None:
+            return [(0, answer) for answer in await self._queue.submit_many(commands)]
+        placed = await self._sets.enqueue_many(commands)
+        for _, answer in placed:
+            if isinstance(answer, (ClientError, QueueError)):
+                raise answer
+        return [(set_id, answer) for set_id, answer in placed if not isinstance(answer, (ClientError, QueueError))]
+
     async def _replays(
-        self, commands: Mapping[int, Enqueue], existing: Mapping[int, EnqueueResult], stop: asyncio.Event
+        self, commands: Mapping[int, Enqueue], existing: Mapping[int, tuple[int, EnqueueResult]], stop: asyncio.Event
     ) -> dict[int, Rejection]:
         """EXISTS is a redelivery (or the same request sent again) when the stored body's
         fingerprint is this one's; another body under the key is refused, as the API does."""
-        ids = list(dict.fromkeys(result.message_id for result in existing.values()))
-        stored: dict[int, str | None] = {}
-        for start in range(0, len(ids), IDS_PER_QUERY_MAX):
-            chunk = ids[start : start + IDS_PER_QUERY_MAX]
-            read = await self._retrying(stop, "store", _bind(self._views, chunk))
-            stored.update({view.message_id: view.headers.get(HEADER_FINGERPRINT) for view in read.value})
+        by_set: dict[int, list[int]] = {}
+        for set_id, result in existing.values():
+            by_set.setdefault(set_id, []).append(result.message_id)
+        stored: dict[tuple[int, int], str | None] = {}
+        for set_id, found in by_set.items():
+            ids = list(dict.fromkeys(found))
+            for start in range(0, len(ids), IDS_PER_QUERY_MAX):
+                chunk = ids[start : start + IDS_PER_QUERY_MAX]
+                read = await self._retrying(stop, "store", _bind(self._views_in(set_id), chunk))
+                stored.update({(set_id, view.message_id): view.headers.get(HEADER_FINGERPRINT) for view in read.value})
         refused: dict[int, Rejection] = {}
-        for index, result in existing.items():
-            fingerprint = stored.get(result.message_id, commands[index].headers[HEADER_FINGERPRINT])  # purged: it ended
+        for index, (set_id, result) in existing.items():
+            fingerprint = stored.get((set_id, result.message_id), commands[index].headers[HEADER_FINGERPRINT])  # purged: it ended
             if fingerprint != commands[index].headers[HEADER_FINGERPRINT]:
                 refused[index] = Rejection(
                     "idempotency-key-reused", "this key was used with a different body; nothing was created"
                 )
         return refused
 
-    async def _views(self, ids: Sequence[int]) -> Read[tuple[MessageView, ...]]:
-        return await self._queue.get_many(ids, with_history=False)
+    def _views_in(self, set_id: int) -> Callable[[Sequence[int]], Awaitable[Read[tuple[MessageView, ...]]]]:
+        async def views(ids: Sequence[int]) -> Read[tuple[MessageView, ...]]:
+            queue = self._queue if self._sets is None else await self._sets.client_of(set_id)
+            return await queue.get_many(ids, with_history=False)
+
+        return views
 
     async def _retrying(self, stop: asyncio.Event, stage: str, call: Callable[[], Awaitable[T]]) -> T:
         while True:

@@ -51,6 +51,8 @@ class PublisherSettings:
     """Messages whose ref key and trace context are remembered (their later events need them)."""
     accept_gap: bool = False
     """Events purged before they were published: go on from the oldest kept (logged) instead of stopping."""
+    set_id: int = 1
+    """The set whose events these are (`store.set_id`): in every record, since sequence numbers are per set."""
 
 
 class PublisherError(Exception):
@@ -178,7 +180,7 @@ class EventPublisher:
                       "compensator.seq_last": events[-1].seq}  # fmt: skip
         with self._tracer.start_as_current_span("kafka.publish", kind=trace.SpanKind.PRODUCER, attributes=attributes):
             refs = await self._refs.resolve(events)
-            records = [event_record(event, refs.get(event.message_id)) for event in events]
+            records = [event_record(event, refs.get(event.message_id), self._settings.set_id) for event in events]
             await self._sink.send_all(self._settings.topic, records)
         self.acked = events[-1].seq
         self._metrics.publish_seconds.observe(self._clock_s() - started_s)

@@ -2,6 +2,10 @@
 kind's handler, and acks, fails or hands back what it leased; run as many as you like, anywhere.
 
     limits.py       how many attempts may run at once, per kind and per downstream
+    shares.py       that room shared fairly by the sets the worker leases from
+    lanes.py        one set's loop: wait, lease, its own completions, keeper and backoff
+    breaker.py      one downstream's circuit breaker; breaker_board.py all of them, over every set
+    documents.py    operators' documents (breaker modes, classification tables)
     completions.py  acks, fails and releases, batched into one store frame each flush
     keeper.py       lease extension while a handler runs
     runner.py       the loop: wait for work with reads, lease, attempt, drain on SIGTERM

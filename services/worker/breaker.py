@@ -162,8 +162,9 @@ class Breaker:
         return max(0, int(budget + 1 - self._ramp_taken))
 
     def took(self, count: int) -> None:
+        """Attempts started (negative: taken for a lease that was granted fewer)."""
         if self._ramp_from_s is not None:
-            self._ramp_taken += count
+            self._ramp_taken = max(0.0, self._ramp_taken + count)
 
     def _forget_before(self, cutoff_s: float) -> None:
         while self._outcomes and self._outcomes[0][0] < cutoff_s:

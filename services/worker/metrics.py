@@ -2,7 +2,8 @@
 time minus due time), leases lost and found expired, completions fenced, in flight per downstream,
 and what the handlers did to keep an effect single (lookups, waits for an earlier request's expiry,
 requests refused as expired, transfers parked as unknown_outcome), each also an event on the
-attempt's span.
+attempt's span. Per set (the set's number is ours, not a producer's): grants, completions by the
+store's answer, and whether the set answers this worker at all.
 
 Must never: label with a value a producer chose (a ref key, a key, a payload's field).
 """
@@ -59,6 +60,19 @@ class WorkerMetrics:
         self.leases_lost = Counter(
             "compensator_worker_leases_lost_total", "Extensions refused: the lease had expired or was taken over.",
             registry=self.registry,
+        )  # fmt: skip
+
+        self.set_grants = Counter(
+            "compensator_worker_set_grants_total", "Grants this worker leased, by set.", ["set"], registry=self.registry
+        )
+        self.set_completions = Counter(
+            "compensator_worker_set_completions_total", "Acks, fails and releases by set and the store's answer.",
+            ["set", "action", "result"], registry=self.registry,
+        )  # fmt: skip
+        self.set_unreachable = Gauge(
+            "compensator_worker_set_unreachable",
+            "1 while this worker's calls to the set fail (down, no leader, no majority): it leases from the others.",
+            ["set"], registry=self.registry,
         )  # fmt: skip
 
     def handler_event(self, downstream: str, event: str) -> None:

@@ -1,5 +1,13 @@
-"""The worker's loop: wait for work with reads, lease what there is room for, run each grant
-through its kind's handler, settle it, and drain on SIGTERM.
+"""The worker's loop: for each set it leases from, wait for work with reads, lease what there is
+room for, run each grant through its kind's handler, settle it with the set it came from; and
+drain on SIGTERM.
+
+Sets: the worker takes its sets as a mapping (set id -> client) and runs one lane per set
+(lanes.py): its own loop, watch, completions, lease keeper and backoff, so a set that is down or
+has no leader stalls only its own lane. The worker's room is shared among the sets that have work
+(shares.py): a backlog on one set does not starve another. An attempt is keyed by (set, message
+id), and everything it does after the lease (extensions, the ack or fail, the in-doubt report, a
+release at drain) goes to its own set. A worker of one set is a mapping of one.
 
 Waiting is a read: which of the worker's kinds have a message ready, and when the next delayed
 one is due (`QueueClient.work_due`, a stale read of the leader's applied state: no log entry).
@@ -7,25 +15,27 @@ An idle worker's read is a long poll the leader answers one apply after new work
 busy one leases its backlog without reading first (waiting.py). Idle workers write nothing.
 
 Leasing is fair across kinds and bounded by room: one Lease command per ready kind, each for no
-more than that kind's free slots (per kind and per downstream, limits.py), all in one frame.
+more than that kind's free slots (per kind and per downstream, limits.py, within the set's
+share), all in one frame.
 
 A grant runs as a task: its payload decoded with the kind's model (ledger/kinds.py), its trace
-continued from the message's headers, its handler's decision settled through `Completions`
-(ack, or fail with the decision's class, Retry-After and permanence: the kind's retry policy in
-the store picks the delay). A handler that raises is a bug, not a downstream answer: the attempt
-is failed as `handler_error`, outcome unknown, and the traceback logged.
+continued from the message's headers, its handler's decision settled through its set's
+`Completions` (ack, or fail with the decision's class, Retry-After and permanence: the kind's
+retry policy in the store picks the delay). A handler that raises is a bug, not a downstream
+answer: the attempt is failed as `handler_error`, outcome unknown, and the traceback logged.
 
-Each downstream has a circuit breaker shared through the store (breaker.py): the runner records
-every attempt's end in it, opens it for every worker when it trips (a pause by
-``breaker:<downstream>`` on each of its kinds), probes it with single leases while it is open,
-closes it when a probe is answered, and ramps its starts up after it closed.
+Each downstream has a circuit breaker shared through the store (breaker.py, across sets
+breaker_board.py): the runner records every attempt's end in it, opens it for every worker when
+it trips (a pause by ``breaker:<downstream>`` on each of its kinds, in every set), probes it with
+single leases while it is open, closes it when a probe is answered, and ramps its starts up after
+it closed.
 
 Drain (SIGTERM): stop leasing; let running attempts finish for up to `drain_grace_s`; cut off the
 rest and hand them back at once (Release, interrupted: their next delivery checks downstream
 first), so no message waits for a lease to expire; settle everything; stop.
 
-Must never: lease more than it has room for, settle a grant twice, or run an attempt whose payload
-failed its content check (QueueClient.lease drops those).
+Must never: lease more than it has room for, settle a grant twice or with another set, or run an
+attempt whose payload failed its content check (QueueClient.lease drops those).
 """
 
 from __future__ import annotations
@@ -34,11 +44,10 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -49,19 +58,19 @@ from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, 
 from handlers.lease_time import LeaseTime
 from handlers.registry import Registry
 from ledger.kinds import Kind, decode_payload
-from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
+from queues import Code, Grant, QueueClient
 from queues.lateness import grant_lateness_ms
-from queues.model import LEASE_MS_MAX, Lease, QueueCommand
-from services.worker.breaker import DOWNSTREAM_FAILURES, Breaker, BreakerSettings, Mode, holder
-from services.worker.completions import Completion, Completions
+from queues.model import LEASE_MS_MAX
+from services.worker.breaker import BreakerSettings
+from services.worker.breaker_board import BreakerBoard
+from services.worker.completions import Completion
 from services.worker.documents import OperatorDocuments
-from services.worker.keeper import LeaseKeeper
+from services.worker.lanes import SetLane
 from services.worker.limits import Limits
 from services.worker.metrics import WorkerMetrics
-from services.worker.waiting import WorkWatch, sleep_unless
+from services.worker.shares import Shares
 
 log = logging.getLogger("compensator.worker")
-ERROR_BACKOFF_MAX_S: Final = 2.0
 FENCED: Final = frozenset({Code.STALE_TOKEN, Code.LEASE_EXPIRED, Code.ILLEGAL_STATE})
 """A settlement of a lease this worker lost: a newer grant holds the message (STALE_TOKEN), the lease
 expired (LEASE_EXPIRED), or the message has left the leased state under another delivery (failed
@@ -91,6 +100,7 @@ class WorkerSettings:
 
 @dataclass(slots=True)
 class Running:
+    lane: SetLane
     grant: Grant
     task: asyncio.Task[None]
     lease: LeaseTime
@@ -99,33 +109,28 @@ class Running:
 
 class Worker:
     def __init__(
-        self, queue: QueueClient, handlers: Mapping[str, Handler], limits: Limits, settings: WorkerSettings, *,
-        tracer: trace.Tracer, metrics: WorkerMetrics, registry: Registry | None = None,
+        self, sets: Mapping[int, QueueClient], handlers: Mapping[str, Handler], limits: Limits,
+        settings: WorkerSettings, *, tracer: trace.Tracer, metrics: WorkerMetrics, registry: Registry | None = None,
     ) -> None:  # fmt: skip
-        self._queue = queue
+        if not sets:
+            raise ValueError("a worker needs at least one set to lease from")
         self._handlers = handlers
-        self._limits = limits
         self._settings = settings
         self._tracer = tracer
         self._metrics = metrics
-        self._running: dict[int, Running] = {}
-        self._slot_freed = asyncio.Event()
-        self._kinds_of: dict[str, list[str]] = {}
-        for kind, handler in sorted(handlers.items()):
-            self._kinds_of.setdefault(handler.downstream, []).append(kind)
-        rng = random.Random()
-        self.breakers = {
-            downstream: Breaker(downstream, settings.breaker, clock=time.monotonic, rng=rng)
-            for downstream in self._kinds_of
-        }
-        self._documents = OperatorDocuments(queue, registry, refresh_s=settings.modes_refresh_s)
-        self._breaker_tasks: set[asyncio.Task[None]] = set()
-        self.completions = Completions(queue, on_settled=self._settled, linger_s=settings.linger_s,
-                                       busy=self._busy)  # fmt: skip
-        self.keeper = LeaseKeeper(queue, lease_ms=settings.lease_ms)
-        self.leased = 0
-        self.lease_commands = 0
-        self._watch = WorkWatch(queue, sorted(handlers), idle_poll_s=settings.idle_poll_s)
+        self._running: dict[tuple[int, int], Running] = {}
+        """(set, message id) -> the attempt: two sets both have a message 42."""
+        self._shares = Shares(limits, sets)
+        downstream_of = {kind: handler.downstream for kind, handler in handlers.items()}
+        self._board = BreakerBoard(downstream_of, sets, settings.breaker, worker_id=settings.worker_id, metrics=metrics)
+        self.breakers = self._board.breakers
+        self.lanes = {
+            set_id: SetLane(set_id, queue, sorted(handlers), settings, shares=self._shares, board=self._board,
+                            metrics=metrics, start=self._start, busy=self._busy, settled=self._settled)
+            for set_id, queue in sorted(sets.items())
+        }  # fmt: skip
+        self._documents = OperatorDocuments(sets, registry, refresh_s=settings.modes_refresh_s,
+                                            reachable=lambda set_id: self.lanes[set_id].reachable)  # fmt: skip
 
     @property
     def running(self) -> int:
@@ -136,10 +141,6 @@ class Worker:
         return len(self._running) >= self._settings.siblings_min
 
     @property
-    def queue(self) -> QueueClient:
-        return self._queue
-
-    @property
     def metrics(self) -> WorkerMetrics:
         return self._metrics
 
@@ -147,11 +148,24 @@ class Worker:
     def worker_id(self) -> str:
         return self._settings.worker_id
 
+    @property
+    def leased(self) -> int:
+        return sum(lane.leased for lane in self.lanes.values())
+
+    @property
+    def pending(self) -> int:
+        """Completions not yet answered by their sets."""
+        return sum(lane.completions.pending for lane in self.lanes.values())
+
     # ---- the loop ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        helpers = [asyncio.create_task(self.completions.run()), asyncio.create_task(self.keeper.run())]
+        helpers = [asyncio.create_task(self._documents.run(self.breakers))]
+        for lane in self.lanes.values():
+            helpers += [asyncio.create_task(lane.completions.run()), asyncio.create_task(lane.keeper.run())]
         try:
-            await self._lease_until(stop)
+            async with asyncio.TaskGroup() as lanes:  # one lane failing for a bug stops them all
+                for lane in self.lanes.values():
+                    lanes.create_task(lane.lease_until(stop), name=f"lane-{lane.set_id}")
             await self._drain()
         finally:
             for helper in helpers:
@@ -160,190 +174,41 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
 
-    async def _lease_until(self, stop: asyncio.Event) -> None:
-        backoff_s = 0.05
-        while not stop.is_set():
-            room = self._limits.free()
-            if not room:
-                self._slot_freed.clear()
-                await _first(stop.wait(), self._slot_freed.wait())
-                continue
-            try:
-                wait_s = await self._lease_once(room)
-                backoff_s = 0.05
-            except (ClientError, QueueError) as error:
-                log.warning("could not lease (will retry): %s", error)
-                self._watch.forget()
-                await sleep_unless(stop, backoff_s)
-                backoff_s = min(backoff_s * 2, ERROR_BACKOFF_MAX_S)
-                continue
-            if wait_s > 0:
-                await self._watch.wait(stop, wait_s, self._slot_freed)
-
-    async def _lease_once(self, room: dict[str, int]) -> float:
-        """Lease what is ready; the seconds to wait before asking again (0: at once)."""
-        watch = self._watch
-        self._ramp(room)
-        backlog = watch.backlogged(room)
-        if backlog and self._busy():
-            await asyncio.sleep(self._settings.linger_s)  # slots freed meanwhile join one lease
-            room = self._limits.free()
-            self._ramp(room)
-            backlog = watch.backlogged(room)
-        if backlog:
-            return watch.wait_after(await self._lease(backlog, [], room), from_read=False)
-        due = await watch.read()
-        await self._follow_breakers(due.paused)
-        self._ramp(room)
-        ready = [kind for kind in sorted(due.ready) if room.get(kind)]
-        watch.found(sorted(due.ready), ready)
-        probes = self._probes(due.paused, due.paused_ready, room)
-        if not ready and not probes:
-            if due.next_due_ms is None:
-                return self._settings.idle_poll_s
-            return min(self._settings.idle_poll_s, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
-        return watch.wait_after(await self._lease(ready, probes, room), from_read=True)
-
-    async def _lease(self, ready: list[str], probes: list[str], room: dict[str, int]) -> int:
-        """One Lease command per kind (`ready`, then one-grant probes), in one frame; starts the
-        grants and says how many there were."""
-        settings = self._settings
-        commands: list[QueueCommand] = [
-            Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms,
-                  count_max=min(room[kind], settings.batch_max))
-            for kind in ready
-        ]  # fmt: skip
-        commands += [
-            Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms, count_max=1,
-                  probe=holder(self._handlers[kind].downstream))
-            for kind in probes
-        ]  # fmt: skip
-        requested_s = time.monotonic()  # the store grants after this: the lease ends no earlier here
-        results = await self._queue.submit_many(commands)
-        received_s = time.monotonic()
-        self.lease_commands += len(commands)
-        granted = 0
-        for index, result in enumerate(results):
-            if not isinstance(result, LeaseResult):
-                raise QueueError(f"expected a lease result, got {result!r}")
-            self._metrics.leases_expired.inc(result.expired)
-            probe = index >= len(ready)
-            if not probe:
-                self._watch.leased(ready[index], len(result.grants), min(room[ready[index]], settings.batch_max))
-            grants = (await self._queue.checked(result)).grants
-            for grant in grants:
-                lease = LeaseTime.granted(lease_ms=settings.lease_ms, deadline_ms=grant.deadline_ms,
-                                          requested_s=requested_s, received_s=received_s)  # fmt: skip
-                self._start(grant, lease, probe=probe)
-                granted += 1
-            if grants and not probe:
-                self.breakers[self._handlers[grants[0].kind].downstream].took(len(grants))
-        return granted
-
-    # ---- breakers ------------------------------------------------------------------------------
-    async def _follow_breakers(self, paused: Mapping[str, tuple[str, ...]]) -> None:
-        """Take in what the store says (held or not) and what operators forced."""
-        await self._documents.refresh(self.breakers)
-        for downstream, breaker in self.breakers.items():
-            name = holder(downstream)
-            held = any(name in paused.get(kind, ()) for kind in self._kinds_of[downstream])
-            breaker.observe(held)
-            self._metrics.breaker_open.labels(downstream).set(1 if breaker.open else 0)
-            if breaker.mode is Mode.OPEN and not held:
-                self._spawn(self._hold(downstream, "forced open by an operator"))
-            elif breaker.mode is Mode.CLOSED and held:
-                self._spawn(self._release_hold(downstream))
-
-    def _ramp(self, room: dict[str, int]) -> None:
-        """Cap each downstream's room by its breaker's ramp, if it is ramping."""
-        for downstream, breaker in self.breakers.items():
-            allowed = breaker.allowance()
-            if allowed is None:
-                continue
-            for kind in self._kinds_of[downstream]:
-                if kind in room:
-                    room[kind] = min(room[kind], allowed)
-                    allowed -= room[kind]
-
-    def _probes(
-        self, paused: Mapping[str, tuple[str, ...]], paused_ready: tuple[str, ...], room: dict[str, int]
-    ) -> list[str]:
-        """One kind per open breaker to probe now, among those only the breaker holds."""
-        chosen: list[str] = []
-        for downstream, breaker in self.breakers.items():
-            candidates = [kind for kind in self._kinds_of[downstream] if kind in paused_ready and room.get(kind)
-                          and paused.get(kind) == (holder(downstream),)]  # fmt: skip
-            if candidates and breaker.probe_due():
-                chosen.append(candidates[0])
-        return chosen
-
-    def _record(self, grant: Grant, downstream: str, decision: Decision, probe: bool) -> None:
-        breaker = self.breakers[downstream]
-        failure = decision.error_class if isinstance(decision, Retryable) else None
-        breaker.record(failure)
-        if probe and breaker.open and failure not in _FAILURES:
-            log.info("breaker %s: the probe of message %d was answered; closing", downstream, grant.message_id)
-            breaker.observe(held=False)
-            self._spawn(self._release_hold(downstream))
-        elif breaker.should_trip():
-            reason = breaker.tripped()
-            log.warning("breaker %s opens: %s", downstream, reason)
-            self._spawn(self._hold(downstream, reason))
-
-    async def _hold(self, downstream: str, reason: str) -> None:
-        for kind in self._kinds_of[downstream]:
-            await self._queue.pause(kind, holder(downstream), reason, actor=self._settings.worker_id)
-
-    async def _release_hold(self, downstream: str) -> None:
-        for kind in self._kinds_of[downstream]:
-            await self._queue.resume(kind, holder(downstream), actor=self._settings.worker_id)
-
-    def _spawn(self, step: Coroutine[Any, Any, None]) -> None:
-        async def guarded() -> None:
-            try:
-                await step
-            except (ClientError, QueueError) as error:  # the next loop sees the store as it is and tries again
-                log.warning("breaker change failed: %s", error)
-
-        task = asyncio.create_task(guarded())
-        self._breaker_tasks.add(task)
-        task.add_done_callback(self._breaker_tasks.discard)
-
     # ---- one attempt ---------------------------------------------------------------------------
-    def _start(self, grant: Grant, lease: LeaseTime, *, probe: bool = False) -> None:
-        self._limits.acquire(grant.kind)
-        self.keeper.hold(grant.message_id, grant.token, lease)
-        self.leased += 1
+    def _start(self, lane: SetLane, grant: Grant, lease: LeaseTime, probe: bool) -> None:
+        """Run a grant of `lane`'s set, in the slot the lane took for it."""
+        lane.keeper.hold(grant.message_id, grant.token, lease)
         handler = self._handlers[grant.kind]
         self._metrics.in_flight.labels(handler.downstream).inc()
         self._metrics.lateness_seconds.labels(grant.kind).observe(
             grant_lateness_ms(grant, self._settings.lease_ms) / 1000
         )
-        task = asyncio.create_task(self._attempt(grant, handler, lease, probe), name=f"attempt-{grant.message_id}")
-        self._running[grant.message_id] = Running(grant, task, lease, probe)
+        task = asyncio.create_task(self._attempt(lane, grant, handler, lease, probe),
+                                   name=f"attempt-{lane.set_id}-{grant.message_id}")  # fmt: skip
+        self._running[(lane.set_id, grant.message_id)] = Running(lane, grant, task, lease, probe)
 
-    async def _attempt(self, grant: Grant, handler: Handler, lease: LeaseTime, probe: bool) -> None:
+    async def _attempt(self, lane: SetLane, grant: Grant, handler: Handler, lease: LeaseTime, probe: bool) -> None:
         decision: Decision | None = None
         try:
-            decision = await self._decide(grant, handler, lease)
-            self._record(grant, handler.downstream, decision, probe)
+            decision = await self._decide(lane.set_id, grant, handler, lease)
+            self._board.record(lane.set_id, grant, decision, probe)
         finally:
-            self._running.pop(grant.message_id, None)
-            self.keeper.forget(grant.message_id)
-            self._limits.release(grant.kind)
+            self._running.pop((lane.set_id, grant.message_id), None)
+            lane.keeper.forget(grant.message_id)
+            self._shares.give(lane.set_id, grant.kind)
             self._metrics.in_flight.labels(handler.downstream).dec()
-            self._slot_freed.set()
             if decision is not None:
-                self._settle(grant, decision, lease)
+                self._settle(lane, grant, decision, lease)
 
-    async def _decide(self, grant: Grant, handler: Handler, lease: LeaseTime) -> Decision:
+    async def _decide(self, set_id: int, grant: Grant, handler: Handler, lease: LeaseTime) -> Decision:
         context = propagate.extract(grant.headers)
         attributes: dict[str, str | int] = {"compensator.kind": grant.kind, "compensator.ref_key": grant.ref_key,
-                      "compensator.attempt": grant.attempt, "compensator.message_id": grant.message_id}  # fmt: skip
+                      "compensator.attempt": grant.attempt, "compensator.message_id": grant.message_id,
+                      "compensator.set_id": set_id, "compensator.request_id": f"{set_id}-{grant.message_id}"}  # fmt: skip
         with self._tracer.start_as_current_span(f"attempt {grant.kind}", context=context, kind=SpanKind.CONSUMER,
                                                 attributes=attributes) as span:  # fmt: skip
             started = time.perf_counter()
-            decision = await self._handle(grant, handler, lease)
+            decision = await self._handle(set_id, grant, handler, lease)
             self._metrics.handler_seconds.labels(grant.kind).observe(time.perf_counter() - started)
             outcome = {Succeeded: "succeeded", Retryable: "retryable", Permanent: "permanent"}[type(decision)]
             self._metrics.attempts.labels(grant.kind, outcome).inc()
@@ -353,7 +218,7 @@ class Worker:
                 span.set_status(Status(StatusCode.ERROR, decision.error_class))
             return decision
 
-    async def _handle(self, grant: Grant, handler: Handler, lease: LeaseTime) -> Decision:
+    async def _handle(self, set_id: int, grant: Grant, handler: Handler, lease: LeaseTime) -> Decision:
         try:
             payload = decode_payload(Kind(grant.kind), grant.payload)
         except (ValueError, ValidationError) as error:  # stored by another client, or edited badly
@@ -369,25 +234,27 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("handler for %s raised on message %d", grant.kind, grant.message_id)
+            log.exception("handler for %s raised on request %d-%d", grant.kind, set_id, grant.message_id)
             return Retryable(error_class="handler_error", detail="the handler raised; see the worker's log",
                              outcome_unknown=True)  # fmt: skip
 
-    def _settle(self, grant: Grant, decision: Decision, lease: LeaseTime) -> None:
+    def _settle(self, lane: SetLane, grant: Grant, decision: Decision, lease: LeaseTime) -> None:
         if isinstance(decision, Succeeded):
-            self.completions.ack(grant.message_id, grant.token, grant.kind, decision.detail)
+            lane.completions.ack(grant.message_id, grant.token, grant.kind, decision.detail)
             return
         retry_after_ms = None
         if isinstance(decision, Retryable) and decision.retry_after_s is not None:
             # A duration: the store adds it to the log's clock. This worker's clock may be off.
             retry_after_ms = min(DELAY_MAX_MS, max(0, math.ceil(decision.retry_after_s * 1000)))
-        self.completions.fail(
+        lane.completions.fail(
             grant.message_id, grant.token, grant.kind, error_class=decision.error_class, error_text=_failure_text(decision),
             permanent=isinstance(decision, Permanent), retry_after_ms=retry_after_ms, in_doubt_ms=_in_doubt_ms(lease),
         )  # fmt: skip
 
-    def _settled(self, completion: Completion, code: Code) -> None:
-        self._metrics.settled.labels(completion.action, _settlement(completion, code)).inc()
+    def _settled(self, set_id: int, completion: Completion, code: Code) -> None:
+        result = _settlement(set_id, completion, code)
+        self._metrics.settled.labels(completion.action, result).inc()
+        self._metrics.set_completions.labels(str(set_id), completion.action, result).inc()
 
     # ---- drain ---------------------------------------------------------------------------------
     async def _drain(self) -> None:
@@ -401,17 +268,15 @@ class Worker:
         for entry in cut:
             with contextlib.suppress(asyncio.CancelledError):
                 await entry.task
-            self.completions.release(entry.grant.message_id, entry.grant.token, entry.grant.kind, interrupted=True,
-                                     in_doubt_ms=_in_doubt_ms(entry.lease))  # fmt: skip
+            entry.lane.completions.release(entry.grant.message_id, entry.grant.token, entry.grant.kind,
+                                           interrupted=True, in_doubt_ms=_in_doubt_ms(entry.lease))  # fmt: skip
         if cut:
             log.info("draining: %d attempts cut off and handed back", len(cut))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.completions.drained(), self._settings.drain_grace_s)
-        if self.completions.pending:
-            log.warning("stopping with %d completions unsettled: their leases will expire", self.completions.pending)
-
-
-_FAILURES: Final = frozenset(DOWNSTREAM_FAILURES)
+        drained = [lane.completions.drained() for lane in self.lanes.values()]
+        with contextlib.suppress(TimeoutError):  # a set that does not answer keeps its own: their leases expire
+            await asyncio.wait_for(asyncio.gather(*drained), self._settings.drain_grace_s)
+        if self.pending:
+            log.warning("stopping with %d completions unsettled: their leases will expire", self.pending)
 
 
 def _failure_text(decision: Retryable | Permanent) -> str:
@@ -423,7 +288,7 @@ def _failure_text(decision: Retryable | Permanent) -> str:
     return f"{text} {decision.excerpt}" if decision.excerpt else text
 
 
-def _settlement(completion: Completion, code: Code) -> str:
+def _settlement(set_id: int, completion: Completion, code: Code) -> str:
     """The store's answer to a settlement, as the metric's result label."""
     if code in (Code.OK, Code.ALREADY_ACKED):
         return "ok"
@@ -431,7 +296,7 @@ def _settlement(completion: Completion, code: Code) -> str:
         return "done_elsewhere"
     if code in FENCED:
         return "fenced"
-    log.warning("%s of message %d refused: %s", completion.action, completion.message_id, code.name)
+    log.warning("%s of request %d-%d refused: %s", completion.action, set_id, completion.message_id, code.name)
     return code.name.lower()
 
 
@@ -439,12 +304,3 @@ def _in_doubt_ms(lease: LeaseTime) -> int | None:
     """What the attempt reports of how long its requests stay in doubt (None: it does not report)."""
     reported = lease.in_doubt_report_ms()
     return None if reported is None else min(reported, LEASE_MS_MAX)
-
-
-async def _first(*waits: object) -> None:
-    tasks = [asyncio.ensure_future(w) for w in waits]  # type: ignore[call-overload]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()

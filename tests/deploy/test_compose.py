@@ -170,7 +170,8 @@ def test_every_node_and_every_store_client_holds_the_cluster_secret(compose: dic
     assert compose["secrets"]["cluster_secret"] == {"file": "./deploy/secrets/cluster_secret"}
     for name, service in ours(compose).items():
         environment = service.get("environment") or {}
-        if "COMPENSATOR_STORE__ADDRESSES" in environment:  # a node reads the secret as its clients do
+        if {"COMPENSATOR_STORE__ADDRESSES", "COMPENSATOR_STORE__CONTROL_ADDRESSES"} & environment.keys():
+            # a node reads the secret as its clients do; a client of the control set alone is a client too
             assert environment["COMPENSATOR_STORE__SECRET_FILE"] == "/run/secrets/cluster_secret", name
             assert "cluster_secret" in service.get("secrets", []), name
         else:
@@ -206,3 +207,70 @@ def test_every_intake_knows_the_callback_targets_the_workers_deliver_to(compose:
     targets = {name: services[name]["environment"].get("COMPENSATOR_HANDLERS__CALLBACK")
                for name in ("api", "worker", "kafka-ingest")}  # fmt: skip
     assert targets["worker"] and len(set(targets.values())) == 1, targets
+
+
+def _merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """`docker compose -f base -f overlay`, as compose merges them: a service in both keeps the
+    base's keys, mappings (environment, depends_on) merged key by key, any other key replaced."""
+    merged = {**base, "services": dict(base["services"]), "volumes": {**base["volumes"], **overlay.get("volumes", {})}}
+    for name, service in overlay["services"].items():
+        if name not in merged["services"]:
+            merged["services"][name] = service
+            continue
+        combined = dict(merged["services"][name])
+        for key, value in service.items():
+            if isinstance(value, dict) and isinstance(combined.get(key), dict):
+                combined[key] = {**combined[key], **value}
+            else:
+                combined[key] = value
+        merged["services"][name] = combined
+    return merged
+
+
+@pytest.fixture(scope="module")
+def three_sets(compose: dict[str, Any]) -> dict[str, Any]:
+    overlay: dict[str, Any] = yaml.safe_load((ROOT / "deploy" / "compose.sets.yaml").read_text())
+    return _merged(compose, overlay)
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    return {key: str(value) for key, value in (service.get("environment") or {}).items()}
+
+
+def test_the_three_set_overlay_passes_every_check_of_the_one_set_file(three_sets: dict[str, Any]) -> None:
+    test_every_command_parses_with_our_command_line(three_sets)
+    test_every_variable_is_read_documented_and_valid(three_sets)
+    test_ports_and_volumes_are_not_shared_and_files_exist(three_sets)
+    test_every_service_has_a_health_check(three_sets)
+    test_every_node_and_every_store_client_holds_the_cluster_secret(three_sets)
+
+
+def test_the_three_set_overlay_is_a_control_set_and_three_sets_that_every_router_and_reader_knows(
+    three_sets: dict[str, Any],
+) -> None:
+    """Each group's nodes agree on their addresses and talk on the peer network alone; the table's
+    epoch 1 names sets 1-3 at their nodes' addresses; the API, the workers and the ingest know the
+    control set; each extra set has its own projector and events publisher at its addresses."""
+    services = three_sets["services"]
+    groups = {"control": [f"control{i}" for i in (1, 2, 3)], **{
+        str(k): [f"set{k}-node{i}" for i in (1, 2, 3)] for k in (2, 3)}, "1": [f"store{i}" for i in (1, 2, 3)]}  # fmt: skip
+    addresses = {}
+    for group, names in groups.items():
+        seen = {_environment(services[name])["COMPENSATOR_STORE__ADDRESSES"] for name in names}
+        assert len(seen) == 1, (group, seen)
+        addresses[group] = seen.pop()
+        assert addresses[group] == ",".join(f"{name}:7000" for name in names)
+        for i, name in enumerate(names, 1):
+            assert [str(part) for part in services[name]["command"]] == ["compensator", "node", "--id", str(i)]
+    on_peers = {name for name, service in services.items() if "peers" in service.get("networks", [])}
+    assert on_peers == {name for names in groups.values() for name in names}
+    init = [str(part) for part in services["sets-init"]["command"]]
+    assert [init[i + 1] for i, part in enumerate(init) if part == "--set"] == [f"{k}={addresses[str(k)]}" for k in (1, 2, 3)]
+    for name in ("api", "worker", "kafka-ingest", "sets-init"):
+        assert _environment(services[name])["COMPENSATOR_STORE__CONTROL_ADDRESSES"] == addresses["control"], name
+    for k in (2, 3):
+        for reader in (f"projector-set{k}", f"events-publisher-set{k}"):
+            environment = _environment(services[reader])
+            assert (environment["COMPENSATOR_STORE__ADDRESSES"], environment["COMPENSATOR_STORE__SET_ID"]) == (
+                addresses[str(k)], str(k)), reader  # fmt: skip
+    assert services["api"]["depends_on"]["sets-init"] == {"condition": "service_completed_successfully"}

@@ -83,7 +83,7 @@ async def check_topic(queue: QueueClient, records: list[ConsumerRecord[bytes, by
         record = first[event.seq]
         value = json.loads(record.value)
         view = views.get(event.message_id)
-        assert value == {"v": 1, "seq": event.seq, "log_index": event.log_index, "ts_ms": event.ts_ms,
+        assert value == {"v": 1, "set": 1, "seq": event.seq, "log_index": event.log_index, "ts_ms": event.ts_ms,
                          "type": event.type.value, "message_id": event.message_id, "kind": event.kind,
                          "ref_key": view.ref_key if view else None, "data": event.data}  # fmt: skip
         headers = dict(record.headers)

@@ -15,12 +15,12 @@ from services.kafka.event_records import SCHEMA, MessageRef, event_record, seq_o
 def test_every_event_type_is_a_record_with_its_seq_type_and_schema(event_type: EventType) -> None:
     event = Event(seq=7, log_index=3, ts_ms=1000, type=event_type, message_id=5, kind="transfer",
                   data={"reason": "x", "attempt": 2, "late": False, "due_ms": None})  # fmt: skip
-    record = event_record(event, MessageRef("order-9", {"traceparent": "00-aa-bb-01", "other": "no"}))
+    record = event_record(event, MessageRef("order-9", {"traceparent": "00-aa-bb-01", "other": "no"}), 2)
     headers = dict(record.headers)
-    assert record.key == b"order-9" and seq_of(headers) == 7
+    assert record.key == b"order-9" and seq_of(headers) == 7 and headers["set"] == b"2"  # seqs are per set
     assert headers["type"] == event_type.value.encode() and headers["schema"] == SCHEMA.encode()
     assert headers["traceparent"] == b"00-aa-bb-01" and "other" not in headers
-    assert json.loads(record.value) == {"v": 1, "seq": 7, "log_index": 3, "ts_ms": 1000, "type": event_type.value,
+    assert json.loads(record.value) == {"v": 1, "set": 2, "seq": 7, "log_index": 3, "ts_ms": 1000, "type": event_type.value,
                                         "message_id": 5, "kind": "transfer", "ref_key": "order-9",
                                         "data": {"reason": "x", "attempt": 2, "late": False, "due_ms": None}}  # fmt: skip
 

@@ -89,7 +89,7 @@ async def running(queue: QueueClient, handlers: dict[str, Scripted], *, per_kind
                   **settings: object) -> AsyncIterator[tuple[Worker, asyncio.Event]]:  # fmt: skip
     limits = Limits(per_kind={k: per_kind for k in handlers}, per_downstream={h.downstream: per_downstream
                     for h in handlers.values()}, downstream_of={k: h.downstream for k, h in handlers.items()})  # fmt: skip
-    worker = Worker(queue, handlers, limits, WorkerSettings(**{"worker_id": "w1", "idle_poll_s": 0.02, **settings}),  # type: ignore[arg-type]
+    worker = Worker({1: queue}, handlers, limits, WorkerSettings(**{"worker_id": "w1", "idle_poll_s": 0.02, **settings}),  # type: ignore[arg-type]
                     tracer=trace.NoOpTracer(), metrics=WorkerMetrics())  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
@@ -218,7 +218,7 @@ async def test_a_slow_handler_keeps_its_lease(queue: QueueClient) -> None:
             return (await _states(queue, [message_id])) == [State.DONE]
 
         await _until(done)
-    assert worker.keeper.extended >= 3 and worker.keeper.lost == 0
+    assert worker.lanes[1].keeper.extended >= 3 and worker.lanes[1].keeper.lost == 0
     assert len(handler.seen) == 1  # never expired, never delivered twice
 
 
@@ -256,7 +256,7 @@ async def test_work_finished_under_another_lease_is_counted_not_an_error(queue: 
     (message_id,) = await _enqueue(queue, 1)
     async with running(queue, {"transfer": stalled}, per_kind=1, lease_ms=300) as (worker, _):
         await _until(lambda: _true_after(stalled.seen))
-        worker.keeper.forget(message_id)  # as if the worker had been frozen past its lease
+        worker.lanes[1].keeper.forget(message_id)  # as if the worker had been frozen past its lease
         await asyncio.sleep(0.6)
         grants: list[int] = []
         for _ in range(50):
@@ -286,7 +286,7 @@ async def test_a_lease_lost_to_a_later_failed_delivery_is_counted_fenced_not_a_l
     (message_id,) = await _enqueue(queue, 1)
     async with running(queue, {"transfer": stalled}, per_kind=1, lease_ms=300) as (worker, _):
         await _until(lambda: _true_after(stalled.seen))
-        worker.keeper.forget(message_id)
+        worker.lanes[1].keeper.forget(message_id)
         await asyncio.sleep(0.6)
         for _ in range(50):  # another worker's delivery fails: the message waits for its retry
             found = (await queue.lease("w2", kinds=("transfer",), count_max=1, lease_ms=5000)).grants
@@ -307,7 +307,7 @@ async def _true_after(seen: list[Attempt]) -> bool:
 
 
 async def _settled(worker: Worker) -> bool:
-    return worker.completions.pending == 0 and worker.running == 0
+    return worker.pending == 0 and worker.running == 0
 
 
 def worker_metrics_text(worker: Worker) -> str:
@@ -419,6 +419,6 @@ async def test_a_worker_refuses_to_start_on_a_policy_that_outlasts_the_dedup_win
     config = load(None, {"COMPENSATOR_HANDLERS__PAYMENT": '{"base_url": "http://x:1", "dedup_window_s": 60}'})
     with pytest.raises(ProcessError, match=r"the transfer retry policy can re-send up to \d+ s after the first"
                                            r" attempt .* beyond handlers.payment.dedup_window_s \(60 s\)"):
-        await check_policies(config, queue, asyncio.Event())
+        await check_policies(config, {1: queue}, asyncio.Event())
     await queue.set_policy("transfer", RetryPolicy(tiers_ms=(1000,), attempts_max=3, retry_after_max_ms=0))
-    await check_policies(config, queue, asyncio.Event())  # 2 retries of 1.1 s, 2 x 2 x 10 s per attempt
+    await check_policies(config, {1: queue}, asyncio.Event())  # 2 retries of 1.1 s, 2 x 2 x 10 s per attempt

@@ -1,0 +1,186 @@
+"""``compensator sets``: the set table in the control set (docs/sets.md).
+
+    compensator sets list [--json]
+    compensator sets init [--set ID=h:p,h:p,h:p ...]        (default: store.set_id at store.addresses)
+    compensator sets add --addresses h:p,h:p,h:p [--addresses ...] --reason R
+    compensator sets add --resume --reason R                 (finish an add that stopped half-way)
+
+Adding sets is three steps, each a replicated, audited write: the new epoch written as pending in
+the control set; a `RouteFence(new epoch)` committed on every set of the epoch before; the epoch
+marked active. A step that fails stops the command (exit 1) and `--resume` finishes it: each step
+is idempotent. The new sets must answer before anything is written.
+
+Why against the store with the cluster secret, as `compensator token` is, and not through the
+API: the set table is what the API routes by, and the actor is recorded in the control set's
+document event (`--actor`, default ``cli:<login name>``) and in each fence's audit entry.
+
+Must never: write a table that does not validate, mark an epoch active before every set of the
+epoch before holds its fence, or print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from compensator.commands.token import actor_name, with_store
+from compensator.config import Config
+from compensator.config_file import add_config_argument, load_for
+from compensator.config_processes import parse_address
+from compensator.store import control_set, raft_client, store_auth
+from queues import ClientError, ControlSet, QueueClient, QueueError, SetsClient, StoreAuth
+from queues.sets import table
+from queues.sets.table import SetTable, TableError
+
+T = TypeVar("T")
+
+
+class SetsCommandError(ValueError):
+    """One line for the operator; the command exits 1, and nothing further was changed."""
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    sets = subparsers.add_parser("sets", help="the set table: list it, start it, add sets online")
+    actions = sets.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="the sets, their addresses and the routing epochs")
+    listing.add_argument("--json", action="store_true", help="the table as JSON")
+    init = actions.add_parser("init", help="write epoch 1 when the control set holds no table yet")
+    init.add_argument("--set", dest="sets", action="append", default=[], metavar="ID=h:p,h:p,h:p",
+                      help="a set of epoch 1 (repeat; default: store.set_id at store.addresses)")  # fmt: skip
+    add = actions.add_parser("add", help="add sets online: pending epoch, fence every set, activate")
+    add.add_argument("--addresses", action="append", default=[], metavar="h:p,h:p,h:p",
+                     help="one new set's client addresses (repeat for several sets)")  # fmt: skip
+    add.add_argument("--resume", action="store_true", help="finish a pending epoch (fence, activate)")
+    for parser in (init, add):
+        parser.add_argument("--actor", default=actor_name(), help="who is doing this (recorded)")
+        parser.add_argument("--reason", default="", help="why (recorded)")
+    for parser in (listing, init, add):
+        add_config_argument(parser)
+    sets.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_for(args)
+    if not config.store.control_addresses:
+        raise SetsCommandError("store.control_addresses is empty: this deployment is one set, with no set table")
+    action: Callable[[ControlSet], Awaitable[int]] = {
+        "list": lambda c: _list(c, args), "init": lambda c: _init(c, config, args),
+        "add": lambda c: _add(c, config, args),
+    }[args.action]  # fmt: skip
+    return asyncio.run(_with_control(config, action))
+
+
+async def _with_control(config: Config, action: Callable[[ControlSet], Awaitable[T]]) -> T:
+    control = control_set(config)
+    try:
+        return await with_store(config, lambda _queue: action(control), SetsCommandError, control.queue)
+    except TableError as error:
+        raise SetsCommandError(str(error)) from None
+
+
+def addresses_of(text: str) -> tuple[str, ...]:
+    """`h:p,h:p,h:p` as a set's addresses, each checked (SetsCommandError naming a bad one)."""
+    found = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not found:
+        raise SetsCommandError(f"no addresses in {text!r}")
+    for address in found:
+        try:
+            parse_address(address)
+            table.check_address(address)
+        except ValueError as error:
+            raise SetsCommandError(f"--addresses: {error}") from None
+    if len(set(found)) != len(found):
+        raise SetsCommandError(f"--addresses: an address is listed twice in {text!r}")
+    return found
+
+
+async def _list(control: ControlSet, args: argparse.Namespace) -> int:
+    found, version = await control.read()
+    if found is None:
+        raise SetsCommandError("the control set holds no set table yet (run `compensator sets init`)")
+    if args.json:
+        print(json.dumps({"version": version, **json.loads(table.encode(found))}))
+        return 0
+    for entry in found.sets:
+        print(f"set {entry.id}: {','.join(entry.addresses)}")
+    for epoch in found.epochs:
+        print(f"epoch {epoch.epoch} ({epoch.state.value}): sets {','.join(map(str, epoch.sets))}")
+    return 0
+
+
+async def _init(control: ControlSet, config: Config, args: argparse.Namespace) -> int:
+    wanted: dict[int, tuple[str, ...]] = {}
+    for text in args.sets:
+        set_id, _, addresses = text.partition("=")
+        if not set_id.isdigit() or not addresses:
+            raise SetsCommandError(f"--set: expected ID=h:p,h:p,h:p, got {text!r}")
+        wanted[int(set_id)] = addresses_of(addresses)
+    if not wanted:
+        wanted = {config.store.set_id: tuple(config.store.addresses)}
+    first = table.first_table(wanted)
+    found, version = await control.read()
+    if found is not None:
+        if found == first:
+            print("the set table already holds this epoch 1", file=sys.stderr)
+            return 0
+        raise SetsCommandError("the control set already holds a set table: `compensator sets add` grows it")
+    await _answering(config, first.addresses())
+    await control.write(first, expected_version=version, actor=args.actor, reason=args.reason or "sets init")
+    print(f"epoch 1: sets {','.join(str(entry.id) for entry in first.sets)}", file=sys.stderr)
+    return 0
+
+
+async def _add(control: ControlSet, config: Config, args: argparse.Namespace) -> int:
+    found, version = await control.read()
+    if found is None:
+        raise SetsCommandError("the control set holds no set table yet (run `compensator sets init`)")
+    pending = found.pending()
+    if args.resume != (pending is not None) or (args.resume and args.addresses):
+        if pending is not None:
+            raise SetsCommandError(f"epoch {pending.epoch} is pending: finish it with `compensator sets add --resume`")
+        raise SetsCommandError("give --addresses for each new set" if not args.resume else "no epoch is pending")
+    reason = args.reason or "sets add"
+    if pending is None:
+        added = [addresses_of(text) for text in args.addresses]
+        grown, pending = table.with_new_sets(found, added)
+        new_ids = [entry.id for entry in grown.sets if entry.id not in found.addresses()]
+        await _answering(config, {set_id: grown.addresses()[set_id] for set_id in new_ids})
+        version = await control.write(grown, expected_version=version, actor=args.actor, reason=reason)
+        found = grown
+        print(f"epoch {pending.epoch} pending: sets {','.join(map(str, pending.sets))}", file=sys.stderr)
+    before = found.epochs[pending.epoch - 2]
+    sets = _facade(config, found)
+    try:
+        fenced = await sets.fence(before.sets, pending.epoch, actor=args.actor, reason=reason)
+    finally:
+        await sets.close()
+    print(f"fenced sets {','.join(map(str, sorted(fenced)))} at route epoch {pending.epoch}", file=sys.stderr)
+    await control.write(table.activated(found, pending.epoch), expected_version=version, actor=args.actor,
+                        reason=reason)  # fmt: skip
+    print(f"epoch {pending.epoch} active", file=sys.stderr)
+    return 0
+
+
+def _facade(config: Config, found: SetTable) -> SetsClient:
+    auth = store_auth(config)
+    return SetsClient(found, connect=lambda _set_id, addresses: QueueClient(raft_client(config, auth, addresses)))
+
+
+async def _answering(config: Config, sets: dict[int, tuple[str, ...]]) -> None:
+    """Every one of these sets elects a leader and answers a linearizable read, or SetsCommandError."""
+    auth: StoreAuth = store_auth(config)
+    for set_id, addresses in sorted(sets.items()):
+        queue = QueueClient(raft_client(config, auth, addresses))
+        try:
+            await queue.retention()
+        except (ClientError, QueueError) as error:
+            raise SetsCommandError(f"set {set_id} at {','.join(addresses)} does not answer ({error}); nothing was changed") from None
+        finally:
+            await queue.raft.close()
+
+
+

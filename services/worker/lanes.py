@@ -1,0 +1,204 @@
+"""One set as a worker leases from it: its own loop, its watch for work, its completions and lease
+keeper, and its own backoff, so a set that is down or has no leader stalls only itself.
+
+A worker runs one lane per set, all on one event loop, sharing the worker's room (shares.py) and
+its breakers (breaker_board.py). Each lane waits for its set's work with reads (waiting.py),
+leases within its share, and hands each grant to the worker with the set's id; what the attempt
+ends with goes back to the same set through this lane's completions, and the extension of its
+lease through this lane's keeper. Message ids are a set's own (two sets both have a message 42):
+whatever a lane keys by message id alone is that set's.
+
+A set whose calls fail (no node answers, no leader, no majority: the client's deadline) is backed
+off by its own lane, doubling up to `ERROR_BACKOFF_MAX_S`, while the others lease at full rate;
+the lane says the set is unreachable (a gauge, and the documents' fallback) until a call succeeds
+again, then leases as before without a restart. While it is down it wants no share, so its part
+of the room goes to the others.
+
+Must never: lease more than the lane took room for, or block another set's lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final
+
+from handlers.lease_time import LeaseTime
+from queues import ClientError, Code, Grant, LeaseResult, QueueClient, QueueError
+from queues.model import Lease, QueueCommand
+from services.worker.breaker import holder
+from services.worker.breaker_board import BreakerBoard
+from services.worker.completions import Completion, Completions
+from services.worker.keeper import LeaseKeeper
+from services.worker.metrics import WorkerMetrics
+from services.worker.shares import Shares
+from services.worker.waiting import WorkWatch, sleep_unless
+
+if TYPE_CHECKING:
+    from services.worker.runner import WorkerSettings
+
+log = logging.getLogger("compensator.worker")
+ERROR_BACKOFF_MIN_S: Final = 0.05
+ERROR_BACKOFF_MAX_S: Final = 2.0
+
+Start = Callable[["SetLane", Grant, LeaseTime, bool], None]
+"""The worker's: run this grant of this lane's set (the last argument: it is a breaker's probe)."""
+Settled = Callable[[int, Completion, Code], None]
+"""The worker's: the store's answer to a completion, with the set it went to."""
+
+
+class SetLane:
+    def __init__(
+        self, set_id: int, queue: QueueClient, kinds: Sequence[str], settings: WorkerSettings, *, shares: Shares,
+        board: BreakerBoard, metrics: WorkerMetrics, start: Start, busy: Callable[[], bool],
+        settled: Settled,
+    ) -> None:  # fmt: skip
+        self.set_id = set_id
+        self.queue = queue
+        self._settings = settings
+        self._shares = shares
+        self._board = board
+        self._metrics = metrics
+        self._start = start
+        self._busy = busy
+        self.watch = WorkWatch(queue, kinds, idle_poll_s=settings.idle_poll_s)
+        self.completions = Completions(queue, on_settled=lambda c, code: settled(set_id, c, code),
+                                       linger_s=settings.linger_s, busy=busy)  # fmt: skip
+        self.keeper = LeaseKeeper(queue, lease_ms=settings.lease_ms)
+        self.reachable = True
+        self.lease_commands = 0
+        self.leased = 0
+        metrics.set_unreachable.labels(str(set_id)).set(0)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    async def lease_until(self, stop: asyncio.Event) -> None:
+        backoff_s = ERROR_BACKOFF_MIN_S
+        while not stop.is_set():
+            try:
+                room = self._shares.free(self.set_id)
+                if not room:
+                    await self._without_room(stop)
+                    continue
+                wait_s = await self._lease_once(room)
+            except (ClientError, QueueError) as error:
+                self._failed(error)
+                await sleep_unless(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, ERROR_BACKOFF_MAX_S)
+                continue
+            self._answered()
+            backoff_s = ERROR_BACKOFF_MIN_S
+            if wait_s > 0:
+                await self.watch.wait(stop, wait_s, self._shares.freed(self.set_id))
+
+    async def _without_room(self, stop: asyncio.Event) -> None:
+        """Wait for a slot. While other sets run attempts here, this set's demand must be known to
+        them (their shares shrink by it), so it is read, a plain read at most every `idle_poll_s`."""
+        timeout_s: float | None = None
+        if self._shares.others_hold(self.set_id):
+            timeout_s = self._settings.idle_poll_s
+            due = await self.watch.read()
+            self._board.follow(self.set_id, due.paused)
+            self._shares.want(self.set_id, due.ready)
+            self._answered()
+        await self._shares.wait_freed(self.set_id, stop, timeout_s)
+
+    def _failed(self, error: Exception) -> None:
+        if self.reachable:
+            log.warning("set %d does not answer (leasing from the other sets; retrying it): %s", self.set_id, error)
+        else:
+            log.debug("set %d still does not answer: %s", self.set_id, error)
+        self.reachable = False
+        self._metrics.set_unreachable.labels(str(self.set_id)).set(1)
+        self.watch.forget()
+        self._shares.want(self.set_id, ())
+        self._board.forget(self.set_id)
+
+    def _answered(self) -> None:
+        if not self.reachable:
+            log.warning("set %d answers again; leasing from it", self.set_id)
+            self.reachable = True
+            self._metrics.set_unreachable.labels(str(self.set_id)).set(0)
+
+    async def _lease_once(self, room: dict[str, int]) -> float:
+        """Lease what is ready; the seconds to wait before asking again (0: at once)."""
+        watch, board = self.watch, self._board
+        board.ramp(room)
+        backlog = [kind for kind in watch.backlogged(room) if not board.blocked(kind)]
+        if backlog and self._busy():
+            await asyncio.sleep(self._settings.linger_s)  # slots freed meanwhile join one lease
+            room = self._shares.free(self.set_id)
+            board.ramp(room)
+            backlog = [kind for kind in watch.backlogged(room) if not board.blocked(kind)]
+        if backlog:
+            return watch.wait_after(await self._lease(backlog, [], room), from_read=False)
+        due = await watch.read()
+        board.follow(self.set_id, due.paused)
+        self._shares.want(self.set_id, due.ready)
+        room = self._shares.free(self.set_id)  # the set's share, now that the others know its demand
+        board.ramp(room)
+        ready = [kind for kind in sorted(due.ready) if room.get(kind) and not board.blocked(kind)]
+        watch.found(sorted(due.ready), ready)
+        probes = board.probes(due.paused, due.paused_ready, room)
+        if not ready and not probes:
+            self._shares.want(self.set_id, watch.backlog)
+            if due.next_due_ms is None:
+                return self._settings.idle_poll_s
+            return min(self._settings.idle_poll_s, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
+        return watch.wait_after(await self._lease(ready, probes, room), from_read=True)
+
+    async def _lease(self, ready: list[str], probes: list[str], room: dict[str, int]) -> int:
+        """One Lease command per kind (`ready`, then one-grant probes), in one frame, for room
+        taken first; starts the grants, gives back the room they did not fill, and says how many
+        there were."""
+        settings = self._settings
+        asked = [min(room[kind], settings.batch_max) for kind in ready] + [1 for _ in probes]
+        commands: list[QueueCommand] = [
+            Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms, count_max=count)
+            for kind, count in zip(ready, asked, strict=False)
+        ]  # fmt: skip
+        commands += [
+            Lease(worker_id=settings.worker_id, kinds=(kind,), lease_ms=settings.lease_ms, count_max=1,
+                  probe=holder(self._board.downstream(kind)))
+            for kind in probes
+        ]  # fmt: skip
+        kinds = ready + probes
+        for index, (kind, count) in enumerate(zip(kinds, asked, strict=True)):
+            self._shares.take(self.set_id, kind, count)
+            if index < len(ready):  # a ramp's allowance, too, is taken before the lanes' leases run at once
+                self._board.took(kind, count)
+        started = [0] * len(kinds)
+        try:
+            await self._send(commands, kinds, asked, len(ready), started)
+        finally:  # a grant keeps its slot until its attempt ends; the rest are given back
+            for index, (kind, count, used) in enumerate(zip(kinds, asked, started, strict=True)):
+                self._shares.give(self.set_id, kind, count - used)
+                if index < len(ready):
+                    self._board.took(kind, used - count)
+        self._shares.want(self.set_id, self.watch.backlog)
+        return sum(started)
+
+    async def _send(
+        self, commands: list[QueueCommand], kinds: list[str], asked: list[int], ready: int, started: list[int]
+    ) -> None:
+        settings = self._settings
+        requested_s = time.monotonic()  # the store grants after this: the lease ends no earlier here
+        results = await self.queue.submit_many(commands)
+        received_s = time.monotonic()
+        self.lease_commands += len(commands)
+        for index, result in enumerate(results):
+            if not isinstance(result, LeaseResult):
+                raise QueueError(f"expected a lease result, got {result!r}")
+            self._metrics.leases_expired.inc(result.expired)
+            probe = index >= ready
+            if not probe:
+                self.watch.leased(kinds[index], len(result.grants), asked[index])
+            grants = (await self.queue.checked(result)).grants
+            for grant in grants:
+                lease = LeaseTime.granted(lease_ms=settings.lease_ms, deadline_ms=grant.deadline_ms,
+                                          requested_s=requested_s, received_s=received_s)  # fmt: skip
+                started[index] += 1
+                self._start(self, grant, lease, probe)
+            self.leased += len(grants)
+            self._metrics.set_grants.labels(str(self.set_id)).inc(len(grants))
