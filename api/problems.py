@@ -88,6 +88,12 @@ TYPES: Final = _types(
                 "Four eyes: a proposal is approved by a different person with the approver role."),
     ProblemType("proposal-expired", 409, "The proposal expired",
                 "A proposal is open for a configured time (review.proposal_ttl_s); nothing was done. Propose again."),
+    ProblemType("partially-applied", 503, "Applied in some sets only: repeat the call",
+                "A cluster-wide setting (a pause, a retry policy, a breaker's mode, a classification table) is"
+                " written to every set; some did not answer. `applied_sets` and `unapplied_sets` name them. The"
+                " setting is recorded as intended, so the settings repair applies it to the others once they"
+                " answer; repeating the same call after `Retry-After` seconds is safe and answers when every set"
+                " holds it."),
     ProblemType("not-ready", 503, "Not ready", "The store is unreachable, has no leader, or is catching up."),
     ProblemType("internal", 500, "Internal error",
                 "An unexpected error; it is logged with its trace id. Nothing is known about side effects:"

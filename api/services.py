@@ -6,6 +6,8 @@ module-level instance: every app gets its own, so tests run several side by side
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from api.review_policy import FourEyes
 from api.summaries import SummaryReads
 from api.web.sessions import WebAuth
 from delay.policy import RetryPolicy
-from queues import ClientError, QueueClient, QueueError, SetsClient, UnknownSet
+from queues import ClientError, QueueClient, QueueError, SetsClient, UnknownSet, cluster_settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +39,9 @@ class ApiSettings:
     policy_problems: Callable[[str, RetryPolicy], list[str]] = lambda kind, policy: []
     """What a kind's retry policy would break of its downstream's declared guarantee (the
     configuration's `handlers`: a re-send past a deduplication window...): such a policy is refused."""
+    settings_repair_s: float = 30.0
+    """With several sets: how often the settings repair compares every set with the intended
+    settings (store.sets_refresh_s; docs/sets.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +61,8 @@ class ApiServices:
     `queue` stays the home set's client: tokens, users, sessions and the review pages live there."""
     summaries: SummaryReads = dataclasses.field(init=False)
     """The dead-letter list's counts and totals: one read of a filter at a time, shared."""
+    background: list[asyncio.Task[None]] = dataclasses.field(init=False, default_factory=list, repr=False)
+    """With several sets: the settings repair task (started by `start`, cancelled by `close`)."""
     masked: ApiServices = dataclasses.field(init=False, repr=False)
     """The same services with a store that masks every answer's personal data and writes nothing
     (api/masked_reads.py): what a caller without personal-data rights is given (`of`)."""
@@ -72,11 +79,17 @@ class ApiServices:
     async def start(self) -> None:
         if self.sets is not None:
             await self.sets.refresh()  # unreachable: intake answers 503 until a refresh reads the table
+            self.background.append(asyncio.create_task(self.sets.repair_settings_forever(self.settings.settings_repair_s)))
         await self.tokens.start()
         if self.web is not None:
             await self.web.start()
 
     async def close(self) -> None:
+        for task in self.background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.background.clear()
         if self.web is not None:
             await self.web.close()
         await self.tokens.close()
@@ -94,6 +107,26 @@ class ApiServices:
         except UnknownSet:
             return None
         return MaskedQueueClient(plain) if isinstance(self.queue, MaskedQueueClient) else plain
+
+    async def fan_out(self, setting: cluster_settings.Setting, *, actor: str) -> cluster_settings.BroadcastOutcome:
+        """A cluster-wide setting written to every set (several sets only), or the problem that says
+        which sets did not apply it: never a partial success answered as done."""
+        assert self.sets is not None
+        retry = {"Retry-After": RETRY_AFTER_S}
+        try:
+            outcome = await self.sets.broadcast(setting, actor=actor)
+        except cluster_settings.IntentUnavailable as error:
+            if error.refused:
+                raise Problem("conflict", str(error)) from None
+            raise Problem("not-ready", f"{error}. Repeating the same call is safe.", headers=retry) from None
+        if outcome.unreachable:
+            raise Problem(
+                "partially-applied",
+                f"{outcome.summary()}. Repeating the same call is safe (each set's write is idempotent); the settings"
+                f" repair also applies it to those sets once they answer.",
+                headers=retry, extra={"applied_sets": outcome.applied, "unapplied_sets": outcome.unreachable},
+            )  # fmt: skip
+        return outcome
 
     @staticmethod
     def read_failure(error: ClientError | QueueError) -> Problem:

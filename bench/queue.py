@@ -5,6 +5,7 @@
     python -m bench.queue lateness --delayed 1000000 --json
     python -m bench.queue burst --messages 500000 --json
     python -m bench.queue backlog --messages 10000000 --json
+    python -m bench.queue enqueue --sets 3 [--lose-set 2] --json    (bench/queue_sets.py)
 
 Every mode starts its own cluster (`--machine queues.replicated:machine_factory`) in a temp dir
 and talks to it through QueueClient, the way a service and its workers would.
@@ -46,6 +47,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench import queue_sets
+from bench.queue_figures import log_shape, percentile
 from queues.client import QueueClient
 from queues.lateness import LatenessReport
 from queues.model import Code, Enqueue, Grant
@@ -101,20 +104,6 @@ async def preload(
 
     await asyncio.gather(*(loader() for _ in range(inflight)))
     return time.perf_counter() - started
-
-
-async def log_shape(cluster: ProcessCluster, raft: RaftClient) -> tuple[int, int]:
-    """(applied index, applied commands) of the leader: their ratio over a run is commands per entry."""
-    for status in (await cluster.statuses(raft)).values():
-        if status.get("role") == "leader":
-            metrics: dict[str, Any] = status["metrics"]  # type: ignore[assignment]
-            return int(str(status["applied"])), int(metrics["applied_commands"])
-    return 0, 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def payload_of(size: int) -> bytes:
@@ -490,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-bytes", type=int, default=None,
                         help="default 1024 for enqueue and drain, 256 for the preloaded modes")
     parser.add_argument("--random-keys", action="store_true", help="backlog: UUID idempotency keys, not k0, k1, ...")
+    parser.add_argument("--sets", type=int, default=1,
+                        help="enqueue: this many sets of 3 nodes, routed by key (bench/queue_sets.py)")
+    parser.add_argument("--lose-set", type=int, default=None,
+                        help="enqueue --sets N: kill a majority of this set after the first --seconds")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     defaults = {"drain": 100_000, "burst": 500_000, "backlog": 10_000_000}
@@ -499,20 +492,27 @@ def main(argv: list[str] | None = None) -> int:
         args.payload_bytes = 1024 if args.mode in ("enqueue", "drain") else 256
     if args.concurrency <= 0 or args.seconds <= 0 or args.workers <= 0:
         parser.error("--concurrency, --seconds and --workers must be positive")
+    if args.sets < 1 or (args.sets > 1 and args.mode != "enqueue"):
+        parser.error("--sets: 1, or more with the enqueue mode")
+    if args.lose_set is not None and (args.sets < 2 or not 1 <= args.lose_set <= args.sets):
+        parser.error("--lose-set: one of the sets 1..N of --sets N (N at least 2)")
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
-        cluster = ProcessCluster(Path(tmp), machine=MACHINE)
-        cluster.start_all()
-        try:
-            result = asyncio.run(MODES[args.mode](cluster, args))
-        finally:
-            cluster.stop_all()
-    result["nodes"] = cluster.size
+    if args.sets > 1:
+        result = queue_sets.run(args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
+            cluster = ProcessCluster(Path(tmp), machine=MACHINE)
+            cluster.start_all()
+            try:
+                result = asyncio.run(MODES[args.mode](cluster, args))
+            finally:
+                cluster.stop_all()
+        result["nodes"] = cluster.size
     result["fsync"] = True
     result["machine"] = f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
     result["date"] = time.strftime("%Y-%m-%d")

@@ -50,6 +50,7 @@ from queues.model import (
     TokenView,
 )
 from queues.query_codec import KindView, PauseView
+from queues.sets import settings as cluster_settings
 from queues.sets.client import ControlSet, SetsClient, UnknownSet
 from raft_store.auth import StoreAuth
 from raft_store.client import (
@@ -120,6 +121,7 @@ __all__ = [
     "TokenView",
     "Unavailable",
     "UnknownSet",
+    "cluster_settings",
     "proposal_action",
     "proposal_with_action",
 ]

@@ -30,7 +30,7 @@ from api.services import ApiServices, of
 from handlers.classification import ClassificationError, decode_table, encode_table
 from handlers.tables import DEFAULT_TABLES
 from ledger.kinds import DOWNSTREAM_OF
-from queues import ClientError, Code, QueueError
+from queues import ClientError, Code, QueueError, cluster_settings
 
 router = APIRouter(tags=["downstreams"])
 BREAKERS: Final = "breakers"
@@ -97,7 +97,7 @@ async def breakers(request: Request, principal: Observer) -> Response:
 
 
 @router.put("/v1/breakers/{downstream}", response_model=list[BreakerView], summary="Force a breaker, or give it back",
-            responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
+            responses=openapi.problems(401, 403, 409, 422, 503))  # fmt: skip
 async def force(request: Request, downstream: Downstream, change: BreakerChange, principal: Operator) -> Response:
     """The workers act on it within a second: open holds the downstream's kinds paused and never
     probes; closed never trips and releases the breaker's pause; auto returns it to the workers."""
@@ -108,6 +108,14 @@ async def force(request: Request, downstream: Downstream, change: BreakerChange,
 
 
 async def _put(services: ApiServices, namespace: str, name: str, body: bytes | None, actor: str, reason: str) -> None:
+    """The document written to the store; with several sets, to every set (api/services.py `fan_out`)."""
+    if services.sets is not None:
+        setting = cluster_settings.Document(namespace=namespace, name=name, body=body, reason=reason)
+        outcome = await services.fan_out(setting, actor=actor)
+        if outcome.refused:
+            raise Problem("invalid-request", f"the store refused it in sets {', '.join(map(str, outcome.refused))};"
+                          f" applied in sets {', '.join(map(str, outcome.applied)) or 'none'}")  # fmt: skip
+        return
     try:
         result = await services.queue.put_document(namespace, name, body, actor=actor, reason=reason)
     except ClientError as error:
@@ -135,7 +143,7 @@ async def get_classification(request: Request, downstream: Downstream, principal
 
 @router.put(
     "/v1/downstreams/{downstream}/classification", response_model=dict[str, Any],
-    summary="Replace a downstream's classification table", responses=openapi.problems(400, 401, 403, 413, 415, 422, 503),
+    summary="Replace a downstream's classification table", responses=openapi.problems(400, 401, 403, 409, 413, 415, 422, 503),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                        "schema": {"$ref": "#/components/schemas/ClassificationTable"}}}},
                    "parameters": [{"name": "X-Reason", "in": "header", "required": True, "description": "Why (recorded).",
@@ -162,7 +170,7 @@ async def set_classification(request: Request, downstream: Downstream, principal
 
 
 @router.delete("/v1/downstreams/{downstream}/classification", response_model=dict[str, Any],
-               summary="Return a downstream to its default table", responses=openapi.problems(401, 403, 503))  # fmt: skip
+               summary="Return a downstream to its default table", responses=openapi.problems(401, 403, 409, 503))  # fmt: skip
 async def reset_classification(request: Request, downstream: Downstream, principal: Operator) -> Response:
     services: ApiServices = of(request)
     await _put(services, TABLES, downstream, None, principal.name, "back to the default table")

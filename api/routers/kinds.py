@@ -19,7 +19,7 @@ from api.problems import Problem, invalid, msgspec_error, problem_of
 from api.schemas import KindDetail, KindSummary, PauseCommand, PolicyChange, ResumeCommand, utc
 from api.services import ApiServices, of
 from delay.policy import RetryPolicy
-from queues import ClientError, Code, KindView, QueueError
+from queues import ClientError, Code, KindResult, KindView, QueueError, cluster_settings
 from submission.rules import too_deep
 
 router = APIRouter(tags=["kinds"])
@@ -83,13 +83,40 @@ async def _command(services: ApiServices, call: Any) -> Any:
         raise Problem("invalid-request", f"the store refused it: {error}") from None
 
 
+async def _everywhere(services: ApiServices, kind: str, setting: cluster_settings.Setting, actor: str) -> KindResult:
+    """Several sets: the kind's change written to every set (api/services.py `fan_out`), answered
+    as one set would answer it: ALREADY_PAUSED or NOT_PAUSED only when every set said so (a repeat
+    after a partial write is a success), else the lowest-numbered set's result. A kind the home set
+    does not know is 404 before anything is recorded."""
+    kinds = (await _command(services, services.queue.kinds())).value
+    if all(view.kind != kind for view in kinds):
+        return KindResult(code=Code.UNKNOWN_KIND, kind=kind)
+    outcome = await services.fan_out(setting, actor=actor)
+    first = outcome.first()
+    if outcome.refused:
+        refusal = next(iter(outcome.refused.values()))
+        if isinstance(refusal, KindResult) and not outcome.applied:
+            return refusal
+        raise Problem("invalid-request", f"the store refused it in sets {', '.join(map(str, outcome.refused))}:"
+                      f" {refusal!r}; applied in sets {', '.join(map(str, outcome.applied)) or 'none'}")  # fmt: skip
+    if not outcome.already:
+        ok = [r for r in outcome.results.values() if isinstance(r, KindResult) and r.code is Code.OK]
+        return ok[0] if ok else KindResult(code=Code.OK, kind=kind)
+    assert isinstance(first, KindResult)
+    return first
+
+
 @router.post("/v1/kinds/{kind}/pause", response_model=KindSummary, summary="Pause a kind (a named holder)",
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
 async def pause(request: Request, kind: KindPath, command: PauseCommand, principal: Operator) -> Response:
     """Workers stop leasing the kind while any holder holds it. Holding twice is 409."""
     services: ApiServices = of(request)
     holder = command.holder or principal.name
-    result = await _command(services, services.queue.pause(kind, holder, command.reason, actor=principal.name))
+    if services.sets is None:
+        result = await _command(services, services.queue.pause(kind, holder, command.reason, actor=principal.name))
+    else:
+        setting = cluster_settings.Pause(kind=kind, holder=holder, reason=command.reason)
+        result = await _everywhere(services, kind, setting, principal.name)
     if result.code is Code.UNKNOWN_KIND:
         raise Problem("not-found", f"no kind {kind!r}")
     if result.code is Code.ALREADY_PAUSED:
@@ -105,7 +132,10 @@ async def resume(request: Request, kind: KindPath, command: ResumeCommand, princ
     """The kind runs again once no holder holds it (a breaker's pause outlives an operator's)."""
     services: ApiServices = of(request)
     holder = command.holder or principal.name
-    result = await _command(services, services.queue.resume(kind, holder, actor=principal.name))
+    if services.sets is None:
+        result = await _command(services, services.queue.resume(kind, holder, actor=principal.name))
+    else:
+        result = await _everywhere(services, kind, cluster_settings.Resume(kind=kind, holder=holder), principal.name)
     if result.code is Code.UNKNOWN_KIND:
         raise Problem("not-found", f"no kind {kind!r}")
     if result.code is Code.NOT_PAUSED:
@@ -122,7 +152,7 @@ async def get_policy(request: Request, kind: KindPath, principal: Observer) -> R
 
 @router.put(
     "/v1/kinds/{kind}/policy", response_model=PolicyChange, summary="Replace a kind's retry policy",
-    responses=openapi.problems(400, 401, 403, 404, 413, 415, 422, 503),
+    responses=openapi.problems(400, 401, 403, 404, 409, 413, 415, 422, 503),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/RetryPolicy"}}}}},
 )  # fmt: skip
@@ -145,7 +175,10 @@ async def set_policy(request: Request, kind: KindPath, principal: Operator) -> R
     problems = policy.problems() or services.settings.policy_problems(kind, policy)
     if problems:
         raise invalid([{"field": "policy", "message": problem} for problem in problems])
-    await _kind(services, kind)  # 404 for a kind that does not exist: this endpoint never registers one
-    result = await _command(services, services.queue.set_policy(kind, policy, actor=principal.name))
+    if services.sets is None:
+        await _kind(services, kind)  # 404 for a kind that does not exist: this endpoint never registers one
+        result = await _command(services, services.queue.set_policy(kind, policy, actor=principal.name))
+    else:
+        result = await _everywhere(services, kind, cluster_settings.Policy(kind=kind, policy=policy), principal.name)
     before = None if result.policy_before is None else _policy(result.policy_before)
     return json_response({"kind": kind, "before": before, "after": _policy(policy)})

@@ -4,10 +4,11 @@
     compensator sets init [--set ID=h:p,h:p,h:p ...]        (default: store.set_id at store.addresses)
     compensator sets add --addresses h:p,h:p,h:p [--addresses ...] --reason R
     compensator sets add --resume --reason R                 (finish an add that stopped half-way)
+    compensator sets settings [--repair]                     (which sets miss an intended setting; apply them)
 
 Adding sets is three steps, each a replicated, audited write: the new epoch written as pending in
-the control set; a `RouteFence(new epoch)` committed on every set of the epoch before; the epoch
-marked active. A step that fails stops the command (exit 1) and `--resume` finishes it: each step
+the control set; the intended cluster-wide settings copied to the new sets and a `RouteFence(new
+epoch)` committed on every set of the epoch before; the epoch marked active. A step that fails stops the command (exit 1) and `--resume` finishes it: each step
 is idempotent. The new sets must answer before anything is written.
 
 Why against the store with the cluster secret, as `compensator token` is, and not through the
@@ -32,7 +33,7 @@ from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
 from compensator.config_processes import parse_address
 from compensator.store import control_set, raft_client, store_auth
-from queues import ClientError, ControlSet, QueueClient, QueueError, SetsClient, StoreAuth
+from queues import ClientError, ControlSet, QueueClient, QueueError, SetsClient, StoreAuth, cluster_settings
 from queues.sets import table
 from queues.sets.table import SetTable, TableError
 
@@ -55,10 +56,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--addresses", action="append", default=[], metavar="h:p,h:p,h:p",
                      help="one new set's client addresses (repeat for several sets)")  # fmt: skip
     add.add_argument("--resume", action="store_true", help="finish a pending epoch (fence, activate)")
+    drift = actions.add_parser("settings", help="the cluster-wide settings each set misses (exit 1 if any); --repair applies them")
+    drift.add_argument("--repair", action="store_true", help="apply what a set misses now (audited as the settings repair)")
     for parser in (init, add):
         parser.add_argument("--actor", default=actor_name(), help="who is doing this (recorded)")
         parser.add_argument("--reason", default="", help="why (recorded)")
-    for parser in (listing, init, add):
+    for parser in (listing, init, add, drift):
         add_config_argument(parser)
     sets.set_defaults(handler=run)
 
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raise SetsCommandError("store.control_addresses is empty: this deployment is one set, with no set table")
     action: Callable[[ControlSet], Awaitable[int]] = {
         "list": lambda c: _list(c, args), "init": lambda c: _init(c, config, args),
-        "add": lambda c: _add(c, config, args),
+        "add": lambda c: _add(c, config, args), "settings": lambda c: _settings(c, config, args),
     }[args.action]  # fmt: skip
     return asyncio.run(_with_control(config, action))
 
@@ -155,6 +158,7 @@ async def _add(control: ControlSet, config: Config, args: argparse.Namespace) ->
     before = found.epochs[pending.epoch - 2]
     sets = _facade(config, found)
     try:
+        await _copy_settings(control, sets, [s for s in pending.sets if s not in before.sets])
         fenced = await sets.fence(before.sets, pending.epoch, actor=args.actor, reason=reason)
     finally:
         await sets.close()
@@ -162,6 +166,65 @@ async def _add(control: ControlSet, config: Config, args: argparse.Namespace) ->
     await control.write(table.activated(found, pending.epoch), expected_version=version, actor=args.actor,
                         reason=reason)  # fmt: skip
     print(f"epoch {pending.epoch} active", file=sys.stderr)
+    return 0
+
+
+async def _copy_settings(control: ControlSet, sets: SetsClient, new_ids: list[int]) -> None:
+    """The intended cluster-wide settings (pauses, policies, breakers' modes, classification
+    tables, retention: queues/sets/settings.py) written to the new sets before their epoch is
+    active, so no key is leased there under settings the other sets do not have. A failure stops
+    the add (`--resume` repeats it: each write is idempotent)."""
+    report = await cluster_settings.repair(control.queue, {set_id: sets.client(set_id) for set_id in new_ids})
+    for set_id in new_ids:
+        done = report.get(set_id, [])
+        if isinstance(done, Exception):
+            raise SetsCommandError(f"set {set_id} did not take the cluster-wide settings ({done}); nothing was"
+                                   " activated: run `compensator sets add --resume` when it answers")  # fmt: skip
+        print(f"set {set_id}: {len(done)} cluster-wide setting(s) copied", file=sys.stderr)
+
+
+async def _settings(control: ControlSet, config: Config, args: argparse.Namespace) -> int:
+    """Each intended setting and the sets that do not hold it; with --repair, applied to them
+    (what the API's settings repair does every store.sets_refresh_s, for the on-call engineer who
+    wants it now: docs/runbook.md)."""
+    found, _ = await control.read()
+    if found is None:
+        raise SetsCommandError("the control set holds no set table yet (run `compensator sets init`)")
+    wanted, _ = await cluster_settings.intended(control.queue)
+    sets = _facade(config, found)
+    ids = [entry.id for entry in found.sets]
+    behind: dict[str, list[int]] = {name: [] for setting in wanted for name, _ in cluster_settings.intents(setting)}
+    silent: list[int] = []
+    try:
+        if args.repair:
+            report = await cluster_settings.repair(control.queue, {set_id: sets.client(set_id) for set_id in ids})
+            for set_id, done in sorted(report.items()):
+                if isinstance(done, Exception):
+                    print(f"set {set_id}: does not answer ({done})")
+                    silent.append(set_id)
+                else:
+                    print(f"set {set_id}: re-applied {', '.join(n for s in done for n, _ in cluster_settings.intents(s))}")
+        else:
+            for set_id in ids:
+                try:
+                    missing = await cluster_settings.drift(sets.client(set_id), wanted)
+                except (ClientError, QueueError) as error:
+                    print(f"set {set_id}: does not answer ({error})")
+                    silent.append(set_id)
+                    continue
+                for setting in missing:
+                    for name, _ in cluster_settings.intents(setting):
+                        behind[name].append(set_id)
+            for name, missed in sorted(behind.items()):
+                print(f"{name}: " + (f"missing in sets {','.join(map(str, missed))}" if missed else "in every set"))
+    finally:
+        await sets.close()
+    late = sorted({set_id for missed in behind.values() for set_id in missed})
+    if silent or late:
+        what = f"sets {','.join(map(str, late))} miss intended settings" if late else ""
+        what += ("; " if what else "") + (f"sets {','.join(map(str, silent))} do not answer" if silent else "")
+        raise SetsCommandError(f"{what}: `compensator sets settings --repair` applies them once they answer (the"
+                               " API's settings repair does too, every store.sets_refresh_s)")  # fmt: skip
     return 0
 
 

@@ -68,6 +68,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             batch_items_max=config.api.batch_items_max,
             job_rate_per_s=config.review.job_rate_per_s,
             policy_problems=functools.partial(guarantees.policy_problems, config.handlers),
+            settings_repair_s=config.store.sets_refresh_s,
         ),
         four_eyes=four_eyes(config),
         web=WebAuth(queue, web_settings(config), clock_ms=wall_clock_ms),

@@ -30,7 +30,7 @@ import msgspec
 from queues.client import QueueClient
 from queues.client_reads import QueueError
 from queues.model import Code, Enqueue, EnqueueResult, ErrorResult, MessageView, RouteFence, RouteResult
-from queues.sets import routing, table
+from queues.sets import routing, settings, table
 from queues.sets.table import SetTable, TableError
 from raft_store.client import ClientError, Unavailable
 
@@ -318,6 +318,41 @@ class SetsClient:
                 raise QueueError(f"set {set_id} refused the fence: {result!r}")
             fenced[set_id] = result.min_route_epoch
         return fenced
+
+    # ---- cluster-wide settings ---------------------------------------------------------------------
+    async def broadcast(self, setting: settings.Setting, *, actor: str) -> settings.BroadcastOutcome:
+        """A pause, policy, retention or settings document written to every set of the table (the
+        intent first, in the control set), each audited in its set with `actor`: the caller answers
+        success only when `outcome.unreachable` is empty (queues/sets/settings.py)."""
+        await self._fresh_enough()
+        if not self.table.sets and not await self.refresh():
+            raise settings.IntentUnavailable(Unavailable("no set table read from the control set yet: nothing was changed",
+                                                         last_error="no set table", last_address=None))  # fmt: skip
+        clients = {entry.id: self.clients[entry.id] for entry in self.table.sets}
+        return await settings.broadcast(None if self.control is None else self.control.queue, clients, setting,
+                                        actor=actor)  # fmt: skip
+
+    async def repair_settings(self, set_ids: Iterable[int] | None = None) -> dict[int, list[settings.Setting] | Exception]:
+        """Re-apply, in these sets (default: every set of the table), the intended settings they
+        do not hold. Nothing to compare with when there is no control set."""
+        if self.control is None:
+            return {}
+        ids = [entry.id for entry in self.table.sets] if set_ids is None else sorted(set_ids)
+        return await settings.repair(self.control.queue, {s: self.client(s) for s in ids})
+
+    async def repair_settings_forever(self, period_s: float) -> None:
+        """`repair_settings` every `period_s` (the table re-read first, so a set added later is
+        compared too) until cancelled; a pass that fails is logged and tried again."""
+        while True:
+            await asyncio.sleep(period_s)
+            await self.refresh()
+            try:
+                for set_id, failure in (await self.repair_settings()).items():
+                    if isinstance(failure, Exception):
+                        log.warning("set %d cannot be compared with the intended settings (next pass retries): %s",
+                                    set_id, failure)  # fmt: skip
+            except (ClientError, QueueError) as error:
+                log.warning("the intended settings cannot be read from the control set (next pass retries): %s", error)
 
     async def close(self) -> None:
         closing = {id(c): c for c in [*self.clients.values(), *self._retired]}

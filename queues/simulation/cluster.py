@@ -37,6 +37,11 @@ STATE_LAG = 0.5
 """Probability that an fsync leaves the machine's durable image where it was (lazily durable)."""
 
 
+STRAGGLERS_MS_MAX = 10_000
+"""How long after the workload stops its stragglers may still propose: a grant's work starts
+within 0.5 s, a worker pauses at most 2.4 s before its call and again before its ack, and an ack
+is tried at most three times on lanes of at most four 250 ms tries (about 9 s in all)."""
+
 RETENTION_FLOOR_MS = 1_000
 """SetRetention's floor in the simulation: seconds, like its retentions (1 day in a deployment)."""
 
@@ -208,7 +213,9 @@ class QueueCluster(Cluster):
         if not self.workload.drained():
             self.qchecker.violation(f"not settled {drain_ms_max} ms after healing: {self.workload.unsettled()}")
         self.workload.stop()
-        self.run_until(self.now + max(1000, heal_ms // 3))
+        # Stragglers still propose: acks and fails of workers that paused past their leases (two
+        # pauses of up to 2.4 s each) and their clients' retries. Check once the log is quiet.
+        self.run_until_quiet(self.now + max(1000, heal_ms // 3), wait_max_ms=STRAGGLERS_MS_MAX)
         self.qchecker.check_end()
         self.stats["sim_ms"] = self.now
         return self.summary()

@@ -20,11 +20,13 @@ from typing import Any
 
 from raft_store.core import Config, RaftCore, Recovered, Role
 from raft_store.log_clock import LogClock
+from raft_store.simulation import quiet
 from raft_store.simulation.checker import Checker
 from raft_store.simulation.clocks import ClockFaults, SimTime
 from raft_store.simulation.disk import SimCorruption, SimDisk
 from raft_store.simulation.operators import Operators
 from raft_store.simulation.ports import SimPorts
+from raft_store.simulation.quiet import ELECTION_TICKS, TICK_MS
 from raft_store.types import (
     ConfState,
     Entry,
@@ -35,7 +37,7 @@ from raft_store.types import (
     SnapshotMeta,
 )
 
-TICK_MS = 10
+HEARTBEAT_TICKS = 2
 STATS = ("faults", "crashes", "partitions", "drops", "corruptions", "acked", "proposed", "snapshots", "conf_changes", "reads")
 
 
@@ -155,6 +157,12 @@ class Cluster:
                 self.fail(f"{type(exc).__name__}: {exc}")
         self.now = max(self.now, end_ms)
 
+    def quiet_ms(self) -> int:
+        return quiet.quiet_ms(self.faults.clock_drift_max)
+
+    def run_until_quiet(self, end_ms: int, wait_max_ms: int) -> None:
+        quiet.run_until_quiet(self, end_ms, wait_max_ms)
+
     def fail(self, reason: str) -> None:
         raise SimulationFailure(self.seed, self.replay, reason, self.trace)
 
@@ -189,7 +197,8 @@ class Cluster:
             # State machine is ahead of a log that lost its tail: impossible with a correct WAL.
             self.fail(f"n{node_id} state machine at {state_index} ahead of its log")
         node.core = RaftCore(
-            Config(node_id=node_id, election_ticks=10, heartbeat_ticks=2, inflight_max=4, append_bytes_max=600),
+            Config(node_id=node_id, election_ticks=ELECTION_TICKS, heartbeat_ticks=HEARTBEAT_TICKS, inflight_max=4,
+                   append_bytes_max=600),
             recovered,
             random.Random(self.rng.getrandbits(64)),
         )

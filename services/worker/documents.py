@@ -6,10 +6,11 @@ Read every `refresh_s` by a task of its own (a set that does not answer delays n
 namespace by its version: a read that finds the version known returns no documents, so a worker's
 refresh costs two small reads a second.
 
-Which set: these are cluster-wide documents, and where they live with many sets is the control
-set's work (issue 25, the producer side); until then they are read from the lowest-numbered set
-that answers, the others in turn when it does not (a set whose lane finds it down is tried last).
-Versions are a set's own, so a change of set reads everything afresh.
+Which set: these are cluster-wide documents, written to every set by the API (and repaired where a
+set missed a write: queues/sets/settings.py, docs/sets.md), so any set's copy is the setting; they
+are read from the lowest-numbered set that answers, the others in turn when it does not (a set
+whose lane finds it down is tried last). Versions are a set's own, so a change of set reads
+everything afresh.
 
 Must never: stop the worker over a document it cannot decode (a bad mode is "auto", a bad table
 keeps the default, and either is logged), or over a set that does not answer.

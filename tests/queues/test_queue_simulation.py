@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from queues.model import Event, EventType, EventValue
+from queues.codec import encode_command
+from queues.model import Event, EventType, EventValue, ExpireLeases
 from queues.simulation.cluster import QueueCluster
 from queues.simulation.history import LogModel
 from queues.simulation.runner import run_seed
@@ -163,3 +164,69 @@ def test_log_model_holds_a_key_and_its_tombstone_for_the_retention() -> None:
     assert found == []
     assert model.by_key == {"k": 2} and model.reused_keys == 1 and set(model.purged) == {1}
     assert model.expired(1, acked_at + retention) and not model.expired(2, acked_at + retention)
+
+
+
+LATE_MS = 5
+"""The late command lands this long before the old end check (2 s after the workload stopped)."""
+
+
+def _run_with_a_late_command(seed: int, *, cut_follower: bool) -> tuple[QueueCluster, SimulationFailure | None]:
+    """Run a seed, and LATE_MS before the end check ran when it did not wait for a quiet log (2 s
+    after the workload stops), propose one command at the leader (and, with `cut_follower`, cut
+    the leader's link to one follower first). What seed 3001010 met when Enqueue left its defaults
+    out of the encoding: a paused worker's ack landed 15 ms before the check, committed on the
+    leader, and the followers learned its commit index from the heartbeat 4 ms after the check."""
+    cluster = QueueCluster(seed)
+    stop = cluster.workload.stop
+    late: dict[str, int] = {}
+
+    def at_old_check() -> None:
+        leader = cluster.leader()
+        assert leader is not None
+        late["leader_applied"] = cluster.nodes[leader].state_index
+        late["follower_applied"] = min(cluster.nodes[n].state_index for n in _followers(cluster, leader))
+
+    def propose_late() -> None:
+        leader = cluster.leader()
+        assert leader is not None
+        if cut_follower:
+            cluster.blocked.add((leader, _followers(cluster, leader)[0]))
+        lane = cluster.net.new_lane()
+        request = (lane.client_id, 1, encode_command(ExpireLeases(limit=1)))
+        cluster.receive(leader, request, lambda status, result: None)
+        core = cluster.nodes[leader].core
+        assert core is not None
+        late["index"], late["at"] = core.log.last_index(), cluster.now
+        cluster.at(LATE_MS, at_old_check)
+
+    def stop_then_propose() -> None:
+        stop()
+        cluster.at(2000 - LATE_MS, propose_late)
+
+    cluster.workload.stop = stop_then_propose  # type: ignore[method-assign]
+    try:
+        cluster.run(chaos_ms=2000)
+    except SimulationFailure as failure:
+        return cluster, failure
+    # The shape 3001010 failed in: when the old check ran, the leader had applied the late entry
+    # and a follower had not yet heard that it committed.
+    assert late["leader_applied"] == late["index"] and late["follower_applied"] == late["index"] - 1, late
+    assert all(node.state_index >= late["index"] for node in cluster.nodes.values())
+    assert cluster.now >= late["at"] + cluster.quiet_ms(), "checked before the log was quiet"
+    return cluster, None
+
+
+def _followers(cluster: QueueCluster, leader: int) -> list[int]:
+    return [n for n in cluster.ids if n != leader and not cluster.nodes[n].corrupted]
+
+
+@pytest.mark.slow
+def test_the_end_check_waits_for_a_quiet_log_and_still_fails_a_stalled_follower() -> None:
+    """A command proposed just before the end is legitimately on the leader alone until the next
+    heartbeat: the check waits until the leader's log has not grown for an election timeout. A
+    follower that never hears of it (its link from the leader cut) still fails the seed."""
+    _, failure = _run_with_a_late_command(3, cut_follower=False)
+    assert failure is None, str(failure)
+    _, failure = _run_with_a_late_command(3, cut_follower=True)
+    assert failure is not None and "after healing" in failure.reason, failure

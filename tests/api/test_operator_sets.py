@@ -1,0 +1,183 @@
+"""The operator routes with several sets (docs/sets.md, "What is cluster-wide, and where"): a pause
+through the API holds in every set; with a set down, a pause or a breaker's mode answers 503
+`partially-applied` naming the sets that applied it and those that did not (one line for the
+command line), and the settings repair brings the set in line once it is back. The control set
+and three sets are one-node stores in this process, sharing one cluster secret."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from api_support import running_api
+
+from api.services import ApiServices
+from compensator.cli import main
+from compensator.commands.operator import _problem_line
+from delay.policy import RetryPolicy
+from queues import QueueClient, RaftClient, Role, SetsClient
+from queues.replicated import machine_factory
+from queues.sets import table
+from queues.sets.client import ControlSet
+from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy
+from raft_store.auth import write_secret_file
+from raft_store.testing.inprocess import StoreThread
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
+    """The control set (0) and sets 1-3, one secret for all (as a deployment has)."""
+    secret = tmp_path / "secret"
+    write_secret_file(secret)
+    started: dict[int, StoreThread] = {}
+    try:
+        for set_id in range(4):
+            folder = tmp_path / f"s{set_id}"
+            folder.mkdir()
+            shutil.copy(secret, folder / "store.secret")
+            started[set_id] = StoreThread(folder / "store", machine_factory)
+            started[set_id].start()
+        yield started
+    finally:
+        for thread in started.values():
+            thread.stop()
+
+
+def client(thread: StoreThread) -> QueueClient:
+    return QueueClient(RaftClient([thread.address], auth=thread.auth, attempt_timeout_s=0.5, deadline_s=2))
+
+
+async def holders(thread: StoreThread) -> list[str]:
+    queue = client(thread)
+    try:
+        return [p.holder for v in (await queue.kinds()).value if v.kind == "transfer" for p in v.pauses]
+    finally:
+        await queue.raft.close()
+
+
+async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
+    stores: dict[int, StoreThread],
+) -> None:
+    control = ControlSet(client(stores[0]))
+    await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
+                        actor="test", reason="init")  # fmt: skip
+    await control.queue.raft.close()
+    async with running_api(stores[1], store__control_addresses=stores[0].addresses, store__sets_refresh_s="1",
+                           store__deadline_s="1", store__attempt_timeout_s="0.5") as api:
+        operator = api.auth(Role.OPERATOR)
+        answer = await api.client.post("/v1/kinds/transfer/pause", json={"reason": "outage", "holder": "ops:a"},
+                                       headers=operator)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["paused"] is True
+        assert [await holders(stores[s]) for s in (1, 2, 3)] == [["ops:a"]] * 3
+        again = await api.client.post("/v1/kinds/transfer/pause", json={"reason": "outage", "holder": "ops:a"},
+                                      headers=operator)  # fmt: skip
+        assert again.status_code == 409  # held in every set: as one set answers
+
+        stores[2].stop_node()
+        answer = await api.client.post("/v1/kinds/transfer/pause", json={"reason": "outage", "holder": "ops:b"},
+                                       headers=operator)  # fmt: skip
+        assert answer.status_code == 503 and answer.headers["retry-after"]
+        problem = answer.json()
+        assert problem["type"] == "/problems/partially-applied"
+        assert (problem["applied_sets"], problem["unapplied_sets"]) == ([1, 3], [2])
+        line = _problem_line(503, answer.headers["content-type"], answer.text)
+        assert "applied in sets 1,3" in line and "not applied in sets 2" in line and "safe" in line
+        mode = await api.client.put("/v1/breakers/payment", json={"mode": "open", "reason": "drill"}, headers=operator)
+        assert mode.status_code == 503 and mode.json()["unapplied_sets"] == [2]
+
+        stores[2].start_node()
+        for _ in range(100):  # the API's settings repair runs every store.sets_refresh_s (1 s here)
+            if await holders(stores[2]) == ["ops:a", "ops:b"]:
+                break
+            await asyncio.sleep(0.1)
+        assert await holders(stores[2]) == ["ops:a", "ops:b"]
+        services: ApiServices = api.app.state.services
+        assert services.sets is not None and await services.sets.repair_settings() == {}  # in line now
+        queue = client(stores[2])
+        try:
+            documents = (await queue.documents("breakers")).value.documents
+        finally:
+            await queue.raft.close()
+        assert [d.name for d in documents] == ["payment"]
+        resumed = await api.client.post("/v1/kinds/transfer/resume", json={"holder": "ops:b"}, headers=operator)
+        assert resumed.status_code == 200 and [await holders(stores[s]) for s in (1, 2, 3)] == [["ops:a"]] * 3
+
+
+def test_sets_add_copies_the_intended_settings_to_the_new_set_before_activating_it(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`compensator sets add`, in this process: set 3 joins sets 1 and 2 holding their pause and
+    policy, written there by the settings repair's actor, before its epoch is active."""
+
+    async def prepare() -> None:
+        control = ControlSet(client(stores[0]))
+        try:
+            await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2)}), expected_version=0,
+                                actor="test", reason="init")  # fmt: skip
+            sets = await SetsClient.from_control(control, connect=lambda _s, a: client(
+                next(t for t in stores.values() if t.addresses == a[0])))  # fmt: skip
+            try:
+                for setting in (Pause(kind="transfer", holder="ops:a", reason="outage"),
+                                Policy(kind="transfer", policy=RetryPolicy(attempts_max=4))):  # fmt: skip
+                    assert (await sets.broadcast(setting, actor="alice")).applied == [1, 2]
+            finally:
+                await sets.close()
+        finally:
+            await control.queue.raft.close()
+
+    asyncio.run(prepare())
+    monkeypatch.setenv("COMPENSATOR_STORE__ADDRESSES", stores[1].addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__CONTROL_ADDRESSES", stores[0].addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__SECRET_FILE", str(stores[1].secret_file))
+    monkeypatch.setenv("COMPENSATOR_STORE__DEADLINE_S", "1")  # how long a command waits for a set that is down
+    monkeypatch.setenv("COMPENSATOR_STORE__ATTEMPT_TIMEOUT_S", "0.5")
+    assert main(["sets", "settings"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["pause/transfer/ops:a: in every set", "policy/transfer: in every set"]
+    assert main(["sets", "add", "--addresses", stores[3].addresses, "--reason", "grow"]) == 0
+    assert "set 3: 2 cluster-wide setting(s) copied" in capsys.readouterr().err
+
+    async def check() -> None:
+        queue = client(stores[3])
+        try:
+            kinds = {view.kind: view for view in (await queue.kinds()).value}
+            assert [p.holder for p in kinds["transfer"].pauses] == ["ops:a"]
+            assert kinds["transfer"].policy == RetryPolicy(attempts_max=4)
+            audit = (await queue.audit_log(limit=5)).value.entries
+            assert {entry.actor for entry in audit} == {REPAIR_ACTOR}
+            assert any("alice" in entry.reason for entry in audit)
+        finally:
+            await queue.raft.close()
+
+    asyncio.run(check())
+
+    # A write that set 2 missed: `sets settings` names it (exit 1) and --repair applies it.
+    stores[2].stop_node()
+    mode = Document(namespace="breakers", name="payment", body=b'{"mode":"open","reason":"r"}', reason="drill")
+
+    async def partial() -> list[int]:
+        control = ControlSet(client(stores[0]))
+        found, _ = await control.read()
+        assert found is not None
+        sets = SetsClient(found, connect=lambda _s, a: client(next(t for t in stores.values() if t.addresses == a[0])),
+                          control=control)  # fmt: skip
+        try:
+            return (await sets.broadcast(mode, actor="alice")).unreachable
+        finally:
+            await sets.close()
+
+    assert asyncio.run(partial()) == [2]
+    assert main(["sets", "settings"]) == 1
+    printed = capsys.readouterr()
+    assert "set 2: does not answer" in printed.out and "sets 2 do not answer" in printed.err
+    stores[2].start_node()
+    assert main(["sets", "settings"]) == 1
+    printed = capsys.readouterr()
+    assert "document/breakers/payment: missing in sets 2" in printed.out.splitlines()
+    assert "sets 2 miss intended settings" in printed.err
+    assert main(["sets", "settings", "--repair"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["set 2: re-applied document/breakers/payment"]
+    assert main(["sets", "settings"]) == 0
