@@ -53,6 +53,7 @@ from typing import Any, Final, Protocol
 from bench import queue as bench_queue
 from bench.harness import BenchError, code_revision, run_in_directory, trees_cpu_s
 from bench.peer_clusters import EtcdCluster, NatsCluster, PostgresPair, RabbitCluster, b64
+from bench.queue_figures import percentile
 from raft_store.testing.processes import ProcessCluster
 
 SYSTEMS: Final = ("ours", "nats", "etcd", "rabbitmq", "postgres")
@@ -78,10 +79,6 @@ class Settings:
     nats_server: str
     pg_pool_max: int
     rounds: int = 1
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    return bench_queue.percentile(list(values), q)
 
 
 # ---- the load ---------------------------------------------------------------------------------------
