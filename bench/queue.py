@@ -43,7 +43,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,37 +111,64 @@ def payload_of(size: int) -> bytes:
 
 
 # ---- modes ---------------------------------------------------------------------------------------
-async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
-    raft, queue = await connect(cluster)
-    payload = payload_of(args.payload_bytes)
+async def closed_loop(
+    send: Callable[[str], Awaitable[None]], *, concurrency: int, seconds: float, warmup_s: float = 1.0,
+    key_prefix: str = "c", at_start: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[list[float], float]:
+    """`concurrency` callers, each sending a new key and waiting for its acknowledgement before the
+    next; `warmup_s` not measured, then `seconds` measured. Returns the latencies of the
+    acknowledgements that arrived inside the window, and the time from its start until the last
+    caller stopped (the rate is their ratio). `at_start` takes the window's first readings.
+    bench.peers_queue drives the peers with it too, so both count alike."""
     latencies: list[float] = []
     measuring = False
-    stop_at = time.perf_counter() + 1.0 + args.seconds
+    stop_at = time.perf_counter() + warmup_s + seconds
     counter = 0
 
     async def caller(worker: int) -> None:
         nonlocal counter
         while True:
             counter += 1
-            key = f"c{worker}-{counter}"
+            key = f"{key_prefix}{worker}-{counter}"
             started = time.perf_counter()
-            result = await queue.enqueue("transfer", idempotency_key=key, ref_key=key, payload=payload)
+            await send(key)
             done = time.perf_counter()
-            assert result.code is Code.OK
             if done >= stop_at:
                 return
             if measuring:
                 latencies.append(done - started)
 
-    tasks = [asyncio.get_running_loop().create_task(caller(w)) for w in range(args.concurrency)]
-    await asyncio.sleep(1.0)
-    measuring = True
-    t0 = time.perf_counter()
-    cpu0 = cluster.cpu_seconds()
-    before = await log_shape(cluster, raft)
-    await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - t0
-    node_cpu = cluster.cpu_seconds() - cpu0
+    tasks = [asyncio.get_running_loop().create_task(caller(w)) for w in range(concurrency)]
+    try:
+        await asyncio.sleep(warmup_s)
+        measuring = True
+        t0 = time.perf_counter()
+        if at_start is not None:
+            await at_start()
+        await asyncio.gather(*tasks)
+        return latencies, time.perf_counter() - t0
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
+    raft, queue = await connect(cluster)
+    payload = payload_of(args.payload_bytes)
+    readings: dict[str, Any] = {}
+
+    async def send(key: str) -> None:
+        result = await queue.enqueue("transfer", idempotency_key=key, ref_key=key, payload=payload)
+        assert result.code is Code.OK
+
+    async def at_start() -> None:
+        readings.update(cpu0=cluster.cpu_seconds(), client0=time.process_time(), before=await log_shape(cluster, raft))
+
+    latencies, elapsed = await closed_loop(send, concurrency=args.concurrency, seconds=args.seconds,
+                                           at_start=at_start)  # fmt: skip
+    node_cpu, client_cpu = cluster.cpu_seconds() - readings["cpu0"], time.process_time() - readings["client0"]
+    before = readings["before"]
     after = await log_shape(cluster, raft)
     await raft.close()
     return {
@@ -154,6 +181,7 @@ async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         "seconds": round(elapsed, 2),
         "payload_bytes": args.payload_bytes,
         "node_cpu_us_per_enqueue": round(1e6 * node_cpu / max(1, len(latencies)), 1),
+        "client_cpu_us_per_enqueue": round(1e6 * client_cpu / max(1, len(latencies)), 1),
         "commands_per_entry": round((after[1] - before[1]) / max(1, after[0] - before[0]), 1),
         "client_retries": raft.retries,
     }
