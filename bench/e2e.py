@@ -3,6 +3,8 @@
     python -m bench.e2e --json                        # 5,000 requests; about a minute
     python -m bench.e2e --requests 1000 --json        # a smoke run
     python -m bench.e2e --profile var/profiles --json # py-spy on worker 1 through the window
+    python -m bench.e2e --sets 3 --json               # a control set and 3 sets (bench/e2e_sets.py)
+    python -m bench.e2e --compare-sets 1,3 --json     # both, one after the other, and the CPU ratio
 
 Starts, in a temporary directory: an embedded PostgreSQL (the stand-ins' ledgers), the 3-node
 store (`--machine queues.replicated:machine_factory`, fsync on), a producer token whose quota
@@ -85,8 +87,9 @@ from api.tokens import new_token
 from bench import e2e_figures as figures
 from bench import e2e_load as load
 from bench import e2e_reconcile as reconciliation
+from bench import e2e_sets as sets_figures
+from bench.e2e_store import RunStore, StoreReader
 from bench.harness import (
-    MACHINE,
     PRODUCER,
     BenchError,
     Profiler,
@@ -96,8 +99,6 @@ from bench.harness import (
     child_environment,
     code_revision,
     compensator_command,
-    create_producer,
-    leader_progress,
     machine_busy_cpu_s,
     py_spy,
     run_in_directory,
@@ -105,10 +106,9 @@ from bench.harness import (
 )
 from delay.policy import RetryPolicy
 from ledger import pg
-from ledger.kinds import Kind
-from queues import Code, MessageView, QueueClient, RaftClient
-from queues.query_codec import IDS_PER_QUERY_MAX
-from raft_store.testing.processes import ProcessCluster, free_ports
+from ledger.request_ids import RequestId
+from queues import MessageView
+from raft_store.testing.processes import free_ports
 
 REQUESTS_DEFAULT: Final = 5_000
 """About a minute on the 2-core machine at today's rate (70-115 done/s); 20,000 takes about four."""
@@ -144,6 +144,8 @@ class Settings:
     in_flight_horizon_s: float = 5.0
     payment_attempt_timeout_s: float | None = None
     """The payment gateway's attempt timeout: a request's deadline under `expiry` (None: as shipped)."""
+    sets: int = 1
+    """Sets of three nodes; more than one adds a control set (bench/e2e_store.py)."""
 
 
 # ---- the processes ---------------------------------------------------------------------------------
@@ -153,7 +155,7 @@ class Stack:
 
     root: Path
     cleanups: list[Callable[[], None]] = field(default_factory=list)
-    cluster: ProcessCluster | None = None
+    store: RunStore | None = None
     postgres: pg.EmbeddedPostgres | None = None
     standins: Server | None = None
     workers: list[Server] = field(default_factory=list)
@@ -163,8 +165,10 @@ class Stack:
     standin_urls: dict[str, str] = field(default_factory=dict)
     metrics_urls: list[str] = field(default_factory=list)
     """Each worker's Prometheus page."""
-    projector: Server | None = None
-    projector_metrics_url: str = ""
+    projectors: list[Server] = field(default_factory=list)
+    """One per set, as `compensator run --sets N` has."""
+    projector_metrics_urls: list[str] = field(default_factory=list)
+    nodes_idle_cores: float = 0.0
 
     def close(self) -> None:
         while self.cleanups:
@@ -173,18 +177,20 @@ class Stack:
 
     def start(self, settings: Settings) -> None:
         self.start_postgres()
-        cluster = self.cluster = ProcessCluster(self.root / "store", machine=MACHINE)
-        self.cleanups.append(cluster.stop_all)
-        cluster.start_all()
+        store = self.store = RunStore(self.root, settings.sets)
+        self.cleanups.append(store.stop_all)
+        store.start()
         self.token = new_token()
-        asyncio.run(configure_store(cluster, self.token, settings))
+        policy = RetryPolicy(tiers_ms=(settings.retry_ms,), tier_jitter_ratio=0.1, attempts_max=settings.attempts_max)
+        asyncio.run(store.configure(self.token, policy, reason="bench/e2e.py: short retries"))
         secrets_file = self.write_secrets()
         self.start_standins(settings, secrets_file)
-        self.start_projector()
-        for number in range(1, settings.workers + 1):
+        for set_id in sorted(store.clusters):
+            self.start_projector(set_id)
+        for number in range(1, settings.workers + 1):  # each leases from every set; their own set in turn
             (metrics_port,) = free_ports(1)
             self.metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
-            worker = worker_server(cluster, self.root, number, self.standin_urls, secrets_file,
+            worker = worker_server(store.settings((number - 1) % settings.sets + 1), self.root, number, self.standin_urls, secrets_file,
                                    breaker=settings.breaker, metrics_port=metrics_port, payment=payment_settings(settings))  # fmt: skip
             self.cleanups.append(worker.stop)
             self.workers.append(worker)
@@ -192,11 +198,12 @@ class Stack:
         for worker in self.workers:
             worker.wait_line(WORKER_READY)
         (port,) = free_ports(1)
-        api = self.api = api_server(cluster, self.root, port=port, workers=settings.api_workers, extra_env={"COMPENSATOR_HANDLERS__CALLBACK": callback_targets(self.standin_urls["callback"], CALLBACK_TARGET)})
+        api = self.api = api_server(store.home, self.root, port=port, workers=settings.api_workers, extra_env={"COMPENSATOR_HANDLERS__CALLBACK": callback_targets(self.standin_urls["callback"], CALLBACK_TARGET), **store.control_settings()})
         self.cleanups.append(api.stop)
         api.start()
         self.api_url = f"http://127.0.0.1:{port}"
         api.wait_ready(f"{self.api_url}/readyz")
+        self.nodes_idle_cores = store.idle_node_cores()
 
     def start_postgres(self) -> None:
         folder = self.root / "pg"  # a folder of its own: as root, PostgreSQL runs as another user
@@ -205,18 +212,19 @@ class Stack:
         self.cleanups.append(postgres.stop)
         pg.wait_until_accepting(postgres.start())
 
-    def start_projector(self) -> None:
-        """`compensator project` writing the compensation ledger into the stand-ins' database, as
-        `make run` does, so the run ends with the three ledgers the reconciliation reads."""
-        assert self.postgres is not None and self.cluster is not None
+    def start_projector(self, set_id: int) -> None:
+        """`compensator project` writing set `set_id`'s compensation ledger into the stand-ins' database,
+        as `make run` does, so the run ends with the three ledgers the reconciliation reads."""
+        assert self.postgres is not None and self.store is not None
         (metrics_port,) = free_ports(1)
-        self.projector_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.projector_metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
         env = child_environment(
-            **self.cluster.service_settings(),
+            **self.store.settings(set_id),
             COMPENSATOR_PG_DSN=self.postgres.dsn, COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port),
         )  # fmt: skip
-        projector = self.projector = Server("compensator project", [*compensator_command(), "project", "--id", "e2e"],
-                                            env, self.root / "projector.log")  # fmt: skip
+        projector = Server(f"compensator project (set {set_id})", [*compensator_command(), "project", "--id", f"e2e-{set_id}"],
+                           env, self.root / f"projector{'' if set_id == 1 else set_id}.log")  # fmt: skip
+        self.projectors.append(projector)
         self.cleanups.append(projector.stop)
         projector.start()
 
@@ -263,13 +271,13 @@ class Stack:
 
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds so far by process group (whole trees), this process's and the machine's."""
-        assert self.api is not None and self.standins is not None and self.cluster is not None
+        assert self.api is not None and self.standins is not None and self.store is not None
         trees = trees_cpu_s({
             "api": [self.api.pid], "workers": [w.pid for w in self.workers], "standins": [self.standins.pid],
             "postgres": [self.postmaster_pid()],
         })  # fmt: skip
         own = resource.getrusage(resource.RUSAGE_SELF)
-        return {**trees, "nodes": self.cluster.cpu_seconds(), "bench_client": own.ru_utime + own.ru_stime,
+        return {**trees, "nodes": self.store.node_cpu_s(), "bench_client": own.ru_utime + own.ru_stime,
                 "machine_busy": machine_busy_cpu_s()}  # fmt: skip
 
 
@@ -293,14 +301,14 @@ def payment_settings(settings: Settings) -> dict[str, Any]:
 
 
 def worker_server(
-    cluster: ProcessCluster, root: Path, number: int, urls: dict[str, str], secrets_file: Path, *, breaker: str,
+    store_settings: dict[str, str], root: Path, number: int, urls: dict[str, str], secrets_file: Path, *, breaker: str,
     metrics_port: int, payment: dict[str, Any] | None = None,
 ) -> Server:  # fmt: skip
     """`compensator worker` with the settings compensator/commands/run.py gives `make run`'s workers;
     `breaker` "off" makes the breakers trip only when every attempt of their window failed;
     `payment`: what the payment system is declared to guarantee (`payment_settings`)."""
     env = child_environment(
-        **cluster.service_settings(),
+        **store_settings,
         COMPENSATOR_HANDLERS__PAYMENT=json.dumps({"base_url": urls["payment"], **(payment or {})}),
         COMPENSATOR_HANDLERS__RED_PACKET=json.dumps({"base_url": urls["red_packet"]}),
         COMPENSATOR_HANDLERS__CALLBACK=callback_targets(urls["callback"], CALLBACK_TARGET),
@@ -310,20 +318,6 @@ def worker_server(
     )
     command = [*compensator_command(), "worker", "--id", f"e2e-worker-{number}"]
     return Server(f"worker {number}", command, env, root / f"worker{number}.log")
-
-
-async def configure_store(cluster: ProcessCluster, token: str, settings: Settings) -> None:
-    await create_producer(cluster, token, reason="bench/e2e.py")
-    policy = RetryPolicy(tiers_ms=(settings.retry_ms,), tier_jitter_ratio=0.1, attempts_max=settings.attempts_max)
-    raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
-    try:
-        queue = QueueClient(raft)
-        for kind in Kind:
-            result = await queue.set_policy(kind.value, policy, actor="bench", reason="bench/e2e.py: short retries")
-            if result.code is not Code.OK:
-                raise BenchError(f"could not set the retry policy of {kind.value}: {result.code.name}")
-    finally:
-        await raft.close()
 
 
 # ---- the measured window -----------------------------------------------------------------------------
@@ -346,22 +340,21 @@ async def measure(stack: Stack, settings: Settings, planned: list[load.Planned])
     batches = load.batch_bodies(planned, settings.batch_size)
     window = Window()
     limits = httpx.Limits(max_connections=settings.in_flight, max_keepalive_connections=settings.in_flight)
-    assert stack.cluster is not None
-    raft = RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
+    assert stack.store is not None
+    reader = stack.store.reader()
     profiler = profiler_for(stack, settings)
     async with httpx.AsyncClient(base_url=stack.api_url, limits=limits, timeout=load.POST_TIMEOUT_S) as http:
         client = load.Client(http=http, token=stack.token, rate_per_s=settings.rate_per_s, in_flight=settings.in_flight)
-        queue = QueueClient(raft)
-        leader_before = await leader_progress(queue)
+        leader_before = await reader.leader_progress()
         before, started_s = stack.cpu_s(), time.monotonic()
         if profiler is not None:
             profiler.start()
         try:
             await load.post_all(client, batches, window.posted)
-            after, ended_s = await settle(queue, window, settings.stall_timeout_s, stack.cpu_s)
-            leader_after = await leader_progress(queue)
+            after, ended_s = await settle(reader, window, settings.stall_timeout_s, stack.cpu_s)
+            leader_after = await reader.leader_progress()
         finally:
-            await raft.close()
+            await reader.close()
     window.leader = {name: leader_after[name] - leader_before.get(name, 0.0) for name in leader_after}
     window.cpu_s = {name: after[name] - before[name] for name in before}
     window.cpu_wall_s = ended_s - started_s
@@ -371,14 +364,14 @@ async def measure(stack: Stack, settings: Settings, planned: list[load.Planned])
 
 
 async def settle(
-    queue: QueueClient, window: Window, stall_s: float, cpu_s: Callable[[], dict[str, float]]
+    reader: StoreReader, window: Window, stall_s: float, cpu_s: Callable[[], dict[str, float]]
 ) -> tuple[dict[str, float], float]:
     """Until nothing is delayed, ready or leased, or nothing has ended for `stall_s`. Returns the
     CPU reading and the time of the last poll that saw a request end: a stall's idle seconds are
     not charged to the requests."""
     ended, progress = -1, (cpu_s(), time.monotonic())
     while True:
-        counts = (await queue.counts()).value
+        counts = await reader.counts()
         pending = sum(n for (_, state), n in counts.items() if state in PENDING_STATES)
         window.backlog_max = max(window.backlog_max, pending)
         window.counts = {f"{kind}/{state}": n for (kind, state), n in sorted(counts.items())}
@@ -408,20 +401,6 @@ def profiler_for(stack: Stack, settings: Settings) -> Profiler | None:
 
 
 # ---- reading back ----------------------------------------------------------------------------------
-async def read_views(stack: Stack, ids: list[int]) -> dict[int, MessageView]:
-    assert stack.cluster is not None
-    raft = RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
-    views: dict[int, MessageView] = {}
-    try:
-        queue = QueueClient(raft)
-        for start in range(0, len(ids), IDS_PER_QUERY_MAX):
-            chunk = ids[start : start + IDS_PER_QUERY_MAX]
-            views.update((v.message_id, v) for v in (await queue.get_many(chunk, with_history=True)).value)
-    finally:
-        await raft.close()
-    return views
-
-
 async def read_ledgers(dsn: str) -> figures.Ledgers:
     connection = await asyncpg.connect(dsn)
     try:
@@ -445,28 +424,25 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
 async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
     """Once the projector has every event: the ledger's request count beside the store's, and the
     projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
-    assert stack.cluster is not None and stack.postgres is not None
-    queue = QueueClient(RaftClient(stack.cluster.addresses(), auth=stack.cluster.auth, deadline_s=30))
+    assert stack.store is not None and stack.postgres is not None
+    reader = stack.store.reader()
     try:
-        last = (await queue.events_digest(0, 0)).value.last_seq
-        counts = (await queue.counts()).value
+        last, counts = await reader.last_events(), await reader.counts()
     finally:
-        await queue.raft.close()
+        await reader.close()
     connection = await asyncpg.connect(stack.postgres.dsn)
     try:
-        deadline = time.monotonic() + timeout_s
-        cursor = 0
-        while time.monotonic() < deadline:
-            cursor = await connection.fetchval("SELECT last_seq FROM projector_cursors WHERE set_id = 1") or 0
-            if cursor >= last:
-                break
+        deadline, cursors = time.monotonic() + timeout_s, dict.fromkeys(last, 0)
+        while time.monotonic() < deadline and any(cursors[k] < last[k] for k in last):
+            rows = await connection.fetch("SELECT set_id, last_seq FROM projector_cursors")
+            cursors.update({int(r["set_id"]): int(r["last_seq"]) for r in rows if int(r["set_id"]) in cursors})
             await asyncio.sleep(0.2)
         ledger_requests = await connection.fetchval("SELECT count(*) FROM compensation_requests")
     finally:
         await connection.close()
-    buckets = figures.histogram(scrape([stack.projector_metrics_url]), "compensator_projector_event_lag_seconds")
+    buckets = figures.histogram(scrape(stack.projector_metrics_urls), "compensator_projector_event_lag_seconds")
     return {
-        "events": last, "projected": cursor, "ledger_requests": ledger_requests,
+        "events": sum(last.values()), "projected": sum(min(cursors[k], last[k]) for k in last), "ledger_requests": ledger_requests,
         "store_requests": sum(counts.values()), "lag_p50_s": figures.histogram_quantile(buckets, 0.5),
         "lag_p99_s": figures.histogram_quantile(buckets, 0.99),
     }
@@ -494,7 +470,7 @@ def standin_stats(urls: dict[str, str]) -> dict[str, Any]:
 
 # ---- the figures -----------------------------------------------------------------------------------
 def summarize(
-    window: Window, views: dict[int, MessageView], ledgers: figures.Ledgers, settings: Settings
+    window: Window, views: dict[RequestId, MessageView], ledgers: figures.Ledgers, settings: Settings
 ) -> dict[str, Any]:
     posted = window.posted
     done = [v for v in views.values() if v.state.value == figures.DONE and v.terminal_ms is not None]
@@ -529,6 +505,7 @@ def summarize(
         "store_per_done": {f"leader_{name}": round(n / len(done), 2) if done else None
                            for name, n in window.leader.items()},
         "store_counts": window.counts,
+        "per_set": sets_figures.per_set(posted.acknowledged, views),
     }  # fmt: skip
 
 
@@ -578,10 +555,11 @@ def run(settings: Settings, root: Path, result: dict[str, Any]) -> list[str]:
         planned = [load.submission(i, nonce=nonce, mix=load.MIX_DEFAULT, callback_target=CALLBACK_TARGET)
                    for i in range(settings.requests)]  # fmt: skip
         window = asyncio.run(measure(stack, settings, planned))
-        views = asyncio.run(read_views(stack, sorted(window.posted.acknowledged)))
+        views = sets_figures.read_views(stack.store, window.posted.acknowledged)
         assert stack.postgres is not None
         ledgers = asyncio.run(read_ledgers(stack.postgres.dsn))
         result.update(summarize(window, views, ledgers, settings))
+        result["nodes_idle"] = sets_figures.idle(stack.nodes_idle_cores, result.get("done_per_s"))
         result["breaker_trips"] = stack.breaker_trips()
         result["worker_metrics"] = figures.worker_metrics(scrape(stack.metrics_urls))
         result["standins"] = standin_stats(stack.standin_urls)
@@ -629,11 +607,15 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy through the window")
     parser.add_argument("--profile-process", choices=PROFILED, default="worker", help="worker: the first worker")
     parser.add_argument("--profile-format", choices=("flamegraph", "speedscope", "raw"), default="flamegraph")
+    parser.add_argument("--sets", type=int, default=1, help="sets of 3 nodes (more: with a control set)")
+    parser.add_argument("--compare-sets", metavar="N,M", help="run with N sets, then M; the CPU per done ratio (more sets over fewer)")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store, ledgers)")
     parser.add_argument("--json", action="store_true", help="one line of JSON")
     args = parser.parse_args(argv)
     if min(args.requests, args.in_flight, args.workers, args.api_workers, args.retry_ms, args.attempts_max) < 1:
         parser.error("--requests, --in-flight, --workers, --api-workers, --retry-ms, --attempts-max must be positive")
+    if not 1 <= args.sets <= sets_figures.SETS_MAX or (args.compare_sets and sets_figures.parse_compare(args.compare_sets) is None):
+        parser.error(f"--sets must be in 1..{sets_figures.SETS_MAX}, --compare-sets two such counts (e.g. 1,3)")
     if not 1 <= args.batch_size <= 1000:
         parser.error("--batch-size must be in 1..1000 (the API's limit)")
     if args.payment_attempt_timeout_s is not None and not 1.0 <= args.payment_attempt_timeout_s <= 120.0:
@@ -649,7 +631,7 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
         profile_dir=args.profile.resolve() if args.profile else None, profile_format=args.profile_format,
         profile_process=args.profile_process, breaker=args.breaker, reconcile=args.reconcile,
         payment_guarantee=args.payment_guarantee, in_flight_horizon_s=args.in_flight_horizon_s,
-        payment_attempt_timeout_s=args.payment_attempt_timeout_s,
+        payment_attempt_timeout_s=args.payment_attempt_timeout_s, sets=args.sets,
     )  # fmt: skip
     return settings, args
 
@@ -661,7 +643,8 @@ def settings_of(settings: Settings) -> dict[str, Any]:
         "failure_injection": f"error_rate {settings.error_rate} on each stand-in (503 at random on every attempt,"
                              " seeded); not exactly the first attempt of chosen requests",
         "retry_policy": {"tiers_ms": [settings.retry_ms], "tier_jitter_ratio": 0.1, "attempts_max": settings.attempts_max},
-        "breaker": settings.breaker, "workers": settings.workers, "api_workers": settings.api_workers, "nodes": 3, "fsync": True,
+        "breaker": settings.breaker, "workers": settings.workers, "api_workers": settings.api_workers, "sets": settings.sets,
+        "nodes": 3 * settings.sets + (3 if settings.sets > 1 else 0), "fsync": True,
         "payment_guarantee": settings.payment_guarantee, "payment_modes": " ".join(PAYMENT_MODES[settings.payment_guarantee]) or "dedup on",
         "payment": payment_settings(settings),
         "seed": settings.seed,
@@ -670,6 +653,14 @@ def settings_of(settings: Settings) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     settings, args = parse_settings(argv)
+    if args.compare_sets:
+        return sets_figures.compare(settings, args, run_one)
+    result, errors = run_one(settings, args)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 1 if errors else 0
+
+
+def run_one(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     if settings.profile_dir is not None and py_spy() is None:
         print("bench.e2e: --profile skipped: py-spy is not installed (pip install py-spy)", file=sys.stderr)
     os.chdir(Path(__file__).resolve().parents[1])  # the children must run this checkout
@@ -684,8 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     result["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     result["machine"] = describe_machine()
     result["code"] = code_revision()
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    return 1 if errors else 0
+    return result, errors
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from bench.e2e_load import Planned
 from handlers.contract import UNKNOWN_OUTCOME
@@ -23,6 +23,8 @@ from ledger.kinds import Kind
 from queues import MessageView
 
 DONE: Final = "done"
+Id = TypeVar("Id")
+"""A request's id: the API's (set and message id) for the store, a job id for the peers."""
 TERMINAL: Final = frozenset({"done", "dead", "discarded"})
 
 
@@ -81,7 +83,7 @@ def parked(view: MessageView) -> bool:
     return view.state.value == "dead" and view.last_error_class == UNKNOWN_OUTCOME
 
 
-def outcomes(acknowledged: Mapping[int, Planned], views: Mapping[int, MessageView]) -> dict[str, Any]:
+def outcomes(acknowledged: Mapping[Id, Planned], views: Mapping[Id, MessageView]) -> dict[str, Any]:
     """Final states, what was lost (not done and not parked for finance), how many attempts it
     took, by kind too."""
     states = Counter(views[i].state.value if i in views else "missing" for i in acknowledged)
@@ -131,7 +133,7 @@ class Ledgers:
     """The request's store key -> deliveries counted by the receiver."""
 
 
-def effects(acknowledged: Mapping[int, Planned], views: Mapping[int, MessageView], ledgers: Ledgers,
+def effects(acknowledged: Mapping[Id, Planned], views: Mapping[Id, MessageView], ledgers: Ledgers,
             *, store_key_prefix: str) -> dict[str, Any]:  # fmt: skip
     """Did each done request leave its effect once, and nothing else appear? `double_paid` counts
     transfer ids with more than one row and rows for transfer ids the run never asked for (with
@@ -142,7 +144,7 @@ def effects(acknowledged: Mapping[int, Planned], views: Mapping[int, MessageView
     return effects_of(acknowledged, done_ids, parked_ids, ledgers, store_key_prefix=store_key_prefix)
 
 
-def effects_of(acknowledged: Mapping[int, Planned], done_ids: Set[int], parked_ids: Set[int], ledgers: Ledgers,
+def effects_of(acknowledged: Mapping[Id, Planned], done_ids: Set[Id], parked_ids: Set[Id], ledgers: Ledgers,
                *, store_key_prefix: str) -> dict[str, Any]:  # fmt: skip
     """`effects` by request id: which acknowledged requests are done, and which parked (any queue's)."""
     wanted: dict[Kind, set[str]] = {kind: set() for kind in Kind}

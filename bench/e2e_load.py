@@ -102,10 +102,10 @@ def batch_bodies(planned: Sequence[Planned], batch_size: int) -> list[tuple[list
 class Posted:
     """What the API answered, filled in as the answers come."""
 
-    acknowledged: dict[int, Planned] = field(default_factory=dict)
-    """By store message id."""
-    answered_ms: dict[int, int] = field(default_factory=dict)
-    """By store message id: the wall clock when the item's acknowledgement arrived."""
+    acknowledged: dict[RequestId, Planned] = field(default_factory=dict)
+    """By request id (its set and message id)."""
+    answered_ms: dict[RequestId, int] = field(default_factory=dict)
+    """By request id: the wall clock when the item's acknowledgement arrived."""
     replays: int = 0
     retried_items: int = 0
     retried_batches: int = 0
@@ -190,8 +190,8 @@ async def _send(client: Client, body: bytes, posted: Posted) -> list[dict[str, A
 def _acknowledge(planned: Planned, answer: dict[str, Any], posted: Posted) -> None:
     public = RequestId.parse(str(answer["request"]["id"]))
     assert public is not None, f"the API answered an id it could not have issued: {answer}"
-    posted.acknowledged[public.message_id] = planned
-    posted.answered_ms[public.message_id] = time.time_ns() // 1_000_000
+    posted.acknowledged[public] = planned
+    posted.answered_ms[public] = time.time_ns() // 1_000_000
     posted.replays += int(answer["status"]) == 200
 
 

@@ -5,6 +5,7 @@
     python -m bench.queue lateness --delayed 1000000 --json
     python -m bench.queue burst --messages 500000 --json
     python -m bench.queue backlog --messages 10000000 --json
+    python -m bench.queue enqueue --sets 3 [--lose-set 2] --json    (bench/queue_sets.py)
 
 Every mode starts its own cluster (`--machine queues.replicated:machine_factory`) in a temp dir
 and talks to it through QueueClient, the way a service and its workers would.
@@ -42,10 +43,12 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench import queue_sets
+from bench.queue_figures import log_shape, percentile
 from queues.client import QueueClient
 from queues.lateness import LatenessReport
 from queues.model import Code, Enqueue, Grant
@@ -103,56 +106,69 @@ async def preload(
     return time.perf_counter() - started
 
 
-async def log_shape(cluster: ProcessCluster, raft: RaftClient) -> tuple[int, int]:
-    """(applied index, applied commands) of the leader: their ratio over a run is commands per entry."""
-    for status in (await cluster.statuses(raft)).values():
-        if status.get("role") == "leader":
-            metrics: dict[str, Any] = status["metrics"]  # type: ignore[assignment]
-            return int(str(status["applied"])), int(metrics["applied_commands"])
-    return 0, 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
 def payload_of(size: int) -> bytes:
     return os.urandom(size)
 
 
 # ---- modes ---------------------------------------------------------------------------------------
-async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
-    raft, queue = await connect(cluster)
-    payload = payload_of(args.payload_bytes)
+async def closed_loop(
+    send: Callable[[str], Awaitable[None]], *, concurrency: int, seconds: float, warmup_s: float = 1.0,
+    key_prefix: str = "c", at_start: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[list[float], float]:
+    """`concurrency` callers, each sending a new key and waiting for its acknowledgement before the
+    next; `warmup_s` not measured, then `seconds` measured. Returns the latencies of the
+    acknowledgements that arrived inside the window, and the time from its start until the last
+    caller stopped (the rate is their ratio). `at_start` takes the window's first readings.
+    bench.peers_queue drives the peers with it too, so both count alike."""
     latencies: list[float] = []
     measuring = False
-    stop_at = time.perf_counter() + 1.0 + args.seconds
+    stop_at = time.perf_counter() + warmup_s + seconds
     counter = 0
 
     async def caller(worker: int) -> None:
         nonlocal counter
         while True:
             counter += 1
-            key = f"c{worker}-{counter}"
+            key = f"{key_prefix}{worker}-{counter}"
             started = time.perf_counter()
-            result = await queue.enqueue("transfer", idempotency_key=key, ref_key=key, payload=payload)
+            await send(key)
             done = time.perf_counter()
-            assert result.code is Code.OK
             if done >= stop_at:
                 return
             if measuring:
                 latencies.append(done - started)
 
-    tasks = [asyncio.get_running_loop().create_task(caller(w)) for w in range(args.concurrency)]
-    await asyncio.sleep(1.0)
-    measuring = True
-    t0 = time.perf_counter()
-    cpu0 = cluster.cpu_seconds()
-    before = await log_shape(cluster, raft)
-    await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - t0
-    node_cpu = cluster.cpu_seconds() - cpu0
+    tasks = [asyncio.get_running_loop().create_task(caller(w)) for w in range(concurrency)]
+    try:
+        await asyncio.sleep(warmup_s)
+        measuring = True
+        t0 = time.perf_counter()
+        if at_start is not None:
+            await at_start()
+        await asyncio.gather(*tasks)
+        return latencies, time.perf_counter() - t0
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
+    raft, queue = await connect(cluster)
+    payload = payload_of(args.payload_bytes)
+    readings: dict[str, Any] = {}
+
+    async def send(key: str) -> None:
+        result = await queue.enqueue("transfer", idempotency_key=key, ref_key=key, payload=payload)
+        assert result.code is Code.OK
+
+    async def at_start() -> None:
+        readings.update(cpu0=cluster.cpu_seconds(), client0=time.process_time(), before=await log_shape(cluster, raft))
+
+    latencies, elapsed = await closed_loop(send, concurrency=args.concurrency, seconds=args.seconds,
+                                           at_start=at_start)  # fmt: skip
+    node_cpu, client_cpu = cluster.cpu_seconds() - readings["cpu0"], time.process_time() - readings["client0"]
+    before = readings["before"]
     after = await log_shape(cluster, raft)
     await raft.close()
     return {
@@ -165,6 +181,7 @@ async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         "seconds": round(elapsed, 2),
         "payload_bytes": args.payload_bytes,
         "node_cpu_us_per_enqueue": round(1e6 * node_cpu / max(1, len(latencies)), 1),
+        "client_cpu_us_per_enqueue": round(1e6 * client_cpu / max(1, len(latencies)), 1),
         "commands_per_entry": round((after[1] - before[1]) / max(1, after[0] - before[0]), 1),
         "client_retries": raft.retries,
     }
@@ -462,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-bytes", type=int, default=None,
                         help="default 1024 for enqueue and drain, 256 for the preloaded modes")
     parser.add_argument("--random-keys", action="store_true", help="backlog: UUID idempotency keys, not k0, k1, ...")
+    parser.add_argument("--sets", type=int, default=1,
+                        help="enqueue: this many sets of 3 nodes, routed by key (bench/queue_sets.py)")
+    parser.add_argument("--lose-set", type=int, default=None,
+                        help="enqueue --sets N: kill a majority of this set after the first --seconds")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     defaults = {"drain": 100_000, "burst": 500_000, "backlog": 10_000_000}
@@ -471,20 +492,27 @@ def main(argv: list[str] | None = None) -> int:
         args.payload_bytes = 1024 if args.mode in ("enqueue", "drain") else 256
     if args.concurrency <= 0 or args.seconds <= 0 or args.workers <= 0:
         parser.error("--concurrency, --seconds and --workers must be positive")
+    if args.sets < 1 or (args.sets > 1 and args.mode != "enqueue"):
+        parser.error("--sets: 1, or more with the enqueue mode")
+    if args.lose_set is not None and (args.sets < 2 or not 1 <= args.lose_set <= args.sets):
+        parser.error("--lose-set: one of the sets 1..N of --sets N (N at least 2)")
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
-        cluster = ProcessCluster(Path(tmp), machine=MACHINE)
-        cluster.start_all()
-        try:
-            result = asyncio.run(MODES[args.mode](cluster, args))
-        finally:
-            cluster.stop_all()
-    result["nodes"] = cluster.size
+    if args.sets > 1:
+        result = queue_sets.run(args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
+            cluster = ProcessCluster(Path(tmp), machine=MACHINE)
+            cluster.start_all()
+            try:
+                result = asyncio.run(MODES[args.mode](cluster, args))
+            finally:
+                cluster.stop_all()
+        result["nodes"] = cluster.size
     result["fsync"] = True
     result["machine"] = f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
     result["date"] = time.strftime("%Y-%m-%d")

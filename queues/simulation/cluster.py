@@ -62,6 +62,7 @@ class QueueCluster(Cluster):
     def __init__(
         self, seed: int, nodes: int = 3, *, bugs: Bugs | None = None, app_bugs: AppBugs | None = None,
         clock_bugs: ClockBugs | None = None, membership: bool = False, replay: str | None = None,
+        enqueuers: int = 3,
     ) -> None:
         # The base constructor starts every node, which loads state through the hooks below.
         self.machines: dict[int, QueueMachine] = {}
@@ -88,7 +89,7 @@ class QueueCluster(Cluster):
         self.qchecker = QueueChecker(self)
         self.net = ClientNet(self)
         self.net.start(seed)
-        self.workload = Workload(self, app_bugs or AppBugs())
+        self.workload = Workload(self, app_bugs or AppBugs(), enqueuers=enqueuers)
 
     def read_clock(self, node_id: int) -> int:
         """"Now" for a read that `node_id` answers: its reading of the log's clock, never behind the

@@ -59,14 +59,15 @@ REPLAY_PROBABILITY = 0.08
 
 
 class Workload:
-    def __init__(self, cluster: QueueCluster, bugs: AppBugs) -> None:
+    def __init__(self, cluster: QueueCluster, bugs: AppBugs, *, enqueuers: int = 3) -> None:
+        """`enqueuers`: 0 where routed producers send the keys instead (the multi-set simulation)."""
         self.cluster = cluster
         self.phase = SETUP
         self.pauses = 0
         checker = cluster.qchecker
         self.downstream = Downstream(cluster.rng, bugs, checker.on_call, cluster.true_clock)
         self.operator = Operator(self)
-        self.enqueuers = [Enqueuer(self, i) for i in range(3)]
+        self.enqueuers = [Enqueuer(self, i) for i in range(enqueuers)]
         self.workers = [Worker(self, i) for i in range(3)]
 
     def start(self) -> None:

@@ -20,11 +20,13 @@ from typing import Any
 
 from raft_store.core import Config, RaftCore, Recovered, Role
 from raft_store.log_clock import LogClock
+from raft_store.simulation import quiet
 from raft_store.simulation.checker import Checker
 from raft_store.simulation.clocks import ClockFaults, SimTime
 from raft_store.simulation.disk import SimCorruption, SimDisk
 from raft_store.simulation.operators import Operators
 from raft_store.simulation.ports import SimPorts
+from raft_store.simulation.quiet import ELECTION_TICKS, TICK_MS
 from raft_store.types import (
     ConfState,
     Entry,
@@ -35,8 +37,6 @@ from raft_store.types import (
     SnapshotMeta,
 )
 
-TICK_MS = 10
-ELECTION_TICKS = 10
 HEARTBEAT_TICKS = 2
 STATS = ("faults", "crashes", "partitions", "drops", "corruptions", "acked", "proposed", "snapshots", "conf_changes", "reads")
 
@@ -158,42 +158,10 @@ class Cluster:
         self.now = max(self.now, end_ms)
 
     def quiet_ms(self) -> int:
-        """How long after the leader's last append every healthy member has applied it (healed
-        network): the append and its answers take a few ms (delivery at most 2 ms, an fsync at most
-        3 ms), and a follower that holds the entry learns that it committed from the next append or
-        heartbeat (replication.py, `_commit_advanced`), one every HEARTBEAT_TICKS ticks, about 40 ms
-        in all. Bounded here by an election timeout at the slowest tick rate (more than twice that):
-        a follower that has heard nothing from its leader for that long campaigns, so the protocol
-        itself promises a message carrying the commit index within it."""
-        return int(ELECTION_TICKS * TICK_MS * (1 + self.faults.clock_drift_max)) + 1
+        return quiet.quiet_ms(self.faults.clock_drift_max)
 
     def run_until_quiet(self, end_ms: int, wait_max_ms: int) -> None:
-        """Run to `end_ms`, and on until the leader's log has not grown for `quiet_ms()`, so that a
-        convergence check that follows asks only what the protocol promises: a command proposed
-        just before the check commits on the leader and reaches the followers a heartbeat later.
-        Runs exactly as `run_until(end_ms)` when the log was already quiet; fails when it never
-        goes quiet within `wait_max_ms` after `end_ms`. A follower that stalls stays behind
-        however long this waits, and the check that follows still fails it."""
-        quiet = self.quiet_ms()
-        self.run_until(end_ms - quiet)
-        tail, since = self._log_tail(), self.now
-        while self.now < end_ms or self.now - since < quiet:
-            if self.now >= end_ms + wait_max_ms:
-                self.fail(f"the log never went quiet: the leader's log still grew {wait_max_ms} ms after"
-                          f" the run should have ended (last {tail})")  # fmt: skip
-            self.run_until(self.now + 1)
-            now_tail = self._log_tail()
-            if now_tail != tail:
-                tail, since = now_tail, self.now
-
-    def _log_tail(self) -> tuple[int, int, int] | None:
-        """(leader, term, last index) of the current leader's log, or None without a leader."""
-        leader = self.leader()
-        if leader is None:
-            return None
-        core = self.nodes[leader].core
-        assert core is not None
-        return leader, core.term, core.log.last_index()
+        quiet.run_until_quiet(self, end_ms, wait_max_ms)
 
     def fail(self, reason: str) -> None:
         raise SimulationFailure(self.seed, self.replay, reason, self.trace)

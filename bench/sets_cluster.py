@@ -1,0 +1,94 @@
+"""N sets of three node processes (and, for the service, a control set) on loopback, for the
+benchmarks that run the store as several sets (docs/sets.md).
+
+Owns: starting the sets under one cluster secret (a deployment's sets share it: one API and one
+worker present it to every set), waiting for their leaders, the set table they form (epoch 1 =
+every set, as `compensator run --sets N` writes it), a `SetsClient` over them with the real
+routing by key, and each set's node CPU.
+
+Must never: leave a node running after `stop_all` returned.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from queues import QueueClient, RaftClient, SetsClient
+from queues.sets import table
+from queues.sets.table import SetTable
+from raft_store.testing.credentials import SECRET_NAME, cluster_auth
+from raft_store.testing.processes import ProcessCluster
+
+MACHINE: Final = "queues.replicated:machine_factory"
+CONTROL_SET_ID: Final = table.CONTROL_SET_ID
+
+
+def address_list(cluster: ProcessCluster) -> tuple[str, ...]:
+    return tuple(f"{host}:{port}" for host, port in cluster.addresses())
+
+
+@dataclass
+class SetProcesses:
+    """Sets 1..count (and the control set, id 0, with `control`), each a `ProcessCluster` in
+    `root/set<k>` (`root/control`)."""
+
+    root: Path
+    count: int
+    control: bool = False
+    clusters: dict[int, ProcessCluster] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.auth = cluster_auth(self.root)  # one secret for every set, as a deployment has
+        for set_id in ([CONTROL_SET_ID] if self.control else []) + list(range(1, self.count + 1)):
+            folder = self.root / ("control" if set_id == CONTROL_SET_ID else f"set{set_id}")
+            folder.mkdir()
+            shutil.copy(self.root / SECRET_NAME, folder / SECRET_NAME)
+            self.clusters[set_id] = ProcessCluster(folder, machine=MACHINE)
+
+    @property
+    def sets(self) -> dict[int, ProcessCluster]:
+        """The data sets, without the control set."""
+        return {k: c for k, c in sorted(self.clusters.items()) if k != CONTROL_SET_ID}
+
+    @property
+    def nodes(self) -> int:
+        return sum(c.size for c in self.clusters.values())
+
+    def start_all(self) -> None:
+        for cluster in self.clusters.values():
+            cluster.start_all()
+
+    def stop_all(self) -> None:
+        for cluster in self.clusters.values():
+            cluster.stop_all()
+
+    async def wait_leaders(self, timeout_s: float = 60.0) -> None:
+        for cluster in self.clusters.values():
+            raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=60.0)
+            try:
+                await cluster.wait_leader(raft, timeout_s=timeout_s)
+            finally:
+                await raft.close()
+
+    def table(self) -> SetTable:
+        """Epoch 1 = every set, as `compensator run --sets N` and `sets init` write it."""
+        return table.first_table({k: address_list(c) for k, c in self.sets.items()})
+
+    def facade(self, *, attempt_timeout_s: float, deadline_s: float) -> SetsClient:
+        """The store's facade over the sets with a fixed table (no control set read): intake is
+        routed by key exactly as the API routes it."""
+
+        def connect(set_id: int, _addresses: tuple[str, ...]) -> QueueClient:
+            cluster = self.clusters[set_id]
+            return QueueClient(RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=attempt_timeout_s,
+                                          deadline_s=deadline_s))  # fmt: skip
+
+        return SetsClient(self.table(), connect=connect)
+
+    def cpu_seconds(self) -> dict[int, float]:
+        """Each set's node CPU (user+system) so far, the control set's under 0."""
+        return {k: c.cpu_seconds() for k, c in self.clusters.items()}
