@@ -93,8 +93,19 @@ def encode_cursor(positions: dict[int, str]) -> str:
     return ",".join(f"{set_id}:{positions[set_id]}" for set_id in sorted(positions))
 
 
+async def sets_of(services: ApiServices, only: int | None) -> list[ApiServices]:
+    """Every set's services, or the one set `only` names (404 for a set that does not exist)."""
+    if only is None:
+        return await services.every_set()
+    found = await services.in_set(only)
+    if found is None:
+        raise Problem("not-found", f"no set {only}")
+    return [found]
+
+
 async def dead_letter_page(
-    services: ApiServices, dead_filter: DeadLetterFilter, *, cursor: str | None, limit: int, partial: bool = False
+    services: ApiServices, dead_filter: DeadLetterFilter, *, cursor: str | None, limit: int, partial: bool = False,
+    only: int | None = None,
 ) -> Page:
     """A page of dead letters, oldest first, of every set. One set: its store's page. Raises the
     422 for a bad cursor, the 503 for a set that does not answer (unless `partial`)."""
@@ -106,7 +117,7 @@ async def dead_letter_page(
         except ClientError as error:
             raise services.read_failure(error) from None
         return Page([(services, view) for view in page.items], page.next_cursor)
-    each = await services.every_set()
+    each = await sets_of(services, only)
     positions = {} if cursor is None else parse_cursor(cursor, [s.settings.set_id for s in each])
     reads = await asyncio.gather(*(s.queue.dead_letters(dead_filter, cursor=positions.get(s.settings.set_id), limit=limit)
                                    for s in each), return_exceptions=True)  # fmt: skip
@@ -136,10 +147,12 @@ async def dead_letter_page(
     return Page([(s, view) for _, _, _, s, view in taken], encode_cursor(positions) if more else None, unanswered)
 
 
-async def dead_letter_totals(services: ApiServices, dead_filter: DeadLetterFilter, *, partial: bool = False) -> Totals:
+async def dead_letter_totals(
+    services: ApiServices, dead_filter: DeadLetterFilter, *, partial: bool = False, only: int | None = None
+) -> Totals:
     """The filter's count, totals per currency and oldest, summed over the sets (each set's read
     shared as api/summaries.py shares it; `read_at_s` the earliest of them). One set: its summary."""
-    each = await services.every_set()
+    each = [services] if services.sets is None else await sets_of(services, only)
     reads = await asyncio.gather(*(s.summaries.get(dead_filter) for s in each), return_exceptions=True)
     unanswered: list[int] = []
     found: list[tuple[ApiServices, Summary]] = []
@@ -155,8 +168,8 @@ async def dead_letter_totals(services: ApiServices, dead_filter: DeadLetterFilte
     if unanswered and not partial:
         raise set_down(unanswered, "the totals")
     if services.sets is None:
-        ((only, summary),) = found
-        oldest = None if summary.value.oldest_id is None else str(RequestId(only.settings.set_id, summary.value.oldest_id))
+        ((home, summary),) = found
+        oldest = None if summary.value.oldest_id is None else str(RequestId(home.settings.set_id, summary.value.oldest_id))
         return Totals(summary, oldest)
     by_currency: dict[str, tuple[int, int]] = {}
     for _, summary in found:

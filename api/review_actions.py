@@ -158,7 +158,7 @@ def spanning(set_ids: Sequence[int], what: str) -> Problem:
     names = ", ".join(str(s) for s in set_ids)
     return invalid([{"field": what, "message": f"holds requests of sets {names}: a redrive, a job or a proposal acts"
                                                " within one set (an id's set is its first number, 3-17: set 3);"
-                                               " act on each set's requests in turn"}])  # fmt: skip
+                                               " act on each set's requests in turn (the list filters by set)"}])  # fmt: skip
 
 
 async def one_set(services: ApiServices, request_ids: Sequence[str]) -> ApiServices:

@@ -28,7 +28,7 @@ from api.audit_view import ACTION_PATTERN, ACTOR_PATTERN, TARGET_PATTERN, audit_
 from api.auth import Observer, Principal, requires
 from api.http import json_response, known_query
 from api.money_view import WhatIsPaid, money_document, money_of_payload, paid_document
-from api.problems import invalid
+from api.problems import Problem, invalid
 from api.review_policy import current_payload
 from api.review_schemas import NAME_PATTERN, ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
 from api.schemas import utc
@@ -174,7 +174,7 @@ def _ms(moment: dt.datetime | None, field: str = "dead_from/dead_to") -> int | N
 
 
 @router.get("/v1/review/dead-letters", summary="Dead letters, oldest first, a page at a time",
-            responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
+            responses=openapi.problems(401, 403, 404, 422, 503))  # fmt: skip
 async def dead_letters(
     request: Request, principal: Observer,
     kind: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
@@ -184,6 +184,7 @@ async def dead_letters(
     cursor: Annotated[str | None, Query(pattern=across_sets.CURSOR_PATTERN, description="next_cursor of the page before (opaque)")] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     partial: Annotated[bool, Query(description="Several sets: answer with the sets that answer, naming those that did not "
                                                "(`partial`, `unanswered_sets`), instead of a 503.")] = False,
+    set_id: Annotated[int | None, Query(alias="set", ge=1, le=99999, description="Several sets: this set's only.")] = None,
 ) -> Response:  # fmt: skip
     """What the machines could not finish: each with its last error, attempts and amount. Pass
     `next_cursor` back for the next page (stable while new letters arrive). With several sets,
@@ -191,7 +192,10 @@ async def dead_letters(
     services = _services(request)
     dead_filter = DeadLetterFilter(kind=kind, error_class=error_class, ref_key=ref_key,
                                    dead_from_ms=_ms(dead_from), dead_to_ms=_ms(dead_to))  # fmt: skip
-    page = await across_sets.dead_letter_page(services, dead_filter, cursor=cursor, limit=limit, partial=partial)
+    if services.sets is None and set_id is not None and set_id != services.settings.set_id:
+        raise Problem("not-found", f"no set {set_id}")
+    page = await across_sets.dead_letter_page(services, dead_filter, cursor=cursor, limit=limit, partial=partial,
+                                              only=set_id)  # fmt: skip
     items = [{
         "id": actions.public(found, view.message_id), "kind": view.kind, "ref_key": view.ref_key,
         "attempts": view.attempts, "error_class": view.last_error_class, "error_text": view.last_error_text,

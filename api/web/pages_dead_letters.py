@@ -56,10 +56,13 @@ async def home(user: User) -> Response:
 @router.get("/review/dead-letters")
 async def dead_letters(request: Request, user: User) -> Response:
     require(user, Right.VIEW)
-    form = parse_filter(request.query_params)
+    form = parse_filter(request.query_params, sets=services(request).sets is not None)
     cursor = request.query_params.get("cursor") or None
     context: dict[str, Any] = {"form": form, "kinds": KINDS, "currencies": CURRENCIES, "rows": [], "summary": None,
                                "next_cursor": None, "cursor": cursor}  # fmt: skip
+    sets = services(request).sets
+    if sets is not None:
+        context["set_ids"] = sets.set_ids  # several sets: the list may be narrowed to one
     if cursor is not None and (_CURSOR if services(request).sets is None else _MERGED_CURSOR).match(cursor) is None:
         form.errors["cursor"] = "not a page this list gave: start again from the first page"
     if form.dead_filter is None or form.errors:
@@ -89,8 +92,9 @@ async def _merged(request: Request, user: WebUser, found: ApiServices, form: Fil
     assert form.dead_filter is not None
     try:
         page, totals = await asyncio.gather(
-            across_sets.dead_letter_page(found, form.dead_filter, cursor=cursor, limit=PAGE_SIZE, partial=True),
-            across_sets.dead_letter_totals(found, form.dead_filter, partial=True))  # fmt: skip
+            across_sets.dead_letter_page(found, form.dead_filter, cursor=cursor, limit=PAGE_SIZE, partial=True,
+                                         only=form.set_id),
+            across_sets.dead_letter_totals(found, form.dead_filter, partial=True, only=form.set_id))  # fmt: skip
     except Problem as problem:
         if problem.extra.get("errors"):
             form.errors["cursor"] = "not a page this list gave: start again from the first page"
@@ -175,7 +179,7 @@ async def export(request: Request, user: User) -> Response:
     """Every dead letter of the filter, all pages, streamed: the file is as long as the filter's
     count, never held whole in memory."""
     require(user, Right.EXPORT)
-    form: FilterForm = parse_filter(request.query_params)
+    form: FilterForm = parse_filter(request.query_params, sets=services(request).sets is not None)
     if form.dead_filter is None:
         problem = invalid([{"field": k, "message": v} for k, v in form.errors.items()])
         return problem_page(request, user, problem)

@@ -48,9 +48,9 @@ JOBS_PAGE: Final = 50
 CONTROLS: Final = {JobState.RUNNING: ("pause", "cancel"), JobState.PAUSED: ("resume", "cancel")}
 
 
-def _selection(form: FormData) -> tuple[list[str] | None, DeadLetterFilter | None, dict[str, Any]]:
+def _selection(form: FormData, *, sets: bool) -> tuple[list[str] | None, DeadLetterFilter | None, dict[str, Any]]:
     """The ids or the filter a form carries, and what to carry into the next form."""
-    filter_form = parse_filter(form)
+    filter_form = parse_filter(form, sets=sets)
     if form.get("scope") == "filter":
         if filter_form.dead_filter is None:
             raise invalid([{"field": k, "message": v} for k, v in filter_form.errors.items()])
@@ -77,8 +77,8 @@ async def dry_run(request: Request, user: PostingUser) -> Response:
     require(user, Right.REDRIVE)
     found = services(request)
     try:
-        ids, dead_filter, carried = _selection(await request.form())
-        found = await _in_set_of(found, ids, dead_filter)
+        ids, dead_filter, carried = _selection(await request.form(), sets=found.sets is not None)
+        found = await _in_set_of(found, ids, dead_filter, carried)
         result = await actions.dry_run(found, ids, dead_filter)
     except Problem as problem:
         return problem_page(request, user, problem)
@@ -96,12 +96,12 @@ async def start(request: Request, user: PostingUser) -> Response:
     rate_text = str(form.get("rate_per_s") or "").strip()
     carried: dict[str, Any] = {}
     try:
-        ids, dead_filter, carried = _selection(form)
+        ids, dead_filter, carried = _selection(form, sets=found.sets is not None)
         if not reason:
             raise invalid([{"field": "reason", "message": "say why, for the audit"}])
         if rate_text and not rate_text.isdigit():
             raise invalid([{"field": "rate_per_s", "message": "a whole number of dead letters per second"}])
-        found = await _in_set_of(found, ids, dead_filter)
+        found = await _in_set_of(found, ids, dead_filter, carried)
         views = await actions.targets(found, ids, dead_filter)
         outcome = await actions.start_job(found, user.name, reason, views, int(rate_text) if rate_text else None)
     except Problem as problem:
@@ -123,12 +123,17 @@ async def start(request: Request, user: PostingUser) -> Response:
     return RedirectResponse(f"/review/jobs/{outcome.job.job_id}?started=1{located}", status_code=303)
 
 
-async def _in_set_of(found: ApiServices, ids: list[str] | None, dead_filter: DeadLetterFilter | None) -> ApiServices:
-    """Several sets: the one set a job's dead letters are in (a selection or a filter spanning sets
-    is refused whole: docs/review.md, "Several sets")."""
+async def _in_set_of(
+    found: ApiServices, ids: list[str] | None, dead_filter: DeadLetterFilter | None, carried: dict[str, Any]
+) -> ApiServices:
+    """Several sets: the one set a job's dead letters are in: the filter's `set`, or the one set a
+    selection or filter matches (spanning sets is refused whole: docs/review.md, "Several sets")."""
     if ids is not None:
         return await actions.one_set(found, ids)
     assert dead_filter is not None
+    chosen = carried.get("values", {}).get("set")
+    if found.sets is not None and chosen:
+        return await actions.set_named(found, int(chosen))
     return await actions.filter_set(found, dead_filter)
 
 
@@ -142,7 +147,7 @@ def _set_q(found: ApiServices) -> str:
 
 
 def dead_filter_of(carried: dict[str, Any]) -> DeadLetterFilter | None:
-    return parse_filter(carried["values"]).dead_filter
+    return parse_filter(carried["values"], sets="set" in carried["values"]).dead_filter
 
 
 @router.get("/review/jobs")

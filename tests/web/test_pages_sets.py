@@ -184,6 +184,17 @@ async def test_a_redrive_job_of_set_3_runs_there_and_is_listed_with_its_set(stor
         ids = await dead_in_sets(pages.api, stores, *(list_update(f"j{n}") for n in range(12)), prefix="j")
         in_3 = [i for i in ids if i.startswith("3-")]
         other = next(i for i in ids if not i.startswith("3-"))
+        narrowed = await pages.get(R, "/review/dead-letters?set=3")
+        assert sorted(marked_ids(narrowed.text, "dead-letter-row")) == sorted(in_3)
+        assert f'data-test="summary-count">{len(in_3)}<' in narrowed.text and 'data-test="filter-set"' in narrowed.text
+        assert (await pages.get(R, "/review/dead-letters?set=x")).status_code == 422
+        api_3 = await pages.api.client.get("/v1/review/dead-letters?set=3", headers=pages.api.auth(V))
+        assert sorted(i["id"] for i in api_3.json()["items"]) == sorted(in_3)
+        whole = await pages.post(R, "/review/redrive/dry-run", {"scope": "filter", "kind": "list_update"})
+        assert whole.status_code == 422 and "holds requests of sets 1, 2, 3" in whole.text
+        by_set = await pages.post(R, "/review/redrive/dry-run", {"scope": "filter", "kind": "list_update", "set": "3"})
+        assert by_set.status_code == 200 and f'data-test="dry-run-count">{len(in_3)}<' in by_set.text, by_set.text
+        assert 'type="hidden" name="set" value="3"' in by_set.text
         dry = await pages.post(R, "/review/redrive/dry-run", {"scope": "selection", "ids": in_3})
         assert dry.status_code == 200 and 'data-test="confirm-submit"' in dry.text, dry.text
         spanning = await pages.post(R, "/review/redrive/dry-run", {"scope": "selection", "ids": [in_3[0], other]})
