@@ -19,7 +19,7 @@ from test_ingest import body
 from queues import ControlSet, QueueClient, RaftClient, SetsClient
 from queues.replicated import machine_factory
 from queues.sets import routing, table
-from raft_store.testing.inprocess import StoreThread
+from raft_store.testing.inprocess import StoreThread, running_store
 from services.kafka.broker import BrokerSettings, RecordSink, ensure_topics
 from services.kafka.ingest import Ingest, IngestSettings
 from services.kafka.metrics import KafkaMetrics
@@ -30,16 +30,8 @@ GROUP = "ingest-sets"
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
     """The control set (0) and sets 1-3, each a started one-node store."""
-    started: dict[int, StoreThread] = {}
-    try:
-        for set_id in range(4):
-            started[set_id] = StoreThread(tmp_path / f"set{set_id}", machine_factory)
-            started[set_id].start()
-        yield started
-    finally:
-        for thread in started.values():
-            with contextlib.suppress(Exception):
-                thread.stop()
+    with contextlib.ExitStack() as stack:
+        yield {s: stack.enter_context(running_store(tmp_path / f"set{s}", machine_factory)) for s in range(4)}
 
 
 def _client(thread: StoreThread) -> QueueClient:

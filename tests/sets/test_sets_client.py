@@ -16,7 +16,7 @@ import pytest
 from queues import ClientError, Code, ControlSet, Enqueue, EnqueueResult, QueueClient, RaftClient, SetsClient
 from queues.replicated import machine_factory
 from queues.sets import routing, table
-from raft_store.testing.inprocess import StoreThread
+from raft_store.testing.inprocess import StoreThread, running_store
 
 SETS = 4  # sets 1-3 at first, 4 added
 
@@ -24,16 +24,8 @@ SETS = 4  # sets 1-3 at first, 4 added
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
     """The control set (0) and sets 1-4, each a started one-node store."""
-    started: dict[int, StoreThread] = {}
-    try:
-        for set_id in range(SETS + 1):
-            started[set_id] = StoreThread(tmp_path / f"set{set_id}", machine_factory)
-            started[set_id].start()
-        yield started
-    finally:
-        for thread in started.values():
-            with contextlib.suppress(Exception):
-                thread.stop()
+    with contextlib.ExitStack() as stack:
+        yield {s: stack.enter_context(running_store(tmp_path / f"set{s}", machine_factory)) for s in range(SETS + 1)}
 
 
 def connector(stores: dict[int, StoreThread]) -> Callable[[int, tuple[str, ...]], QueueClient]:
