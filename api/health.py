@@ -4,6 +4,12 @@ Alive: the process answers. Ready: a store leader is known and its applied index
 `lag_max` of its commit index, and the token cache has heard from the store (without tokens no
 request can be let in). The store is asked at most once per `cache_s`, however often probes come.
 
+With several sets (docs/sets.md, "/readyz"): ready also needs a set table read from the control set
+(without one no key can be routed), and each set's state is reported (`sets`, `sets_down`), but a
+set without a leader does not make the API unready: only that set's keys stop (503 with
+Retry-After per item), and a load balancer that took every API replica out for it would stop
+the other sets' intake too. The home set must answer: tokens and users live there.
+
 Must never: change anything, or fail on an exception (a probe that raises reads as down).
 """
 
@@ -15,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.auth import TokenCache
-from queues import QueueClient
+from queues import QueueClient, SetsClient
 
 
 @dataclass(slots=True)
@@ -25,6 +31,7 @@ class Readiness:
     lag_max: int
     cache_s: float = 1.0
     clock: Callable[[], float] = time.monotonic
+    sets: SetsClient | None = None
     _last: tuple[float, bool, dict[str, Any]] | None = field(default=None, init=False)
 
     async def check(self) -> tuple[bool, dict[str, Any]]:
@@ -52,4 +59,24 @@ class Readiness:
             return False, {**detail, "reason": f"the leader is {lag} entries behind its commit index"}
         if self.tokens.last_success_s is None:
             return False, {**detail, "reason": "tokens not loaded from the store yet"}
+        if self.sets is not None:
+            return await self._sets(detail)
         return True, detail
+
+    async def _sets(self, detail: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        """Several sets: the table read, and each set's leader and lag (reported, not required)."""
+        assert self.sets is not None
+        if not self.sets.table.active():
+            return False, {**detail, "reason": "no set table read from the control set yet"}
+        per_set: dict[str, Any] = {}
+        down: list[int] = []
+        for status in await self.sets.statuses():
+            leaders = [n for n in status.nodes if n.get("role") == "leader"]
+            if not leaders:
+                down.append(status.set_id)
+                per_set[str(status.set_id)] = {"leader": None}
+                continue
+            leader = max(leaders, key=lambda n: int(n.get("term", 0)))  # type: ignore[call-overload]
+            lag = int(leader.get("commit", 0)) - int(leader.get("applied", 0))  # type: ignore[call-overload]
+            per_set[str(status.set_id)] = {"leader": leader.get("node"), "apply_lag": lag}
+        return True, {**detail, "sets": per_set, "sets_down": down}

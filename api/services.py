@@ -66,15 +66,48 @@ class ApiServices:
     masked: ApiServices = dataclasses.field(init=False, repr=False)
     """The same services with a store that masks every answer's personal data and writes nothing
     (api/masked_reads.py): what a caller without personal-data rights is given (`of`)."""
+    per_set: dict[int, ApiServices] = dataclasses.field(init=False, repr=False)
+    """With several sets: the services of each other set (`in_set`), made once, shared by the twins."""
 
     def __post_init__(self) -> None:
         if isinstance(self.queue, MaskedQueueClient):
             return  # the masked twin: its summaries and `masked` are set by the one that made it
         object.__setattr__(self, "summaries", SummaryReads(self.queue))
+        object.__setattr__(self, "per_set", {})
         twin = dataclasses.replace(self, queue=MaskedQueueClient(self.queue))
         object.__setattr__(twin, "summaries", self.summaries)  # totals hold no personal data: one shared read
+        object.__setattr__(twin, "per_set", self.per_set)
         object.__setattr__(twin, "masked", twin)
         object.__setattr__(self, "masked", twin)
+
+    async def in_set(self, set_id: int) -> ApiServices | None:
+        """These services as the review uses them for one set's requests, proposals and jobs: `queue`
+        that set's client (masked as this caller's is) and `settings.set_id` that set's, so every
+        id read from it is public as `{set}-{message}`. Itself for its own set; None for a set that
+        does not exist (the caller answers 404). One set: only its own set exists."""
+        if set_id == self.settings.set_id:
+            return self
+        if self.sets is None:
+            return None
+        try:
+            plain = await self.sets.client_of(set_id)
+        except UnknownSet:
+            return None
+        found = self.per_set.get(set_id)
+        if found is None or found.queue is not plain:  # new, or the set's addresses changed
+            found = dataclasses.replace(self, queue=plain, settings=dataclasses.replace(self.settings, set_id=set_id))
+            object.__setattr__(found, "per_set", self.per_set)
+            object.__setattr__(found.masked, "per_set", self.per_set)
+            self.per_set[set_id] = found
+        return found.masked if isinstance(self.queue, MaskedQueueClient) else found
+
+    async def every_set(self) -> list[ApiServices]:
+        """`in_set` of every set of the table, in set order (one set: itself)."""
+        if self.sets is None:
+            return [self]
+        await self.sets.refresh_if_due()
+        found = [await self.in_set(set_id) for set_id in self.sets.set_ids]
+        return [services for services in found if services is not None]
 
     async def start(self) -> None:
         if self.sets is not None:

@@ -22,13 +22,13 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import StringConstraints
 from starlette.responses import Response
 
-from api import openapi
+from api import across_sets, openapi
 from api import review_actions as actions
 from api.audit_view import ACTION_PATTERN, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
 from api.auth import Observer, Principal, requires
 from api.http import json_response, known_query
 from api.money_view import WhatIsPaid, money_document, money_of_payload, paid_document
-from api.problems import invalid
+from api.problems import Problem, invalid
 from api.review_policy import current_payload
 from api.review_schemas import NAME_PATTERN, ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
 from api.schemas import utc
@@ -36,14 +36,13 @@ from api.services import ApiServices, of
 from api.views import audit_document
 from ledger.request_ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from queues import (
-    ClientError,
+    AuditFilter,
     DeadLetterFilter,
     Discard,
     EditRedrive,
     MessageView,
     ProposalState,
     ProposalView,
-    QueueError,
     Role,
     proposal_action,
 )
@@ -58,6 +57,8 @@ Approver = Annotated[Principal, Depends(requires(Role.APPROVER))]
 Decider = Annotated[Principal, Depends(requires(Role.REVIEWER, Role.APPROVER))]
 RequestIdPath = Annotated[str, Path(max_length=PUBLIC_ID_LENGTH_MAX, description="A request id, e.g. 1-42.")]
 ProposalIdPath = Annotated[int, Path(ge=1, le=NUMBER_MAX, description="A proposal's number.")]
+SetQuery = Annotated[int | None, Query(alias="set", ge=1, le=99999, description=(
+    "Several sets: the set the proposal lives in (its `set`); left out: the home set."))]
 
 
 def _services(request: Request) -> ApiServices:
@@ -79,6 +80,8 @@ def proposal_document(services: ApiServices, view: ProposalView, paid: WhatIsPai
         "decided_at": None if view.decided_ms is None else utc(view.decided_ms), "decision_reason": view.decision_reason,
         "pays": paid_document(paid, lambda m: actions.public(services, m), PAYMENTS_SHOWN),
     }  # fmt: skip
+    if services.sets is not None:
+        document["set"] = services.settings.set_id  # several sets: the proposal's number is its set's
     action = proposal_action(view)
     if isinstance(action, EditRedrive):
         document["payload"] = json.loads(action.payload)
@@ -115,11 +118,13 @@ async def redrive(request: Request, body: RedriveBody, principal: Reviewer) -> R
     what is redriven or approved."""
     services = _services(request)
     if body.ids is not None:
+        services = await actions.one_set(services, body.ids)
         views = await actions.selected(services, body.ids)
     else:
         assert body.filter is not None
         dead_filter = DeadLetterFilter(kind=body.filter.kind, error_class=body.filter.error_class,
                                        ref_key=body.filter.ref_key)  # fmt: skip
+        services = await actions.filter_set(services, dead_filter)
         views = await actions.matching(services, dead_filter, body.limit)
     outcome = await actions.redrive(services, principal.name, body.reason, views)
     if isinstance(outcome, actions.Proposed):
@@ -134,7 +139,7 @@ async def edit(request: Request, request_id: RequestIdPath, body: EditBody, prin
     """The payload is validated against the kind's schema (a bad edit is refused naming the
     field), the diff is answered, and the edit goes out as a new version linked to the original,
     which is kept unchanged."""
-    services = _services(request)
+    services = await actions.in_set_of(_services(request), request_id)
     checked = actions.checked_edit(await actions.request(services, request_id), body.payload)
     outcome = await actions.edit(services, principal.name, body.reason, checked)
     if isinstance(outcome, actions.Proposed):
@@ -146,7 +151,7 @@ async def edit(request: Request, request_id: RequestIdPath, body: EditBody, prin
 @router.post("/v1/review/requests/{request_id}/discard", summary="Discard a request with a reason code and a comment",
              responses={**openapi.problems(401, 403, 404, 409, 422, 503), **PROPOSED})  # fmt: skip
 async def discard(request: Request, request_id: RequestIdPath, body: DiscardBody, principal: Reviewer) -> Response:
-    services = _services(request)
+    services = await actions.in_set_of(_services(request), request_id)
     actions.check_reason_code(services, body.reason_code)
     view = await actions.request(services, request_id)
     outcome = await actions.discard(services, principal.name, view, body.reason_code, body.comment)
@@ -169,51 +174,69 @@ def _ms(moment: dt.datetime | None, field: str = "dead_from/dead_to") -> int | N
 
 
 @router.get("/v1/review/dead-letters", summary="Dead letters, oldest first, a page at a time",
-            responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
+            responses=openapi.problems(401, 403, 404, 422, 503))  # fmt: skip
 async def dead_letters(
     request: Request, principal: Observer,
     kind: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     error_class: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     ref_key: Annotated[str | None, Query(pattern=REF_KEY_PATTERN)] = None,
     dead_from: dt.datetime | None = None, dead_to: dt.datetime | None = None,
-    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}\.[0-9]{1,18}$", description="next_cursor of the page before")] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(pattern=across_sets.CURSOR_PATTERN, description="next_cursor of the page before (opaque)")] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    partial: Annotated[bool, Query(description="Several sets: answer with the sets that answer, naming those that did not "
+                                               "(`partial`, `unanswered_sets`), instead of a 503.")] = False,
+    set_id: Annotated[int | None, Query(alias="set", ge=1, le=99999, description="Several sets: this set's only.")] = None,
 ) -> Response:  # fmt: skip
     """What the machines could not finish: each with its last error, attempts and amount. Pass
-    `next_cursor` back for the next page (stable while new letters arrive)."""
+    `next_cursor` back for the next page (stable while new letters arrive). With several sets,
+    every set's, merged oldest first (docs/review.md, "Several sets")."""
     services = _services(request)
     dead_filter = DeadLetterFilter(kind=kind, error_class=error_class, ref_key=ref_key,
                                    dead_from_ms=_ms(dead_from), dead_to_ms=_ms(dead_to))  # fmt: skip
-    try:
-        page = (await services.queue.dead_letters(dead_filter, cursor=cursor, limit=limit)).value
-    except QueueError:
-        raise invalid([{"field": "cursor", "message": "not a cursor this list gave, or a filter the store refused"}]) from None
-    except ClientError as error:
-        raise services.read_failure(error) from None
+    if services.sets is None and set_id is not None and set_id != services.settings.set_id:
+        raise Problem("not-found", f"no set {set_id}")
+    page = await across_sets.dead_letter_page(services, dead_filter, cursor=cursor, limit=limit, partial=partial,
+                                              only=set_id)  # fmt: skip
     items = [{
-        "id": actions.public(services, view.message_id), "kind": view.kind, "ref_key": view.ref_key,
+        "id": actions.public(found, view.message_id), "kind": view.kind, "ref_key": view.ref_key,
         "attempts": view.attempts, "error_class": view.last_error_class, "error_text": view.last_error_text,
         "dead_at": None if view.dead_ms is None else utc(view.dead_ms), "dead_reason": view.dead_reason,
         "amount": _amount(view),
-    } for view in page.items]  # fmt: skip
-    return json_response({"items": items, "next_cursor": page.next_cursor})
+    } for found, view in page.rows]  # fmt: skip
+    body: dict[str, Any] = {"items": items, "next_cursor": page.next_cursor}
+    if services.sets is not None:
+        body.update(partial=bool(page.unanswered), unanswered_sets=page.unanswered)
+    return json_response(body)
 
 
 # ---- proposals ----------------------------------------------------------------------------------
 @router.get("/v1/review/proposals", summary="Four-eyes proposals, newest first",
-            responses=openapi.problems(401, 403, 422, 503))  # fmt: skip
+            responses=openapi.problems(401, 403, 404, 422, 503))  # fmt: skip
 async def list_proposals(
     request: Request, principal: Observer, pending: bool = False,
     before: Annotated[int | None, Query(ge=1, le=NUMBER_MAX)] = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    set_id: SetQuery = None,
 ) -> Response:  # fmt: skip
+    """Several sets: every set's newest proposals merged by time, each naming its `set`; with `set`,
+    that set's only (`before` pages on within one set)."""
     services = _services(request)
-    views = (await actions.store(services, services.queue.proposals(pending_only=pending, before_id=before, limit=limit))).value
-    return json_response(await proposal_documents(services, views))
+    if services.sets is not None and before is not None and set_id is None:
+        raise invalid([{"field": "before", "message": "with several sets, page on within one set: give set too"}])
+    scoped = await actions.set_named(services, set_id)
+    found, _ = await across_sets.proposals(scoped, pending_only=pending, before=before, limit=limit,
+                                           one_set=set_id is not None)  # fmt: skip
+    targets: dict[int, dict[int, MessageView]] = {}
+    for set_services in {id(s): s for s, _ in found}.values():
+        views = [view for s, view in found if s is set_services]
+        targets[set_services.settings.set_id] = await actions.proposal_targets(set_services, views)
+    return json_response([proposal_document(s, view, actions.what_is_paid(view, targets[s.settings.set_id]))
+                          for s, view in found])  # fmt: skip
 
 
 @router.post("/v1/review/proposals/{proposal_id}/approve", summary="Approve a proposal: it is done in the same command",
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
-async def approve(request: Request, proposal_id: ProposalIdPath, body: ApproveBody, principal: Approver) -> Response:
-    services = _services(request)
+async def approve(request: Request, proposal_id: ProposalIdPath, body: ApproveBody, principal: Approver,
+                  set_id: SetQuery = None) -> Response:  # fmt: skip
+    services = await actions.set_named(_services(request), set_id)
     view, result = await actions.approve(services, principal.name, proposal_id, body.reason)
     public = actions.public
     (document,) = await proposal_documents(services, [view])
@@ -225,8 +248,9 @@ async def approve(request: Request, proposal_id: ProposalIdPath, body: ApproveBo
 
 @router.post("/v1/review/proposals/{proposal_id}/reject", summary="Reject a proposal, or withdraw your own",
              responses=openapi.problems(401, 403, 404, 409, 422, 503))  # fmt: skip
-async def reject(request: Request, proposal_id: ProposalIdPath, body: RejectBody, principal: Decider) -> Response:
-    services = _services(request)
+async def reject(request: Request, proposal_id: ProposalIdPath, body: RejectBody, principal: Decider,
+                 set_id: SetQuery = None) -> Response:  # fmt: skip
+    services = await actions.set_named(_services(request), set_id)
     view = await actions.reject(services, principal.name, proposal_id, body.reason,
                                 others=principal.role is not Role.REVIEWER)  # fmt: skip
     assert view.state is ProposalState.REJECTED
@@ -251,11 +275,30 @@ async def audit(
     until: Annotated[dt.datetime | None, Query(description="Entries before this time (with a time zone); after `since` when both are given.")] = None,
     sign_ins: Annotated[bool, Query(description="false leaves out the session and login records (logins, logouts, "
                                                 "failed logins); users and passwords stay.")] = True,
+    cursor: Annotated[str | None, Query(pattern=across_sets.AUDIT_CURSOR_PATTERN, description=(
+        "Several sets: next_cursor of the page before (opaque); `before` is one set's seq, so it is not taken."))] = None,
 ) -> Response:  # fmt: skip
     """Who did what, when, why, and before -> after, of the entries the filter selects (filtered in
     the store: a page is full, and `before` = the last seq seen pages on). The head is the whole
-    chain's."""
+    chain's. Several sets: every set's chain merged by time, each entry naming its `set`, `heads`
+    per set, paged with `cursor` (docs/review.md, "Several sets")."""
     services = _services(request)
+    if services.sets is not None:
+        if before is not None:
+            raise invalid([{"field": "before", "message": "with several sets, page on with cursor (next_cursor)"}])
+        only = across_sets.audit_scope(services, target)
+
+        def selected_in(set_id: int) -> AuditFilter:
+            return audit_filter(set_id=set_id, actor=actor, actions=action, target=target, since_ms=_ms(since, "since"),
+                                until_ms=_ms(until, "until"), sign_ins=sign_ins)  # fmt: skip
+
+        selected_in(only or services.settings.set_id)  # a bad filter is a 422 before any set is read
+        page = await across_sets.audit_page(services, selected_in, cursor=cursor, limit=limit, only=only)
+        return json_response({"entries": [{**audit_document(e), "set": s.settings.set_id} for s, e in page.rows],
+                              "count": page.count, "heads": {str(k): v.hex() for k, v in page.heads.items()},
+                              "next_cursor": page.next_cursor})  # fmt: skip
+    if cursor is not None:
+        raise invalid([{"field": "cursor", "message": "one set: page on with before (the last seq seen)"}])
     selected = audit_filter(set_id=services.settings.set_id, actor=actor, actions=action, target=target,
                             since_ms=_ms(since, "since"), until_ms=_ms(until, "until"), sign_ins=sign_ins)  # fmt: skip
     read = services.queue.audit_log(before=before, limit=limit, audit_filter=selected)

@@ -40,12 +40,12 @@ from queues import DeadLetterFilter
 from submission.models import REF_KEY_PATTERN
 
 FILTER_FIELDS: Final = ("kind", "error_class", "ref_key", "dead_from", "dead_to", "currency", "amount_min",
-                        "amount_max", "attempts_min", "attempts_max")  # fmt: skip
+                        "amount_max", "attempts_min", "attempts_max", "set")  # fmt: skip
 """The filter's form fields, in the order the form shows them."""
 FILTER_LABELS: Final = {
     "kind": "Kind", "error_class": "Error class", "ref_key": "Ref key", "dead_from": "Dead from (UTC)",
     "dead_to": "Dead before (UTC)", "currency": "Currency", "amount_min": "Amount from", "amount_max": "Amount to",
-    "attempts_min": "Attempts from", "attempts_max": "Attempts to",
+    "attempts_min": "Attempts from", "attempts_max": "Attempts to", "set": "Set",
 }  # fmt: skip
 """Each field's label, as the list's form and the dry run's "acts on" show it."""
 KINDS: Final = tuple(kind.value for kind in Kind)
@@ -74,6 +74,17 @@ def before_param(request: Request) -> int | None:
     return int(text) if text.isdigit() and len(text) <= 19 and 0 < int(text) <= NUMBER_MAX else None
 
 
+def set_param(request: Request) -> int | None:
+    """Several sets: the set a proposal or a job lives in (`?set=3`, as the pages link it); left out:
+    the home set. Anything else names no set (a 404 page)."""
+    text = request.query_params.get("set")
+    if text is None:
+        return None
+    if not (text.isdigit() and len(text) <= 5 and int(text) >= 1):
+        raise Problem("not-found", f"no set {text[:20]}")
+    return int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class Flash:
     kind: str
@@ -89,6 +100,12 @@ class FilterForm:
     values: dict[str, str]
     dead_filter: DeadLetterFilter | None
     errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def set_id(self) -> int | None:
+        """Several sets: the one set the list is narrowed to (`set`), None for every set."""
+        text = self.values.get("set", "")
+        return int(text) if text else None
 
     def query(self, **extra: str) -> str:
         """The query string of this filter (empty fields left out), with `extra` parameters."""
@@ -134,9 +151,10 @@ def _count(text: str) -> int:
     return value
 
 
-def parse_filter(source: Mapping[str, Any]) -> FilterForm:
-    """The filter from a query string or a form; every field that does not parse is named."""
-    values = {name: str(source.get(name) or "").strip() for name in FILTER_FIELDS}
+def parse_filter(source: Mapping[str, Any], *, sets: bool = False) -> FilterForm:
+    """The filter from a query string or a form; every field that does not parse is named. `sets`:
+    several sets, where the list may be narrowed to one (`set`); one set has no such field."""
+    values = {name: str(source.get(name) or "").strip() for name in (FILTER_FIELDS if sets else FILTER_FIELDS[:-1])}
     errors: dict[str, str] = {}
     typed: dict[str, Any] = {}
     for name, pattern, what in (("kind", _NAME, "a kind's name"), ("error_class", _NAME, "an error class's name"),
@@ -161,6 +179,8 @@ def parse_filter(source: Mapping[str, Any]) -> FilterForm:
                 typed[f"{name}_minor"] = minor_units(values[name], currency)
             except ValueError as error:
                 errors[name] = str(error)
+    if values.get("set") and not (values["set"].isdigit() and len(values["set"]) <= 5 and int(values["set"]) >= 1):
+        errors["set"] = "a set's number"
     for name in ("attempts_min", "attempts_max"):
         if values[name]:
             try:

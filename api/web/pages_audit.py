@@ -15,15 +15,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 from urllib.parse import urlencode
 
 from fastapi import Depends, Request
 from starlette.responses import Response
 
+from api import across_sets
 from api import review_actions as actions
 from api.audit_view import ACTION_PATTERN, ACTIONS, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
-from api.problems import Problem
+from api.problems import Problem, invalid
+from api.services import ApiServices
 from api.views import audit_document
 from api.web.headers import page_router
 from api.web.page_support import before_param, field_messages, problem_page, services, shown_entry, typed_times
@@ -97,13 +99,16 @@ def parse_form(source: Mapping[str, str], set_id: int) -> AuditForm:
 async def audit(request: Request, user: User) -> Response:
     require(user, Right.VIEW_AUDIT)
     found = services(request)
-    form = parse_form(request.query_params, found.settings.set_id)
+    target_set = across_sets.audit_scope(found, request.query_params.get("target", "").strip() or None)
+    form = parse_form(request.query_params, target_set or found.settings.set_id)  # several sets: a request's own set
     before = before_param(request)
     context = {"form": form, "actions": ACTIONS, "action_labels": ACTION_LABELS, "group": GROUP,
                "sign_ins_choice": SIGN_INS, "entries": [], "count": None, "head": None, "older": None,
                "newest": before is None, "hiding_sign_ins": False}  # fmt: skip
     if form.audit_filter is None:
         return render(request, "audit.html", context, user=user, status=422)
+    if found.sets is not None:
+        return await _merged(request, user, found, form, context)
     try:
         read = found.queue.audit_log(before=before, limit=PAGE_SIZE, audit_filter=form.audit_filter)
         answer = (await actions.store(found, read)).value
@@ -113,4 +118,30 @@ async def audit(request: Request, user: User) -> Response:
     older = answer.entries[-1].seq if len(answer.entries) == PAGE_SIZE and answer.entries[-1].seq > 1 else None
     hiding = bool(form.audit_filter.exclude_target_prefixes)
     context.update(entries=entries, count=answer.count, head=answer.head.hex(), older=older, hiding_sign_ins=hiding)
+    return render(request, "audit.html", context, user=user)
+
+
+async def _merged(request: Request, user: WebUser, found: ApiServices, form: AuditForm, context: dict[str, Any]) -> Response:
+    """Several sets: every set's chain merged by time (a request id's target: its set's only), each
+    entry naming its set, a head per set; paged with a cursor of the oldest seq shown per set. A set
+    that does not answer is the problem page naming it: an auditor never reads a chain as whole
+    that is not."""
+    cursor = request.query_params.get("cursor") or None
+    only = across_sets.audit_scope(found, form.values["target"] or None)
+    selected = form.audit_filter
+    assert selected is not None
+
+    def selected_in(_set_id: int) -> AuditFilter:
+        return selected  # the same in every set (a request id's target is read in its own set only)
+
+    try:
+        if cursor is not None and re.match(across_sets.AUDIT_CURSOR_PATTERN, cursor) is None:
+            raise invalid([{"field": "cursor", "message": "not a page this list gave: start again from the newest"}])
+        page = await across_sets.audit_page(found, selected_in, cursor=cursor, limit=PAGE_SIZE, only=only)
+    except Problem as problem:
+        return problem_page(request, user, problem)
+    entries = [{**shown_entry(s, audit_document(entry)), "set": s.settings.set_id} for s, entry in page.rows]
+    context.update(entries=entries, count=page.count, heads={k: v.hex() for k, v in page.heads.items()},
+                   older=page.next_cursor, newest=cursor is None,
+                   hiding_sign_ins=bool(selected.exclude_target_prefixes))  # fmt: skip
     return render(request, "audit.html", context, user=user)

@@ -12,6 +12,7 @@ Must never: export more than the user may view, or let a cell start with = + - @
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -22,13 +23,14 @@ from typing import Annotated, Any, Final
 from fastapi import Depends, Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
+from api import across_sets
 from api import review_actions as actions
 from api.problems import Problem, invalid
 from api.review_policy import FourEyes, current_payload
 from api.schemas import utc
 from api.services import ApiServices
 from api.web.headers import page_router
-from api.web.page_support import CURRENCIES, KINDS, FilterForm, parse_filter, problem_page, row, services
+from api.web.page_support import CURRENCIES, KINDS, FilterForm, Flash, parse_filter, problem_page, row, services
 from api.web.rights import Right
 from api.web.sessions import WebUser, current_user, require
 from api.web.templating import render
@@ -40,6 +42,7 @@ User = Annotated[WebUser, Depends(current_user)]
 PAGE_SIZE: Final = 50
 EXPORT_PAGE: Final = 1000
 _CURSOR: Final = re.compile(r"^[0-9]{1,18}\.[0-9]{1,18}$")
+_MERGED_CURSOR: Final = re.compile(across_sets.CURSOR_PATTERN)
 FORMULA_START: Final = ("=", "+", "-", "@", "\t", "\r", "\n")
 CSV_COLUMNS: Final = ("id", "kind", "ref_key", "dead_at", "attempts", "error_class", "error_text", "dead_reason",
                       "amount", "currency", "amount_minor", "payload")  # fmt: skip
@@ -53,15 +56,20 @@ async def home(user: User) -> Response:
 @router.get("/review/dead-letters")
 async def dead_letters(request: Request, user: User) -> Response:
     require(user, Right.VIEW)
-    form = parse_filter(request.query_params)
+    form = parse_filter(request.query_params, sets=services(request).sets is not None)
     cursor = request.query_params.get("cursor") or None
     context: dict[str, Any] = {"form": form, "kinds": KINDS, "currencies": CURRENCIES, "rows": [], "summary": None,
                                "next_cursor": None, "cursor": cursor}  # fmt: skip
-    if cursor is not None and _CURSOR.match(cursor) is None:
+    sets = services(request).sets
+    if sets is not None:
+        context["set_ids"] = sets.set_ids  # several sets: the list may be narrowed to one
+    if cursor is not None and (_CURSOR if services(request).sets is None else _MERGED_CURSOR).match(cursor) is None:
         form.errors["cursor"] = "not a page this list gave: start again from the first page"
     if form.dead_filter is None or form.errors:
         return render(request, "dead_letters.html", context, user=user, status=422)
     found = services(request)
+    if found.sets is not None:
+        return await _merged(request, user, found, form, cursor, context)
     try:
         page = (await actions.store(found, found.queue.dead_letters(form.dead_filter, cursor=cursor,
                                                                     limit=PAGE_SIZE))).value  # fmt: skip
@@ -73,6 +81,34 @@ async def dead_letters(request: Request, user: User) -> Response:
                    summary_read_ms=int(totals.read_at_s * 1000),
                    oldest_id=None if summary.oldest_id is None else actions.public(found, summary.oldest_id),
                    **four_eyes_labels(found.four_eyes, page.items, summary.count, whole=cursor is None))  # fmt: skip
+    return render(request, "dead_letters.html", context, user=user)
+
+
+async def _merged(request: Request, user: WebUser, found: ApiServices, form: FilterForm, cursor: str | None,
+                  context: dict[str, Any]) -> Response:  # fmt: skip
+    """Several sets: every set's dead letters merged oldest first, the totals summed; a set that
+    does not answer is named in a banner above the rows and totals it is missing from (a
+    reviewer sees what can be read, never a list that reads as complete: docs/review.md)."""
+    assert form.dead_filter is not None
+    try:
+        page, totals = await asyncio.gather(
+            across_sets.dead_letter_page(found, form.dead_filter, cursor=cursor, limit=PAGE_SIZE, partial=True,
+                                         only=form.set_id),
+            across_sets.dead_letter_totals(found, form.dead_filter, partial=True, only=form.set_id))  # fmt: skip
+    except Problem as problem:
+        if problem.extra.get("errors"):
+            form.errors["cursor"] = "not a page this list gave: start again from the first page"
+            return render(request, "dead_letters.html", context, user=user, status=422)
+        return problem_page(request, user, problem)
+    missing = sorted({*page.unanswered, *totals.unanswered})
+    summary = totals.summary.value
+    views = [view for _, view in page.rows]
+    flashes = [Flash("error", f"Set {', '.join(map(str, missing))} did not answer: its dead letters are missing from"
+                              " this list and from the totals. Reload in a moment.")] if missing else []  # fmt: skip
+    context.update(rows=[row(set_services, view) for set_services, view in page.rows], summary=summary,
+                   next_cursor=page.next_cursor, summary_read_ms=int(totals.summary.read_at_s * 1000),
+                   oldest_id=totals.oldest, flashes=flashes, unanswered_sets=missing,
+                   **four_eyes_labels(found.four_eyes, views, summary.count, whole=cursor is None and not missing))  # fmt: skip
     return render(request, "dead_letters.html", context, user=user)
 
 
@@ -110,10 +146,9 @@ async def _csv_lines(found: ApiServices, user: WebUser, dead_filter: DeadLetterF
     yield line(list(CSV_COLUMNS))
     cursor: str | None = None
     while True:
-        page = (await actions.store(found, found.queue.dead_letters(dead_filter, cursor=cursor,
-                                                                    limit=EXPORT_PAGE))).value  # fmt: skip
-        for view in page.items:
-            item = row(found, view)
+        page = await _export_page(found, dead_filter, cursor)
+        for set_services, view in page.rows:
+            item = row(set_services, view)
             try:
                 payload = json.loads(current_payload(view))
             except ValueError:
@@ -125,8 +160,18 @@ async def _csv_lines(found: ApiServices, user: WebUser, dead_filter: DeadLetterF
                         item["currency"] or "", "" if item["amount_minor"] is None else item["amount_minor"],
                         json.dumps(shown, sort_keys=True, ensure_ascii=False)])  # fmt: skip
         cursor = page.next_cursor
-        if cursor is None or not page.items:
+        if cursor is None or not page.rows:
             return
+
+
+async def _export_page(found: ApiServices, dead_filter: DeadLetterFilter, cursor: str | None,
+                       limit: int = EXPORT_PAGE) -> across_sets.Page:
+    """A page of the export: the one set's, or every set's merged (a set that does not answer
+    stops the export: a file is never missing a set's rows)."""
+    if found.sets is not None:
+        return await across_sets.dead_letter_page(found, dead_filter, cursor=cursor, limit=limit)
+    page = (await actions.store(found, found.queue.dead_letters(dead_filter, cursor=cursor, limit=limit))).value
+    return across_sets.Page([(found, view) for view in page.items], page.next_cursor)
 
 
 @router.get("/review/dead-letters.csv")
@@ -134,13 +179,13 @@ async def export(request: Request, user: User) -> Response:
     """Every dead letter of the filter, all pages, streamed: the file is as long as the filter's
     count, never held whole in memory."""
     require(user, Right.EXPORT)
-    form: FilterForm = parse_filter(request.query_params)
+    form: FilterForm = parse_filter(request.query_params, sets=services(request).sets is not None)
     if form.dead_filter is None:
         problem = invalid([{"field": k, "message": v} for k, v in form.errors.items()])
         return problem_page(request, user, problem)
     found = services(request)
     try:  # the first page before the headers go out: a store that is down is a page, not a cut file
-        await actions.store(found, found.queue.dead_letters(form.dead_filter, limit=1))
+        await _export_page(found, form.dead_filter, None, limit=1)
     except Problem as problem:
         return problem_page(request, user, problem)
     return StreamingResponse(

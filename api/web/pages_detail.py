@@ -99,6 +99,7 @@ def _discard(view: MessageView, audit: Sequence[AuditWithIds]) -> AuditEntry | N
 
 
 async def detail_context(found: ApiServices, user: WebUser, request_id: str) -> dict[str, Any]:
+    found = await actions.in_set_of(found, request_id)  # several sets: the request's own set (docs/review.md)
     view = await actions.request(found, request_id)
     siblings = (await actions.store(found, found.queue.by_ref_key(view.ref_key))).value
     ids = [v.message_id for v in siblings]
@@ -174,6 +175,7 @@ async def redrive_one(request: Request, request_id: RequestIdPath, user: Posting
     try:
         if not reason:
             raise invalid([{"field": "reason", "message": "say why, for the audit"}])
+        found = await actions.in_set_of(found, request_id)
         view = await actions.request(found, request_id)
         outcome = await actions.redrive(found, user.name, reason, [view])
     except Problem as problem:
@@ -188,6 +190,7 @@ async def discard(request: Request, request_id: RequestIdPath, user: PostingUser
     found = services(request)
     form = await _form(request)
     try:
+        found = await actions.in_set_of(found, request_id)
         view = await actions.request(found, request_id)
         outcome = await actions.discard(found, user.name, view, form.get("reason_code", ""), form.get("comment", ""))
     except Problem as problem:

@@ -44,7 +44,7 @@ def _context(view: MessageView, request_id: str, text: str, reason: str) -> dict
 async def edit_form(request: Request, request_id: RequestIdPath, user: User) -> Response:
     require(user, Right.EDIT)
     try:
-        view = await actions.request(services(request), request_id)
+        view = await actions.request(await actions.in_set_of(services(request), request_id), request_id)
     except Problem as problem:
         return problem_page(request, user, problem)
     text = pretty(json.loads(current_payload(view)))
@@ -59,6 +59,7 @@ async def edit(request: Request, request_id: RequestIdPath, user: PostingUser) -
     form = await request.form()
     text, reason, step = (str(form.get(name) or "") for name in ("payload", "reason", "step"))
     try:
+        found = await actions.in_set_of(found, request_id)  # several sets: the request's own set
         view = await actions.request(found, request_id)
     except Problem as problem:
         return problem_page(request, user, problem)

@@ -19,6 +19,7 @@ from fastapi import Depends, Path, Request
 from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
+from api import across_sets
 from api import review_actions as actions
 from api.problems import Problem, invalid
 from api.services import ApiServices
@@ -32,6 +33,7 @@ from api.web.page_support import (
     problem_flash,
     problem_page,
     services,
+    set_param,
 )
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
@@ -46,9 +48,9 @@ JOBS_PAGE: Final = 50
 CONTROLS: Final = {JobState.RUNNING: ("pause", "cancel"), JobState.PAUSED: ("resume", "cancel")}
 
 
-def _selection(form: FormData) -> tuple[list[str] | None, DeadLetterFilter | None, dict[str, Any]]:
+def _selection(form: FormData, *, sets: bool) -> tuple[list[str] | None, DeadLetterFilter | None, dict[str, Any]]:
     """The ids or the filter a form carries, and what to carry into the next form."""
-    filter_form = parse_filter(form)
+    filter_form = parse_filter(form, sets=sets)
     if form.get("scope") == "filter":
         if filter_form.dead_filter is None:
             raise invalid([{"field": k, "message": v} for k, v in filter_form.errors.items()])
@@ -75,7 +77,8 @@ async def dry_run(request: Request, user: PostingUser) -> Response:
     require(user, Right.REDRIVE)
     found = services(request)
     try:
-        ids, dead_filter, carried = _selection(await request.form())
+        ids, dead_filter, carried = _selection(await request.form(), sets=found.sets is not None)
+        found = await _in_set_of(found, ids, dead_filter, carried)
         result = await actions.dry_run(found, ids, dead_filter)
     except Problem as problem:
         return problem_page(request, user, problem)
@@ -93,11 +96,12 @@ async def start(request: Request, user: PostingUser) -> Response:
     rate_text = str(form.get("rate_per_s") or "").strip()
     carried: dict[str, Any] = {}
     try:
-        ids, dead_filter, carried = _selection(form)
+        ids, dead_filter, carried = _selection(form, sets=found.sets is not None)
         if not reason:
             raise invalid([{"field": "reason", "message": "say why, for the audit"}])
         if rate_text and not rate_text.isdigit():
             raise invalid([{"field": "rate_per_s", "message": "a whole number of dead letters per second"}])
+        found = await _in_set_of(found, ids, dead_filter, carried)
         views = await actions.targets(found, ids, dead_filter)
         outcome = await actions.start_job(found, user.name, reason, views, int(rate_text) if rate_text else None)
     except Problem as problem:
@@ -110,16 +114,40 @@ async def start(request: Request, user: PostingUser) -> Response:
         context = {**_dry_run_context(found, result, carried), "flashes": [problem_flash(problem)], "reason": reason}
         return render(request, "dry_run.html", context, user=user, status=problem.type.status)
     if isinstance(outcome, actions.Proposed):
-        flash = Flash("proposed", f"Proposal {outcome.proposal.proposal_id} created: no job runs until an approver "
+        flash = Flash("proposed", f"Proposal {_label(found, outcome.proposal.proposal_id)} created: no job runs until an approver "
                                   f"approves it ({outcome.why}).")  # fmt: skip
         context = _dry_run_context(found, actions.dry_run_of(found, views), carried)
         return render(request, "dry_run.html", {**context, "flashes": [flash], "proposal_id": outcome.proposal.proposal_id},
                       user=user)  # fmt: skip
-    return RedirectResponse(f"/review/jobs/{outcome.job.job_id}?started=1", status_code=303)
+    located = "" if found.sets is None else f"&set={found.settings.set_id}"
+    return RedirectResponse(f"/review/jobs/{outcome.job.job_id}?started=1{located}", status_code=303)
+
+
+async def _in_set_of(
+    found: ApiServices, ids: list[str] | None, dead_filter: DeadLetterFilter | None, carried: dict[str, Any]
+) -> ApiServices:
+    """Several sets: the one set a job's dead letters are in: the filter's `set`, or the one set a
+    selection or filter matches (spanning sets is refused whole: docs/review.md, "Several sets")."""
+    if ids is not None:
+        return await actions.one_set(found, ids)
+    assert dead_filter is not None
+    chosen = carried.get("values", {}).get("set")
+    if found.sets is not None and chosen:
+        return await actions.set_named(found, int(chosen))
+    return await actions.filter_set(found, dead_filter)
+
+
+def _label(found: ApiServices, number: int) -> str:
+    """A proposal's or a job's number as the pages show it: `3-4` with several sets (its set's number)."""
+    return str(number) if found.sets is None else f"{found.settings.set_id}-{number}"
+
+
+def _set_q(found: ApiServices) -> str:
+    return "" if found.sets is None else f"set={found.settings.set_id}"
 
 
 def dead_filter_of(carried: dict[str, Any]) -> DeadLetterFilter | None:
-    return parse_filter(carried["values"]).dead_filter
+    return parse_filter(carried["values"], sets="set" in carried["values"]).dead_filter
 
 
 @router.get("/review/jobs")
@@ -127,6 +155,8 @@ async def jobs(request: Request, user: User) -> Response:
     require(user, Right.VIEW)
     found = services(request)
     before = before_param(request)
+    if found.sets is not None:
+        return await _merged_jobs(request, user, found)
     try:
         listed = (await actions.store(found, found.queue.jobs(before_id=before, limit=JOBS_PAGE))).value
     except Problem as problem:
@@ -135,8 +165,23 @@ async def jobs(request: Request, user: User) -> Response:
     return render(request, "jobs.html", {"jobs": listed, "older": older}, user=user)
 
 
+async def _merged_jobs(request: Request, user: WebUser, found: ApiServices) -> Response:
+    """Several sets: every set's newest jobs merged by time, each named `{set}-{number}`; a set that
+    does not answer is named in a banner."""
+    try:
+        merged, unanswered = await across_sets.jobs(found, active_only=False, before=None, limit=JOBS_PAGE,
+                                                    one_set=False, partial=True)  # fmt: skip
+    except Problem as problem:
+        return problem_page(request, user, problem)
+    flashes = [Flash("error", f"Set {', '.join(map(str, unanswered))} did not answer: its jobs are missing from this"
+                              " list. Reload in a moment.")] if unanswered else []  # fmt: skip
+    return render(request, "jobs.html", {"jobs": [job for _, job in merged], "older": None, "flashes": flashes,
+                                         "labels": [_label(s, job.job_id) for s, job in merged],
+                                         "queries": [f"?{_set_q(s)}" for s, _ in merged]}, user=user)  # fmt: skip
+
+
 async def _job_context(request: Request, job_id: int) -> dict[str, Any]:
-    found = services(request)
+    found = await actions.set_named(services(request), set_param(request))
     job = await actions.job(found, job_id)
     result_text = request.query_params.get("result", "")
     result = ItemResult(result_text) if result_text in {r.value for r in ItemResult} else None
@@ -149,6 +194,7 @@ async def _job_context(request: Request, job_id: int) -> dict[str, Any]:
                    "done_ms": i.done_ms} for i in items],
         "next_after": actions.public(found, items[-1].message_id) if len(items) == ITEMS_PAGE else None,
         "first_page": after == 0, "results": [r.value for r in ItemResult],
+        **({} if found.sets is None else {"label": _label(found, job_id), "set_q": _set_q(found)}),
     }  # fmt: skip
 
 
@@ -160,7 +206,7 @@ async def job_page(request: Request, job_id: NumberPath, user: User) -> Response
     except Problem as problem:
         return problem_page(request, user, problem)
     if request.query_params.get("started") == "1":
-        context["flashes"] = [Flash("success", f"Job {job_id} started: it redrives {context['job'].total} dead letters "
+        context["flashes"] = [Flash("success", f"Job {context.get('label', job_id)} started: it redrives {context['job'].total} dead letters "
                                                f"at {context['job'].rate_per_s} a second.")]  # fmt: skip
     return render(request, "job.html", context, user=user)
 
@@ -170,10 +216,12 @@ async def progress(request: Request, job_id: NumberPath, user: User) -> Response
     """The counters alone, for htmx to poll while the job runs (it stops polling once it ends)."""
     require(user, Right.VIEW)
     try:
-        job = await actions.job(services(request), job_id)
+        found = await actions.set_named(services(request), set_param(request))
+        job = await actions.job(found, job_id)
     except Problem as problem:
         return problem_page(request, user, problem)
-    return render(request, "job_progress.html", {"job": job}, user=user)
+    return render(request, "job_progress.html", {"job": job, **({} if found.sets is None else {"set_q": _set_q(found)})},
+                  user=user)  # fmt: skip
 
 
 @router.post("/review/jobs/{job_id}/{action}")
@@ -187,8 +235,9 @@ async def control(request: Request, job_id: NumberPath, action: Annotated[str, P
             raise Problem("not-found", f"a job cannot {action}")
         if not reason:
             raise invalid([{"field": "reason", "message": f"say why you {action} the job"}])
+        found = await actions.set_named(found, set_param(request))
         job = await actions.control_job(found, user.name, job_id, action, reason)
-        flash = Flash("success", f"Job {job_id} is {job.state.value}." + (
+        flash = Flash("success", f"Job {_label(found, job_id)} is {job.state.value}." + (
             f" {job.not_redriven} dead letters were not redriven and stay dead." if job.state is JobState.CANCELLED else ""))
     except Problem as problem:
         flash = problem_flash(problem)

@@ -3,6 +3,10 @@
     compensator audit verify                      # the store's chain (the leader's), and every replica's head
     compensator audit verify --state COPY.lmdb    # a copy of one node's state store, offline
 
+With several sets (store.control_addresses), every set of the table is verified in turn, its own
+chain (each set chains its own operator actions): one line per set, exit 1 when any set's chain
+is broken, its replicas disagree, or it does not answer (the others are still verified).
+
 Exit 0: every entry's hash covers its content and the previous entry's hash, and the head (count
 and last hash) matches. Exit 1: the first entry that does not hold is named on stderr with what is
 wrong (its content does not match its hash, its link to the previous entry is broken, an entry is
@@ -22,10 +26,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
 from compensator.config_processes import parse_address
-from compensator.store import queue_client, store_auth
+from compensator.store import control_set, queue_client, store_auth
 from queues import ClientError, QueueClient, QueueError
 from queues.audit import close_clients, replica_clients
 from queues.core.audit_chain import AUDIT_PAGE_MAX, Broken, ChainVerifier, Head, head, verify
@@ -51,7 +57,32 @@ def run(args: argparse.Namespace) -> int:
         count, broken, head = verify_file(args.state)
         return _report(count, broken, head, source=str(args.state))
     config = load_for(args)
+    if config.store.control_addresses:
+        return asyncio.run(_verify_sets(config))
     return asyncio.run(_verify_store(config))
+
+
+async def _verify_sets(config: Config) -> int:
+    """Each set of the table, one after another, as `_verify_store` verifies one set."""
+    control = control_set(config)
+    try:
+        found, _ = await control.read()
+    except (ClientError, QueueError) as error:
+        raise AuditCommandError(f"the control set at {','.join(config.store.control_addresses)} did not answer: "
+                                f"{error}") from None  # fmt: skip
+    finally:
+        await control.queue.raft.close()
+    if found is None:
+        raise AuditCommandError("the control set holds no set table yet (run `compensator sets init`)")
+    failed = 0
+    for set_id, addresses in sorted(found.addresses().items()):
+        one = msgspec.structs.replace(config, store=msgspec.structs.replace(config.store, addresses=addresses))
+        try:
+            failed |= await _verify_store(one, label=f"set {set_id}: ")
+        except AuditCommandError as error:
+            print(f"compensator audit verify: set {set_id}: {error}", file=sys.stderr)
+            failed = 1
+    return failed
 
 
 def verify_file(path: Path) -> tuple[int, Broken | None, Head | None]:
@@ -82,7 +113,7 @@ def _report(count: int, broken: Broken | None, head: Head | None, *, source: str
     return 0
 
 
-async def _verify_store(config: Config) -> int:
+async def _verify_store(config: Config, label: str = "") -> int:
     queue = queue_client(config)
     try:
         verifier, hashes, stored = await _walk(queue)
@@ -91,12 +122,12 @@ async def _verify_store(config: Config) -> int:
     finally:
         await queue.raft.close()
     broken = verifier.finish(stored)
-    source = "store " + ",".join(config.store.addresses)
+    source = label + "store " + ",".join(config.store.addresses)
     if broken is not None:
         return _report(verifier.count, broken, stored, source=source)
     disagreeing = await _replica_heads(config, hashes)
     if disagreeing:
-        print(f"compensator audit verify: replicas whose chain is not the leader's: {'; '.join(disagreeing)}",
+        print(f"compensator audit verify: {label}replicas whose chain is not the leader's: {'; '.join(disagreeing)}",
               file=sys.stderr)  # fmt: skip
         return 1
     return _report(verifier.count, None, stored, source=source)

@@ -59,7 +59,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             observe_store_s=metrics.observe_store,
             sets=sets,
         ),
-        readiness=Readiness(queue, tokens, lag_max=config.api.ready_lag_entries_max),
+        readiness=Readiness(queue, tokens, lag_max=config.api.ready_lag_entries_max, sets=sets),
         metrics=metrics,
         settings=ApiSettings(
             set_id=config.store.set_id,

@@ -175,6 +175,11 @@ class SetsClient:
             self._refreshing = None
         return future.result()
 
+    async def refresh_if_due(self) -> None:
+        """Re-read the table when the cached one is older than the refresh period (readers that
+        span every set call it first, so a set added since is read too)."""
+        await self._fresh_enough()
+
     async def _fresh_enough(self) -> None:
         if self.control is not None and self._clock() - self._read_at >= self._refresh_s:
             self._read_at = self._clock()  # one refresh per period, whatever its outcome

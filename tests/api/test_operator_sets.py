@@ -7,43 +7,29 @@ and three sets are one-node stores in this process, sharing one cluster secret."
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from api_support import running_api
+from sets_support import set_stores
 
 from api.services import ApiServices
 from compensator.cli import main
 from compensator.commands.operator import _problem_line
 from delay.policy import RetryPolicy
 from queues import QueueClient, RaftClient, Role, SetsClient
-from queues.replicated import machine_factory
 from queues.sets import table
 from queues.sets.client import ControlSet
 from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy
-from raft_store.auth import write_secret_file
 from raft_store.testing.inprocess import StoreThread
 
 
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
     """The control set (0) and sets 1-3, one secret for all (as a deployment has)."""
-    secret = tmp_path / "secret"
-    write_secret_file(secret)
-    started: dict[int, StoreThread] = {}
-    try:
-        for set_id in range(4):
-            folder = tmp_path / f"s{set_id}"
-            folder.mkdir()
-            shutil.copy(secret, folder / "store.secret")
-            started[set_id] = StoreThread(folder / "store", machine_factory)
-            started[set_id].start()
+    with set_stores(tmp_path) as started:
         yield started
-    finally:
-        for thread in started.values():
-            thread.stop()
 
 
 def client(thread: StoreThread) -> QueueClient:
