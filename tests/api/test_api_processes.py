@@ -513,11 +513,18 @@ class Launcher:
         return found
 
     def cleanup(self) -> None:
-        """Whatever a failed test left: the launcher, then anything it started, by pid."""
+        """Whatever a test left: the launcher asked to stop as Ctrl-C asks it (it stops what it
+        started, its PostgreSQL included: that server is no descendant by the time it runs, since
+        pg_ctl daemonizes it, so a SIGKILL of the launcher alone left it running), killed if it
+        does not within 30 s; then anything it started, by pid."""
         if self.process.poll() is None:
             self.track()
-            self.process.kill()
-            self.process.wait()
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         for pid in self.left_running():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
