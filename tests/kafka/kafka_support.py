@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from delay.policy import RetryPolicy
 from ledger.pg import free_tcp_port
@@ -148,3 +148,20 @@ async def until(check: Any, timeout_s: float = 60.0, what: str = "condition") ->
     while not await check():
         assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
         await asyncio.sleep(0.1)
+
+
+async def requests_to_ingest(bootstrap: str, sent: list[tuple[bytes, bytes]], group: str) -> AIOKafkaConsumer:
+    """`sent` (key, value) on the requests topic, each acknowledged by the broker, and a started
+    consumer of that topic for an ingest: the group's offsets uncommitted, from the earliest."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        for key, value in sent:
+            await producer.send_and_wait("requests", value, key=key)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer("requests", bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                                auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
+                                heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)  # fmt: skip
+    await consumer.start()
+    return consumer

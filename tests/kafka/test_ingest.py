@@ -9,8 +9,8 @@ import asyncio
 import json
 import time
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kafka_support import HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS, Broker, read_topic, until
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from kafka_support import Broker, read_topic, requests_to_ingest, until
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -45,19 +45,9 @@ async def test_repeats_are_harmless_reused_keys_and_bad_records_are_rejected_and
 ) -> None:
     settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
     await ensure_topics(settings, ["requests", "rejects"], 1)
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", enable_idempotence=False)
-    await producer.start()
     sent = [(b"k1", body("t1")), (b"k1", body("t1")), (b"k2", body("t2")), (b"k2", body("t2", 999)),
             (b"k3", b"[1, 2"), (b"k4", body("t4"))]  # fmt: skip
-    try:
-        for key, value in sent:
-            await producer.send_and_wait("requests", value, key=key)
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer("requests", bootstrap_servers=broker.bootstrap, group_id=GROUP, enable_auto_commit=False,
-                                auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
-                                heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)  # fmt: skip
-    await consumer.start()
+    consumer = await requests_to_ingest(broker.bootstrap, sent, GROUP)
     metrics = KafkaMetrics()
     spans = InMemorySpanExporter()
     provider = TracerProvider()

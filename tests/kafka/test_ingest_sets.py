@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kafka_support import HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS, Broker, read_topic, until
+from aiokafka import TopicPartition
+from kafka_support import Broker, read_topic, requests_to_ingest, until
 from opentelemetry.sdk.trace import TracerProvider
 from test_ingest import body
 
@@ -51,17 +51,7 @@ async def test_each_record_lands_in_its_keys_set_and_replays_and_reuse_are_judge
     keys = [f"k{n}" for n in range(30)]
     sent = [(key.encode(), body(f"t-{key}")) for key in keys]
     sent += [(b"k1", body("t-k1")), (b"k2", body("t-k2", 999))]  # a redelivery, a key reused with another body
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", enable_idempotence=False)
-    await producer.start()
-    try:
-        for key, value in sent:
-            await producer.send_and_wait("requests", value, key=key)
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer("requests", bootstrap_servers=broker.bootstrap, group_id=GROUP, enable_auto_commit=False,
-                                auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
-                                heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)  # fmt: skip
-    await consumer.start()
+    consumer = await requests_to_ingest(broker.bootstrap, sent, GROUP)
     metrics = KafkaMetrics()
     rejects = RecordSink(settings)
     home = _client(stores[1])
