@@ -181,24 +181,25 @@ async def _sets(config: Config) -> tuple[list[dict[str, Any]], list[_OtherSet]]:
         rows[0]["healthy"] = False
         await control.queue.raft.close()
         return rows, []
-    others: list[_OtherSet] = []
     try:
         rows += [_set_row(found.set_id, found.addresses, found.nodes, config) for found in await sets.statuses()]
-        for row in rows[1:]:
-            if row["set"] == config.store.set_id or row["set"] not in sets.clients:
-                continue
-            queue = sets.clients[row["set"]]
-            try:
-                counts, ages, digest = await asyncio.gather(
-                    queue.counts(), queue.oldest_due_age_ms(), queue.events_digest(0, 0))
-            except (ClientError, QueueError) as error:
-                row["error"] = f"serves no reads (its requests are not in the table below): {error}"
-                row["healthy"] = False
-                continue
-            others.append(_OtherSet(row["set"], dict(counts.value), dict(ages.value), digest.value.last_seq))
+        wanted = [row for row in rows[1:] if row["set"] != config.store.set_id and row["set"] in sets.clients]
+        # All at once: a set without a leader costs the whole picture one store deadline, not one per set.
+        found = await asyncio.gather(*(_other(row, sets.clients[row["set"]]) for row in wanted))
     finally:
         await sets.close()
-    return rows, others
+    return rows, [other for other in found if other is not None]
+
+
+async def _other(row: dict[str, Any], queue: QueueClient) -> _OtherSet | None:
+    """A set's depth, ages and last event; None (and its row marked) when it serves no reads."""
+    try:
+        counts, ages, digest = await asyncio.gather(queue.counts(), queue.oldest_due_age_ms(), queue.events_digest(0, 0))
+    except (ClientError, QueueError) as error:
+        row["error"] = f"serves no reads (its requests are not in the table below): {error}"
+        row["healthy"] = False
+        return None
+    return _OtherSet(row["set"], dict(counts.value), dict(ages.value), digest.value.last_seq)
 
 
 def _set_row(set_id: int, addresses: Sequence[str], nodes: list[dict[str, Any]], config: Config) -> dict[str, Any]:
