@@ -66,19 +66,18 @@ def sets_client(config: Config, auth: StoreAuth | None = None) -> SetsClient | N
     )  # fmt: skip
 
 
-async def set_clients(config: Config, auth: StoreAuth | None = None) -> dict[int, QueueClient]:
-    """Every set's client by set id: what a worker leases from. One set: {store.set_id: its client}.
-    Many: the sets of the table the control set holds now (read once; the control set's client is
-    closed again). Raises TableError while the control set holds no table, ClientError when it
-    cannot be read."""
-    if not config.store.control_addresses:
-        return {config.store.set_id: queue_client(config, auth)}
+async def open_sets(config: Config, auth: StoreAuth | None = None) -> SetsClient:
+    """The facade over the sets of the table the control set holds now, its control set's client
+    kept open so that `refresh` re-reads the table (what a worker leases from, and how it finds a
+    set added later). Raises TableError while the control set holds no table, ClientError when it
+    cannot be read; the caller closes it."""
     auth = auth or store_auth(config)
     control = control_set(config, auth)
     try:
-        sets = await SetsClient.from_control(
-            control, connect=lambda _set_id, addresses: QueueClient(raft_client(config, auth, addresses)),
+        return await SetsClient.from_control(
+            control, refresh_s=config.store.sets_refresh_s,
+            connect=lambda _set_id, addresses: QueueClient(raft_client(config, auth, addresses)),
         )  # fmt: skip
-    finally:
+    except BaseException:
         await control.queue.raft.close()
-    return dict(sets.clients)
+        raise
