@@ -112,7 +112,8 @@ class ApiServices:
     async def start(self) -> None:
         if self.sets is not None:
             await self.sets.refresh()  # unreachable: intake answers 503 until a refresh reads the table
-            self.background.append(asyncio.create_task(self.sets.repair_settings_forever(self.settings.settings_repair_s)))
+            self.background.append(asyncio.create_task(
+                self.sets.repair_settings_forever(self.settings.settings_repair_s, self.metrics.observe_repair)))
         await self.tokens.start()
         if self.web is not None:
             await self.web.start()

@@ -74,6 +74,14 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
         assert "applied in sets 1,3" in line and "not applied in sets 2" in line and "safe" in line
         mode = await api.client.put("/v1/breakers/payment", json={"mode": "open", "reason": "drill"}, headers=operator)
         assert mode.status_code == 503 and mode.json()["unapplied_sets"] == [2]
+        services: ApiServices = api.app.state.services
+        for _ in range(100):  # the on-call engineer sees which set the repair cannot compare
+            if 'compensator_api_settings_unverified{set="2"} 1.0' in services.metrics.exposition().decode():
+                break
+            await asyncio.sleep(0.1)
+        text = services.metrics.exposition().decode()
+        assert 'compensator_api_settings_unverified{set="2"} 1.0' in text
+        assert 'compensator_api_settings_unverified{set="1"} 0.0' in text
 
         stores[2].start_node()
         for _ in range(100):  # the API's settings repair runs every store.sets_refresh_s (1 s here)
@@ -81,7 +89,14 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
                 break
             await asyncio.sleep(0.1)
         assert await holders(stores[2]) == ["ops:a", "ops:b"]
-        services: ApiServices = api.app.state.services
+        for _ in range(100):  # the pass that repaired it has reported by the next one
+            if 'compensator_api_settings_unverified{set="2"} 0.0' in services.metrics.exposition().decode():
+                break
+            await asyncio.sleep(0.1)
+        text = services.metrics.exposition().decode()
+        assert 'compensator_api_settings_unverified{set="2"} 0.0' in text
+        assert 'compensator_api_settings_repaired_total{set="2"} 2.0' in text  # the pause and the breaker's mode
+        assert 'compensator_api_settings_repaired_total{set="1"}' not in text
         assert services.sets is not None and await services.sets.repair_settings() == {}  # in line now
         queue = client(stores[2])
         try:
