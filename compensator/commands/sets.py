@@ -5,6 +5,7 @@
     compensator sets add --addresses h:p,h:p,h:p [--addresses ...] --reason R
     compensator sets add --resume --reason R                 (finish an add that stopped half-way)
     compensator sets settings [--repair]                     (which sets miss an intended setting; apply them)
+    compensator sets settings --adopt SET --reason R         (record what SET holds as intended: after an upgrade)
 
 Adding sets is three steps, each a replicated, audited write: the new epoch written as pending in
 the control set; the intended cluster-wide settings copied to the new sets and a `RouteFence(new
@@ -26,7 +27,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from compensator.commands.token import actor_name, with_store
 from compensator.config import Config
@@ -36,6 +37,8 @@ from compensator.store import control_set, raft_client, store_auth
 from queues import ClientError, ControlSet, QueueClient, QueueError, SetsClient, StoreAuth, cluster_settings
 from queues.sets import table
 from queues.sets.table import SetTable, TableError
+from services.worker.breaker import NAMESPACE as BREAKERS
+from services.worker.documents import TABLES
 
 T = TypeVar("T")
 
@@ -58,7 +61,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--resume", action="store_true", help="finish a pending epoch (fence, activate)")
     drift = actions.add_parser("settings", help="the cluster-wide settings each set misses (exit 1 if any); --repair applies them")
     drift.add_argument("--repair", action="store_true", help="apply what a set misses now (audited as the settings repair)")
-    for parser in (init, add):
+    drift.add_argument("--adopt", type=int, metavar="SET",
+                       help="record the settings SET holds and no intent names yet as intended (after upgrading a"
+                            " deployment whose settings predate the fan-out); the repair then gives them to every set")  # fmt: skip
+    for parser in (init, add, drift):
         parser.add_argument("--actor", default=actor_name(), help="who is doing this (recorded)")
         parser.add_argument("--reason", default="", help="why (recorded)")
     for parser in (listing, init, add, drift):
@@ -190,6 +196,8 @@ async def _settings(control: ControlSet, config: Config, args: argparse.Namespac
     found, _ = await control.read()
     if found is None:
         raise SetsCommandError("the control set holds no set table yet (run `compensator sets init`)")
+    if args.adopt is not None:
+        return await _adopt(control, config, found, args)
     wanted, _ = await cluster_settings.intended(control.queue)
     sets = _facade(config, found)
     ids = [entry.id for entry in found.sets]
@@ -225,6 +233,31 @@ async def _settings(control: ControlSet, config: Config, args: argparse.Namespac
         what += ("; " if what else "") + (f"sets {','.join(map(str, silent))} do not answer" if silent else "")
         raise SetsCommandError(f"{what}: `compensator sets settings --repair` applies them once they answer (the"
                                " API's settings repair does too, every store.sets_refresh_s)")  # fmt: skip
+    return 0
+
+
+ADOPTED_NAMESPACES: Final = (BREAKERS, TABLES)
+"""The settings documents that are cluster-wide (the breakers' modes, the classification tables)."""
+
+
+async def _adopt(control: ControlSet, config: Config, found: SetTable, args: argparse.Namespace) -> int:
+    if args.adopt not in found.addresses():
+        raise SetsCommandError(f"--adopt {args.adopt}: the set table has no set {args.adopt}"
+                               f" (sets {','.join(map(str, sorted(found.addresses())))})")  # fmt: skip
+    if args.repair:
+        raise SetsCommandError("--adopt and --repair: adopt first, then repair (or let the API's repair do it)")
+    sets = _facade(config, found)
+    try:
+        adopted = await cluster_settings.adopt(
+            control.queue, sets.client(args.adopt), ADOPTED_NAMESPACES, actor=args.actor,
+            reason=args.reason or f"adopted from set {args.adopt}",
+        )  # fmt: skip
+    finally:
+        await sets.close()
+    for name in adopted:
+        print(f"adopted {name}")
+    print(f"{len(adopted)} setting(s) of set {args.adopt} recorded as intended; the API's settings repair gives them"
+          " to every set within store.sets_refresh_s (or now: `compensator sets settings --repair`)")  # fmt: skip
     return 0
 
 

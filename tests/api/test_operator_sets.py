@@ -18,7 +18,7 @@ from api.services import ApiServices
 from compensator.cli import main
 from compensator.commands.operator import _problem_line
 from delay.policy import RetryPolicy
-from queues import QueueClient, RaftClient, Role, SetsClient
+from queues import QueueClient, RaftClient, Role, SetsClient, cluster_settings
 from queues.sets import table
 from queues.sets.client import ControlSet
 from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy
@@ -182,3 +182,58 @@ def test_sets_add_copies_the_intended_settings_to_the_new_set_before_activating_
     assert main(["sets", "settings", "--repair"]) == 0
     assert capsys.readouterr().out.splitlines() == ["set 2: re-applied document/breakers/payment"]
     assert main(["sets", "settings"]) == 0
+
+
+def test_settings_written_before_the_fan_out_are_adopted_from_one_set_and_repaired_into_the_others(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An upgraded deployment: set 1 holds a pause, a policy and a breaker's mode written before
+    intents existed (straight to the set), and a breaker's own pause. `sets settings --adopt 1`
+    records them as intended (never the breaker's pause, never over an intent that exists), and
+    `--repair` then gives them to set 2."""
+
+    async def prepare() -> None:
+        control = ControlSet(client(stores[0]))
+        home = client(stores[1])
+        try:
+            await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2)}), expected_version=0,
+                                actor="test", reason="init")  # fmt: skip
+            await home.pause("transfer", "ops:old", "outage from before", actor="bob")
+            await home.pause("transfer", "breaker:payment", "tripped", actor="worker-1")
+            await home.set_policy("transfer", RetryPolicy(attempts_max=5), actor="bob", reason="slower")
+            await home.put_document("breakers", "payment", b'{"mode":"closed","reason":"r"}', actor="bob", reason="r")
+            # The policy of 'list_update' was given after the upgrade: its intent is newer, and stays.
+            await cluster_settings.record(control.queue, Policy(kind="list_update", policy=RetryPolicy(attempts_max=9)),
+                                          actor="alice")  # fmt: skip
+        finally:
+            await control.queue.raft.close()
+            await home.raft.close()
+
+    asyncio.run(prepare())
+    monkeypatch.setenv("COMPENSATOR_STORE__ADDRESSES", stores[1].addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__CONTROL_ADDRESSES", stores[0].addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__SECRET_FILE", str(stores[1].secret_file))
+    assert main(["sets", "settings", "--adopt", "7", "--reason", "upgrade"]) == 1  # no such set: nothing recorded
+    assert "no set 7" in capsys.readouterr().err
+    assert main(["sets", "settings", "--adopt", "1", "--reason", "upgrade"]) == 0
+    adopted = capsys.readouterr().out.splitlines()
+    assert "adopted pause/transfer/ops:old" in adopted and "adopted policy/transfer" in adopted
+    assert "adopted document/breakers/payment" in adopted
+    assert not any("breaker:payment" in line or "policy/list_update" in line for line in adopted), adopted
+    assert main(["sets", "settings", "--repair"]) == 0
+    assert main(["sets", "settings"]) == 0  # every set holds every intended setting now
+    capsys.readouterr()
+
+    async def check() -> None:
+        queue = client(stores[2])
+        try:
+            kinds = {view.kind: view for view in (await queue.kinds()).value}
+            assert [p.holder for p in kinds["transfer"].pauses] == ["ops:old"]  # not the breaker's
+            assert kinds["transfer"].policy == RetryPolicy(attempts_max=5)
+            assert kinds["list_update"].policy == RetryPolicy(attempts_max=9)  # the newer intent, not set 1's
+            documents = (await queue.documents("breakers")).value.documents
+            assert [(d.name, d.body) for d in documents] == [("payment", b'{"mode":"closed","reason":"r"}')]
+        finally:
+            await queue.raft.close()
+
+    asyncio.run(check())
