@@ -74,6 +74,10 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
         assert "applied in sets 1,3" in line and "not applied in sets 2" in line and "safe" in line
         mode = await api.client.put("/v1/breakers/payment", json={"mode": "open", "reason": "drill"}, headers=operator)
         assert mode.status_code == 503 and mode.json()["unapplied_sets"] == [2]
+        fortnight = 14 * 86_400_000
+        kept = await api.client.put("/v1/retention", json={"retention_ms": fortnight, "reason": "two weeks"},
+                                    headers=api.auth(Role.ADMIN))  # fmt: skip
+        assert kept.status_code == 503 and kept.json()["unapplied_sets"] == [2]
         services: ApiServices = api.app.state.services
         for _ in range(100):  # the on-call engineer sees which set the repair cannot compare
             if 'compensator_api_settings_unverified{set="2"} 1.0' in services.metrics.exposition().decode():
@@ -95,7 +99,8 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
             await asyncio.sleep(0.1)
         text = services.metrics.exposition().decode()
         assert 'compensator_api_settings_unverified{set="2"} 0.0' in text
-        assert 'compensator_api_settings_repaired_total{set="2"} 2.0' in text  # the pause and the breaker's mode
+        # the pause, the breaker's mode and the retention
+        assert 'compensator_api_settings_repaired_total{set="2"} 3.0' in text
         assert 'compensator_api_settings_repaired_total{set="1"}' not in text
         assert services.sets is not None and await services.sets.repair_settings() == {}  # in line now
         queue = client(stores[2])
@@ -104,6 +109,12 @@ async def test_a_pause_holds_in_every_set_and_a_set_down_is_named_then_repaired(
         finally:
             await queue.raft.close()
         assert [d.name for d in documents] == ["payment"]
+        for s in (1, 2, 3):
+            queue = client(stores[s])
+            try:
+                assert (await queue.retention()).value.retention_ms == fortnight
+            finally:
+                await queue.raft.close()
         resumed = await api.client.post("/v1/kinds/transfer/resume", json={"holder": "ops:b"}, headers=operator)
         assert resumed.status_code == 200 and [await holders(stores[s]) for s in (1, 2, 3)] == [["ops:a"]] * 3
 
