@@ -26,6 +26,7 @@ from api.summaries import SummaryReads
 from api.web.sessions import WebAuth
 from delay.policy import RetryPolicy
 from queues import ClientError, QueueClient, QueueError, SetsClient, UnknownSet, cluster_settings
+from queues.model import QueueResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,6 +162,27 @@ class ApiServices:
                 headers=retry, extra={"applied_sets": outcome.applied, "unapplied_sets": outcome.unreachable},
             )  # fmt: skip
         return outcome
+
+    async def write_setting(self, setting: cluster_settings.Setting, *, actor: str) -> QueueResult:
+        """A cluster-wide setting written: to every set with several (`fan_out`; a set's refusal is
+        the invalid-request problem naming the sets), else to the one store. Answers a set's result."""
+        if self.sets is not None:
+            outcome = await self.fan_out(setting, actor=actor)
+            if outcome.refused:
+                raise Problem("invalid-request", f"the store refused it in sets {', '.join(map(str, outcome.refused))};"
+                              f" applied in sets {', '.join(map(str, outcome.applied)) or 'none'}")  # fmt: skip
+            first = outcome.first()
+            assert first is not None  # every set answered, and none refused
+            return first
+        try:
+            result = await cluster_settings.apply(self.queue, setting, actor=actor)
+        except ClientError as error:
+            raise self.read_failure(error) from None
+        except QueueError as error:
+            raise Problem("invalid-request", f"the store refused it: {error}") from None
+        if cluster_settings.settled(setting, result) is None:
+            raise Problem("invalid-request", f"the store refused it: {getattr(result, 'code', result)!r}")
+        return result
 
     @staticmethod
     def read_failure(error: ClientError | QueueError) -> Problem:

@@ -22,9 +22,9 @@ from starlette.responses import Response
 from api import openapi
 from api.auth import Observer, Principal, requires
 from api.http import json_response
-from api.problems import Problem, invalid
+from api.problems import invalid
 from api.services import ApiServices, of
-from queues import ClientError, Code, QueueError, cluster_settings
+from queues import ClientError, QueueError, cluster_settings
 from queues.model import RetentionResult
 
 router = APIRouter(tags=["retention"])
@@ -81,27 +81,10 @@ async def set_retention(request: Request, change: RetentionChange, principal: Ad
     if low:
         raise invalid([{"field": name, "message": f"{value} is under the store's floor of {before['floor_ms']} ms"}
                        for name, value in low])  # fmt: skip
-    if services.sets is None:
-        try:
-            result = await services.queue.set_retention(actor=principal.name, reason=change.reason,
-                                                        retention_ms=change.retention_ms,
-                                                        event_retention_ms=change.event_retention_ms)  # fmt: skip
-        except ClientError as error:
-            raise services.read_failure(error) from None
-        except QueueError as error:
-            raise Problem("invalid-request", f"the store refused it: {error}") from None
-        if result.code is not Code.OK:
-            raise Problem("invalid-request", f"the store refused it: {result.code.name}")
-    else:
-        setting = cluster_settings.Retention(retention_ms=change.retention_ms,
-                                             event_retention_ms=change.event_retention_ms, reason=change.reason)  # fmt: skip
-        outcome = await services.fan_out(setting, actor=principal.name)
-        if outcome.refused:
-            raise Problem("invalid-request", f"the store refused it in sets {', '.join(map(str, outcome.refused))};"
-                          f" applied in sets {', '.join(map(str, outcome.applied)) or 'none'}")  # fmt: skip
-        first = outcome.first()
-        assert isinstance(first, RetentionResult)
-        result = first
+    setting = cluster_settings.Retention(retention_ms=change.retention_ms,
+                                         event_retention_ms=change.event_retention_ms, reason=change.reason)  # fmt: skip
+    result = await services.write_setting(setting, actor=principal.name)
+    assert isinstance(result, RetentionResult)
     after = {"retention_ms": result.retention_ms, "event_retention_ms": result.event_retention_ms,
              "floor_ms": before["floor_ms"]}  # fmt: skip
     return json_response({"before": before, "after": after})
