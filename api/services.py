@@ -59,7 +59,8 @@ class ApiServices:
     """Users and sessions of the review pages (api/web/sessions.py); None: every page asks for a login."""
     sets: SetsClient | None = None
     """Every set of the set table (store.control_addresses, docs/sets.md); None: one set, `queue`.
-    `queue` stays the home set's client: tokens, users, sessions and the review pages live there."""
+    `queue` stays the home set's client; tokens, users and sessions live in the control set
+    (`control_services`, set 0 of the audit list)."""
     summaries: SummaryReads = dataclasses.field(init=False)
     """The dead-letter list's counts and totals: one read of a filter at a time, shared."""
     background: list[asyncio.Task[None]] = dataclasses.field(init=False, default_factory=list, repr=False)
@@ -100,6 +101,20 @@ class ApiServices:
             object.__setattr__(found, "per_set", self.per_set)
             object.__setattr__(found.masked, "per_set", self.per_set)
             self.per_set[set_id] = found
+        return found.masked if isinstance(self.queue, MaskedQueueClient) else found
+
+    def control_services(self) -> ApiServices | None:
+        """These services over the control set (set 0: its audit chain holds the set table's and the
+        intended settings' writes, tokens and users), read as this caller may; None with one set."""
+        if self.sets is None or self.sets.control is None:
+            return None
+        plain = self.sets.control.queue
+        found = self.per_set.get(0)
+        if found is None:
+            found = dataclasses.replace(self, queue=plain, settings=dataclasses.replace(self.settings, set_id=0))
+            object.__setattr__(found, "per_set", self.per_set)
+            object.__setattr__(found.masked, "per_set", self.per_set)
+            self.per_set[0] = found
         return found.masked if isinstance(self.queue, MaskedQueueClient) else found
 
     async def every_set(self) -> list[ApiServices]:

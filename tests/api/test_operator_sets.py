@@ -11,18 +11,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_support import running_api
+from api_support import running_api, transfer
 from sets_support import set_stores
 
 from api.services import ApiServices
+from api.tokens import new_token, token_hash
 from compensator.cli import main
 from compensator.commands.operator import _problem_line
 from delay.policy import RetryPolicy
 from queues import QueueClient, RaftClient, Role, SetsClient, cluster_settings
-from queues.sets import table
+from queues.sets import routing, table
 from queues.sets.client import ControlSet
 from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy
 from raft_store.testing.inprocess import StoreThread
+from submission.rules import store_key
 
 
 @pytest.fixture
@@ -248,3 +250,74 @@ def test_settings_written_before_the_fan_out_are_adopted_from_one_set_and_repair
             await queue.raft.close()
 
     asyncio.run(check())
+
+
+def test_tokens_and_users_live_in_the_control_set_so_the_home_set_down_stops_only_its_keys(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With several sets the API reads tokens (and review users) from the control set: with set 1
+    (the home set) down the API stays ready, takes the other sets' keys, refuses set 1's with 503,
+    and a token created meanwhile (`compensator token create`, written to the control set) lets its
+    holder in. A token an older version wrote to set 1 is copied over by `sets access --adopt 1`."""
+    epoch = table.Epoch(1, (1, 2, 3))
+
+    async def prepare() -> None:
+        control = ControlSet(client(stores[0]))
+        home = client(stores[1])
+        try:
+            await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
+                                actor="test", reason="init")  # fmt: skip
+            await home.put_token("old-producer", Role.PRODUCER, token_hash(old_token), actor="bob", reason="v1")
+        finally:
+            await control.queue.raft.close()
+            await home.raft.close()
+
+    old_token = new_token()
+    asyncio.run(prepare())
+    monkeypatch.setenv("COMPENSATOR_STORE__ADDRESSES", stores[1].addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__CONTROL_ADDRESSES", stores[0].addresses)
+    monkeypatch.setenv("COMPENSATOR_STORE__SECRET_FILE", str(stores[1].secret_file))
+    monkeypatch.setenv("COMPENSATOR_STORE__DEADLINE_S", "1")
+    monkeypatch.setenv("COMPENSATOR_STORE__ATTEMPT_TIMEOUT_S", "0.5")
+
+    async def scenario() -> None:
+        async with running_api(stores[1], store__control_addresses=stores[0].addresses, store__sets_refresh_s="1",
+                               store__deadline_s="1", store__attempt_timeout_s="0.5") as api:  # fmt: skip
+            old = {"Authorization": f"Bearer {old_token}"}
+            assert (await api.client.get("/v1/requests/1-1", headers=old)).status_code == 401  # not adopted yet
+            stores[1].stop_node()
+            await asyncio.sleep(1.1)  # past the readiness cache
+            ready = await api.client.get("/readyz")
+            assert ready.status_code == 200 and ready.json()["checks"]["sets_down"] == [1], ready.text
+            keys = [f"k{n}" for n in range(12)]
+            answers = {key: await api.client.post("/v1/requests", json=transfer(key), headers={
+                **api.auth(Role.PRODUCER), "Idempotency-Key": key}) for key in keys}  # fmt: skip
+            for key, answer in answers.items():
+                home = routing.candidate(store_key("producer", key), epoch)
+                assert answer.status_code == (503 if home == 1 else 201), (key, home, answer.text)
+            assert {routing.candidate(store_key("producer", k), epoch) for k in keys} == {1, 2, 3}
+
+            assert await asyncio.to_thread(main, ["token", "create", "--name", "late", "--role", "producer"]) == 0
+            late = {"Authorization": f"Bearer {capsys.readouterr().out.strip()}"}
+            key = next(f"late-{n}" for n in range(100) if routing.candidate(store_key("late", f"late-{n}"), epoch) != 1)
+
+            async def submitted() -> int:
+                answer = await api.client.post("/v1/requests", json=transfer(key), headers={**late, "Idempotency-Key": key})
+                return answer.status_code
+
+            for _ in range(50):  # the API's token cache refreshes every 0.2 s here
+                if await submitted() != 401:
+                    break
+                await asyncio.sleep(0.1)
+            assert await submitted() in (200, 201)
+            stores[1].start_node()
+
+            assert await asyncio.to_thread(main, ["sets", "access", "--adopt", "1", "--reason", "upgrade"]) == 0
+            assert "copied token old-producer (producer)" in capsys.readouterr().out.splitlines()
+            for _ in range(50):
+                if (await api.client.get("/v1/requests/1-1", headers=old)).status_code != 401:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await api.client.get("/v1/requests/1-1", headers=old)).status_code in (200, 404)
+
+    asyncio.run(scenario())
