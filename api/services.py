@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from starlette.requests import Request
 
@@ -28,6 +29,7 @@ from delay.policy import RetryPolicy
 from queues import ClientError, QueueClient, QueueError, SetsClient, UnknownSet, cluster_settings
 from queues.model import QueueResult
 
+T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApiSettings:
@@ -68,6 +70,8 @@ class ApiServices:
     masked: ApiServices = dataclasses.field(init=False, repr=False)
     """The same services with a store that masks every answer's personal data and writes nothing
     (api/masked_reads.py): what a caller without personal-data rights is given (`of`)."""
+    cluster_reader: list[int] = dataclasses.field(default_factory=list, repr=False)
+    """With several sets: the set `cluster_read` last had an answer from (shared by the twins)."""
     per_set: dict[int, ApiServices] = dataclasses.field(init=False, repr=False)
     """With several sets: the services of each other set (`in_set`), made once, shared by the twins."""
 
@@ -102,6 +106,31 @@ class ApiServices:
             object.__setattr__(found.masked, "per_set", self.per_set)
             self.per_set[set_id] = found
         return found.masked if isinstance(self.queue, MaskedQueueClient) else found
+
+    async def cluster_read(self, read: Callable[[QueueClient], Awaitable[T]]) -> T:
+        """A read of what every set holds alike once fanned out (kinds, pauses, policies, breakers'
+        documents, classification tables, retention): the home set's answer; with several sets, when
+        it does not answer, the next set's that does (the one that answered last is asked first
+        next time, so a home set that is down costs one deadline, not one per read)."""
+        if self.sets is None:
+            return await read(self.queue)
+        order = [self.settings.set_id, *(s for s in self.sets.set_ids if s != self.settings.set_id)]
+        preferred = self.cluster_reader[0] if self.cluster_reader else self.settings.set_id
+        order.sort(key=lambda set_id: set_id != preferred)
+        first: ClientError | None = None
+        for set_id in order:
+            queue = await self.queue_of(set_id)
+            if queue is None:
+                continue
+            try:
+                answer = await read(queue)
+            except ClientError as error:
+                first = first or error
+                continue
+            self.cluster_reader[:] = [set_id]
+            return answer
+        assert first is not None
+        raise first
 
     def control_services(self) -> ApiServices | None:
         """These services over the control set (set 0: its audit chain holds the set table's and the

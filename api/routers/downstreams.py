@@ -80,8 +80,9 @@ def _mode(body: bytes) -> Mode:
             responses=openapi.problems(401, 403, 503))  # fmt: skip
 async def breakers(request: Request, principal: Observer) -> Response:
     services: ApiServices = of(request)
-    kinds = {view.kind: view for view in await _read(services, services.queue.kinds())}
-    documents = {doc.name: doc for doc in (await _read(services, services.queue.documents(BREAKERS))).documents}
+    kinds = {view.kind: view for view in await _read(services, services.cluster_read(lambda queue: queue.kinds()))}
+    read = services.cluster_read(lambda queue: queue.documents(BREAKERS))
+    documents = {doc.name: doc for doc in (await _read(services, read)).documents}
     answer = []
     for downstream in DOWNSTREAMS:
         names = sorted(kind.value for kind, target in DOWNSTREAM_OF.items() if target == downstream)
@@ -114,7 +115,7 @@ async def _put(services: ApiServices, namespace: str, name: str, body: bytes | N
 
 
 async def _table(services: ApiServices, downstream: str) -> tuple[bytes, dict[str, Any]]:
-    documents = (await _read(services, services.queue.documents(TABLES))).documents
+    documents = (await _read(services, services.cluster_read(lambda queue: queue.documents(TABLES)))).documents
     stored = next((doc for doc in documents if doc.name == downstream), None)
     if stored is None:
         return encode_table(DEFAULT_TABLES[downstream]), {"source": "default"}

@@ -53,7 +53,7 @@ class RetentionAnswer(BaseModel):
 
 async def _read(services: ApiServices) -> dict[str, Any]:
     try:
-        answer = (await services.queue.retention()).value
+        answer = (await services.cluster_read(lambda queue: queue.retention())).value
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None
     return {"retention_ms": answer.retention_ms, "event_retention_ms": answer.event_retention_ms,

@@ -296,6 +296,15 @@ def test_tokens_and_users_live_in_the_control_set_so_the_home_set_down_stops_onl
                 home = routing.candidate(store_key("producer", key), epoch)
                 assert answer.status_code == (503 if home == 1 else 201), (key, home, answer.text)
             assert {routing.candidate(store_key("producer", k), epoch) for k in keys} == {1, 2, 3}
+            # What every set holds alike is read from another set while the home set is down; the
+            # kinds' counts span the sets, so a count with a set missing is a 503, not a smaller number.
+            operator = api.auth(Role.OPERATOR)
+            for path in ("/v1/kinds/transfer/policy", "/v1/breakers", "/v1/retention",
+                         "/v1/downstreams/payment/classification"):  # fmt: skip
+                answer = await api.client.get(path, headers=operator)
+                assert answer.status_code == 200, (path, answer.text)
+            assert (await api.client.get("/v1/kinds/nothing/policy", headers=operator)).status_code == 404
+            assert (await api.client.get("/v1/kinds", headers=operator)).status_code == 503
 
             assert await asyncio.to_thread(main, ["token", "create", "--name", "late", "--role", "producer"]) == 0
             late = {"Authorization": f"Bearer {capsys.readouterr().out.strip()}"}
@@ -311,6 +320,10 @@ def test_tokens_and_users_live_in_the_control_set_so_the_home_set_down_stops_onl
                 await asyncio.sleep(0.1)
             assert await submitted() in (200, 201)
             stores[1].start_node()
+            kinds = {k["kind"]: k for k in (await api.client.get("/v1/kinds", headers=operator)).json()}
+            placed = sum(1 for a in answers.values() if a.status_code == 201) + 1  # and the late producer's
+            assert kinds["transfer"]["counts"] == {"ready": placed}  # every set's, summed
+            assert kinds["transfer"]["oldest_due_age_ms"] is not None
 
             assert await asyncio.to_thread(main, ["sets", "access", "--adopt", "1", "--reason", "upgrade"]) == 0
             assert "copied token old-producer (producer)" in capsys.readouterr().out.splitlines()
