@@ -125,7 +125,8 @@ class Code(enum.IntEnum):
     EXISTS = 1
     """Enqueue: the idempotency key is known with the same content; the original id is returned."""
     CONFLICT = 2
-    """Enqueue: the idempotency key is known with different content."""
+    """Enqueue: the idempotency key is known with different content. PutDocument with an expected
+    version: the namespace's version moved on since the writer read it."""
     NOT_FOUND = 3
     ILLEGAL_STATE = 4
     """The lifecycle table has no transition for (state, command)."""
@@ -489,7 +490,7 @@ class SetQuota(_Command, frozen=True, tag="set_quota"):
     burst: Burst | None = None
 
 
-class PutDocument(_Command, frozen=True, tag="put_document"):
+class PutDocument(_Command, frozen=True, tag="put_document", omit_defaults=True):
     """Replace a settings document (queues/documents.py), or delete it with no body."""
 
     namespace: Namespace
@@ -497,6 +498,11 @@ class PutDocument(_Command, frozen=True, tag="put_document"):
     body: Annotated[bytes, msgspec.Meta(max_length=DOCUMENT_BYTES_MAX)] | None
     actor: Name
     reason: Text = ""
+    expected_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """Compare and set: the namespace's version the writer read; when it moved on since, nothing
+    is written and the answer is CONFLICT with the version now (two operators adding sets at once
+    cannot both write the set table). Omitted from the encoding when None (with `reason` when
+    empty): a command without it decodes on a node of the version before."""
 
 
 class RouteFence(_Command, frozen=True, tag="route_fence"):
