@@ -137,8 +137,9 @@ def run(args: argparse.Namespace) -> int:
         elif args.tombstones is None and args.events is None:
             raise OperatorError("retention set: give --tombstones, --events or both")
         else:
-            answer = api.call("PUT", "/v1/retention", body={"retention_ms": args.tombstones,
-                              "event_retention_ms": args.events, "reason": args.reason})  # fmt: skip
+            given = {"retention_ms": args.tombstones, "event_retention_ms": args.events}
+            body = {name: value for name, value in given.items() if value is not None}
+            answer = api.call("PUT", "/v1/retention", body={**body, "reason": args.reason})
     elif command == "breaker":
         answer = (
             api.call("GET", "/v1/breakers")
