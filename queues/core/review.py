@@ -174,6 +174,8 @@ def propose(entry: Entry, command: Propose) -> ReviewResult:
             assert found is not None
             return ReviewResult(code=Code.OK, proposal_id=held, proposal_state=found.state(entry.now_ms),
                                 detail="this set's part of the group is proposed already")  # fmt: skip
+        if jobs.group_part(entry.tx, action.group, "job") is not None:
+            return ReviewResult(code=Code.INVALID, detail="this set's part of the group was started without approval")
     if isinstance(action, Redrive):
         if action.payload is not None:
             return ReviewResult(code=Code.INVALID, detail="propose an edit as an edit_redrive")
@@ -310,6 +312,8 @@ def start_job(entry: Entry, command: RedriveJob) -> ReviewResult:
     held = jobs.group_part(entry.tx, command.group, "job") if command.group else None
     if held is not None:
         return ReviewResult(code=Code.OK, job_id=held, detail="this set's part of the group is started already")
+    if command.group and jobs.group_part(entry.tx, command.group, "proposal") is not None:
+        return ReviewResult(code=Code.INVALID, detail="this set's part of the group is proposed: it starts when approved")
     able, refused = judge(entry, command, sorted(set(command.ids)))
     return jobs.create(entry, command, able, refused)
 

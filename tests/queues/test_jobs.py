@@ -322,6 +322,12 @@ def test_a_groups_part_is_created_once_per_set_and_named_in_its_audit_entries() 
         job_id=2, proposal_id=proposal.proposal_id, now_ms=node.now_ms)
     actions = {e.action: e.after for e in chain(node) if f'"group":"{other}"' in e.after}
     assert set(actions) == {"propose", "approve", "redrive_job"}
+    third = RedriveJob(actor="alice", reason="r", ids=tuple(ids[3:]), rate_per_s=5, group="e" * 32)
+    assert review(node, Propose(action=third, ttl_ms=HOUR_MS)).code is Code.OK
+    direct = review(node, third)
+    assert direct.code is Code.INVALID and direct.job_id is None  # a proposed part never starts unapproved
+    proposed = review(node, Propose(action=grouped, ttl_ms=HOUR_MS))
+    assert proposed.code is Code.INVALID and proposed.proposal_id == 0  # nor is a started one proposed again
     assert "job_groups" in dump(node) and "job_groups" not in dump(Node())
     bad = {"t": "redrive_job", "actor": "a", "reason": "r", "ids": [1], "rate_per_s": 1, "group": "not-hex"}
     refused = codec.decode_command(bytes([codec.CODEC_VERSION]) + msgspec.msgpack.encode(bad))
