@@ -221,6 +221,51 @@ def state_of(parts: Sequence[Part]) -> str:
     return "cancelled" if JobState.CANCELLED in jobs else "ended"
 
 
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """A group as one job: its counters summed over the parts, and its proposal's money summed
+    per currency over the sets (what approving every part would pay, from the targets as they are now)."""
+
+    state: str
+    counters: dict[str, int]
+    """total, pending, redriven, refused, not_redriven."""
+    proposals: list[ProposalView]
+    proposed: int
+    """The proposals' targets, counted over the sets."""
+    pays: money_view.Totals
+    without_amount: int
+    paid: dict[int, money_view.WhatIsPaid]
+    """Each proposed set's own (its set id -> what approving its part pays)."""
+
+    @property
+    def pending_approval(self) -> bool:
+        return any(p.state is ProposalState.PENDING for p in self.proposals)
+
+
+async def whole(group: Group) -> Whole:
+    counters = dict.fromkeys(("total", "pending", "redriven", "refused", "not_redriven"), 0)
+    paid: dict[str, tuple[int, int]] = {}
+    without = proposed = 0
+    each: dict[int, money_view.WhatIsPaid] = {}
+    for part in group.parts:
+        if part.job is not None:
+            for name in counters:
+                counters[name] += getattr(part.job, name)
+        if part.proposal is not None:
+            targets = await actions.proposal_targets(part.services, [part.proposal])
+            pays = each[part.set_id] = actions.what_is_paid(part.proposal, targets)
+            for currency, count, amount in pays.totals:
+                before = paid.get(currency, (0, 0))
+                paid[currency] = (before[0] + count, before[1] + amount)
+            without += pays.without_amount
+            proposed += len(part.proposal.targets)
+    return Whole(
+        state=state_of(group.parts), counters=counters, proposals=[p.proposal for p in group.parts if p.proposal],
+        proposed=proposed, pays=tuple((c, n, a) for c, (n, a) in sorted(paid.items())), without_amount=without,
+        paid=each,
+    )  # fmt: skip
+
+
 # ---- creating a group ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Created:

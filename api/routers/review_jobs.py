@@ -27,7 +27,7 @@ from api.http import json_response, known_query
 from api.money_view import totals_document
 from api.problems import invalid
 from api.review_schemas import ApproveBody, JobBody, JobControlBody, JobFilter, JobSelection, RejectBody
-from api.routers.review import PROPOSED, Approver, Decider, SetQuery, proposal_documents, proposed_response
+from api.routers.review import PROPOSED, Approver, Decider, SetQuery, proposal_document, proposed_response
 from api.schemas import utc
 from api.services import ApiServices, of
 from ledger.request_ids import NUMBER_MAX
@@ -229,40 +229,28 @@ GROUP_RESPONSES = openapi.problems(401, 403, 404, 409, 422, 503)
 async def group_document(group: groups.Group) -> dict[str, Any]:
     """The group as one job: its state, the counters summed over the parts, what its proposal pays
     summed per currency, and each set's part (its job and proposal as one set's are shown)."""
+    summed = await groups.whole(group)
     parts = []
-    counters = dict.fromkeys(("total", "pending", "redriven", "refused", "not_redriven"), 0)
-    paid: dict[str, tuple[int, int]] = {}
-    without = proposed = 0
     for part in group.parts:
         entry: dict[str, Any] = {"set": part.set_id, "job": None, "proposal": None}
         if part.job is not None:
             entry["job"] = job_document(part.services, part.job)
-            for name in counters:
-                counters[name] += getattr(part.job, name)
         if part.proposal is not None:
-            (entry["proposal"],) = await proposal_documents(part.services, [part.proposal])
-            targets = await actions.proposal_targets(part.services, [part.proposal])
-            pays = actions.what_is_paid(part.proposal, targets)
-            for currency, count, amount in pays.totals:
-                before = paid.get(currency, (0, 0))
-                paid[currency] = (before[0] + count, before[1] + amount)
-            without += pays.without_amount
-            proposed += len(part.proposal.targets)
+            entry["proposal"] = proposal_document(part.services, part.proposal, summed.paid[part.set_id])
         parts.append(entry)
     first = group.parts[0] if group.parts else None
     source = None if first is None else (first.job or first.proposal)
-    proposals = [p.proposal for p in group.parts if p.proposal is not None]
+    proposals = summed.proposals
     return {
-        "group": group.group, "state": groups.state_of(group.parts), **counters,
+        "group": group.group, "state": summed.state, **summed.counters,
         "actor": None if source is None else (source.actor if isinstance(source, JobView) else source.proposer),
         "reason": None if source is None else source.reason,
         "proposal": None if not proposals else {
-            "targets": proposed, "proposer": proposals[0].proposer,
+            "targets": summed.proposed, "proposer": proposals[0].proposer,
             "states": sorted({p.state.value for p in proposals}),
             "decided_by": sorted({p.decided_by for p in proposals if p.decided_by is not None}),
             "expires_at": utc(min(p.expires_ms for p in proposals)),
-            "pays": {"totals": totals_document(tuple((c, n, a) for c, (n, a) in sorted(paid.items()))),
-                     "without_amount": without},
+            "pays": {"totals": totals_document(summed.pays), "without_amount": summed.without_amount},
         },
         "sets": parts, "partial": bool(group.unanswered), "unanswered_sets": group.unanswered,
     }  # fmt: skip
