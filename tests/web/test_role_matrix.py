@@ -193,7 +193,15 @@ async def test_a_proposer_approving_their_own_proposal_is_refused(pages: Pages) 
 def test_the_table_names_every_review_route() -> None:
     """A new review route must be added to the table: the table is the specification."""
     from api.routers import review, review_jobs
-    from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit, pages_groups, pages_jobs
+    from api.web import (
+        pages_approvals,
+        pages_audit,
+        pages_dead_letters,
+        pages_detail,
+        pages_edit,
+        pages_groups,
+        pages_jobs,
+    )
 
     routes = {(method, route.path) for module in (review, review_jobs) for route in module.router.routes
               for method in getattr(route, "methods", ())}  # fmt: skip
