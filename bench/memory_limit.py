@@ -12,6 +12,7 @@ Only for benchmarks on a Linux machine where the caller may create cgroups (root
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,9 @@ class CgroupUnavailable(RuntimeError):
 def _hierarchy() -> tuple[Path, int]:
     if (V1_ROOT / "memory.limit_in_bytes").exists() and os.access(V1_ROOT, os.W_OK):
         return V1_ROOT, 1
-    if (V2_ROOT / "cgroup.controllers").exists() and os.access(V2_ROOT, os.W_OK):
-        if "memory" in (V2_ROOT / "cgroup.controllers").read_text().split():
-            return V2_ROOT, 2
+    controllers = V2_ROOT / "cgroup.controllers"
+    if controllers.exists() and os.access(V2_ROOT, os.W_OK) and "memory" in controllers.read_text().split():
+        return V2_ROOT, 2
     raise CgroupUnavailable("no writable memory cgroup (v1 at /sys/fs/cgroup/memory or v2 with the memory controller)")
 
 
@@ -81,10 +82,8 @@ class MemoryLimit:
     def remove(self) -> None:
         """Remove the groups once their processes have exited (a group with members cannot go)."""
         for path in self.groups.values():
-            try:
+            with contextlib.suppress(OSError):
                 path.rmdir()
-            except OSError:
-                pass
         self.groups.clear()
 
 

@@ -48,6 +48,20 @@ def queue_client(config: Config, auth: StoreAuth | None = None) -> QueueClient:
     return QueueClient(raft_client(config, auth))
 
 
+def access_client(config: Config, auth: StoreAuth | None = None) -> QueueClient:
+    """Where API tokens, review-page users and their sessions live: the control set with several
+    sets (one copy, in the failure domain that routes every request anyway; a set that loses its
+    majority must stop only its own share, docs/sets.md), else the one store."""
+    if config.store.control_addresses:
+        return control_set(config, auth).queue
+    return queue_client(config, auth)
+
+
+def access_addresses(config: Config) -> Sequence[str]:
+    """The addresses `access_client` reaches (for messages that name them)."""
+    return config.store.control_addresses or config.store.addresses
+
+
 def control_set(config: Config, auth: StoreAuth | None = None) -> ControlSet:
     """The control set's client (store.control_addresses; ValueError when there is none)."""
     if not config.store.control_addresses:
