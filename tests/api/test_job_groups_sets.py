@@ -171,3 +171,11 @@ async def test_a_group_needing_four_eyes_is_approved_once_for_every_set_even_aft
         approvals = await audited(api, "approve")
         assert sorted(e["set"] for e in approvals) == [1, 2, 3]
         assert all(e["actor"] == "approver" and e["after"]["group"] == group["group"] for e in approvals)
+        mine = await api.client.post("/v1/review/jobs", json={"ids": ids, "reason": "mine", "rate_per_s": 5},
+                                     headers={**api.auth(Role.ADMIN), "Idempotency-Key": "admin-1"})  # fmt: skip
+        assert mine.status_code == 202, mine.text
+        own = mine.json()["group"]["group"]
+        refused = await api.client.post(f"/v1/review/job-groups/{own}/approve", json={}, headers=api.auth(Role.ADMIN))
+        assert refused.status_code == 403 and refused.json()["type"] == "/problems/own-proposal"
+        still = (await api.client.get(f"/v1/review/job-groups/{own}", headers=api.auth(V))).json()
+        assert still["proposal"]["states"] == ["pending"] and still["total"] == 0  # no set was asked
