@@ -126,6 +126,16 @@ async def test_a_job_over_every_set_is_one_group_created_once_per_set_and_cancel
         assert completed.json()["total"] == 9
         listed = (await api.client.get("/v1/review/jobs", headers=api.auth(V))).json()
         assert len(listed) == 6  # two groups, one part per set each
+        stores[2].stop_node()
+        try:
+            missed = await api.client.post(f"/v1/review/job-groups/{second}/cancel", json={"reason": "stop"},
+                                           headers=api.auth(R))  # fmt: skip
+            assert missed.status_code == 503, missed.text
+            assert (missed.json()["applied_sets"], missed.json()["unapplied_sets"]) == ([1, 3], [2])
+        finally:
+            stores[2].start_node()
+        whole = await api.client.post(f"/v1/review/job-groups/{second}/cancel", json={"reason": "stop"}, headers=api.auth(R))
+        assert whole.status_code == 200 and {p["job"]["state"] for p in whole.json()["sets"]} == {"cancelled"}
 
 
 async def test_a_group_needing_four_eyes_is_approved_once_for_every_set_even_after_a_set_missed_it(
