@@ -204,16 +204,17 @@ async def read_group(services: ApiServices, group: str, *, partial: bool = False
 
 
 def state_of(parts: Sequence[Part]) -> str:
-    """The group's state: running while any part runs; paused while any is paused; proposed while
-    a part waits for approval; done when every part is; else cancelled (or ended unapproved)."""
+    """The group's state: proposed while a part waits for approval (an approval some set missed is
+    not complete, whatever the other parts do); running while any part runs; paused while any is
+    paused; done when every part is; else cancelled (or ended unapproved)."""
     jobs = [p.job.state for p in parts if p.job is not None]
+    proposals = [p.proposal.state for p in parts if p.proposal is not None and p.job is None]
+    if ProposalState.PENDING in proposals:
+        return "proposed"
     if JobState.RUNNING in jobs:
         return "running"
     if JobState.PAUSED in jobs:
         return "paused"
-    proposals = [p.proposal.state for p in parts if p.proposal is not None and p.job is None]
-    if ProposalState.PENDING in proposals:
-        return "proposed"
     if jobs and len(jobs) == len(parts) and all(state is JobState.DONE for state in jobs):
         return "done"
     if proposals and not jobs:

@@ -170,6 +170,9 @@ async def test_a_group_needing_four_eyes_is_approved_once_for_every_set_even_aft
             assert (half.json()["applied_sets"], half.json()["unapplied_sets"]) == ([1, 3], [2])
         finally:
             stores[2].start_node()
+        halfway = (await api.client.get(f"/v1/review/job-groups/{group['group']}", headers=api.auth(V))).json()
+        assert halfway["state"] == "proposed" and halfway["proposal"]["states"] == ["approved", "pending"]
+        assert [p["job"] is not None for p in halfway["sets"]] == [True, False, True]  # sets 1 and 3 run already
         approved = await api.client.post(f"/v1/review/job-groups/{group['group']}/approve", json={"reason": "checked"},
                                          headers=api.auth(A))  # fmt: skip
         assert approved.status_code == 200, approved.text
