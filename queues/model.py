@@ -343,7 +343,11 @@ JOB_RATE_MAX: Final = 10_000
 JobId = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class RedriveJob(_Command, frozen=True, tag="redrive_job"):
+GroupId = Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{32})?$")]
+"""A bulk action's group over several sets (128 random bits as hex), or "" (none)."""
+
+
+class RedriveJob(_Command, frozen=True, tag="redrive_job", omit_defaults=True):
     """Start a tracked bulk redrive of these dead letters (queues/jobs.py): stepped at most
     `rate_per_s` a second by the leader's time, cancellable, pausable, with a result per item.
 
@@ -355,6 +359,10 @@ class RedriveJob(_Command, frozen=True, tag="redrive_job"):
     reason: Annotated[str, msgspec.Meta(min_length=1, max_length=TEXT_LENGTH_MAX)]
     ids: Annotated[tuple[MessageId, ...], msgspec.Meta(min_length=1, max_length=JOB_IDS_MAX)]
     rate_per_s: Annotated[int, msgspec.Meta(ge=1, le=JOB_RATE_MAX)]
+    group: GroupId = ""
+    """With several sets, the bulk action this set's part belongs to (docs/review.md, "Several
+    sets"): a set holds at most one job and one proposal of a group, so a repeated creation answers
+    the part it holds. Omitted from the encoding when empty: a job without one encodes as before."""
 
 
 class StepJob(_Command, frozen=True, tag="step_job"):
