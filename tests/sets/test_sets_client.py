@@ -48,6 +48,14 @@ def item(key: str, ref: str = "order-1") -> Enqueue:
     return Enqueue(kind="transfer", idempotency_key=key, ref_key=ref, payload=key.encode())
 
 
+async def three_sets(stores: dict[int, StoreThread]) -> SetsClient:
+    """The facade over sets 1-3, their table written to the control set."""
+    control = control_of(stores)
+    await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
+                        actor="test", reason="init")  # fmt: skip
+    return await SetsClient.from_control(control, connect=connector(stores))
+
+
 async def add_set(control: ControlSet, sets: SetsClient, addresses: str) -> int:
     """The three steps of `compensator sets add` (compensator/commands/sets.py): pending, fence, active."""
     found, version = await control.read()
@@ -100,10 +108,7 @@ async def test_intake_spreads_replays_find_their_set_after_an_add_and_a_stale_ro
 
 
 async def test_a_set_that_is_down_fails_only_its_own_keys_within_the_deadline(stores: dict[int, StoreThread]) -> None:
-    control = control_of(stores)
-    await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
-                        actor="test", reason="init")  # fmt: skip
-    sets = await SetsClient.from_control(control, connect=connector(stores))
+    sets = await three_sets(stores)
     try:
         stores[2].stop()
         started = time.monotonic()
@@ -138,10 +143,7 @@ async def test_a_sets_frames_stay_large_under_load_and_each_caller_gets_its_own_
 ) -> None:
     """One-item posts spread over three sets: each set's next frame waits for the one in flight,
     so frames carry what arrived meanwhile (queues/sets/frames.py) instead of a turn's third."""
-    control = control_of(stores)
-    await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
-                        actor="test", reason="init")  # fmt: skip
-    sets = await SetsClient.from_control(control, connect=connector(stores))
+    sets = await three_sets(stores)
     try:
         answers = await _callers(sets, "f", callers=96, rounds=8)
         assert all(isinstance(r, EnqueueResult) and r.code is Code.OK for _, _, r in answers), answers[:3]
@@ -167,10 +169,7 @@ async def test_commands_behind_a_frame_to_a_set_that_is_down_wait_for_it_at_most
 ) -> None:
     """A set that is down: its callers' frames go anyway after HOLD_MAX_S, so every one of its
     keys is answered within one client deadline (2 s here) plus the hold, not one per frame."""
-    control = control_of(stores)
-    await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
-                        actor="test", reason="init")  # fmt: skip
-    sets = await SetsClient.from_control(control, connect=connector(stores))
+    sets = await three_sets(stores)
     try:
         stores[2].stop()
         started = time.monotonic()
