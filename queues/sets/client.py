@@ -48,6 +48,9 @@ newer epoch is pending (its add fences, then activates it, within milliseconds).
 Placed = tuple[int, EnqueueResult | ClientError | QueueError]
 """An enqueue's set and its result, or the error of the call to that set (the item's own answer)."""
 Connect = Callable[[int, tuple[str, ...]], QueueClient]
+RepairObserver = Callable[[list[int], "dict[int, list[settings.Setting] | Exception] | None"], None]
+"""Told of each pass of the settings repair: the sets compared, and what it re-applied per set or
+the error that kept a set from being compared (None: the intended settings could not be read)."""
 
 
 class UnknownSet(LookupError):
@@ -349,19 +352,27 @@ class SetsClient:
         ids = [entry.id for entry in self.table.sets] if set_ids is None else sorted(set_ids)
         return await settings.repair(self.control.queue, {s: self.client(s) for s in ids})
 
-    async def repair_settings_forever(self, period_s: float) -> None:
+    async def repair_settings_forever(self, period_s: float, observe: RepairObserver | None = None) -> None:
         """`repair_settings` every `period_s` (the table re-read first, so a set added later is
-        compared too) until cancelled; a pass that fails is logged and tried again."""
+        compared too) until cancelled; a pass that fails is logged and tried again. `observe` is
+        told of each pass: the sets compared and the report (None: the control set was not read)."""
         while True:
             await asyncio.sleep(period_s)
             await self.refresh()
+            compared = [entry.id for entry in self.table.sets]
             try:
-                for set_id, failure in (await self.repair_settings()).items():
-                    if isinstance(failure, Exception):
-                        log.warning("set %d cannot be compared with the intended settings (next pass retries): %s",
-                                    set_id, failure)  # fmt: skip
+                report = await self.repair_settings(compared)
             except (ClientError, QueueError) as error:
                 log.warning("the intended settings cannot be read from the control set (next pass retries): %s", error)
+                if observe is not None:
+                    observe(compared, None)
+                continue
+            for set_id, failure in report.items():
+                if isinstance(failure, Exception):
+                    log.warning("set %d cannot be compared with the intended settings (next pass retries): %s",
+                                set_id, failure)  # fmt: skip
+            if observe is not None:
+                observe(compared, report)
 
     async def close(self) -> None:
         closing = {id(c): c for c in [*self.clients.values(), *self._retired]}

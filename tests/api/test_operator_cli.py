@@ -115,6 +115,26 @@ def test_breakers_and_tables_and_the_roles(
     assert code == 1 and "403" in err
 
 
+def test_retention_is_shown_and_set_by_an_administrator(
+    served: Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = operator(served, monkeypatch, capsys, "retention", "show")
+    assert code == 0 and json.loads(out)["retention_ms"] == 7 * 86_400_000
+    code, out, err = operator(served, monkeypatch, capsys, "retention", "set", "--tombstones", "14d", "--reason", "x")
+    assert code == 1 and len(err.splitlines()) == 1 and "403" in err, err  # an operator may not
+    code, out, err = operator(served, monkeypatch, capsys, "retention", "set", "--tombstones", "14d",
+                              "--reason", "two weeks", role=Role.ADMIN)  # fmt: skip
+    assert (code, err) == (0, "") and json.loads(out)["after"]["retention_ms"] == 14 * 86_400_000
+    code, out, err = operator(served, monkeypatch, capsys, "retention", "set", "--events", "1h", "--reason", "x",
+                              role=Role.ADMIN)  # fmt: skip
+    assert code == 1 and "422" in err and "floor" in err, err  # under the store's floor of a day
+    code, out, err = operator(served, monkeypatch, capsys, "retention", "set", "--reason", "x", role=Role.ADMIN)
+    assert code == 1 and "--tombstones, --events or both" in err
+    with pytest.raises(SystemExit):  # argparse's one line for a duration it cannot read
+        operator(served, monkeypatch, capsys, "retention", "set", "--events", "a week", "--reason", "x")
+    assert "not a duration like 14d" in capsys.readouterr().err
+
+
 def test_no_token_or_no_api_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

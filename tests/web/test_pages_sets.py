@@ -162,14 +162,19 @@ async def test_a_set_3_request_is_shown_redriven_discarded_edited_and_proposed_f
             cursor = answer.json()["next_cursor"]
             if cursor is None:
                 break
-        assert sorted(answer.json()["heads"]) == ["1", "2", "3"]
+        assert sorted(answer.json()["heads"]) == ["0", "1", "2", "3"]  # the control set's chain too
         assert len(whole) == answer.json()["count"] == len({(e["set"], e["seq"]) for e in whole})
         assert [e["at"] for e in whole] == sorted((e["at"] for e in whole), reverse=True)  # newest first over the sets
         assert {"redriven", "discarded", "edit_redrive", "propose", "approve"} <= {e["action"] for e in whole if e["set"] == 3}
+        # The tokens and the review users live in the control set: their writes are in its chain.
+        control = [e for e in whole if e["set"] == 0]
+        assert {"token_put", "document_put"} <= {e["action"] for e in control}
+        assert any(str(e["target"]).startswith("document:users/") for e in control)
         assert (await pages.api.client.get("/v1/audit?before=5", headers=operator)).status_code == 422
         page = await pages.get(V, "/review/audit?action=discarded")
         assert re.findall(r'data-test="audit-entry" data-seq="\d+" data-action="discarded" [^>]*data-set="(\d)"', page.text) == ["3"]
-        assert len(re.findall(r'data-test="audit-set-head"', page.text)) == 3
+        assert len(re.findall(r'data-test="audit-set-head"', page.text)) == 4
+        assert 'data-set="0">control set <code>' in page.text
         stores[2].stop_node()
         try:
             down = await pages.api.client.get("/v1/audit", headers=operator)
@@ -246,10 +251,11 @@ def test_audit_verify_checks_every_sets_chain_and_names_a_set_that_does_not_answ
         monkeypatch.setenv(f"COMPENSATOR_STORE__{name}", value)
     assert main(["audit", "verify"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    # The control set's chain first: the set table's write (a document) is its entry.
     assert [(line["source"].split(":")[0], line["entries"], line["verified"]) for line in lines] == [
-        ("set 1", 1, True), ("set 2", 1, True), ("set 3", 1, True)]
+        ("control set", 1, True), ("set 1", 1, True), ("set 2", 1, True), ("set 3", 1, True)]
     stores[2].stop_node()
     assert main(["audit", "verify"]) == 1
     out, err = capsys.readouterr()
-    assert [json.loads(line)["source"].split(":")[0] for line in out.splitlines()] == ["set 1", "set 3"]
+    assert [json.loads(line)["source"].split(":")[0] for line in out.splitlines()] == ["control set", "set 1", "set 3"]
     assert "set 2: " in err and "did not answer" in err
