@@ -353,7 +353,7 @@ async def _lose_a_set_under_load(deployment: Deployment, standins: Standins) -> 
 
         before = taken(killed_at - WINDOW_S, killed_at)
         after = taken(killed_at + 0.5, killed_at + 0.5 + WINDOW_S)
-        assert all(before[s] > 50 for s in (1, 2, 3)), before  # intake flowed into every set
+        assert all(before[s] >= 20 for s in (1, 2, 3)), before  # intake flowed into every set (300 each on a quiet machine)
         others_before, others_after = before[1] + before[3], after[1] + after[3]
         assert others_after >= 0.8 * others_before, (before, after)
         assert after[2] == 0, after
