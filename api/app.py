@@ -24,7 +24,7 @@ from api.routers import downstreams, health, kinds, refs, requests, retention, r
 from api.services import ApiServices
 from api.tracing import TracingMiddleware
 from api.web import login as web_login
-from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit, pages_jobs
+from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit, pages_groups, pages_jobs
 
 STATIC_DIR: Final = Path(__file__).parent / "static"
 SWAGGER: Final = "/static/swagger-ui"
@@ -68,7 +68,7 @@ def create_app(services: ApiServices, *, tracer: TracerProvider) -> FastAPI:
 
     problems.install(app)
     web_login.install(app)
-    for pages in (pages_dead_letters, pages_detail, pages_edit, pages_approvals, pages_audit, pages_jobs):
+    for pages in (pages_dead_letters, pages_detail, pages_edit, pages_approvals, pages_audit, pages_jobs, pages_groups):
         app.router.routes.extend(pages.router.routes)  # the review pages (api/web/), outside the OpenAPI
     for router in (requests.router, refs.router, kinds.router, downstreams.router, retention.router, review.router,
                    review_jobs.router, health.router):

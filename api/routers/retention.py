@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
 from starlette.responses import Response
 
 from api import openapi
@@ -24,6 +24,7 @@ from api.auth import Observer, Principal, requires
 from api.http import json_response
 from api.problems import invalid
 from api.services import ApiServices, of
+from delay.policy import DELAY_MAX_MS
 from queues import ClientError, QueueError, cluster_settings
 from queues.model import RetentionResult
 
@@ -38,12 +39,34 @@ class RetentionView(BaseModel):
     floor_ms: int = Field(description="The shortest value a change may set.")
 
 
-class RetentionChange(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+def _whole(value: object) -> object:
+    """JSON's 86400000.0 is the integer JSON Schema says it is; 1.5 and "1" stay refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
-    retention_ms: int | None = Field(default=None, gt=0, description="The new tombstone retention, or none to keep it.")
-    event_retention_ms: int | None = Field(default=None, gt=0, description="The new event retention, or none to keep it.")
+
+class RetentionChange(BaseModel):
+    """At least one of the two retentions (the schema's `anyOf`); each at least the store's floor
+    (`GET /v1/retention`'s `floor_ms`: a day in a deployment), which the schema cannot state."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "anyOf": [{"required": ["retention_ms"]}, {"required": ["event_retention_ms"]}]})  # fmt: skip
+
+    # Not nullable: leave a retention out to keep it (None is only the default of one left out).
+    retention_ms: Annotated[int | None, BeforeValidator(_whole), Field(gt=0, le=DELAY_MAX_MS), WithJsonSchema(
+        {"type": "integer", "exclusiveMinimum": 0, "maximum": DELAY_MAX_MS,
+         "description": "The new tombstone retention; leave it out to keep it."})] = None  # fmt: skip
+    event_retention_ms: Annotated[int | None, BeforeValidator(_whole), Field(gt=0, le=DELAY_MAX_MS), WithJsonSchema(
+        {"type": "integer", "exclusiveMinimum": 0, "maximum": DELAY_MAX_MS,
+         "description": "The new event retention; leave it out to keep it."})] = None  # fmt: skip
     reason: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+
+    @model_validator(mode="after")
+    def _given(self) -> RetentionChange:
+        if any(getattr(self, name) is None for name in self.model_fields_set & {"retention_ms", "event_retention_ms"}):
+            raise ValueError("a retention is a number of milliseconds; leave it out to keep it")
+        if self.retention_ms is None and self.event_retention_ms is None:
+            raise ValueError("give retention_ms, event_retention_ms or both")
+        return self
 
 
 class RetentionAnswer(BaseModel):
@@ -72,8 +95,6 @@ async def set_retention(request: Request, change: RetentionChange, principal: Ad
     """Values under the floor are refused (422) and change nothing. A new tombstone retention
     applies to requests that finish after it; a new event retention to the next purge."""
     services: ApiServices = of(request)
-    if change.retention_ms is None and change.event_retention_ms is None:
-        raise invalid([{"field": "retention_ms", "message": "give retention_ms, event_retention_ms or both"}])
     before = await _read(services)
     low = [(name, value) for name, value in (("retention_ms", change.retention_ms),
                                              ("event_retention_ms", change.event_retention_ms))

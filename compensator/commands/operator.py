@@ -9,6 +9,8 @@ classification tables, the dead-letter tier (list, redrive, edit, discard) and f
     compensator dead redrive (--id ID ... | --kind K [--error-class E] [--ref-key R]) --reason R [--limit N]
     compensator dead edit ID FILE --reason R | discard ID --reason-code C --comment T
     compensator proposal list [--pending] | approve N [--reason R] | reject N --reason R
+    compensator job-group show G | approve G [--reason R] | reject|pause|resume|cancel G --reason R
+                                   (a redrive job over several sets' dead letters: docs/review.md, "Job groups")
     compensator retention show | set [--tombstones 14d] [--events 7d] --reason R   (an administrator's token)
 
 Why through the API and not the store: the API owns the roles, the validation and the audit of
@@ -107,6 +109,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     reject = proposals.add_parser("reject", help="reject (an approver), or withdraw your own (a reviewer)")
     reject.add_argument("number", type=int)
     reject.add_argument("--reason", required=True)
+    job_group = subparsers.add_parser("job-group", help="a redrive job over several sets: show it, or act on every part")
+    job_groups = job_group.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, helped in (("show", "the whole and each set's part"), ("approve", "approve every set's part"),
+                           ("reject", "reject every part (an approver), or withdraw your own (a reviewer)"),
+                           ("pause", "pause every part"), ("resume", "resume every part"), ("cancel", "cancel every part")):
+        chosen = job_groups.add_parser(action, help=helped)
+        chosen.add_argument("group", help="the group's id (32 hex digits)")
+        if action != "show":
+            chosen.add_argument("--reason", required=action != "approve", default="", help="why (recorded)")
     retention = subparsers.add_parser("retention", help="how long keys (tombstones) and events are kept; change it")
     retentions = retention.add_subparsers(dest="action", required=True, metavar="ACTION")
     retentions.add_parser("show", help="the retentions in force and the store's floor")
@@ -114,11 +125,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     keep.add_argument("--tombstones", type=duration_ms, help="how long a finished request's key is remembered: 14d, 36h")
     keep.add_argument("--events", type=duration_ms, help="how long events are kept: 7d")
     keep.add_argument("--reason", required=True, help="why (recorded)")
-    groups = (kinds, breakers, tables, deads, proposals, retentions)
+    groups = (kinds, breakers, tables, deads, proposals, job_groups, retentions)
     for parser in (parser for group in groups for parser in group.choices.values()):
         add_config_argument(parser)
         parser.add_argument("--token-file", type=Path, help=f"a file holding an API token (default ${TOKEN_ENV})")
-    for parser in (kind, breaker, table, dead, proposal, retention):
+    for parser in (kind, breaker, table, dead, proposal, job_group, retention):
         parser.set_defaults(handler=run)
 
 
@@ -131,14 +142,21 @@ def run(args: argparse.Namespace) -> int:
         answer = _dead(api, args)
     elif command == "proposal":
         answer = _proposal(api, args)
+    elif command == "job-group":
+        if re.fullmatch(r"[0-9a-f]{32}", args.group) is None:
+            raise OperatorError(f"job-group: {args.group!r} is not a group id (32 hex digits)")
+        path = f"/v1/review/job-groups/{args.group}"
+        answer = api.call("GET", path) if args.action == "show" else api.call(
+            "POST", f"{path}/{args.action}", body={"reason": args.reason})
     elif command == "retention":
         if args.action == "show":
             answer = api.call("GET", "/v1/retention")
         elif args.tombstones is None and args.events is None:
             raise OperatorError("retention set: give --tombstones, --events or both")
         else:
-            answer = api.call("PUT", "/v1/retention", body={"retention_ms": args.tombstones,
-                              "event_retention_ms": args.events, "reason": args.reason})  # fmt: skip
+            given = {"retention_ms": args.tombstones, "event_retention_ms": args.events}
+            body = {name: value for name, value in given.items() if value is not None}
+            answer = api.call("PUT", "/v1/retention", body={**body, "reason": args.reason})
     elif command == "breaker":
         answer = (
             api.call("GET", "/v1/breakers")

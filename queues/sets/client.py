@@ -74,13 +74,12 @@ class ControlSet:
     async def write(self, new: SetTable, *, expected_version: int, actor: str, reason: str) -> int:
         """Replace the table, audited with actor and reason. Refused (TableError) when the table
         changed since `expected_version` was read: two operators adding sets at once must not
-        both write an epoch N (the check and the write are two steps: docs/sets.md says what is
-        left of that race)."""
-        _, version = await self.read()
-        if version != expected_version:
-            raise TableError(f"the set table changed while this command ran (version {version}, read {expected_version}); run it again")
+        both write an epoch N, so the write is a compare and set in the control set's log."""
         result = await self.queue.put_document(table.NAMESPACE, table.DOCUMENT, table.encode(new), actor=actor,
-                                               reason=reason)  # fmt: skip
+                                               reason=reason, expected_version=expected_version)  # fmt: skip
+        if result.code is Code.CONFLICT:
+            raise TableError(f"the set table changed while this command ran (version {result.version}, read"
+                             f" {expected_version}); run it again")  # fmt: skip
         if result.code is not Code.OK:
             raise TableError(f"the control set refused the table: {result.code.name}")
         return result.version
