@@ -9,7 +9,7 @@ keys are answered 503 with Retry-After within the store deadline while every oth
 And a set's loss under load (issue 25's process test): three sets under steady intake, a worker
 paying through a payment stand-in that does not deduplicate; set 2's leader killed and one of its
 followers stopped. Its keys get 503 with Retry-After, the others' intake keeps at least 80 % of
-its rate, nothing acknowledged is lost and, with set 2 back, nothing is paid twice. About 45 s.
+its rate, nothing acknowledged is lost and, with set 2 back, nothing is paid twice. About 30 s (60 s on a busy machine).
 """
 
 from __future__ import annotations
