@@ -45,7 +45,9 @@ class WorkerConfig(Section, frozen=True):
     concurrency_per_downstream: int = 64
     """Attempts calling one downstream at once in one worker, whatever their kind."""
     idle_poll_ms: int = 100
-    """An idle worker asks the store (a read) whether work is due this often at most."""
+    """Under load, how old a read of what is due may be before the worker reads again; with an open breaker, how often an idle worker asks (its probes are timed by it)."""
+    idle_wait_ms: int = 1000
+    """An idle worker's long poll is held at most this long: the store answers it at once when work arrives, and the worker asks again by the next due time, so a longer wait costs no latency, only fewer reads of every set."""
     drain_grace_s: float = 10.0
     """On SIGTERM: how long running attempts may finish before they are cut off and handed back."""
     metrics_port: int = 0
