@@ -55,8 +55,8 @@ class WalStorage:
         sync = False
         for rd in batch:
             if rd.entries:
-                wal.append(rd.entries)
-            if rd.hard_state is not None:
+                wal.append(rd.entries, rd.hard_state)  # one write for both
+            elif rd.hard_state is not None:
                 wal.set_hard_state(rd.hard_state)
             sync = sync or rd.must_sync
         if sync:
@@ -72,6 +72,9 @@ class MachineApplier:
         respond: Callable[[int], bool], answer: Callable[[list[Entry], Results], None],
     ) -> None:  # fmt: skip
         self.machine = machine
+        self._group: GroupCommittingMachine | None = machine if isinstance(machine, GroupCommittingMachine) else None
+        """The machine as a group-committing one, or None: checked once (a runtime Protocol check
+        costs microseconds, and the runner asks after every apply)."""
         self._clock = clock
         self._metrics = metrics
         self._respond = respond
@@ -106,8 +109,8 @@ class MachineApplier:
         self._answer(entries, results)
 
     def uncommitted(self) -> bool:
-        return isinstance(self.machine, GroupCommittingMachine) and self.machine.uncommitted
+        return self._group is not None and self._group.uncommitted
 
     def commit(self) -> None:
-        if isinstance(self.machine, GroupCommittingMachine):
-            self.machine.commit()
+        if self._group is not None:
+            self._group.commit()
