@@ -154,7 +154,7 @@ class StoreNodeConfig(Section, frozen=True):
     voters: tuple[int, ...] = ()
     """A new set's first voters (default: every node of `store.addresses`)."""
     tick_ms: int = 30
-    """The Raft clock's tick: heartbeats every tick, an election after `election_ticks` without one."""
+    """The Raft clock's tick: a leader's heartbeat every 2 ticks, an election after `election_ticks` (randomised up to twice that) without one. An idle node wakes for these deadlines only, not every tick (docs/raft.md)."""
     election_ticks: int = 10
     """Ticks without a leader's heartbeat before a follower stands for election."""
     group_commit_entries: int = 8192
