@@ -170,13 +170,16 @@ class RaftCore:
         return HardState(self.term, self.vote, self.log.committed)
 
     def has_ready(self) -> bool:
+        handed, log = self._handed_hs, self.log
         return (
-            self.hard_state() != self._handed_hs
-            or bool(self.log.unstable_entries())
+            # The hard state compared field by field: no HardState built per call (the node asks
+            # after every input and every Ready).
+            self.term != handed.term or self.vote != handed.vote or log.committed != handed.commit
+            or log.has_unstable()
             or self.following.has_snapshot()
             or bool(self._early or self._msgs or self.reads.has_states())
             or (self.replication.broadcast_pending and self.role is Role.LEADER)
-            or min(self.log.committed, self.log.persisted) > self.log.applying
+            or min(log.committed, log.persisted) > log.applying
         )
 
     def ready(self) -> Ready:
