@@ -13,7 +13,7 @@ from api.problems import TYPES
 from queues import Role
 
 FILLED: Final = {"{request_id}": "1-1", "{proposal_id}": "1", "{job_id}": "1", "{ref_key}": "rp-1",
-                 "{kind}": "transfer", "{downstream}": "payment", "{name}": "not-found"}  # fmt: skip
+                 "{kind}": "transfer", "{downstream}": "payment", "{name}": "not-found", "{group}": "0" * 32}  # fmt: skip
 CASES: Final[dict[str, dict[str, Any]]] = {
     "no token": {"token": None, "content": b"{}", "type": "application/json"},
     "forged token": {"token": "cmp_forged", "content": b"{}", "type": "application/json"},
