@@ -98,55 +98,39 @@ R = TypeVar("R", bound=QueueResult)
 
 COALESCE_COMMANDS_MAX: Final = 1024
 """Commands per frame when concurrent callers are coalesced (one log entry holds up to 8192)."""
-COALESCE_IDLE_COMMANDS: Final = 8
-"""With no frame of ours at the store, a frame goes as soon as this many commands wait."""
 
 
 class _Coalescer:
-    """Gathers commands submitted in one loop iteration into one propose_many.
+    """Gathers commands submitted in one loop iteration into one propose_many, handed to the
+    store at the end of the iteration: the frame is on the leader's socket when `_flush` returns
+    (`RaftClient.send_many`), not one or two loop iterations later, when the next burst of work
+    may already have run ahead of it."""
 
-    A frame normally goes at the end of the iteration, but when none of ours is at the store a
-    frame goes as soon as `idle_commands` wait (the rest of the iteration's commands follow at its
-    end). Why: an HTTP server runs a burst of requests in one iteration, each to its store call;
-    sent only after the whole burst, the store sits idle while the burst is read and then the
-    server sits idle while the store works, and the two take turns instead of overlapping. The
-    Nagle trade-off tuned by what is waiting: with a frame already at the store, later commands
-    would only queue behind its fsync, so they gather into one frame (one log entry) instead.
-    Every frame's first attempt is written before `_flush` returns (`RaftClient.send_many`)."""
-
-    def __init__(self, raft: RaftClient, limit: int, idle_commands: int = COALESCE_IDLE_COMMANDS) -> None:
+    def __init__(self, raft: RaftClient, limit: int) -> None:
         self._raft = raft
         self._limit = limit
-        self._idle_commands = idle_commands or limit
         self._pending: list[tuple[bytes, bool, asyncio.Future[bytes]]] = []
         self._scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
-        """The frames at the store (a strong reference to each one's task until it is answered)."""
 
     async def submit(self, data: bytes, sessionless: bool) -> bytes:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
-        pending = self._pending
-        pending.append((data, sessionless, future))
-        if len(pending) >= self._limit or (len(pending) >= self._idle_commands and not self._sending):
-            self._flush()
-        elif not self._scheduled:
+        self._pending.append((data, sessionless, future))
+        if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._end_of_iteration)
+            loop.call_soon(self._flush)
         return await future
 
-    def _end_of_iteration(self) -> None:
-        self._scheduled = False
-        self._flush()
-
     def _flush(self) -> None:
+        self._scheduled = False
         pending, self._pending = self._pending, []
         loop = asyncio.get_running_loop()
         for start in range(0, len(pending), self._limit):
             batch = pending[start : start + self._limit]
             proposal = self._raft.send_many([data for data, _, _ in batch], sessionless=[free for _, free, _ in batch])
             task = loop.create_task(self._send(batch, proposal))
-            self._sending.add(task)
+            self._sending.add(task)  # a strong reference until it is done
             task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[bytes, bool, asyncio.Future[bytes]]], proposal: Proposal) -> None:
@@ -183,11 +167,11 @@ class QueueClient(QueueReads):
 
     def __init__(
         self, raft: RaftClient, *, reader: RaftClient | None = None, coalesce: bool = True,
-        coalesce_max: int = COALESCE_COMMANDS_MAX, coalesce_idle: int = COALESCE_IDLE_COMMANDS,
+        coalesce_max: int = COALESCE_COMMANDS_MAX,
     ) -> None:
         self.raft = raft
         self.reader = reader or raft
-        self._coalescer = _Coalescer(raft, coalesce_max, coalesce_idle) if coalesce else None
+        self._coalescer = _Coalescer(raft, coalesce_max) if coalesce else None
 
     # ---- commands -----------------------------------------------------------------------------
     async def submit(self, command: QueueCommand) -> QueueResult:

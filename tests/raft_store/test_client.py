@@ -328,16 +328,15 @@ async def test_a_frame_send_many_wrote_is_told_apart_as_any_other(
     await client.close()
 
 
-@pytest.mark.parametrize(("burst", "frames"), [(5, [5]), (8, [8]), (20, [8, 12]), (30, [8, 22])])
-async def test_a_burst_with_no_frame_at_the_store_sends_its_first_commands_at_once(
+@pytest.mark.parametrize(("burst", "frames"), [(5, [5]), (30, [30]), (2500, [1024, 1024, 452])])
+async def test_the_queue_coalescer_sends_an_iteration_s_commands_in_frames_of_at_most_its_limit(
     fake: Any, burst: int, frames: list[int]
 ) -> None:
-    """queues.client's coalescer: idle, the first 8 commands of an iteration go at once; the rest,
-    with that frame at the store, wait for the end of the iteration and go as one frame."""
+    """queues.client's coalescer, through send_many: one frame per iteration (up to the limit)."""
     node = await fake(1, always(Status.OK))
     client = quick_client(node.address)
     await client.propose_many([b"warm"])
-    coalescer = _Coalescer(client, COALESCE_COMMANDS_MAX, idle_commands=8)
+    coalescer = _Coalescer(client, COALESCE_COMMANDS_MAX)
     results = await asyncio.gather(*(coalescer.submit(b"c%d" % i, True) for i in range(burst)))
     assert results == [b"applied"] * burst
     assert node.frames[1:] == frames
