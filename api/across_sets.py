@@ -244,9 +244,9 @@ async def jobs(
     )  # fmt: skip
 
 
-_AUDIT_POSITION: Final = r"[1-9][0-9]{0,4}:[0-9]{1,19}"
+_AUDIT_POSITION: Final = r"(0|[1-9][0-9]{0,4}):[0-9]{1,19}"
 AUDIT_CURSOR_PATTERN: Final = rf"^{_AUDIT_POSITION}(,{_AUDIT_POSITION}){{0,{SETS_IN_CURSOR_MAX - 1}}}$"
-"""Several sets: the audit list's `next_cursor`, the oldest seq shown of each set."""
+"""Several sets: the audit list's `next_cursor`, the oldest seq shown of each set (0: the control set)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,11 +268,13 @@ async def audit_page(
     services: ApiServices, audit_filter: Callable[[int], AuditFilter], *, cursor: str | None, limit: int,
     only: int | None = None,
 ) -> AuditPage:  # fmt: skip
-    """Several sets: every set's (or `only` that set's) newest entries the filter selects after the
-    cursor, merged by time. A set that does not answer is a 503 naming it: an auditor reads the
-    whole chain or is told it is not whole. `audit_filter(set_id)`: the store's filter for a set."""
+    """Several sets: every set's and the control set's (set 0: the set table, the intended settings,
+    tokens and users), or `only` that set's, newest entries the filter selects after the cursor,
+    merged by time. A set that does not answer is a 503 naming it: an auditor reads the whole
+    chain or is told it is not whole. `audit_filter(set_id)`: the store's filter for a set."""
     if only is None:
-        each = await services.every_set()
+        control = services.control_services()
+        each = [*([] if control is None else [control]), *await services.every_set()]
     else:
         one = await services.in_set(only)
         each = [] if one is None else [one]

@@ -20,11 +20,11 @@ from opentelemetry.trace import TracerProvider
 from api import openapi, problems
 from api.direct import DirectRoutes, direct_routes
 from api.metrics import MetricsMiddleware
-from api.routers import downstreams, health, kinds, refs, requests, review, review_jobs
+from api.routers import downstreams, health, kinds, refs, requests, retention, review, review_jobs
 from api.services import ApiServices
 from api.tracing import TracingMiddleware
 from api.web import login as web_login
-from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit, pages_jobs
+from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit, pages_groups, pages_jobs
 
 STATIC_DIR: Final = Path(__file__).parent / "static"
 SWAGGER: Final = "/static/swagger-ui"
@@ -68,10 +68,10 @@ def create_app(services: ApiServices, *, tracer: TracerProvider) -> FastAPI:
 
     problems.install(app)
     web_login.install(app)
-    for pages in (pages_dead_letters, pages_detail, pages_edit, pages_approvals, pages_audit, pages_jobs):
+    for pages in (pages_dead_letters, pages_detail, pages_edit, pages_approvals, pages_audit, pages_jobs, pages_groups):
         app.router.routes.extend(pages.router.routes)  # the review pages (api/web/), outside the OpenAPI
-    for router in (requests.router, refs.router, kinds.router, downstreams.router, review.router, review_jobs.router,
-                   health.router):
+    for router in (requests.router, refs.router, kinds.router, downstreams.router, retention.router, review.router,
+                   review_jobs.router, health.router):
         # The routes themselves, not include_router's wrapper: matching through a wrapper per
         # router was 7 % of a submission's CPU (py-spy, 2026-11-23), and nothing here needs a
         # router's prefix or dependencies.

@@ -1,14 +1,15 @@
 """Liveness and readiness, as a load balancer and an orchestrator mean them.
 
-Alive: the process answers. Ready: a store leader is known and its applied index is within
-`lag_max` of its commit index, and the token cache has heard from the store (without tokens no
-request can be let in). The store is asked at most once per `cache_s`, however often probes come.
+Alive: the process answers. Ready: a leader of the store that holds the tokens (`queue`: the one
+store, or the control set with several sets) is known and its applied index is within `lag_max`
+of its commit index, and the token cache has heard from it (without tokens no request can be let
+in). The store is asked at most once per `cache_s`, however often probes come.
 
 With several sets (docs/sets.md, "/readyz"): ready also needs a set table read from the control set
 (without one no key can be routed), and each set's state is reported (`sets`, `sets_down`), but a
-set without a leader does not make the API unready: only that set's keys stop (503 with
-Retry-After per item), and a load balancer that took every API replica out for it would stop
-the other sets' intake too. The home set must answer: tokens and users live there.
+set without a leader does not make the API unready, the home set included: only that set's keys
+stop (503 with Retry-After per item), and a load balancer that took every API replica out for it
+would stop the other sets' intake too.
 
 Must never: change anything, or fail on an exception (a probe that raises reads as down).
 """

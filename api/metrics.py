@@ -12,9 +12,10 @@ Must never: label with a producer-chosen value (key, ref key, token name of an u
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -43,6 +44,36 @@ class ApiMetrics:
             "compensator_api_throttled_total", "Requests over their producer's rate: held (then taken) or refused.",
             ["outcome"], registry=self.registry,
         )  # fmt: skip
+
+        self.settings_repaired = Counter(
+            "compensator_api_settings_repaired_total",
+            "Cluster-wide settings the settings repair re-applied to a set that had missed them, by set.",
+            ["set"], registry=self.registry,
+        )  # fmt: skip
+        self.settings_unverified = Gauge(
+            "compensator_api_settings_unverified",
+            "1 while the settings repair's last pass could not compare this set with the intended settings"
+            " (the set did not answer), else 0.",
+            ["set"], registry=self.registry, multiprocess_mode="max",
+        )  # fmt: skip
+        self.settings_repair_passes = Counter(
+            "compensator_api_settings_repair_passes_total",
+            "Passes of the settings repair: ok, or control_unreachable (the intended settings could not be read).",
+            ["outcome"], registry=self.registry,
+        )  # fmt: skip
+
+    def observe_repair(self, compared: Iterable[int], report: Mapping[int, Sequence[object] | Exception] | None) -> None:
+        """One pass of the settings repair over the sets `compared`; `report` None when the control
+        set could not be read (nothing was compared)."""
+        if report is None:
+            self.settings_repair_passes.labels("control_unreachable").inc()
+            return
+        self.settings_repair_passes.labels("ok").inc()
+        for set_id in compared:
+            found = report.get(set_id)
+            self.settings_unverified.labels(str(set_id)).set(1 if isinstance(found, Exception) else 0)
+            if found is not None and not isinstance(found, Exception):
+                self.settings_repaired.labels(str(set_id)).inc(len(found))
 
     def observe_store(self, operation: str, seconds: float) -> None:
         child = self._children.get(operation)

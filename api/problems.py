@@ -93,7 +93,9 @@ TYPES: Final = _types(
                 " written to every set; some did not answer. `applied_sets` and `unapplied_sets` name them. The"
                 " setting is recorded as intended, so the settings repair applies it to the others once they"
                 " answer; repeating the same call after `Retry-After` seconds is safe and answers when every set"
-                " holds it."),
+                " holds it. A redrive job group over several sets (its creation, pause, resume, cancel, approval"
+                " or rejection) answers the same, with its `group`: repeating the call (a creation with the same"
+                " Idempotency-Key or `group`) completes the sets that missed it."),
     ProblemType("not-ready", 503, "Not ready", "The store is unreachable, has no leader, or is catching up."),
     ProblemType("internal", 500, "Internal error",
                 "An unexpected error; it is logged with its trace id. Nothing is known about side effects:"

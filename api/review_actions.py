@@ -156,9 +156,10 @@ def spanning(set_ids: Sequence[int], what: str) -> Problem:
     one audit entry, one job) per set, and four eyes decided on a part would not be four eyes on the
     whole (docs/review.md, "Several sets")."""
     names = ", ".join(str(s) for s in set_ids)
-    return invalid([{"field": what, "message": f"holds requests of sets {names}: a redrive, a job or a proposal acts"
-                                               " within one set (an id's set is its first number, 3-17: set 3);"
-                                               " act on each set's requests in turn (the list filters by set)"}])  # fmt: skip
+    return invalid([{"field": what, "message": f"holds requests of sets {names}: a redrive acts within one set (an id's"
+                                               " set is its first number, 3-17: set 3); redrive them as a job"
+                                               " (POST /v1/review/jobs: one part per set, one group), or each set's"
+                                               " in turn (the list filters by set)"}])  # fmt: skip
 
 
 async def one_set(services: ApiServices, request_ids: Sequence[str]) -> ApiServices:
@@ -418,6 +419,8 @@ async def discard(services: ApiServices, actor: str, view: MessageView, reason_c
 
 async def approve(services: ApiServices, approver: str, proposal_id: int, reason: str) -> tuple[ProposalView, ReviewResult]:
     """Approve and perform, in one store command; the proposer's own approval is refused."""
+    if services.sets is not None:
+        refuse_part(services, await proposal(services, proposal_id), "approve")
     result = await store(services, services.queue.approve(proposal_id, approver=approver, reason=reason))
     raise_for(result, "the approval")
     return await proposal(services, proposal_id), result
@@ -426,11 +429,22 @@ async def approve(services: ApiServices, approver: str, proposal_id: int, reason
 async def reject(services: ApiServices, actor: str, proposal_id: int, reason: str, *, others: bool) -> ProposalView:
     """Reject, or withdraw one's own; `others`: whether this person may reject someone else's."""
     found = await proposal(services, proposal_id)
+    refuse_part(services, found, "reject")
     if not others and found.proposer != actor:
         raise Problem("forbidden", "you may withdraw only your own proposals; approvers reject")
     result = await store(services, services.queue.reject(proposal_id, actor=actor, reason=reason))
     raise_for(result, "the rejection")
     return await proposal(services, proposal_id)
+
+
+def refuse_part(services: ApiServices, view: ProposalView, what: str) -> None:
+    """A job group's part is decided with its group, never alone: one approval of the whole
+    (api/review_groups.py)."""
+    action = proposal_action(view)
+    if isinstance(action, RedriveJob) and action.group:
+        raise Problem("conflict", f"proposal {view.proposal_id} of set {services.settings.set_id} is a part of job group"
+                                  f" {action.group}: {what} the whole group (POST /v1/review/job-groups/{action.group}"
+                                  f"/{what}, or its page)")  # fmt: skip
 
 
 def filter_of(

@@ -90,6 +90,8 @@ class JobFilter(DeadLetterQuery):
     amount_max_minor: MinorUnits | None = None
     attempts_min: Attempts | None = None
     attempts_max: Attempts | None = None
+    set_id: Annotated[int, Field(ge=1, le=99999), Whole] | None = Field(
+        default=None, alias="set", description="Several sets: this set's dead letters only (one set: its own id, or 404).")
 
 
 class JobSelection(_Selection):
@@ -101,6 +103,9 @@ class JobSelection(_Selection):
 
 class JobBody(JobSelection):
     reason: Reason
+    group: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = Field(default=None, description=(
+        "Several sets: the group of a job over several sets' dead letters, to repeat a creation that a set"
+        " missed (the 503 partially-applied gives it); the same Idempotency-Key does the same."))
     rate_per_s: Annotated[int, Field(ge=1, le=JOB_RATE_MAX), Whole] | None = Field(
         default=None, description="Dead letters redriven per second (review.job_rate_per_s when left out)."
     )

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from starlette.requests import Request
 
@@ -26,7 +27,9 @@ from api.summaries import SummaryReads
 from api.web.sessions import WebAuth
 from delay.policy import RetryPolicy
 from queues import ClientError, QueueClient, QueueError, SetsClient, UnknownSet, cluster_settings
+from queues.model import QueueResult
 
+T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApiSettings:
@@ -58,7 +61,8 @@ class ApiServices:
     """Users and sessions of the review pages (api/web/sessions.py); None: every page asks for a login."""
     sets: SetsClient | None = None
     """Every set of the set table (store.control_addresses, docs/sets.md); None: one set, `queue`.
-    `queue` stays the home set's client: tokens, users, sessions and the review pages live there."""
+    `queue` stays the home set's client; tokens, users and sessions live in the control set
+    (`control_services`, set 0 of the audit list)."""
     summaries: SummaryReads = dataclasses.field(init=False)
     """The dead-letter list's counts and totals: one read of a filter at a time, shared."""
     background: list[asyncio.Task[None]] = dataclasses.field(init=False, default_factory=list, repr=False)
@@ -66,6 +70,8 @@ class ApiServices:
     masked: ApiServices = dataclasses.field(init=False, repr=False)
     """The same services with a store that masks every answer's personal data and writes nothing
     (api/masked_reads.py): what a caller without personal-data rights is given (`of`)."""
+    cluster_reader: list[int] = dataclasses.field(default_factory=list, repr=False)
+    """With several sets: the set `cluster_read` last had an answer from (shared by the twins)."""
     per_set: dict[int, ApiServices] = dataclasses.field(init=False, repr=False)
     """With several sets: the services of each other set (`in_set`), made once, shared by the twins."""
 
@@ -101,6 +107,45 @@ class ApiServices:
             self.per_set[set_id] = found
         return found.masked if isinstance(self.queue, MaskedQueueClient) else found
 
+    async def cluster_read(self, read: Callable[[QueueClient], Awaitable[T]]) -> T:
+        """A read of what every set holds alike once fanned out (kinds, pauses, policies, breakers'
+        documents, classification tables, retention): the home set's answer; with several sets, when
+        it does not answer, the next set's that does (the one that answered last is asked first
+        next time, so a home set that is down costs one deadline, not one per read)."""
+        if self.sets is None:
+            return await read(self.queue)
+        order = [self.settings.set_id, *(s for s in self.sets.set_ids if s != self.settings.set_id)]
+        preferred = self.cluster_reader[0] if self.cluster_reader else self.settings.set_id
+        order.sort(key=lambda set_id: set_id != preferred)
+        first: ClientError | None = None
+        for set_id in order:
+            queue = await self.queue_of(set_id)
+            if queue is None:
+                continue
+            try:
+                answer = await read(queue)
+            except ClientError as error:
+                first = first or error
+                continue
+            self.cluster_reader[:] = [set_id]
+            return answer
+        assert first is not None
+        raise first
+
+    def control_services(self) -> ApiServices | None:
+        """These services over the control set (set 0: its audit chain holds the set table's and the
+        intended settings' writes, tokens and users), read as this caller may; None with one set."""
+        if self.sets is None or self.sets.control is None:
+            return None
+        plain = self.sets.control.queue
+        found = self.per_set.get(0)
+        if found is None:
+            found = dataclasses.replace(self, queue=plain, settings=dataclasses.replace(self.settings, set_id=0))
+            object.__setattr__(found, "per_set", self.per_set)
+            object.__setattr__(found.masked, "per_set", self.per_set)
+            self.per_set[0] = found
+        return found.masked if isinstance(self.queue, MaskedQueueClient) else found
+
     async def every_set(self) -> list[ApiServices]:
         """`in_set` of every set of the table, in set order (one set: itself)."""
         if self.sets is None:
@@ -112,7 +157,8 @@ class ApiServices:
     async def start(self) -> None:
         if self.sets is not None:
             await self.sets.refresh()  # unreachable: intake answers 503 until a refresh reads the table
-            self.background.append(asyncio.create_task(self.sets.repair_settings_forever(self.settings.settings_repair_s)))
+            self.background.append(asyncio.create_task(
+                self.sets.repair_settings_forever(self.settings.settings_repair_s, self.metrics.observe_repair)))
         await self.tokens.start()
         if self.web is not None:
             await self.web.start()
@@ -160,6 +206,27 @@ class ApiServices:
                 headers=retry, extra={"applied_sets": outcome.applied, "unapplied_sets": outcome.unreachable},
             )  # fmt: skip
         return outcome
+
+    async def write_setting(self, setting: cluster_settings.Setting, *, actor: str) -> QueueResult:
+        """A cluster-wide setting written: to every set with several (`fan_out`; a set's refusal is
+        the invalid-request problem naming the sets), else to the one store. Answers a set's result."""
+        if self.sets is not None:
+            outcome = await self.fan_out(setting, actor=actor)
+            if outcome.refused:
+                raise Problem("invalid-request", f"the store refused it in sets {', '.join(map(str, outcome.refused))};"
+                              f" applied in sets {', '.join(map(str, outcome.applied)) or 'none'}")  # fmt: skip
+            first = outcome.first()
+            assert first is not None  # every set answered, and none refused
+            return first
+        try:
+            result = await cluster_settings.apply(self.queue, setting, actor=actor)
+        except ClientError as error:
+            raise self.read_failure(error) from None
+        except QueueError as error:
+            raise Problem("invalid-request", f"the store refused it: {error}") from None
+        if cluster_settings.settled(setting, result) is None:
+            raise Problem("invalid-request", f"the store refused it: {getattr(result, 'code', result)!r}")
+        return result
 
     @staticmethod
     def read_failure(error: ClientError | QueueError) -> Problem:

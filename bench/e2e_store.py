@@ -61,7 +61,8 @@ class RunStore:
 
     @property
     def home(self) -> ProcessCluster:
-        """Set 1: `store.addresses` of every child (tokens and users live there, docs/sets.md)."""
+        """Set 1: `store.addresses` of every child (its home set; tokens and users live in the control
+        set with several sets, docs/sets.md)."""
         return self.clusters[1]
 
     def settings(self, set_id: int = 1) -> dict[str, str]:
@@ -105,6 +106,7 @@ class RunStore:
                 await control.write(self.processes.table(), expected_version=version, actor="bench", reason=reason)
             finally:
                 await control.queue.raft.close()
+            await create_producer(control_cluster, token, reason=reason)  # tokens live there (store.access_client)
         for set_id, cluster in sorted(self.clusters.items()):
             await create_producer(cluster, token, reason=reason)
             queue = self.client(set_id)

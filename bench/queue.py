@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import queue_sets
+from bench.memory_limit import CgroupUnavailable, MemoryLimit
 from bench.queue_figures import log_shape, percentile
 from queues.client import QueueClient
 from queues.lateness import LatenessReport
@@ -373,6 +374,18 @@ async def burst_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[
 
 
 async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
+    """With --memory-limit-mib each node runs in a memory cgroup of that size (bench/memory_limit.py)."""
+    if not args.memory_limit_mib:
+        return await _backlog(cluster, args, None)
+    limit = MemoryLimit(f"bench-queue-{os.getpid()}", args.memory_limit_mib << 20)
+    try:
+        return await _backlog(cluster, args, limit)
+    finally:
+        cluster.stop_all()
+        limit.remove()
+
+
+async def _backlog(cluster: ProcessCluster, args: argparse.Namespace, limit: MemoryLimit | None) -> dict[str, Any]:
     raft, queue = await connect(cluster)
     payload = payload_of(args.payload_bytes)
     count = args.messages
@@ -399,6 +412,9 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
                 anon_max[node] = max(anon_max.get(node, 0.0), mib)
             await asyncio.sleep(1.0)
 
+    if limit is not None:
+        for node, proc in cluster.procs.items():
+            limit.add(node, proc.pid)
     sampler = asyncio.get_running_loop().create_task(sample())
     started_ms = now_ms()
     started = time.perf_counter()
@@ -430,6 +446,9 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         cluster.kill(node, signal.SIGKILL)
     t0 = time.perf_counter()
     cluster.start_all()
+    if limit is not None:
+        for node, proc in cluster.procs.items():
+            limit.add(node, proc.pid)
     raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=5.0, deadline_s=600.0)
     queue = QueueClient(raft)
     await cluster.wait_leader(raft, timeout_s=600.0)
@@ -440,7 +459,11 @@ async def backlog_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
     rss_after = rss_mib(cluster)
     anon_after = rss_mib(cluster, "RssAnon")
     await raft.close()
+    limited: dict[str, Any] = {}
+    if limit is not None:
+        limited = {"memory_limit_mib": args.memory_limit_mib, "cgroup": limit.figures()}
     return {
+        **limited,
         "mode": "backlog",
         "messages": count,
         "rss_mib_max": {str(n): round(v, 1) for n, v in sorted(rss_max.items())},
@@ -483,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="enqueue: this many sets of 3 nodes, routed by key (bench/queue_sets.py)")
     parser.add_argument("--lose-set", type=int, default=None,
                         help="enqueue --sets N: kill a majority of this set after the first --seconds")
+    parser.add_argument("--memory-limit-mib", type=int, default=0,
+                        help="backlog: run each node in a memory cgroup of this many MiB (page cache included)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     defaults = {"drain": 100_000, "burst": 500_000, "backlog": 10_000_000}
@@ -492,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
         args.payload_bytes = 1024 if args.mode in ("enqueue", "drain") else 256
     if args.concurrency <= 0 or args.seconds <= 0 or args.workers <= 0:
         parser.error("--concurrency, --seconds and --workers must be positive")
+    if args.memory_limit_mib and args.mode != "backlog":
+        parser.error("--memory-limit-mib: only with the backlog mode")
+    if args.memory_limit_mib < 0:
+        parser.error("--memory-limit-mib must be positive")
     if args.sets < 1 or (args.sets > 1 and args.mode != "enqueue"):
         parser.error("--sets: 1, or more with the enqueue mode")
     if args.lose_set is not None and (args.sets < 2 or not 1 <= args.lose_set <= args.sets):
@@ -502,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
+    if args.memory_limit_mib:
+        try:
+            MemoryLimit("bench-queue-probe", 0)
+        except CgroupUnavailable as exc:
+            parser.error(f"--memory-limit-mib: {exc}")
     if args.sets > 1:
         result = queue_sets.run(args)
     else:

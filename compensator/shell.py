@@ -110,6 +110,13 @@ async def metrics_endpoint(
         await server.stop()
 
 
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for each in group.exceptions:
+        found += _leaves(each) if isinstance(each, BaseExceptionGroup) else [each]
+    return found
+
+
 def _first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
@@ -125,6 +132,14 @@ async def serve(shell: Shell, build: Callable[[], AbstractAsyncContextManager[Ru
             raise
         except shell.expected as error:
             raise ProcessError(_first_line(error)) from None
+        except BaseExceptionGroup as group:
+            # A task group (the worker's lanes, ...) wraps what its tasks raised: an expected
+            # failure inside one still ends the process with its one line, not a group traceback.
+            expected: tuple[type[BaseException], ...] = (ProcessError, *shell.expected)
+            if any(not isinstance(leaf, expected) for leaf in _leaves(group)):
+                raise
+            first = _leaves(group)[0]
+            raise ProcessError(_first_line(first)) from None
 
 
 def run(shell: Shell, build: Callable[[], AbstractAsyncContextManager[Running]]) -> int:

@@ -48,6 +48,20 @@ def queue_client(config: Config, auth: StoreAuth | None = None) -> QueueClient:
     return QueueClient(raft_client(config, auth))
 
 
+def access_client(config: Config, auth: StoreAuth | None = None) -> QueueClient:
+    """Where API tokens, review-page users and their sessions live: the control set with several
+    sets (one copy, in the failure domain that routes every request anyway; a set that loses its
+    majority must stop only its own share, docs/sets.md), else the one store."""
+    if config.store.control_addresses:
+        return control_set(config, auth).queue
+    return queue_client(config, auth)
+
+
+def access_addresses(config: Config) -> Sequence[str]:
+    """The addresses `access_client` reaches (for messages that name them)."""
+    return config.store.control_addresses or config.store.addresses
+
+
 def control_set(config: Config, auth: StoreAuth | None = None) -> ControlSet:
     """The control set's client (store.control_addresses; ValueError when there is none)."""
     if not config.store.control_addresses:
@@ -66,19 +80,18 @@ def sets_client(config: Config, auth: StoreAuth | None = None) -> SetsClient | N
     )  # fmt: skip
 
 
-async def set_clients(config: Config, auth: StoreAuth | None = None) -> dict[int, QueueClient]:
-    """Every set's client by set id: what a worker leases from. One set: {store.set_id: its client}.
-    Many: the sets of the table the control set holds now (read once; the control set's client is
-    closed again). Raises TableError while the control set holds no table, ClientError when it
-    cannot be read."""
-    if not config.store.control_addresses:
-        return {config.store.set_id: queue_client(config, auth)}
+async def open_sets(config: Config, auth: StoreAuth | None = None) -> SetsClient:
+    """The facade over the sets of the table the control set holds now, its control set's client
+    kept open so that `refresh` re-reads the table (what a worker leases from, and how it finds a
+    set added later). Raises TableError while the control set holds no table, ClientError when it
+    cannot be read; the caller closes it."""
     auth = auth or store_auth(config)
     control = control_set(config, auth)
     try:
-        sets = await SetsClient.from_control(
-            control, connect=lambda _set_id, addresses: QueueClient(raft_client(config, auth, addresses)),
+        return await SetsClient.from_control(
+            control, refresh_s=config.store.sets_refresh_s,
+            connect=lambda _set_id, addresses: QueueClient(raft_client(config, auth, addresses)),
         )  # fmt: skip
-    finally:
+    except BaseException:
         await control.queue.raft.close()
-    return dict(sets.clients)
+        raise

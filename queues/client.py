@@ -360,9 +360,12 @@ class QueueClient(QueueReads):
         return _expect(await self.submit(Purge(limit=limit)), BatchResult)
 
     async def put_document(
-        self, namespace: str, name: str, body: bytes | None, *, actor: str, reason: str = ""
+        self, namespace: str, name: str, body: bytes | None, *, actor: str, reason: str = "",
+        expected_version: int | None = None,
     ) -> DocumentResult:
-        command = PutDocument(namespace=namespace, name=name, body=body, actor=actor, reason=reason)
+        """`expected_version`: write only if the namespace is still at that version (CONFLICT otherwise)."""
+        command = PutDocument(namespace=namespace, name=name, body=body, actor=actor, reason=reason,
+                              expected_version=expected_version)  # fmt: skip
         return _expect(await self.submit(command), DocumentResult)
 
 

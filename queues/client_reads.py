@@ -223,6 +223,11 @@ class QueueReads:
         read = await self._ask(query, qc.JobsAnswer, stale_ok)
         return Read(read.value.jobs, read.applied_index, read.now_ms)
 
+    async def job_group(self, group: str, *, stale_ok: bool = False) -> Read[tuple[int | None, int | None]]:
+        """This set's part of a bulk action's group: (its job id, its proposal id), each None if absent."""
+        read = await self._ask(qc.JobGroup(group=group), qc.JobGroupAnswer, stale_ok)
+        return Read((read.value.job_id, read.value.proposal_id), read.applied_index, read.now_ms)
+
     async def job_items(
         self, job_id: int, *, after_message_id: int = 0, limit: int = 100, result: ItemResult | None = None,
         stale_ok: bool = False,

@@ -125,7 +125,8 @@ class Code(enum.IntEnum):
     EXISTS = 1
     """Enqueue: the idempotency key is known with the same content; the original id is returned."""
     CONFLICT = 2
-    """Enqueue: the idempotency key is known with different content."""
+    """Enqueue: the idempotency key is known with different content. PutDocument with an expected
+    version: the namespace's version moved on since the writer read it."""
     NOT_FOUND = 3
     ILLEGAL_STATE = 4
     """The lifecycle table has no transition for (state, command)."""
@@ -342,7 +343,11 @@ JOB_RATE_MAX: Final = 10_000
 JobId = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class RedriveJob(_Command, frozen=True, tag="redrive_job"):
+GroupId = Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{32})?$")]
+"""A bulk action's group over several sets (128 random bits as hex), or "" (none)."""
+
+
+class RedriveJob(_Command, frozen=True, tag="redrive_job", omit_defaults=True):
     """Start a tracked bulk redrive of these dead letters (queues/jobs.py): stepped at most
     `rate_per_s` a second by the leader's time, cancellable, pausable, with a result per item.
 
@@ -354,6 +359,10 @@ class RedriveJob(_Command, frozen=True, tag="redrive_job"):
     reason: Annotated[str, msgspec.Meta(min_length=1, max_length=TEXT_LENGTH_MAX)]
     ids: Annotated[tuple[MessageId, ...], msgspec.Meta(min_length=1, max_length=JOB_IDS_MAX)]
     rate_per_s: Annotated[int, msgspec.Meta(ge=1, le=JOB_RATE_MAX)]
+    group: GroupId = ""
+    """With several sets, the bulk action this set's part belongs to (docs/review.md, "Several
+    sets"): a set holds at most one job and one proposal of a group, so a repeated creation answers
+    the part it holds. Omitted from the encoding when empty: a job without one encodes as before."""
 
 
 class StepJob(_Command, frozen=True, tag="step_job"):
@@ -489,7 +498,7 @@ class SetQuota(_Command, frozen=True, tag="set_quota"):
     burst: Burst | None = None
 
 
-class PutDocument(_Command, frozen=True, tag="put_document"):
+class PutDocument(_Command, frozen=True, tag="put_document", omit_defaults=True):
     """Replace a settings document (queues/documents.py), or delete it with no body."""
 
     namespace: Namespace
@@ -497,6 +506,11 @@ class PutDocument(_Command, frozen=True, tag="put_document"):
     body: Annotated[bytes, msgspec.Meta(max_length=DOCUMENT_BYTES_MAX)] | None
     actor: Name
     reason: Text = ""
+    expected_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """Compare and set: the namespace's version the writer read; when it moved on since, nothing
+    is written and the answer is CONFLICT with the version now (two operators adding sets at once
+    cannot both write the set table). Omitted from the encoding when None (with `reason` when
+    empty): a command without it decodes on a node of the version before."""
 
 
 class RouteFence(_Command, frozen=True, tag="route_fence"):

@@ -214,10 +214,16 @@ class JobItems(_Query, frozen=True, tag="job_items"):
     result: ItemResult | None = None
 
 
+class JobGroup(_Query, frozen=True, tag="job_group"):
+    """A bulk action's part in this set: the job and the proposal that carry `group`, if any."""
+
+    group: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}$")]
+
+
 QueueQuery = (
     GetMessages | ByIdempotencyKeys | ByRefKey | DeadLetters | DeadLetterSummary | Counts | OldestDueAge | EventsAfter
     | EventsDigest | ScrubPayloads | Retention | Kinds | MessageEvents | Tokens | WorkDue | MaintenanceDue | Documents
-    | AuditLog | MessageAudit | Proposals | Jobs | JobItems
+    | AuditLog | MessageAudit | Proposals | Jobs | JobItems | JobGroup
 )  # fmt: skip
 
 
@@ -373,6 +379,11 @@ class JobItemsAnswer(_Answer, frozen=True, tag="job_items"):
     items: tuple[JobItem, ...] = ()
 
 
+class JobGroupAnswer(_Answer, frozen=True, tag="job_group"):
+    job_id: int | None = None
+    proposal_id: int | None = None
+
+
 class QueryError(_Answer, frozen=True, tag="error"):
     code: QueryErrorCode
     detail: str = ""
@@ -382,6 +393,7 @@ QueryAnswer = (
     MessagesAnswer | DeadLettersAnswer | DeadLetterSummaryAnswer | CountsAnswer | OldestDueAnswer | EventsAnswer
     | DigestAnswer | ScrubAnswer | RetentionAnswer | KindsAnswer | MessageEventsAnswer | TokensAnswer | WorkDueAnswer
     | MaintenanceDueAnswer | DocumentsAnswer | AuditAnswer | ProposalsAnswer | JobsAnswer | JobItemsAnswer
+    | JobGroupAnswer
     | QueryError
 )  # fmt: skip
 

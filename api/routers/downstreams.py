@@ -24,13 +24,13 @@ from starlette.responses import Response
 from api import openapi
 from api.auth import Observer, Operator
 from api.http import json_response, read_body, require_json
-from api.problems import Problem, invalid
+from api.problems import invalid
 from api.schemas import utc
 from api.services import ApiServices, of
 from handlers.classification import ClassificationError, decode_table, encode_table
 from handlers.tables import DEFAULT_TABLES
 from ledger.kinds import DOWNSTREAM_OF
-from queues import ClientError, Code, QueueError, cluster_settings
+from queues import ClientError, QueueError, cluster_settings
 
 router = APIRouter(tags=["downstreams"])
 BREAKERS: Final = "breakers"
@@ -80,8 +80,9 @@ def _mode(body: bytes) -> Mode:
             responses=openapi.problems(401, 403, 503))  # fmt: skip
 async def breakers(request: Request, principal: Observer) -> Response:
     services: ApiServices = of(request)
-    kinds = {view.kind: view for view in await _read(services, services.queue.kinds())}
-    documents = {doc.name: doc for doc in (await _read(services, services.queue.documents(BREAKERS))).documents}
+    kinds = {view.kind: view for view in await _read(services, services.cluster_read(lambda queue: queue.kinds()))}
+    read = services.cluster_read(lambda queue: queue.documents(BREAKERS))
+    documents = {doc.name: doc for doc in (await _read(services, read)).documents}
     answer = []
     for downstream in DOWNSTREAMS:
         names = sorted(kind.value for kind, target in DOWNSTREAM_OF.items() if target == downstream)
@@ -109,25 +110,12 @@ async def force(request: Request, downstream: Downstream, change: BreakerChange,
 
 async def _put(services: ApiServices, namespace: str, name: str, body: bytes | None, actor: str, reason: str) -> None:
     """The document written to the store; with several sets, to every set (api/services.py `fan_out`)."""
-    if services.sets is not None:
-        setting = cluster_settings.Document(namespace=namespace, name=name, body=body, reason=reason)
-        outcome = await services.fan_out(setting, actor=actor)
-        if outcome.refused:
-            raise Problem("invalid-request", f"the store refused it in sets {', '.join(map(str, outcome.refused))};"
-                          f" applied in sets {', '.join(map(str, outcome.applied)) or 'none'}")  # fmt: skip
-        return
-    try:
-        result = await services.queue.put_document(namespace, name, body, actor=actor, reason=reason)
-    except ClientError as error:
-        raise services.read_failure(error) from None
-    except QueueError as error:
-        raise Problem("invalid-request", f"the store refused it: {error}") from None
-    if result.code is not Code.OK:
-        raise Problem("invalid-request", f"the store refused it: {result.code.name}")
+    setting = cluster_settings.Document(namespace=namespace, name=name, body=body, reason=reason)
+    await services.write_setting(setting, actor=actor)
 
 
 async def _table(services: ApiServices, downstream: str) -> tuple[bytes, dict[str, Any]]:
-    documents = (await _read(services, services.queue.documents(TABLES))).documents
+    documents = (await _read(services, services.cluster_read(lambda queue: queue.documents(TABLES)))).documents
     stored = next((doc for doc in documents if doc.name == downstream), None)
     if stored is None:
         return encode_table(DEFAULT_TABLES[downstream]), {"source": "default"}

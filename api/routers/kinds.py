@@ -6,6 +6,7 @@ event with the caller as its actor.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 import msgspec
@@ -34,10 +35,18 @@ def _policy(policy: RetryPolicy) -> dict[str, Any]:
 
 async def _views(services: ApiServices) -> tuple[tuple[KindView, ...], dict[tuple[str, str], int], dict[str, int]]:
     try:
-        kinds = (await services.queue.kinds()).value
-        # Counts span the sets; kinds, pauses and policies are the home set's (docs/sets.md).
-        counts = (await services.queue.counts()).value if services.sets is None else await services.sets.counts()
-        oldest = (await services.queue.oldest_due_age_ms()).value
+        # Kinds, pauses and policies: every set holds them alike (the home set's, or another's when
+        # it is down); counts and the oldest due age span the sets (docs/sets.md).
+        kinds = (await services.cluster_read(lambda queue: queue.kinds())).value
+        if services.sets is None:
+            counts = (await services.queue.counts()).value
+            oldest = (await services.queue.oldest_due_age_ms()).value
+        else:
+            counts = await services.sets.counts()
+            oldest = {}
+            for read in await asyncio.gather(*(services.sets.client(s).oldest_due_age_ms() for s in services.sets.set_ids)):
+                for kind, age in read.value.items():
+                    oldest[kind] = max(age, oldest.get(kind, age))
     except (ClientError, QueueError) as error:
         raise services.read_failure(error) from None
     return kinds, counts, oldest
@@ -88,7 +97,7 @@ async def _everywhere(services: ApiServices, kind: str, setting: cluster_setting
     as one set would answer it: ALREADY_PAUSED or NOT_PAUSED only when every set said so (a repeat
     after a partial write is a success), else the lowest-numbered set's result. A kind the home set
     does not know is 404 before anything is recorded."""
-    kinds = (await _command(services, services.queue.kinds())).value
+    kinds = (await _command(services, services.cluster_read(lambda queue: queue.kinds()))).value
     if all(view.kind != kind for view in kinds):
         return KindResult(code=Code.UNKNOWN_KIND, kind=kind)
     outcome = await services.fan_out(setting, actor=actor)
@@ -146,8 +155,14 @@ async def resume(request: Request, kind: KindPath, command: ResumeCommand, princ
 @router.get("/v1/kinds/{kind}/policy", summary="A kind's retry policy", responses=openapi.problems(401, 403, 404, 503),
             response_model=dict[str, Any])  # fmt: skip
 async def get_policy(request: Request, kind: KindPath, principal: Observer) -> Response:
-    view, _ = await _kind(of(request), kind)
-    return json_response(_policy(view.policy))
+    """Read from any set that answers (every set holds the same policy once fanned out): no count
+    is needed, so one set down does not make it a 503."""
+    services = of(request)
+    kinds = (await _command(services, services.cluster_read(lambda queue: queue.kinds()))).value
+    for view in kinds:
+        if view.kind == kind:
+            return json_response(_policy(view.policy))
+    raise Problem("not-found", f"no kind {kind!r}")
 
 
 @router.put(

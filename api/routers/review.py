@@ -43,6 +43,7 @@ from queues import (
     MessageView,
     ProposalState,
     ProposalView,
+    RedriveJob,
     Role,
     proposal_action,
 )
@@ -83,6 +84,8 @@ def proposal_document(services: ApiServices, view: ProposalView, paid: WhatIsPai
     if services.sets is not None:
         document["set"] = services.settings.set_id  # several sets: the proposal's number is its set's
     action = proposal_action(view)
+    if isinstance(action, RedriveJob) and action.group:
+        document["group"] = action.group  # a job group's part: decided with its group (/v1/review/job-groups/...)
     if isinstance(action, EditRedrive):
         document["payload"] = json.loads(action.payload)
     if isinstance(action, Discard):

@@ -21,16 +21,17 @@ from starlette.responses import Response
 
 from api import across_sets, openapi
 from api import review_actions as actions
+from api import review_groups as groups
 from api.auth import Observer, Principal, requires
 from api.http import json_response, known_query
 from api.money_view import totals_document
 from api.problems import invalid
-from api.review_schemas import JobBody, JobControlBody, JobFilter, JobSelection
-from api.routers.review import PROPOSED, SetQuery, proposed_response
+from api.review_schemas import ApproveBody, JobBody, JobControlBody, JobFilter, JobSelection, RejectBody
+from api.routers.review import PROPOSED, Approver, Decider, SetQuery, proposal_document, proposed_response
 from api.schemas import utc
 from api.services import ApiServices, of
 from ledger.request_ids import NUMBER_MAX
-from queues import DeadLetterFilter, ItemResult, JobItem, JobView, Role
+from queues import DeadLetterFilter, ItemResult, JobAction, JobItem, JobView, Role
 
 router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
@@ -75,13 +76,21 @@ def _selection(body: JobSelection) -> tuple[list[str] | None, DeadLetterFilter |
     return body.ids, None if body.filter is None else dead_filter(body.filter)
 
 
-async def _in_set_of(services: ApiServices, ids: list[str] | None, selected: DeadLetterFilter | None) -> ApiServices:
-    """Several sets: the one set a job's dead letters are in (a job lives in one set; a selection or
-    filter spanning sets is refused whole: docs/review.md, "Several sets")."""
-    if ids is not None:
-        return await actions.one_set(services, ids)
-    assert selected is not None
-    return await actions.filter_set(services, selected)
+async def _scoped(services: ApiServices, body: JobSelection) -> ApiServices:
+    """The services a filter's `set` names (404 for a set that does not exist); these otherwise."""
+    set_id = None if body.filter is None else body.filter.set_id
+    if set_id is not None and set_id != services.settings.set_id:
+        return await actions.set_named(services, set_id)
+    return services
+
+
+async def _sets_of(services: ApiServices, body: JobSelection) -> list[ApiServices]:
+    """The sets a job's dead letters are in: one (a job there, as always), or several (a job
+    group, one part per set: api/review_groups.py). One set: these services."""
+    scoped = await _scoped(services, body)
+    if scoped.sets is None or (body.filter is not None and body.filter.set_id is not None):
+        return [scoped]
+    return await groups.holding(scoped, *_selection(body))
 
 
 @router.post("/v1/review/jobs:dry-run", summary="What a redrive would act on: count, totals per currency, oldest",
@@ -89,7 +98,12 @@ async def _in_set_of(services: ApiServices, ids: list[str] | None, selected: Dea
 async def dry_run(request: Request, body: JobSelection, principal: Reviewer) -> Response:
     """Changes nothing. `needs_approval` says why four eyes would be needed (null: it would start at once)."""
     selection = _selection(body)
-    services = await _in_set_of(_services(request), *selection)
+    each = await _sets_of(_services(request), body)
+    if len(each) > 1:
+        parts = await groups.targets(each, *selection)
+        views = [view for _, found in parts for view in found]
+        return json_response(groups.dry_run_document(parts, each[0].four_eyes.needs_approval(views)))
+    (services,) = each
     result = await actions.dry_run(services, *selection)
     return json_response({
         "count": result.count, "without_amount": result.without_amount, "needs_approval": result.needs_approval,
@@ -106,7 +120,10 @@ async def start(request: Request, body: JobBody, principal: Reviewer) -> Respons
     """201 with the job (its counters; `refused` ids were not dead at the start and are never
     redriven), or 202 with a proposal: the approval starts it."""
     selection = _selection(body)
-    services = await _in_set_of(_services(request), *selection)
+    each = await _sets_of(_services(request), body)
+    if len(each) > 1:
+        return await _start_group(request, body, principal, each)
+    (services,) = each
     views = await actions.targets(services, *selection)
     outcome = await actions.start_job(services, principal.name, body.reason, views, body.rate_per_s)
     if isinstance(outcome, actions.Proposed):
@@ -115,6 +132,21 @@ async def start(request: Request, body: JobBody, principal: Reviewer) -> Respons
                 "refused_ids": [{"id": actions.public(services, m), "reason": c.name.lower()} for m, c in outcome.refused]}  # fmt: skip
     located = "" if services.sets is None else f"?set={services.settings.set_id}"
     return json_response(document, status=201, headers={"Location": f"/v1/review/jobs/{outcome.job.job_id}{located}"})
+
+
+async def _start_group(request: Request, body: JobBody, principal: Principal, each: list[ApiServices]) -> Response:
+    """A job over several sets' dead letters: a part per set, one group (api/review_groups.py)."""
+    parts = await groups.targets(each, *_selection(body))
+    group = groups.group_id(principal.name, request.headers.get("Idempotency-Key"), body.group)
+    created = await groups.start(_services(request), principal.name, body.reason, parts, body.rate_per_s, group)
+    document = await group_document(await groups.read_group(_services(request), group))
+    document["refused_ids"] = [{"id": actions.public(s, m), "reason": c.name.lower()}
+                               for s, refused in created.refused for m, c in refused]  # fmt: skip
+    headers = {"Location": f"/v1/review/job-groups/{group}"}
+    if created.proposed is not None:
+        return json_response({"outcome": "proposed", "why": f"needs a second person's approval: {created.proposed}",
+                              "group": document}, status=202, headers=headers)  # fmt: skip
+    return json_response(document, status=201, headers=headers)
 
 
 @router.get("/v1/review/jobs", summary="Redrive jobs, newest first", responses=openapi.problems(401, 403, 404, 422, 503))
@@ -187,3 +219,92 @@ async def resume(request: Request, job_id: JobIdPath, body: JobControlBody, prin
 async def cancel(request: Request, job_id: JobIdPath, body: JobControlBody, principal: Reviewer,
                 set_id: SetQuery = None) -> Response:  # fmt: skip
     return await _control(request, job_id, "cancel", body, principal, set_id)
+
+
+# ---- job groups: a job over several sets' dead letters ------------------------------------------
+GroupPath = Annotated[str, Path(pattern=groups.GROUP_PATTERN, description="A job group's id (32 hex digits).")]
+GROUP_RESPONSES = openapi.problems(401, 403, 404, 409, 422, 503)
+
+
+async def group_document(group: groups.Group) -> dict[str, Any]:
+    """The group as one job: its state, the counters summed over the parts, what its proposal pays
+    summed per currency, and each set's part (its job and proposal as one set's are shown)."""
+    summed = await groups.whole(group)
+    parts = []
+    for part in group.parts:
+        entry: dict[str, Any] = {"set": part.set_id, "job": None, "proposal": None}
+        if part.job is not None:
+            entry["job"] = job_document(part.services, part.job)
+        if part.proposal is not None:
+            entry["proposal"] = proposal_document(part.services, part.proposal, summed.paid[part.set_id])
+        parts.append(entry)
+    first = group.parts[0] if group.parts else None
+    source = None if first is None else (first.job or first.proposal)
+    proposals = summed.proposals
+    return {
+        "group": group.group, "state": summed.state, **summed.counters,
+        "actor": None if source is None else (source.actor if isinstance(source, JobView) else source.proposer),
+        "reason": None if source is None else source.reason,
+        "proposal": None if not proposals else {
+            "targets": summed.proposed, "proposer": proposals[0].proposer,
+            "states": sorted({p.state.value for p in proposals}),
+            "decided_by": sorted({p.decided_by for p in proposals if p.decided_by is not None}),
+            "expires_at": utc(min(p.expires_ms for p in proposals)),
+            "pays": {"totals": totals_document(summed.pays), "without_amount": summed.without_amount},
+        },
+        "sets": parts, "partial": bool(group.unanswered), "unanswered_sets": group.unanswered,
+    }  # fmt: skip
+
+
+@router.get("/v1/review/job-groups/{group}", summary="A job over several sets: the whole and each set's part",
+            responses=openapi.problems(401, 403, 404, 422, 503))  # fmt: skip
+async def get_group(
+    request: Request, group: GroupPath, principal: Observer,
+    partial: Annotated[bool, Query(description="Answer with the sets that answer, naming those that did not, "
+                                               "instead of a 503.")] = False,
+) -> Response:  # fmt: skip
+    """Counters summed over the sets' parts, the group's state (running while any part runs), the
+    proposal's money summed per currency, and `sets`: each set's job and proposal."""
+    return json_response(await group_document(await groups.read_group(_services(request), group, partial=partial)))
+
+
+async def _control_group(request: Request, group: str, action: JobAction, body: JobControlBody,
+                         principal: Principal) -> Response:  # fmt: skip
+    found = await groups.control(_services(request), principal.name, group, action, body.reason)
+    return json_response(await group_document(found))
+
+
+@router.post("/v1/review/job-groups/{group}/pause", summary="Pause every set's part", responses=GROUP_RESPONSES)
+async def pause_group(request: Request, group: GroupPath, body: JobControlBody, principal: Reviewer) -> Response:
+    return await _control_group(request, group, JobAction.PAUSE, body, principal)
+
+
+@router.post("/v1/review/job-groups/{group}/resume", summary="Resume every set's paused part", responses=GROUP_RESPONSES)
+async def resume_group(request: Request, group: GroupPath, body: JobControlBody, principal: Reviewer) -> Response:
+    return await _control_group(request, group, JobAction.RESUME, body, principal)
+
+
+@router.post("/v1/review/job-groups/{group}/cancel", summary="Cancel every set's part: what is not redriven stays dead",
+             responses=GROUP_RESPONSES)  # fmt: skip
+async def cancel_group(request: Request, group: GroupPath, body: JobControlBody, principal: Reviewer) -> Response:
+    """A part ended already (done or cancelled) counts as done; repeating the call after a set did
+    not answer (503 partially-applied) is safe."""
+    return await _control_group(request, group, JobAction.CANCEL, body, principal)
+
+
+@router.post("/v1/review/job-groups/{group}/approve", summary="Approve every set's part: one approval of the whole",
+             responses=GROUP_RESPONSES)  # fmt: skip
+async def approve_group(request: Request, group: GroupPath, body: ApproveBody, principal: Approver) -> Response:
+    """Each set's proposal approved by this approver in its set (its job starts in the same
+    command); a part approved already counts as approved. A set that does not answer: the 503
+    `partially-applied`; repeating the approval is safe."""
+    found, _ = await groups.decide(_services(request), principal.name, group, body.reason, approve=True)
+    return json_response(await group_document(found))
+
+
+@router.post("/v1/review/job-groups/{group}/reject", summary="Reject every set's part, or withdraw your own group",
+             responses=GROUP_RESPONSES)  # fmt: skip
+async def reject_group(request: Request, group: GroupPath, body: RejectBody, principal: Decider) -> Response:
+    found, _ = await groups.decide(_services(request), principal.name, group, body.reason, approve=False,
+                                   others=principal.role is not Role.REVIEWER)  # fmt: skip
+    return json_response(await group_document(found))

@@ -55,6 +55,7 @@ def describe(
         "changes": None, "reason_code": None, "job": isinstance(action, RedriveJob),
         "label": view.proposal_id if found.sets is None else f"{found.settings.set_id}-{view.proposal_id}",
         "query": "" if found.sets is None else f"?set={found.settings.set_id}",
+        "group": action.group if isinstance(action, RedriveJob) else "", "group_set": found.settings.set_id,
     }  # fmt: skip
     if isinstance(action, EditRedrive) and action.message_id in targets:
         before, after = json.loads(current_payload(targets[action.message_id])), json.loads(action.payload)

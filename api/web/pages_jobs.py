@@ -12,6 +12,8 @@ dry run showed), or show a pending or refused item as done.
 
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Annotated, Any, Final
 from urllib.parse import urlencode
 
@@ -21,8 +23,10 @@ from starlette.responses import RedirectResponse, Response
 
 from api import across_sets
 from api import review_actions as actions
+from api import review_groups as groups
 from api.problems import Problem, invalid
 from api.services import ApiServices
+from api.web import pages_groups
 from api.web.headers import page_router
 from api.web.page_support import (
     FILTER_LABELS,
@@ -38,7 +42,7 @@ from api.web.page_support import (
 from api.web.rights import Right
 from api.web.sessions import WebUser, checked_csrf, current_user, require
 from api.web.templating import render
-from queues import DeadLetterFilter, ItemResult, JobState
+from queues import DeadLetterFilter, ItemResult, JobState, MessageView
 
 router = page_router()
 User = Annotated[WebUser, Depends(current_user)]
@@ -78,11 +82,32 @@ async def dry_run(request: Request, user: PostingUser) -> Response:
     found = services(request)
     try:
         ids, dead_filter, carried = _selection(await request.form(), sets=found.sets is not None)
-        found = await _in_set_of(found, ids, dead_filter, carried)
+        each = await _sets_of(found, ids, dead_filter, carried)
+        if len(each) > 1:
+            parts = await groups.targets(each, ids, dead_filter)
+            return render(request, "dry_run.html", _group_dry_run(parts, carried, secrets.token_hex(16)), user=user)
+        (found,) = each
         result = await actions.dry_run(found, ids, dead_filter)
     except Problem as problem:
         return problem_page(request, user, problem)
     return render(request, "dry_run.html", _dry_run_context(found, result, carried), user=user)
+
+
+def _group_dry_run(
+    parts: list[tuple[ApiServices, list[MessageView]]], carried: dict[str, Any], group: str
+) -> dict[str, Any]:
+    """The dry run of a job over several sets: the whole (four eyes decided on it) and each set's
+    part; the confirmation carries the group id, so confirming twice creates each part once."""
+    every = [view for _, views in parts for view in views]
+    first = parts[0][0]
+    summed = actions.dry_run_of(first, every)
+    oldest_set, oldest = min(((s, v) for s, views in parts for v in views),
+                             key=lambda sv: (sv[1].dead_ms if sv[1].dead_ms is not None else 1 << 62,
+                                             sv[0].settings.set_id, sv[1].message_id))  # fmt: skip
+    context = _dry_run_context(first, summed, {**carried, "group": group})
+    context["oldest_id"] = actions.public(oldest_set, oldest.message_id)
+    context["per_set"] = [(s.settings.set_id, len(views), actions.totals(views)[0]) for s, views in parts]
+    return context
 
 
 @router.post("/review/redrive")
@@ -95,18 +120,32 @@ async def start(request: Request, user: PostingUser) -> Response:
     reason = str(form.get("reason") or "").strip()
     rate_text = str(form.get("rate_per_s") or "").strip()
     carried: dict[str, Any] = {}
+    parts: list[tuple[ApiServices, list[MessageView]]] = []
     try:
         ids, dead_filter, carried = _selection(form, sets=found.sets is not None)
         if not reason:
             raise invalid([{"field": "reason", "message": "say why, for the audit"}])
         if rate_text and not rate_text.isdigit():
             raise invalid([{"field": "rate_per_s", "message": "a whole number of dead letters per second"}])
-        found = await _in_set_of(found, ids, dead_filter, carried)
+        each = await _sets_of(found, ids, dead_filter, carried)
+        if len(each) > 1:
+            group = str(form.get("group") or "")
+            if re.fullmatch(groups.GROUP_PATTERN, group) is None:
+                raise invalid([{"field": "group", "message": "confirm from the dry run's page"}])
+            parts = await groups.targets(each, ids, dead_filter)
+            await groups.start(found, user.name, reason, parts, int(rate_text) if rate_text else None, group)
+            return RedirectResponse(f"/review/job-groups/{group}", status_code=303)
+        (found,) = each
         views = await actions.targets(found, ids, dead_filter)
         outcome = await actions.start_job(found, user.name, reason, views, int(rate_text) if rate_text else None)
     except Problem as problem:
         if not carried:
             return problem_page(request, user, problem)
+        group = str(form.get("group") or "")
+        if parts and re.fullmatch(groups.GROUP_PATTERN, group):  # a group's start: the same group again
+            context = {**_group_dry_run(parts, carried, group), "flashes": [pages_groups.flash_of(problem)],
+                       "reason": reason}  # fmt: skip
+            return render(request, "dry_run.html", context, user=user, status=problem.type.status)
         try:
             result = await actions.dry_run(found, carried["ids"] or None, None if carried["ids"] else dead_filter_of(carried))
         except Problem:
@@ -123,18 +162,17 @@ async def start(request: Request, user: PostingUser) -> Response:
     return RedirectResponse(f"/review/jobs/{outcome.job.job_id}?started=1{located}", status_code=303)
 
 
-async def _in_set_of(
+async def _sets_of(
     found: ApiServices, ids: list[str] | None, dead_filter: DeadLetterFilter | None, carried: dict[str, Any]
-) -> ApiServices:
-    """Several sets: the one set a job's dead letters are in: the filter's `set`, or the one set a
-    selection or filter matches (spanning sets is refused whole: docs/review.md, "Several sets")."""
-    if ids is not None:
-        return await actions.one_set(found, ids)
-    assert dead_filter is not None
+) -> list[ApiServices]:
+    """The sets a job's dead letters are in: the filter's `set`, or the sets a selection or filter
+    matches (several: a job group, one part per set: docs/review.md, "Job groups")."""
     chosen = carried.get("values", {}).get("set")
-    if found.sets is not None and chosen:
-        return await actions.set_named(found, int(chosen))
-    return await actions.filter_set(found, dead_filter)
+    if found.sets is not None and ids is None and chosen:
+        return [await actions.set_named(found, int(chosen))]
+    if found.sets is None:
+        return [found]
+    return await groups.holding(found, ids, dead_filter)
 
 
 def _label(found: ApiServices, number: int) -> str:

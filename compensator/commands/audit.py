@@ -3,7 +3,8 @@
     compensator audit verify                      # the store's chain (the leader's), and every replica's head
     compensator audit verify --state COPY.lmdb    # a copy of one node's state store, offline
 
-With several sets (store.control_addresses), every set of the table is verified in turn, its own
+With several sets (store.control_addresses), the control set (its chain holds the set table's and
+settings' writes, tokens and users) and every set of the table are verified in turn, each its own
 chain (each set chains its own operator actions): one line per set, exit 1 when any set's chain
 is broken, its replicas disagree, or it does not answer (the others are still verified).
 
@@ -75,12 +76,14 @@ async def _verify_sets(config: Config) -> int:
     if found is None:
         raise AuditCommandError("the control set holds no set table yet (run `compensator sets init`)")
     failed = 0
-    for set_id, addresses in sorted(found.addresses().items()):
+    chains = {"control set": config.store.control_addresses,
+              **{f"set {set_id}": addresses for set_id, addresses in sorted(found.addresses().items())}}  # fmt: skip
+    for name, addresses in chains.items():
         one = msgspec.structs.replace(config, store=msgspec.structs.replace(config.store, addresses=addresses))
         try:
-            failed |= await _verify_store(one, label=f"set {set_id}: ")
+            failed |= await _verify_store(one, label=f"{name}: ")
         except AuditCommandError as error:
-            print(f"compensator audit verify: set {set_id}: {error}", file=sys.stderr)
+            print(f"compensator audit verify: {name}: {error}", file=sys.stderr)
             failed = 1
     return failed
 

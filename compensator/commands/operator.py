@@ -9,6 +9,9 @@ classification tables, the dead-letter tier (list, redrive, edit, discard) and f
     compensator dead redrive (--id ID ... | --kind K [--error-class E] [--ref-key R]) --reason R [--limit N]
     compensator dead edit ID FILE --reason R | discard ID --reason-code C --comment T
     compensator proposal list [--pending] | approve N [--reason R] | reject N --reason R
+    compensator job-group show G | approve G [--reason R] | reject|pause|resume|cancel G --reason R
+                                   (a redrive job over several sets' dead letters: docs/review.md, "Job groups")
+    compensator retention show | set [--tombstones 14d] [--events 7d] --reason R   (an administrator's token)
 
 Why through the API and not the store: the API owns the roles, the validation and the audit of
 every operator action; the command line is one more client of it, so an action from a terminal is
@@ -106,11 +109,27 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     reject = proposals.add_parser("reject", help="reject (an approver), or withdraw your own (a reviewer)")
     reject.add_argument("number", type=int)
     reject.add_argument("--reason", required=True)
-    groups = (kinds, breakers, tables, deads, proposals)
+    job_group = subparsers.add_parser("job-group", help="a redrive job over several sets: show it, or act on every part")
+    job_groups = job_group.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, helped in (("show", "the whole and each set's part"), ("approve", "approve every set's part"),
+                           ("reject", "reject every part (an approver), or withdraw your own (a reviewer)"),
+                           ("pause", "pause every part"), ("resume", "resume every part"), ("cancel", "cancel every part")):
+        chosen = job_groups.add_parser(action, help=helped)
+        chosen.add_argument("group", help="the group's id (32 hex digits)")
+        if action != "show":
+            chosen.add_argument("--reason", required=action != "approve", default="", help="why (recorded)")
+    retention = subparsers.add_parser("retention", help="how long keys (tombstones) and events are kept; change it")
+    retentions = retention.add_subparsers(dest="action", required=True, metavar="ACTION")
+    retentions.add_parser("show", help="the retentions in force and the store's floor")
+    keep = retentions.add_parser("set", help="change them (an administrator's token; never under the floor)")
+    keep.add_argument("--tombstones", type=duration_ms, help="how long a finished request's key is remembered: 14d, 36h")
+    keep.add_argument("--events", type=duration_ms, help="how long events are kept: 7d")
+    keep.add_argument("--reason", required=True, help="why (recorded)")
+    groups = (kinds, breakers, tables, deads, proposals, job_groups, retentions)
     for parser in (parser for group in groups for parser in group.choices.values()):
         add_config_argument(parser)
         parser.add_argument("--token-file", type=Path, help=f"a file holding an API token (default ${TOKEN_ENV})")
-    for parser in (kind, breaker, table, dead, proposal):
+    for parser in (kind, breaker, table, dead, proposal, job_group, retention):
         parser.set_defaults(handler=run)
 
 
@@ -123,6 +142,21 @@ def run(args: argparse.Namespace) -> int:
         answer = _dead(api, args)
     elif command == "proposal":
         answer = _proposal(api, args)
+    elif command == "job-group":
+        if re.fullmatch(r"[0-9a-f]{32}", args.group) is None:
+            raise OperatorError(f"job-group: {args.group!r} is not a group id (32 hex digits)")
+        path = f"/v1/review/job-groups/{args.group}"
+        answer = api.call("GET", path) if args.action == "show" else api.call(
+            "POST", f"{path}/{args.action}", body={"reason": args.reason})
+    elif command == "retention":
+        if args.action == "show":
+            answer = api.call("GET", "/v1/retention")
+        elif args.tombstones is None and args.events is None:
+            raise OperatorError("retention set: give --tombstones, --events or both")
+        else:
+            given = {"retention_ms": args.tombstones, "event_retention_ms": args.events}
+            body = {name: value for name, value in given.items() if value is not None}
+            answer = api.call("PUT", "/v1/retention", body={**body, "reason": args.reason})
     elif command == "breaker":
         answer = (
             api.call("GET", "/v1/breakers")
@@ -183,6 +217,17 @@ def _proposal(api: Api, args: argparse.Namespace) -> Any:
     if args.action == "list":
         return api.call("GET", "/v1/review/proposals", params={"pending": "true" if args.pending else "false"})
     return api.call("POST", f"/v1/review/proposals/{args.number}/{args.action}", body={"reason": args.reason})
+
+
+DURATION_UNITS_MS: Final = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
+
+
+def duration_ms(text: str) -> int:
+    """`14d`, `36h`, `90m`, `3600s` as milliseconds (argparse's type: a bad one is its one-line error)."""
+    match = re.fullmatch(r"([1-9][0-9]{0,6})([dhms])", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 14d, 36h, 90m or 3600s")
+    return int(match.group(1)) * DURATION_UNITS_MS[match.group(2)]
 
 
 def api_token(path: Path | None) -> str:

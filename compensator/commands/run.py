@@ -50,7 +50,7 @@ from compensator.config_file import add_config_argument, load_for
 from compensator.config_processes import parse_address
 from compensator.shell import Running, Shell
 from compensator.shell import run as run_process
-from compensator.store import queue_client
+from compensator.store import access_client, queue_client
 from queues import ClientError, QueueClient, QueueError, Role
 from queues.audit import ReplicaAuditor, close_clients, replica_clients
 from queues.maintenance import MaintenanceDriver
@@ -512,8 +512,14 @@ async def serve(service: LocalService, stop: asyncio.Event) -> int:
             service.sets.start_drivers()
         if not await _unless(stop, service.database_ready()):
             return _interrupted()
-        tokens = await rotate_local_tokens(queue)
-        logins = await reset_demo_users(queue)
+        # Where tokens and users live: the control set with several sets (store.access_client).
+        access = access_client(service.sets.config) if service.sets else queue
+        try:
+            tokens = await rotate_local_tokens(access)
+            logins = await reset_demo_users(access)
+        finally:
+            if access is not queue:
+                await access.raft.close()
         driver = MaintenanceDriver(queue)  # lease expiry and purge are commands someone must propose
         driver.start()
         for projector in service.projectors:

@@ -7,7 +7,7 @@ started once keeps matching its addresses on the next start (a node's peers are 
 addresses), and checked free before anything starts. Every child process is told the control set
 (`COMPENSATOR_STORE__CONTROL_ADDRESSES`), so the API routes intake over every set. Each set gets
 its own worker and projector processes pointed at it (`store.addresses`, `store.set_id`); every
-worker leases from every set of the table (`store.set_clients`), the projector reads its own set.
+worker leases from every set of the table (`store.open_sets`, re-read every `store.sets_refresh_s`), the projector reads its own set.
 
 Must never: change anything `compensator run` does without `--sets`.
 """

@@ -5,6 +5,8 @@
     compensator sets add --addresses h:p,h:p,h:p [--addresses ...] --reason R
     compensator sets add --resume --reason R                 (finish an add that stopped half-way)
     compensator sets settings [--repair]                     (which sets miss an intended setting; apply them)
+    compensator sets settings --adopt SET --reason R         (record what SET holds as intended: after an upgrade)
+    compensator sets access --adopt SET --reason R           (copy SET's tokens and users to the control set)
 
 Adding sets is three steps, each a replicated, audited write: the new epoch written as pending in
 the control set; the intended cluster-wide settings copied to the new sets and a `RouteFence(new
@@ -26,16 +28,18 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from compensator.commands.token import actor_name, with_store
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
 from compensator.config_processes import parse_address
 from compensator.store import control_set, raft_client, store_auth
-from queues import ClientError, ControlSet, QueueClient, QueueError, SetsClient, StoreAuth, cluster_settings
+from queues import ClientError, Code, ControlSet, QueueClient, QueueError, SetsClient, StoreAuth, cluster_settings
 from queues.sets import table
 from queues.sets.table import SetTable, TableError
+from services.worker.breaker import NAMESPACE as BREAKERS
+from services.worker.documents import TABLES
 
 T = TypeVar("T")
 
@@ -58,10 +62,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--resume", action="store_true", help="finish a pending epoch (fence, activate)")
     drift = actions.add_parser("settings", help="the cluster-wide settings each set misses (exit 1 if any); --repair applies them")
     drift.add_argument("--repair", action="store_true", help="apply what a set misses now (audited as the settings repair)")
-    for parser in (init, add):
+    drift.add_argument("--adopt", type=int, metavar="SET",
+                       help="record the settings SET holds and no intent names yet as intended (after upgrading a"
+                            " deployment whose settings predate the fan-out); the repair then gives them to every set")  # fmt: skip
+    access = actions.add_parser("access", help="copy the API tokens and review users a set holds to the control set,"
+                                " where they live with several sets (once, after an upgrade)")  # fmt: skip
+    access.add_argument("--adopt", type=int, required=True, metavar="SET", help="the set that holds them (the home set)")
+    for parser in (init, add, drift, access):
         parser.add_argument("--actor", default=actor_name(), help="who is doing this (recorded)")
         parser.add_argument("--reason", default="", help="why (recorded)")
-    for parser in (listing, init, add, drift):
+    for parser in (listing, init, add, drift, access):
         add_config_argument(parser)
     sets.set_defaults(handler=run)
 
@@ -73,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     action: Callable[[ControlSet], Awaitable[int]] = {
         "list": lambda c: _list(c, args), "init": lambda c: _init(c, config, args),
         "add": lambda c: _add(c, config, args), "settings": lambda c: _settings(c, config, args),
+        "access": lambda c: _adopt_access(c, config, args),
     }[args.action]  # fmt: skip
     return asyncio.run(_with_control(config, action))
 
@@ -190,6 +201,8 @@ async def _settings(control: ControlSet, config: Config, args: argparse.Namespac
     found, _ = await control.read()
     if found is None:
         raise SetsCommandError("the control set holds no set table yet (run `compensator sets init`)")
+    if args.adopt is not None:
+        return await _adopt(control, config, found, args)
     wanted, _ = await cluster_settings.intended(control.queue)
     sets = _facade(config, found)
     ids = [entry.id for entry in found.sets]
@@ -225,6 +238,78 @@ async def _settings(control: ControlSet, config: Config, args: argparse.Namespac
         what += ("; " if what else "") + (f"sets {','.join(map(str, silent))} do not answer" if silent else "")
         raise SetsCommandError(f"{what}: `compensator sets settings --repair` applies them once they answer (the"
                                " API's settings repair does too, every store.sets_refresh_s)")  # fmt: skip
+    return 0
+
+
+ADOPTED_NAMESPACES: Final = (BREAKERS, TABLES)
+"""The settings documents that are cluster-wide (the breakers' modes, the classification tables)."""
+
+
+async def _adopt(control: ControlSet, config: Config, found: SetTable, args: argparse.Namespace) -> int:
+    if args.adopt not in found.addresses():
+        raise SetsCommandError(f"--adopt {args.adopt}: the set table has no set {args.adopt}"
+                               f" (sets {','.join(map(str, sorted(found.addresses())))})")  # fmt: skip
+    if args.repair:
+        raise SetsCommandError("--adopt and --repair: adopt first, then repair (or let the API's repair do it)")
+    sets = _facade(config, found)
+    try:
+        adopted = await cluster_settings.adopt(
+            control.queue, sets.client(args.adopt), ADOPTED_NAMESPACES, actor=args.actor,
+            reason=args.reason or f"adopted from set {args.adopt}",
+        )  # fmt: skip
+    finally:
+        await sets.close()
+    for name in adopted:
+        print(f"adopted {name}")
+    print(f"{len(adopted)} setting(s) of set {args.adopt} recorded as intended; the API's settings repair gives them"
+          " to every set within store.sets_refresh_s (or now: `compensator sets settings --repair`)")  # fmt: skip
+    return 0
+
+
+async def _adopt_access(control: ControlSet, config: Config, args: argparse.Namespace) -> int:
+    """Tokens (their hashes, roles and quotas) and review users (with their password hashes) of one
+    set, copied to the control set where the control set has none of that name. Revoked tokens and
+    web sessions are not copied (users sign in again). Nothing secret is printed: tokens are hashes."""
+    from api.web.accounts import PASSWORDS, USERS
+
+    found, _ = await control.read()
+    if found is None:
+        raise SetsCommandError("the control set holds no set table yet (run `compensator sets init`)")
+    if args.adopt not in found.addresses():
+        raise SetsCommandError(f"--adopt {args.adopt}: the set table has no set {args.adopt}"
+                               f" (sets {','.join(map(str, sorted(found.addresses())))})")  # fmt: skip
+    reason = args.reason or f"copied from set {args.adopt}: tokens and users live in the control set"
+    sets = _facade(config, found)
+    target = control.queue
+    copied: list[str] = []
+    try:
+        source = sets.client(args.adopt)
+        have = {view.name for view in (await target.tokens()).value.tokens}
+        for view in (await source.tokens()).value.tokens:
+            if view.name in have or view.revoked_ms is not None:
+                continue
+            result = await target.put_token(view.name, view.role, view.secret_hash, actor=args.actor, reason=reason)
+            if result.code is not Code.OK:
+                raise SetsCommandError(f"the control set refused token {view.name}: {result.code.name}")
+            if view.rate_per_s is not None or view.burst is not None:
+                await target.set_quota(view.name, actor=args.actor, rate_per_s=view.rate_per_s, burst=view.burst)
+            copied.append(f"token {view.name} ({view.role.value})")
+        for namespace in (USERS, PASSWORDS):
+            existing = {d.name for d in (await target.documents(namespace)).value.documents}
+            for document in (await source.documents(namespace)).value.documents:
+                if document.name in existing:
+                    continue
+                put = await target.put_document(namespace, document.name, document.body, actor=args.actor, reason=reason)
+                if put.code is not Code.OK:
+                    raise SetsCommandError(f"the control set refused {namespace}/{document.name}: {put.code.name}")
+                if namespace == USERS:
+                    copied.append(f"user {document.name}")
+    finally:
+        await sets.close()
+    for line in copied:
+        print(f"copied {line}")
+    print(f"{len(copied)} token(s) and user(s) of set {args.adopt} now also in the control set, where the API"
+          " reads them", file=sys.stderr)  # fmt: skip
     return 0
 
 

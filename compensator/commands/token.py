@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from api.tokens import new_token, token_hash
 from compensator.config import Config
 from compensator.config_file import add_config_argument, load_for
-from compensator.store import queue_client
+from compensator.store import access_addresses, access_client
 from queues import AuthenticationFailed, ClientError, Code, QueueClient, QueueError, Role, TokenResult
 
 T = TypeVar("T")
@@ -72,14 +72,16 @@ async def with_store(
     config: Config, action: Callable[[QueueClient], Awaitable[T]], error_type: type[ValueError] = TokenCommandError,
     queue: QueueClient | None = None,
 ) -> T:
-    """`action` on a client of the configured store (or `queue`), closed after; the store's failures as one line."""
-    queue = queue or queue_client(config)
+    """`action` on a client of where tokens and users live (`store.access_client`: the control set
+    with several sets), or of `queue`; closed after; the store's failures as one line."""
+    addresses = access_addresses(config) if queue is None else [f"{h}:{p}" for h, p in queue.raft.addresses]
+    queue = queue or access_client(config)
     try:
         return await action(queue)
     except AuthenticationFailed as error:
         raise error_type(f"the store refused this command's cluster secret ({config.secret_path}): {error}") from None
     except ClientError as error:
-        raise error_type(f"the store at {','.join(config.store.addresses)} did not answer: {error}") from None
+        raise error_type(f"the store at {','.join(addresses)} did not answer: {error}") from None
     except QueueError as error:
         raise error_type(f"the store refused it: {error}") from None
     finally:

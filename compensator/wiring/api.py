@@ -34,9 +34,12 @@ from compensator.wiring.parts import wall_clock_ms
 def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> FastAPI:
     queue = queue_client(config)
     sets = sets_client(config)
+    # Tokens, users and sessions: the control set's with several sets (store.access_client), the
+    # facade's own client of it, so it is closed with the facade.
+    access = queue if sets is None or sets.control is None else sets.control.queue
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="api")
     metrics = ApiMetrics(multiprocess_dir=os.environ.get(configuration.METRICS_DIR_ENV) or None)
-    tokens = TokenCache(queue, refresh_interval_s=config.auth.refresh_interval_s)
+    tokens = TokenCache(access, refresh_interval_s=config.auth.refresh_interval_s)
     quota = config.quota
     services = ApiServices(
         queue=queue,
@@ -59,7 +62,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             observe_store_s=metrics.observe_store,
             sets=sets,
         ),
-        readiness=Readiness(queue, tokens, lag_max=config.api.ready_lag_entries_max, sets=sets),
+        readiness=Readiness(access, tokens, lag_max=config.api.ready_lag_entries_max, sets=sets),
         metrics=metrics,
         settings=ApiSettings(
             set_id=config.store.set_id,
@@ -71,7 +74,7 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
             settings_repair_s=config.store.sets_refresh_s,
         ),
         four_eyes=four_eyes(config),
-        web=WebAuth(queue, web_settings(config), clock_ms=wall_clock_ms),
+        web=WebAuth(access, web_settings(config), clock_ms=wall_clock_ms),
         sets=sets,
     )
     return create_app(services, tracer=provider)

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -28,13 +28,14 @@ from compensator.config import Config
 from compensator.config_processes import worker_breaker
 from compensator.guarantees import policy_problems
 from compensator.shell import ProcessError, Running, Shell
-from compensator.store import set_clients
+from compensator.store import open_sets, queue_client
 from compensator.telemetry import tracer_provider
 from compensator.wiring.parts import callback_secrets, metrics_address, process_name
 from handlers.registry import Registry, RegistryError, build_registry
 from handlers.signing import SecretsError
 from queues import ClientError, KindView, QueueClient, QueueError
 from queues.maintenance import MaintenanceDriver
+from queues.sets.client import SetsClient
 from queues.sets.table import TableError
 from services.worker.limits import Limits
 from services.worker.metrics import WorkerMetrics
@@ -56,7 +57,7 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
     closed on exit. The handlers come from `config.handlers` and the callback secrets (a file or
     $COMPENSATOR_CALLBACK_SECRETS) unless a registry is given."""
     settings = config.worker
-    sets = await _sets(config)
+    sets, found = await _sets(config)
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="worker")
     metrics = WorkerMetrics()
     if registry is None:
@@ -80,14 +81,28 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
                        idle_poll_s=settings.idle_poll_ms / 1000, drain_grace_s=settings.drain_grace_s,
                        breaker=worker_breaker(settings)),
         tracer=provider.get_tracer("compensator.worker"), metrics=metrics, registry=registry,
+        discover=None if found is None else _rereader(found), discover_every_s=config.store.sets_refresh_s,
     )  # fmt: skip
     try:
         yield built
     finally:
         await registry.aclose()
-        for queue in sets.values():
-            await queue.raft.close()
+        if found is not None:
+            await found.close()  # every set's client, the ones found later too, and the control set's
+        else:
+            for queue in sets.values():
+                await queue.raft.close()
         provider.shutdown()
+
+
+def _rereader(found: SetsClient) -> Callable[[], Awaitable[Mapping[int, QueueClient]]]:
+    """The worker's `discover`: the table re-read (the cached one when the control set is down)."""
+
+    async def discover() -> Mapping[int, QueueClient]:
+        await found.refresh()
+        return found.clients
+
+    return discover
 
 
 SETS_WAIT_S = 60.0
@@ -95,13 +110,17 @@ SETS_WAIT_S = 60.0
 before its store, as `compensator run` starts it) before it exits with one line."""
 
 
-async def _sets(config: Config) -> dict[int, QueueClient]:
-    """Every set's client (compensator/store.py `set_clients`): one set, or the sets of the control
-    set's table as it is now. A set added later reaches this worker when it restarts (docs/sets.md)."""
+async def _sets(config: Config) -> tuple[dict[int, QueueClient], SetsClient | None]:
+    """Every set's client: one set (and no facade), or the sets of the control set's table as it is
+    now with the facade that re-reads it (a set added later is leased from once the worker's next
+    re-read finds it: `Worker.run`'s `discover`)."""
     deadline = asyncio.get_running_loop().time() + SETS_WAIT_S
     while True:
         try:
-            return await set_clients(config)
+            if not config.store.control_addresses:
+                return {config.store.set_id: queue_client(config)}, None
+            found = await open_sets(config)
+            return dict(found.clients), found
         except (ClientError, QueueError, TableError) as error:
             if asyncio.get_running_loop().time() > deadline:
                 raise ProcessError(f"cannot read the set table from the control set"
@@ -149,12 +168,17 @@ async def process(config: Config, *, name: str = "") -> AsyncIterator[Running]:
         sets = {set_id: lane.queue for set_id, lane in running.lanes.items()}
         drivers = [MaintenanceDriver(queue) for queue in sets.values()] if config.worker.maintenance else []
 
+        def new_set(_set_id: int, queue: QueueClient) -> None:
+            if config.worker.maintenance:
+                drivers.append(MaintenanceDriver(queue))
+                drivers[-1].start()
+
         async def run(stop: asyncio.Event) -> int:
             await check_policies(config, sets, stop)
             for driver in drivers:
                 driver.start()
             print(f"worker {running.worker_id} running; SIGTERM drains it", flush=True)
-            await running.run(stop)
+            await running.run(stop, new_set=new_set)
             print(f"worker {running.worker_id} drained: {running.leased} leased", flush=True)
             return 0
 

@@ -102,6 +102,9 @@ def answer_query(view: KvRead, query: qc.QueueQuery, now_ms: int, config: QueueC
             job_views = jobs.listing(view, ids=query.ids, active_only=query.active_only, before_id=query.before_id,
                                      limit=query.limit)  # fmt: skip
             return qc.JobsAnswer(jobs=tuple(job_views), now_ms=now_ms)
+        case qc.JobGroup():
+            return qc.JobGroupAnswer(job_id=jobs.group_part(view, query.group, "job"),
+                                     proposal_id=jobs.group_part(view, query.group, "proposal"), now_ms=now_ms)
         case qc.JobItems():
             job_items = jobs.items(view, query.job_id, after_message_id=query.after_message_id, limit=query.limit,
                                    result=query.result)  # fmt: skip

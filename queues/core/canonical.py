@@ -96,7 +96,7 @@ def canonical_state(view: KvRead) -> dict[str, Any]:
         jobs.append([keys.u64_of(key), j.actor, j.reason, j.proposal_id, j.approved_by, j.state, j.rate_per_s,
                      j.created_ms, j.last_step_ms, j.finished_ms, j.rate_base, j.controlled_by, j.total, j.pending,
                      j.redriven, j.refused, j.not_redriven])  # fmt: skip
-    return {
+    state: dict[str, Any] = {
         "applied_index": meta.applied_index,
         "meta": [meta.next_message_id, meta.next_token, meta.next_event_seq, meta.rr_offset, meta.clock_ms],
         "messages": [_message_row(view, record) for record in records],
@@ -128,6 +128,10 @@ def canonical_state(view: KvRead) -> dict[str, Any]:
             for key, row in ((k, session_decoder.decode(v)) for k, v in view.scan(Table.SESSIONS))
         ],
     }
+    groups = [[key, value] for key, value in view.scan(Table.JOB_GROUPS)]
+    if groups:  # a state without any (every state before groups existed) digests as it did
+        state["job_groups"] = groups
+    return state
 
 
 def state_digest(view: KvRead) -> bytes:

@@ -60,8 +60,11 @@ def _for_event(body: bytes | None) -> str | None:
 
 
 def put(entry: Entry, command: PutDocument) -> QueueResult:
-    """Replace (or, with no body, delete) one document; the namespace's version moves on."""
+    """Replace (or, with no body, delete) one document; the namespace's version moves on. With an
+    expected version, only when the namespace is still at it (compare and set)."""
     tx = entry.tx
+    if command.expected_version is not None and command.expected_version != version(tx, command.namespace):
+        return DocumentResult(code=Code.CONFLICT, version=version(tx, command.namespace))
     if command.body is not None and not _json_object(command.body):
         return DocumentResult(code=Code.INVALID, version=version(tx, command.namespace))
     key = keys.kind_prefix(command.namespace) + command.name.encode()

@@ -24,7 +24,9 @@ one redriven by someone else since, now waiting for its retry, is refused (ILLEG
 given a second fresh attempt budget; the ids were approved as dead letters.
 
 Owns: JOBS, JOBS_ACTIVE (running or paused), JOB_ITEMS and JOB_ITEMS_BY_RESULT (the next pending
-items of a step, and a page of one result, without walking the others).
+items of a step, and a page of one result, without walking the others), and JOB_GROUPS: a group's
+job and proposal in this set (with several sets, one bulk action is a part per set sharing a group
+id; the index makes a repeated creation answer the part already held instead of a second one).
 Must never: read a clock, scan items without an index, or report an item redriven that was not.
 """
 
@@ -141,6 +143,21 @@ def _pending(view: KvRead, job_id: int, limit: int | None) -> list[int]:
     return found
 
 
+def _group_key(group: str, what: bytes) -> bytes:
+    return group.encode() + b"\x00" + what
+
+
+def group_part(view: KvRead, group: str, what: str) -> int | None:
+    """The job ("job") or proposal ("proposal") of `group` in this set, if there is one."""
+    stored = view.get(Table.JOB_GROUPS, _group_key(group, what[:1].encode()))
+    return None if stored is None else keys.u64_of(stored)
+
+
+def hold_group_part(tx: KvWrite, group: str, what: str, part_id: int) -> None:
+    if group:
+        tx.put(Table.JOB_GROUPS, _group_key(group, what[:1].encode()), keys.u64(part_id))
+
+
 # ---- inside the apply ---------------------------------------------------------------------------
 def judge(view: KvRead, ids: Sequence[int]) -> tuple[list[int], list[tuple[int, Code]]]:
     """(the ids whose message is dead now, the others with why: NOT_FOUND or ILLEGAL_STATE), in
@@ -189,6 +206,7 @@ def create(
                  now_ms, None, None, command.rate_per_s * now_ms, None, len(able) + len(refused), len(able), 0,
                  len(refused), 0)  # fmt: skip
     _save(tx, job_id, row)
+    hold_group_part(tx, command.group, "job", job_id)
     pending = JobItemRow(ItemResult.PENDING.value, "", None)
     for message_id in able:
         _item(tx, job_id, message_id, pending)
@@ -197,9 +215,14 @@ def create(
     entry.audit(
         actor=command.actor, action="redrive_job", target=f"job:{job_id}", reason=command.reason, before={},
         after={"state": JobState.RUNNING.value, **targets_detail([*able, *(i for i, _ in refused)]), "pending": len(able),
-               "refused": len(refused), "rate_per_s": command.rate_per_s, **approval},
+               "refused": len(refused), "rate_per_s": command.rate_per_s, **approval, **group_detail(command.group)},
     )  # fmt: skip
     return ReviewResult(code=Code.OK, job_id=job_id, refused=tuple(refused))
+
+
+def group_detail(group: str) -> Detail:
+    """An audit entry's mention of the group (nothing without one: entries as before)."""
+    return {"group": group} if group else {}
 
 
 def step(entry: Entry, command: StepJob) -> JobStepResult:

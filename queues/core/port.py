@@ -62,6 +62,7 @@ class Table(enum.IntEnum):
     SESSIONS_TOUCHED = 33
     DEAD_BUCKETS = 34
     DEAD_AMOUNTS = 35
+    JOB_GROUPS = 36
 
 
 class KvRead(Protocol):

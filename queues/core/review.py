@@ -167,6 +167,15 @@ def edit_redrive(entry: Entry, command: EditRedrive, approval: Detail | None = N
 # ---- proposals -------------------------------------------------------------------------
 def propose(entry: Entry, command: Propose) -> ReviewResult:
     action = command.action
+    if isinstance(action, RedriveJob) and action.group:
+        held = jobs.group_part(entry.tx, action.group, "proposal")
+        if held is not None:  # a repeated creation of the group: this set's part exists
+            found = proposals.load(entry.tx, held)
+            assert found is not None
+            return ReviewResult(code=Code.OK, proposal_id=held, proposal_state=found.state(entry.now_ms),
+                                detail="this set's part of the group is proposed already")  # fmt: skip
+        if jobs.group_part(entry.tx, action.group, "job") is not None:
+            return ReviewResult(code=Code.INVALID, detail="this set's part of the group was started without approval")
     if isinstance(action, Redrive):
         if action.payload is not None:
             return ReviewResult(code=Code.INVALID, detail="propose an edit as an edit_redrive")
@@ -190,6 +199,8 @@ def propose(entry: Entry, command: Propose) -> ReviewResult:
     proposal_id = proposals.insert(entry, action=action, targets=able, expires_ms=expires_ms)
     if proposal_id is None:
         return ReviewResult(code=Code.INVALID, detail="too many proposals are pending")
+    if isinstance(action, RedriveJob):
+        jobs.hold_group_part(entry.tx, action.group, "proposal", proposal_id)
     after: Detail = {"state": ProposalState.PENDING.value, "action": proposals.action_name(action),
                      **_targets(action, able), "expires_ms": expires_ms}  # fmt: skip
     if isinstance(action, EditRedrive):
@@ -197,7 +208,7 @@ def propose(entry: Entry, command: Propose) -> ReviewResult:
     if isinstance(action, Discard):
         after["reason_code"] = action.reason_code
     if isinstance(action, RedriveJob):
-        after["rate_per_s"] = action.rate_per_s
+        after |= {"rate_per_s": action.rate_per_s, **jobs.group_detail(action.group)}
     entry.audit(
         actor=action.actor, action="propose", target=f"proposal:{proposal_id}", reason=action.reason, before={},
         after=after, message_ids=_indexed(action, able),
@@ -250,7 +261,7 @@ def approve(entry: Entry, command: Approve) -> ReviewResult:
         actor=command.approver, action="approve", target=f"proposal:{command.proposal_id}", reason=command.reason,
         before={"state": ProposalState.PENDING.value},
         after={"state": ProposalState.APPROVED.value, "proposer": found.view.proposer,
-               "action": found.view.action, **_targets(action, able)},
+               "action": found.view.action, **_targets(action, able), **_group(action)},
         message_ids=_indexed(action, able),
     )  # fmt: skip
     approval: Detail = {"proposal": command.proposal_id, "approved_by": command.approver}
@@ -288,7 +299,7 @@ def reject(entry: Entry, command: Reject) -> ReviewResult:
     entry.audit(
         actor=command.actor, action="withdraw" if withdrawn else "reject", target=f"proposal:{command.proposal_id}",
         reason=command.reason, before={"state": ProposalState.PENDING.value},
-        after={"state": ProposalState.REJECTED.value, "proposer": found.view.proposer},
+        after={"state": ProposalState.REJECTED.value, "proposer": found.view.proposer, **_group(found.action)},
         message_ids=_indexed(found.action, found.view.targets),
     )  # fmt: skip
     return ReviewResult(code=Code.OK, proposal_id=command.proposal_id, proposal_state=ProposalState.REJECTED)
@@ -296,7 +307,13 @@ def reject(entry: Entry, command: Reject) -> ReviewResult:
 
 # ---- redrive jobs ----------------------------------------------------------------------
 def start_job(entry: Entry, command: RedriveJob) -> ReviewResult:
-    """A job submitted directly (its actor needs no second person: the API decides that)."""
+    """A job submitted directly (its actor needs no second person: the API decides that). A group's
+    part this set holds already is answered, not started twice."""
+    held = jobs.group_part(entry.tx, command.group, "job") if command.group else None
+    if held is not None:
+        return ReviewResult(code=Code.OK, job_id=held, detail="this set's part of the group is started already")
+    if command.group and jobs.group_part(entry.tx, command.group, "proposal") is not None:
+        return ReviewResult(code=Code.INVALID, detail="this set's part of the group is proposed: it starts when approved")
     able, refused = judge(entry, command, sorted(set(command.ids)))
     return jobs.create(entry, command, able, refused)
 
@@ -306,6 +323,10 @@ def _targets(action: ReviewAction, targets: Sequence[int]) -> Detail:
     if isinstance(action, RedriveJob):
         return jobs.targets_detail(targets)
     return {"targets": ",".join(map(str, targets))}
+
+
+def _group(action: ReviewAction) -> Detail:
+    return jobs.group_detail(action.group) if isinstance(action, RedriveJob) else {}
 
 
 def _indexed(action: ReviewAction, targets: Sequence[int]) -> Sequence[int]:

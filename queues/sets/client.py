@@ -47,6 +47,9 @@ newer epoch is pending (its add fences, then activates it, within milliseconds).
 Placed = tuple[int, EnqueueResult | ClientError | QueueError]
 """An enqueue's set and its result, or the error of the call to that set (the item's own answer)."""
 Connect = Callable[[int, tuple[str, ...]], QueueClient]
+RepairObserver = Callable[[list[int], "dict[int, list[settings.Setting] | Exception] | None"], None]
+"""Told of each pass of the settings repair: the sets compared, and what it re-applied per set or
+the error that kept a set from being compared (None: the intended settings could not be read)."""
 
 
 class UnknownSet(LookupError):
@@ -70,13 +73,12 @@ class ControlSet:
     async def write(self, new: SetTable, *, expected_version: int, actor: str, reason: str) -> int:
         """Replace the table, audited with actor and reason. Refused (TableError) when the table
         changed since `expected_version` was read: two operators adding sets at once must not
-        both write an epoch N (the check and the write are two steps: docs/sets.md says what is
-        left of that race)."""
-        _, version = await self.read()
-        if version != expected_version:
-            raise TableError(f"the set table changed while this command ran (version {version}, read {expected_version}); run it again")
+        both write an epoch N, so the write is a compare and set in the control set's log."""
         result = await self.queue.put_document(table.NAMESPACE, table.DOCUMENT, table.encode(new), actor=actor,
-                                               reason=reason)  # fmt: skip
+                                               reason=reason, expected_version=expected_version)  # fmt: skip
+        if result.code is Code.CONFLICT:
+            raise TableError(f"the set table changed while this command ran (version {result.version}, read"
+                             f" {expected_version}); run it again")  # fmt: skip
         if result.code is not Code.OK:
             raise TableError(f"the control set refused the table: {result.code.name}")
         return result.version
@@ -345,19 +347,27 @@ class SetsClient:
         ids = [entry.id for entry in self.table.sets] if set_ids is None else sorted(set_ids)
         return await settings.repair(self.control.queue, {s: self.client(s) for s in ids})
 
-    async def repair_settings_forever(self, period_s: float) -> None:
+    async def repair_settings_forever(self, period_s: float, observe: RepairObserver | None = None) -> None:
         """`repair_settings` every `period_s` (the table re-read first, so a set added later is
-        compared too) until cancelled; a pass that fails is logged and tried again."""
+        compared too) until cancelled; a pass that fails is logged and tried again. `observe` is
+        told of each pass: the sets compared and the report (None: the control set was not read)."""
         while True:
             await asyncio.sleep(period_s)
             await self.refresh()
+            compared = [entry.id for entry in self.table.sets]
             try:
-                for set_id, failure in (await self.repair_settings()).items():
-                    if isinstance(failure, Exception):
-                        log.warning("set %d cannot be compared with the intended settings (next pass retries): %s",
-                                    set_id, failure)  # fmt: skip
+                report = await self.repair_settings(compared)
             except (ClientError, QueueError) as error:
                 log.warning("the intended settings cannot be read from the control set (next pass retries): %s", error)
+                if observe is not None:
+                    observe(compared, None)
+                continue
+            for set_id, failure in report.items():
+                if isinstance(failure, Exception):
+                    log.warning("set %d cannot be compared with the intended settings (next pass retries): %s",
+                                set_id, failure)  # fmt: skip
+            if observe is not None:
+                observe(compared, report)
 
     async def close(self) -> None:
         closing = {id(c): c for c in [*self.clients.values(), *self._retired]}

@@ -267,6 +267,42 @@ async def drift(queue: QueueClient, wanted: Sequence[Setting]) -> list[Setting]:
     return missing
 
 
+async def held(queue: QueueClient, namespaces: Sequence[str]) -> list[Setting]:
+    """What one set holds of the cluster-wide settings: its operators' pauses (never a breaker's),
+    every kind's policy, the documents of these namespaces and its retention, as settings."""
+    found: list[Setting] = []
+    for view in (await queue.kinds()).value:
+        found += [Pause(kind=view.kind, holder=p.holder, reason=p.reason) for p in view.pauses
+                  if not p.holder.startswith(BREAKER_HOLDER_PREFIX)]  # fmt: skip
+        found.append(Policy(kind=view.kind, policy=view.policy))
+    for namespace in namespaces:
+        for document in (await queue.documents(namespace)).value.documents:
+            found.append(Document(namespace=namespace, name=document.name, body=document.body,
+                                  reason=f"adopted: {document.name} as set by {document.updated_by}"))  # fmt: skip
+    retention = (await queue.retention()).value
+    found.append(Retention(retention_ms=retention.retention_ms, event_retention_ms=retention.event_retention_ms))
+    return found
+
+
+async def adopt(control: QueueClient, queue: QueueClient, namespaces: Sequence[str], *, actor: str,
+                reason: str) -> list[str]:  # fmt: skip
+    """Record as intended what this set holds and no intent names yet (the names adopted): for a
+    deployment whose settings were written before intents existed, so that the repair gives the
+    other sets what this one holds. An existing intent is never replaced (it is newer than
+    anything written before intents existed)."""
+    wanted, _ = await intended(control)
+    known = {name for setting in wanted for name, _ in intents(setting)}
+    adopted: list[str] = []
+    for setting in await held(queue, namespaces):
+        fresh = [name for name, _ in intents(setting) if name not in known]
+        if not fresh:
+            continue
+        why = f"{reason}: {setting.reason}" if setting.reason else reason
+        await record(control, msgspec.structs.replace(setting, reason=_text(why)), actor=actor)
+        adopted += fresh
+    return adopted
+
+
 async def repair(control: QueueClient, clients: Mapping[int, QueueClient]) -> dict[int, list[Setting] | Exception]:
     """Bring every set in line with the intended settings: per set, what was re-applied (as
     REPAIR_ACTOR, the reason naming who intended it), or the error that stopped it (that set is

@@ -89,5 +89,5 @@ class OlderTx(Tx):
         return 0 if self._dbs[table] is None else super().count(table)
 
 
-ADDED_LATER: Final = frozenset({Table.DEAD_BUCKETS, Table.DEAD_AMOUNTS})
+ADDED_LATER: Final = frozenset({Table.DEAD_BUCKETS, Table.DEAD_AMOUNTS, Table.JOB_GROUPS})
 """Tables a file of an earlier version may lack: derived indexes, rebuilt when a writer opens it."""

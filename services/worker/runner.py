@@ -30,6 +30,11 @@ it trips (a pause by ``breaker:<downstream>`` on each of its kinds, in every set
 single leases while it is open, closes it when a probe is answered, and ramps its starts up after
 it closed.
 
+Sets added while it runs: given a `discover` (the wiring's: a re-read of the control set's table
+every `store.sets_refresh_s`), the worker opens a lane for each set it did not know, so a set
+added by `compensator sets add` is leased from without a restart. A set the table no longer
+lists keeps its lane (sets are never removed; an address change needs a restart).
+
 Drain (SIGTERM): stop leasing; let running attempts finish for up to `drain_grace_s`; cut off the
 rest and hand them back at once (Release, interrupted: their next delivery checks downstream
 first), so no message waits for a lease to expire; settle everything; stop.
@@ -45,7 +50,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -58,9 +63,10 @@ from handlers.contract import Attempt, Decision, Handler, Permanent, Retryable, 
 from handlers.lease_time import LeaseTime
 from handlers.registry import Registry
 from ledger.kinds import Kind, decode_payload
-from queues import Code, Grant, QueueClient
+from queues import ClientError, Code, Grant, QueueClient, QueueError
 from queues.lateness import grant_lateness_ms
 from queues.model import LEASE_MS_MAX
+from queues.sets.table import TableError
 from services.worker.breaker import BreakerSettings
 from services.worker.breaker_board import BreakerBoard
 from services.worker.completions import Completion
@@ -107,10 +113,18 @@ class Running:
     probe: bool = False
 
 
+Discover = Callable[[], Awaitable[Mapping[int, QueueClient]]]
+"""The sets the worker should lease from now (each set's client); raises or returns the known ones
+when the table cannot be read."""
+NewSet = Callable[[int, QueueClient], None]
+"""Told of each set added while the worker runs (the wiring starts its maintenance driver)."""
+
+
 class Worker:
     def __init__(
         self, sets: Mapping[int, QueueClient], handlers: Mapping[str, Handler], limits: Limits,
         settings: WorkerSettings, *, tracer: trace.Tracer, metrics: WorkerMetrics, registry: Registry | None = None,
+        discover: Discover | None = None, discover_every_s: float = 30.0,
     ) -> None:  # fmt: skip
         if not sets:
             raise ValueError("a worker needs at least one set to lease from")
@@ -120,17 +134,22 @@ class Worker:
         self._metrics = metrics
         self._running: dict[tuple[int, int], Running] = {}
         """(set, message id) -> the attempt: two sets both have a message 42."""
+        self._sets = dict(sets)
+        """The board and the documents read this mapping live: a set added to it is theirs too."""
         self._shares = Shares(limits, sets)
         downstream_of = {kind: handler.downstream for kind, handler in handlers.items()}
-        self._board = BreakerBoard(downstream_of, sets, settings.breaker, worker_id=settings.worker_id, metrics=metrics)
+        self._board = BreakerBoard(downstream_of, self._sets, settings.breaker, worker_id=settings.worker_id, metrics=metrics)
         self.breakers = self._board.breakers
-        self.lanes = {
-            set_id: SetLane(set_id, queue, sorted(handlers), settings, shares=self._shares, board=self._board,
-                            metrics=metrics, start=self._start, busy=self._busy, settled=self._settled)
-            for set_id, queue in sorted(sets.items())
-        }  # fmt: skip
-        self._documents = OperatorDocuments(sets, registry, refresh_s=settings.modes_refresh_s,
+        self.lanes = {set_id: self._lane(set_id, queue) for set_id, queue in sorted(sets.items())}
+        self._documents = OperatorDocuments(self._sets, registry, refresh_s=settings.modes_refresh_s,
                                             reachable=lambda set_id: self.lanes[set_id].reachable)  # fmt: skip
+        self._helpers: list[asyncio.Task[None]] = []
+        self._discover_sets = discover
+        self._discover_every_s = discover_every_s
+
+    def _lane(self, set_id: int, queue: QueueClient) -> SetLane:
+        return SetLane(set_id, queue, sorted(self._handlers), self._settings, shares=self._shares, board=self._board,
+                       metrics=self._metrics, start=self._start, busy=self._busy, settled=self._settled)  # fmt: skip
 
     @property
     def running(self) -> int:
@@ -158,21 +177,53 @@ class Worker:
         return sum(lane.completions.pending for lane in self.lanes.values())
 
     # ---- the loop ------------------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event) -> None:
-        helpers = [asyncio.create_task(self._documents.run(self.breakers))]
+    async def run(self, stop: asyncio.Event, *, new_set: NewSet | None = None) -> None:
+        """Lease from every set until `stop`, then drain. With a `discover`, ask it every
+        `discover_every_s` for the sets to lease from and open a lane for each new one (`new_set`
+        is told)."""
+        self._helpers = [asyncio.create_task(self._documents.run(self.breakers))]
         for lane in self.lanes.values():
-            helpers += [asyncio.create_task(lane.completions.run()), asyncio.create_task(lane.keeper.run())]
+            self._start_helpers(lane)
         try:
             async with asyncio.TaskGroup() as lanes:  # one lane failing for a bug stops them all
                 for lane in self.lanes.values():
                     lanes.create_task(lane.lease_until(stop), name=f"lane-{lane.set_id}")
+                if self._discover_sets is not None:
+                    lanes.create_task(self._discover(lanes, stop, self._discover_sets, new_set), name="discover-sets")
             await self._drain()
         finally:
-            for helper in helpers:
+            for helper in self._helpers:
                 helper.cancel()
-            for helper in helpers:
+            for helper in self._helpers:
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
+
+    def _start_helpers(self, lane: SetLane) -> None:
+        self._helpers += [asyncio.create_task(lane.completions.run()), asyncio.create_task(lane.keeper.run())]
+
+    async def _discover(self, lanes: asyncio.TaskGroup, stop: asyncio.Event, discover: Discover,
+                        new_set: NewSet | None) -> None:  # fmt: skip
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._discover_every_s)
+            if stop.is_set():
+                return
+            try:
+                found = await discover()
+            except (ClientError, QueueError, TableError) as error:  # the control set is down: keep the lanes
+                log.warning("cannot re-read the set table; leasing from the %d known sets: %s", len(self.lanes), error)
+                continue
+            for set_id, queue in sorted(found.items()):
+                if set_id in self.lanes or stop.is_set():
+                    continue
+                self._sets[set_id] = queue
+                self._shares.add(set_id)
+                lane = self.lanes[set_id] = self._lane(set_id, queue)
+                self._start_helpers(lane)
+                lanes.create_task(lane.lease_until(stop), name=f"lane-{set_id}")
+                log.info("set %d joined the table: leasing from it too (%d sets)", set_id, len(self.lanes))
+                if new_set is not None:
+                    new_set(set_id, queue)
 
     # ---- one attempt ---------------------------------------------------------------------------
     def _start(self, lane: SetLane, grant: Grant, lease: LeaseTime, probe: bool) -> None:

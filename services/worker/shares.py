@@ -40,6 +40,15 @@ class Shares:
         self._wants: dict[int, frozenset[str]] = dict.fromkeys(self._sets, frozenset())
         self._freed: dict[int, asyncio.Event] = {s: asyncio.Event() for s in self._sets}
 
+    def add(self, set_id: int) -> None:
+        """A set added to the table while the worker runs: it shares the room from now on."""
+        if set_id in self._held:
+            return
+        self._sets = tuple(sorted((*self._sets, set_id)))
+        self._held[set_id] = {}
+        self._wants[set_id] = frozenset()
+        self._freed[set_id] = asyncio.Event()
+
     # ---- demand ------------------------------------------------------------------------------
     def want(self, set_id: int, kinds: Iterable[str]) -> None:
         self._wants[set_id] = frozenset(kinds)

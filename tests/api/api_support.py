@@ -46,9 +46,12 @@ def settings(store: StoreThread, **overrides: str) -> configuration.Config:
     return configuration.load(None, environ)
 
 
-async def put_tokens(store: StoreThread, roles: tuple[Role, ...] = ROLES, prefix: str = "") -> dict[Role, str]:
-    """A live token per role, named after it (``producer``, ``operator``, ...)."""
-    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
+async def put_tokens(store: StoreThread, roles: tuple[Role, ...] = ROLES, prefix: str = "",
+                     at: str | None = None) -> dict[Role, str]:  # fmt: skip
+    """A live token per role, named after it (``producer``, ``operator``, ...), in `store` or at the
+    address `at` (the control set's, where the API reads tokens with several sets: same secret)."""
+    host, _, port = (at or "").partition(":")
+    queue = QueueClient(RaftClient([(host, int(port)) if at else store.address], auth=store.auth, deadline_s=10))
     tokens: dict[Role, str] = {}
     try:
         for role in roles:
@@ -75,7 +78,8 @@ class Api:
 
 @asynccontextmanager
 async def running_api(store: StoreThread, **overrides: str) -> AsyncIterator[Api]:
-    tokens = await put_tokens(store)
+    # With several sets the API reads tokens from the control set (compensator/store.py access_client).
+    tokens = await put_tokens(store, at=overrides.get("store__control_addresses"))
     spans = InMemorySpanExporter()
     app = api_app(settings(store, **overrides), span_exporter=spans)
     queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))

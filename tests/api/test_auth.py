@@ -37,6 +37,8 @@ MATRIX: list[tuple[str, str, dict[str, Any] | None, frozenset[Role] | None]] = [
     ("GET", "/v1/downstreams/payment/classification", None, frozenset({OP, R, A, V})),
     ("PUT", "/v1/downstreams/payment/classification", {"downstream": "payment", "rules": []}, frozenset({OP})),
     ("DELETE", "/v1/downstreams/payment/classification", None, frozenset({OP})),
+    ("GET", "/v1/retention", None, frozenset({OP, R, A, V})),
+    ("PUT", "/v1/retention", {"retention_ms": 8 * 86_400_000, "reason": "matrix"}, frozenset()),
     ("GET", "/healthz", None, None),
     ("GET", "/readyz", None, None),
     ("GET", "/openapi.json", None, None),

@@ -89,3 +89,33 @@ async def test_a_policy_that_would_outlast_the_payment_systems_dedup_window_is_r
     assert error["field"] == "policy" and "beyond handlers.payment.dedup_window_s (3600 s)" in error["message"]
     assert taken.status_code == 200, taken.text
     assert other_kind.status_code == 200, other_kind.text
+
+
+async def test_retention_is_read_by_operators_and_changed_by_an_administrator_only(api: Api) -> None:
+    """The idempotency window is every producer's guarantee: reading it is an operator's question,
+    changing it an administrator's, with a reason, never under the store's floor, and recorded."""
+    shown = await api.client.get("/v1/retention", headers=api.auth(OP))
+    assert shown.status_code == 200, shown.text
+    before = shown.json()
+    assert before["retention_ms"] >= before["floor_ms"] > 0 and before["event_retention_ms"] >= before["floor_ms"]
+    week, fortnight = 7 * 86_400_000, 14 * 86_400_000
+    change = {"retention_ms": fortnight, "reason": "finance asks for two weeks"}
+    assert (await api.client.put("/v1/retention", json=change, headers=api.auth(OP))).status_code == 403
+    assert (await api.client.put("/v1/retention", json=change)).status_code == 401
+    low = await api.client.put("/v1/retention", json={"retention_ms": before["floor_ms"] - 1, "reason": "x"},
+                               headers=api.auth(Role.ADMIN))  # fmt: skip
+    assert low.status_code == 422 and low.json()["errors"][0]["field"] == "retention_ms"
+    nothing = await api.client.put("/v1/retention", json={"reason": "x"}, headers=api.auth(Role.ADMIN))
+    assert nothing.status_code == 422
+    no_reason = await api.client.put("/v1/retention", json={"retention_ms": fortnight}, headers=api.auth(Role.ADMIN))
+    assert no_reason.status_code == 422 and no_reason.json()["errors"][0]["field"] == "reason"
+    assert (await api.client.get("/v1/retention", headers=api.auth(OP))).json() == before  # nothing changed
+
+    changed = await api.client.put("/v1/retention", json=change, headers=api.auth(Role.ADMIN))
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["before"] == before
+    assert changed.json()["after"] == {**before, "retention_ms": fortnight}
+    assert (await api.client.get("/v1/retention", headers=api.auth(OP))).json()["retention_ms"] == fortnight
+    events = [e for e in (await api.queue.events_after(0)).value if e.type is EventType.RETENTION_SET]
+    assert [(e.data["actor"], e.data["reason"]) for e in events] == [("admin", "finance asks for two weeks")]
+    assert before["retention_ms"] == week  # the default the docs promise

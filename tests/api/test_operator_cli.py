@@ -18,7 +18,7 @@ from api_support import put_tokens, settings
 from compensator import cli
 from compensator.wiring.api import api_app
 from ledger.kinds import TransferPayload, encode_payload
-from queues import QueueClient, RaftClient, Role
+from queues import QueueClient, RaftClient, RedriveJob, Role
 from queues.model import Enqueue
 from raft_store.testing.inprocess import StoreThread
 from raft_store.testing.processes import free_ports
@@ -115,6 +115,26 @@ def test_breakers_and_tables_and_the_roles(
     assert code == 1 and "403" in err
 
 
+def test_retention_is_shown_and_set_by_an_administrator(
+    served: Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = operator(served, monkeypatch, capsys, "retention", "show")
+    assert code == 0 and json.loads(out)["retention_ms"] == 7 * 86_400_000
+    code, out, err = operator(served, monkeypatch, capsys, "retention", "set", "--tombstones", "14d", "--reason", "x")
+    assert code == 1 and len(err.splitlines()) == 1 and "403" in err, err  # an operator may not
+    code, out, err = operator(served, monkeypatch, capsys, "retention", "set", "--tombstones", "14d",
+                              "--reason", "two weeks", role=Role.ADMIN)  # fmt: skip
+    assert (code, err) == (0, "") and json.loads(out)["after"]["retention_ms"] == 14 * 86_400_000
+    code, out, err = operator(served, monkeypatch, capsys, "retention", "set", "--events", "1h", "--reason", "x",
+                              role=Role.ADMIN)  # fmt: skip
+    assert code == 1 and "422" in err and "floor" in err, err  # under the store's floor of a day
+    code, out, err = operator(served, monkeypatch, capsys, "retention", "set", "--reason", "x", role=Role.ADMIN)
+    assert code == 1 and "--tombstones, --events or both" in err
+    with pytest.raises(SystemExit):  # argparse's one line for a duration it cannot read
+        operator(served, monkeypatch, capsys, "retention", "set", "--events", "a week", "--reason", "x")
+    assert "not a duration like 14d" in capsys.readouterr().err
+
+
 def test_no_token_or_no_api_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -192,3 +212,34 @@ def test_dead_letters_are_listed_edited_and_redriven_with_four_eyes(
     assert json.loads(out)["items"] == []
     code, _, err = operator(served, monkeypatch, capsys, "dead", "redrive", "--reason", "x", role=Role.REVIEWER)
     assert code == 1 and "give --id" in err
+
+
+async def _proposed_group(store: StoreThread, request_id: str, group: str) -> None:
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
+    try:
+        action = RedriveJob(actor="reviewer", reason="bank is back", ids=(int(request_id.split("-")[1]),), rate_per_s=1,
+                            group=group)  # fmt: skip
+        assert (await queue.propose(action, ttl_ms=3_600_000)).proposal_id
+    finally:
+        await queue.raft.close()
+
+
+def test_a_job_group_is_shown_approved_and_cancelled_as_one(
+    store: StoreThread, served: Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`compensator job-group` (docs/review.md, "Job groups"): the API's group routes, one line on a refusal.
+    One set holds each part here; several sets: tests/api/test_job_groups_sets.py."""
+    request_id = store.run(_dead_transfer(store, "group-1"))
+    group = "ab" * 16
+    store.run(_proposed_group(store, request_id, group))
+    code, out, err = operator(served, monkeypatch, capsys, "job-group", "show", group)
+    assert (code, err) == (0, "") and json.loads(out)["state"] == "proposed"
+    code, _, err = operator(served, monkeypatch, capsys, "job-group", "approve", group, role=Role.REVIEWER)
+    assert code == 1 and len(err.splitlines()) == 1 and "403" in err
+    code, out, err = operator(served, monkeypatch, capsys, "job-group", "approve", group, role=Role.APPROVER)
+    assert (code, err) == (0, "") and json.loads(out)["state"] == "running" and json.loads(out)["total"] == 1
+    code, out, err = operator(served, monkeypatch, capsys, "job-group", "cancel", group, "--reason", "wrong batch",
+                              role=Role.REVIEWER)  # fmt: skip
+    assert (code, err) == (0, "") and json.loads(out)["state"] == "cancelled"
+    code, _, err = operator(served, monkeypatch, capsys, "job-group", "show", "not-a-group")
+    assert code == 1 and len(err.splitlines()) == 1 and "not a group id" in err

@@ -39,6 +39,7 @@ from api.problems import Problem
 from api.review_policy import DISCARD_REASON_CODES
 from api.web.accounts import Accounts
 from compensator.wiring.api import api_app
+from delay.policy import DAY_MS
 from handlers.classification import decode_table
 from ledger.currencies import MINOR_UNIT_DIGITS
 from ledger.kinds import AMOUNT_MINOR_MAX, VERSION_MAX
@@ -109,7 +110,8 @@ def _outside_cross_field_rules(case: Any) -> bool:
     the rules are tested in test_intake.py, test_operator.py, test_downstreams.py and test_review_api.py; a job
     filter's ranges must not be empty and an amount range names its currency (test_review_jobs_api.py); the audit
     filter's `until` is after its `since` and its `target` names no other set's request (test_review_api.py); a
-    cursor of several sets (a position per set) is one the deployment gave (tests/web/test_pages_sets.py)."""
+    cursor of several sets (a position per set) is one the deployment gave (tests/web/test_pages_sets.py); a
+    retention is at least the store's floor (a day; tests/api/test_operator.py)."""
     body = case.body if isinstance(case.body, dict) else {}
     low, high = body.get("backoff_min_ms", 1000), body.get("backoff_max_ms", 3_600_000)
     if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
@@ -156,6 +158,9 @@ def _outside_cross_field_rules(case: Any) -> bool:
             return False
     if path.endswith("/v1/review/dead-letters") and ":" in str(query.get("cursor", "")):
         return False  # a cursor of several sets' merged list, which one set never gives (docs/review.md)
+    if path.endswith("/v1/retention") and any(
+            isinstance(body.get(name), int | float) and body[name] < DAY_MS for name in ("retention_ms", "event_retention_ms")):
+        return False
     not_before = body.get("not_before")
     return not (isinstance(not_before, str) and not_before[:4].isdigit() and int(not_before[:4]) > 2027)
 

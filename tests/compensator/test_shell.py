@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -78,6 +78,31 @@ async def test_an_expected_failure_is_one_line_and_a_taken_metrics_port_too() ->
         port = taken.getsockname()[1]
         with pytest.raises(ProcessError, match=rf"^metrics on 127.0.0.1:{port}: "):
             await serve(Shell(name="test", metrics=("127.0.0.1", port)), build)
+
+
+async def test_an_expected_failure_inside_a_task_group_is_still_one_line_and_a_bug_is_not_hidden() -> None:
+    """The worker's lanes run in a task group, which wraps what a task raises."""
+
+    def building(failure: Exception) -> Callable[[], contextlib.AbstractAsyncContextManager[Running]]:
+        async def run(stop: asyncio.Event) -> int:
+            async def fail() -> None:
+                raise failure
+
+            async with asyncio.TaskGroup() as group:
+                group.create_task(fail())
+            return 0
+
+        @contextlib.asynccontextmanager
+        async def build() -> AsyncIterator[Running]:
+            yield Running(run, registry=CollectorRegistry())
+
+        return build
+
+    with pytest.raises(ProcessError) as refused:
+        await serve(Shell(name="test", expected=(Refused,)), building(Refused("set 2 refused us\ndetail")))
+    assert str(refused.value) == "set 2 refused us"
+    with pytest.raises(ExceptionGroup):  # a bug keeps its traceback for the log
+        await serve(Shell(name="test", expected=(Refused,)), building(KeyError("lane")))
 
 
 def test_a_process_runs_on_uvloop_logs_one_way_and_exits_0_on_sigterm(tmp_path: Path) -> None:

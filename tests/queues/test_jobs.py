@@ -280,3 +280,55 @@ def test_replicas_agree_and_the_wire_carries_the_commands_queries_and_answers() 
         assert isinstance(refused, ErrorResult) and refused.code is Code.INVALID, bad
     assert step(replicas[0], job_id=7).code is Code.NOT_FOUND
     assert control(replicas[0], JobAction.PAUSE, job_id=7).code is Code.NOT_FOUND
+
+
+GROUP = "0123456789abcdef0123456789abcdef"
+
+
+def test_a_groups_part_is_created_once_per_set_and_named_in_its_audit_entries() -> None:
+    """Several sets: a bulk action is one job or proposal per set sharing a group id; a repeated
+    creation (a set that answered late, an API retry) answers the part the set holds."""
+    node = Node()
+    ids = dead(node, *keys(4))
+    plain = RedriveJob(actor="alice", reason="r", ids=tuple(ids[:1]), rate_per_s=5)
+    assert codec.encode_command(plain) == codec.encode_command(plain) and b"group" not in codec.encode_command(plain)
+    grouped = RedriveJob(actor="alice", reason="r", ids=tuple(ids[:2]), rate_per_s=5, group=GROUP)
+    assert codec.decode_command(codec.encode_command(grouped)) == grouped
+    first = review(node, grouped)
+    assert (first.code, first.job_id) == (Code.OK, 1)
+    before = dump(node)
+    again = review(node, grouped)
+    assert (again.code, again.job_id) == (Code.OK, 1) and "already" in again.detail
+    assert dump(node) == {**before, "meta": dump(node)["meta"]}  # nothing stored twice
+    entry = [e for e in chain(node) if e.action == "redrive_job"][-1]
+    assert f'"group":"{GROUP}"' in entry.after
+    answer = answer_query(node.machine.view, qc.JobGroup(group=GROUP), node.now_ms)
+    assert answer == qc.JobGroupAnswer(job_id=1, proposal_id=None, now_ms=node.now_ms)
+    other = "f" * 32
+    proposal = review(node, Propose(action=RedriveJob(actor="alice", reason="r", ids=tuple(ids[2:]), rate_per_s=5,
+                                                      group=other), ttl_ms=HOUR_MS))  # fmt: skip
+    repeat = review(node, Propose(action=RedriveJob(actor="alice", reason="r", ids=tuple(ids[2:]), rate_per_s=5,
+                                                    group=other), ttl_ms=HOUR_MS))  # fmt: skip
+    assert repeat.proposal_id == proposal.proposal_id and "already" in repeat.detail
+    approved = review(node, Approve(proposal_id=proposal.proposal_id, approver="bob"))
+    assert approved.code is Code.OK and approved.job_id == 2
+    again_approved = review(node, Approve(proposal_id=proposal.proposal_id, approver="bob"))
+    assert again_approved.code is Code.ILLEGAL_STATE  # the API reads the part to see it approved already
+    after_approval = review(node, Propose(action=RedriveJob(actor="alice", reason="r", ids=tuple(ids[2:]), rate_per_s=5,
+                                                            group=other), ttl_ms=HOUR_MS))  # fmt: skip
+    assert after_approval.proposal_id == proposal.proposal_id and after_approval.proposal_state is not None
+    assert after_approval.proposal_state.value == "approved"
+    assert answer_query(node.machine.view, qc.JobGroup(group=other), node.now_ms) == qc.JobGroupAnswer(
+        job_id=2, proposal_id=proposal.proposal_id, now_ms=node.now_ms)
+    actions = {e.action: e.after for e in chain(node) if f'"group":"{other}"' in e.after}
+    assert set(actions) == {"propose", "approve", "redrive_job"}
+    third = RedriveJob(actor="alice", reason="r", ids=tuple(ids[3:]), rate_per_s=5, group="e" * 32)
+    assert review(node, Propose(action=third, ttl_ms=HOUR_MS)).code is Code.OK
+    direct = review(node, third)
+    assert direct.code is Code.INVALID and direct.job_id is None  # a proposed part never starts unapproved
+    proposed = review(node, Propose(action=grouped, ttl_ms=HOUR_MS))
+    assert proposed.code is Code.INVALID and proposed.proposal_id == 0  # nor is a started one proposed again
+    assert "job_groups" in dump(node) and "job_groups" not in dump(Node())
+    bad = {"t": "redrive_job", "actor": "a", "reason": "r", "ids": [1], "rate_per_s": 1, "group": "not-hex"}
+    refused = codec.decode_command(bytes([codec.CODEC_VERSION]) + msgspec.msgpack.encode(bad))
+    assert isinstance(refused, ErrorResult) and refused.code is Code.INVALID

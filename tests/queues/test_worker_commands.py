@@ -3,6 +3,7 @@ ack told apart from a lifecycle error, and how the last delivery ended."""
 
 from __future__ import annotations
 
+import msgspec
 from queue_node import Node
 
 from delay.policy import RetryPolicy
@@ -307,3 +308,24 @@ def test_retry_after_is_a_duration_the_store_adds_to_its_own_time() -> None:
     legacy = node.apply(Fail(message_id=second, token=by_id[second].token, error_class="rate_limited",
                              not_before_ms=now_ms + 7000))  # fmt: skip
     assert legacy == Outcome(code=Code.OK, message_id=second, state=State.DELAYED, due_ms=now_ms + 7000)
+
+
+def test_a_document_written_with_an_expected_version_is_a_compare_and_set() -> None:
+    """Two writers read version 1; the first write wins, the second changes nothing and learns
+    the version now; a write without an expected version is unconditional, as before."""
+    node = Node()
+    conn = node.machine.view
+    node.apply(PutDocument(namespace="sets", name="table", body=b'{"epochs":1}', actor="ops"))
+    first = node.apply(PutDocument(namespace="sets", name="table", body=b'{"epochs":2}', actor="alice",
+                                   expected_version=1))  # fmt: skip
+    assert first == DocumentResult(code=Code.OK, version=2)
+    second = node.apply(PutDocument(namespace="sets", name="table", body=b'{"epochs":3}', actor="bob",
+                                    expected_version=1))  # fmt: skip
+    assert second == DocumentResult(code=Code.CONFLICT, version=2)
+    (view,) = documents.documents(conn, "sets")
+    assert (view.body, view.updated_by, documents.version(conn, "sets")) == (b'{"epochs":2}', "alice", 2)
+    events = [e for e in queries.events_after(conn, 0) if e.type is EventType.DOCUMENT_PUT]
+    assert [e.data["actor"] for e in events] == ["ops", "alice"]  # the refused write left no trace
+    assert node.apply(PutDocument(namespace="sets", name="table", body=b"{}", actor="ops")).code is Code.OK
+    old = msgspec.msgpack.encode(PutDocument(namespace="sets", name="t", body=b"{}", actor="ops", reason="r"))
+    assert b"expected_version" not in old  # a command without one encodes as the version before's did

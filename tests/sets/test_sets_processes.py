@@ -95,7 +95,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     try:
         for name in ("control", "set1", "set2", "set3"):
             clusters[name].start_all()
-        token = asyncio.run(_token(clusters["set1"]))  # tokens live in the home set (store.addresses)
+        token = asyncio.run(_token(clusters["control"]))  # tokens live in the control set (store.access_client)
         asyncio.run(_leaders([clusters[name] for name in ("control", "set2", "set3")]))
         port = free_ports(1)[0]
         deployment = Deployment(tmp_path, clusters["control"], {k: clusters[f"set{k}"] for k in (1, 2, 3, 4)}, {},

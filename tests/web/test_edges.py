@@ -18,7 +18,7 @@ from raft_store.testing.inprocess import StoreThread
 
 R = Role.REVIEWER
 BAD_IDS: Final = (str(2**64), str(2**63), str(2**62 + 1), "0", "-1", "1e3", "9" * 60, "1-" + str(2**64))
-PARAMETERS: Final = {"request_id", "proposal_id", "job_id", "ref_key", "kind", "downstream", "name", "action"}
+PARAMETERS: Final = {"request_id", "proposal_id", "job_id", "ref_key", "kind", "downstream", "name", "action", "group"}
 """Every path parameter the app's routes have; a new one must be added here (and to the walk)."""
 
 
@@ -44,7 +44,7 @@ async def test_an_id_out_of_range_is_a_4xx_on_every_route(store: StoreThread) ->
         walked = 0
         for method, path, names in _routes(pages.api.app):
             assert set(names) <= PARAMETERS, f"{path}: a parameter this walk does not know"
-            if not {"request_id", "proposal_id", "job_id"} & set(names):
+            if not {"request_id", "proposal_id", "job_id", "group"} & set(names):
                 continue
             for bad in BAD_IDS:
                 filled = path

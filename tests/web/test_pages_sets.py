@@ -162,14 +162,19 @@ async def test_a_set_3_request_is_shown_redriven_discarded_edited_and_proposed_f
             cursor = answer.json()["next_cursor"]
             if cursor is None:
                 break
-        assert sorted(answer.json()["heads"]) == ["1", "2", "3"]
+        assert sorted(answer.json()["heads"]) == ["0", "1", "2", "3"]  # the control set's chain too
         assert len(whole) == answer.json()["count"] == len({(e["set"], e["seq"]) for e in whole})
         assert [e["at"] for e in whole] == sorted((e["at"] for e in whole), reverse=True)  # newest first over the sets
         assert {"redriven", "discarded", "edit_redrive", "propose", "approve"} <= {e["action"] for e in whole if e["set"] == 3}
+        # The tokens and the review users live in the control set: their writes are in its chain.
+        control = [e for e in whole if e["set"] == 0]
+        assert {"token_put", "document_put"} <= {e["action"] for e in control}
+        assert any(str(e["target"]).startswith("document:users/") for e in control)
         assert (await pages.api.client.get("/v1/audit?before=5", headers=operator)).status_code == 422
         page = await pages.get(V, "/review/audit?action=discarded")
         assert re.findall(r'data-test="audit-entry" data-seq="\d+" data-action="discarded" [^>]*data-set="(\d)"', page.text) == ["3"]
-        assert len(re.findall(r'data-test="audit-set-head"', page.text)) == 3
+        assert len(re.findall(r'data-test="audit-set-head"', page.text)) == 4
+        assert 'data-set="0">control set <code>' in page.text
         stores[2].stop_node()
         try:
             down = await pages.api.client.get("/v1/audit", headers=operator)
@@ -191,14 +196,14 @@ async def test_a_redrive_job_of_set_3_runs_there_and_is_listed_with_its_set(stor
         api_3 = await pages.api.client.get("/v1/review/dead-letters?set=3", headers=pages.api.auth(V))
         assert sorted(i["id"] for i in api_3.json()["items"]) == sorted(in_3)
         whole = await pages.post(R, "/review/redrive/dry-run", {"scope": "filter", "kind": "list_update"})
-        assert whole.status_code == 422 and "holds requests of sets 1, 2, 3" in whole.text
+        assert whole.status_code == 200 and len(re.findall(r'data-test="dry-run-set" ', whole.text)) == 3  # a job group
         by_set = await pages.post(R, "/review/redrive/dry-run", {"scope": "filter", "kind": "list_update", "set": "3"})
         assert by_set.status_code == 200 and f'data-test="dry-run-count">{len(in_3)}<' in by_set.text, by_set.text
         assert 'type="hidden" name="set" value="3"' in by_set.text
         dry = await pages.post(R, "/review/redrive/dry-run", {"scope": "selection", "ids": in_3})
         assert dry.status_code == 200 and 'data-test="confirm-submit"' in dry.text, dry.text
         spanning = await pages.post(R, "/review/redrive/dry-run", {"scope": "selection", "ids": [in_3[0], other]})
-        assert spanning.status_code == 422 and "holds requests of sets" in spanning.text
+        assert spanning.status_code == 200 and 'data-test="dry-run-count">2<' in spanning.text
         started = await pages.post(R, "/review/redrive", {"scope": "selection", "ids": in_3, "reason": "bank is back",
                                                           "rate_per_s": "1000"})  # fmt: skip
         assert started.status_code == 303 and started.headers["location"].endswith("&set=3"), started.text
@@ -222,9 +227,9 @@ async def test_a_redrive_job_of_set_3_runs_there_and_is_listed_with_its_set(stor
         assert [(j["set"], j["state"]) for j in jobs] == [(set_id, "running"), (3, "cancelled")]
         one = await pages.api.client.get(answer.headers["location"], headers=pages.api.auth(V))
         assert one.status_code == 200 and one.json()["total"] == 1
-        refused = await pages.api.client.post("/v1/review/jobs", headers=pages.api.auth(R),
-                                              json={**body, "ids": [in_3[0], other]})  # fmt: skip
-        assert refused.status_code == 422
+        spanning_job = await pages.api.client.post("/v1/review/jobs", headers=pages.api.auth(R),
+                                                   json={**body, "ids": [in_3[0], other]})  # fmt: skip
+        assert spanning_job.status_code == 201 and len(spanning_job.json()["sets"]) == 2  # a group: one part per set
 
 
 def test_audit_verify_checks_every_sets_chain_and_names_a_set_that_does_not_answer(
@@ -246,10 +251,11 @@ def test_audit_verify_checks_every_sets_chain_and_names_a_set_that_does_not_answ
         monkeypatch.setenv(f"COMPENSATOR_STORE__{name}", value)
     assert main(["audit", "verify"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    # The control set's chain first: the set table's write (a document) is its entry.
     assert [(line["source"].split(":")[0], line["entries"], line["verified"]) for line in lines] == [
-        ("set 1", 1, True), ("set 2", 1, True), ("set 3", 1, True)]
+        ("control set", 1, True), ("set 1", 1, True), ("set 2", 1, True), ("set 3", 1, True)]
     stores[2].stop_node()
     assert main(["audit", "verify"]) == 1
     out, err = capsys.readouterr()
-    assert [json.loads(line)["source"].split(":")[0] for line in out.splitlines()] == ["set 1", "set 3"]
+    assert [json.loads(line)["source"].split(":")[0] for line in out.splitlines()] == ["control set", "set 1", "set 3"]
     assert "set 2: " in err and "did not answer" in err

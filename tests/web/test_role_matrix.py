@@ -6,6 +6,7 @@ one set of logins serve the whole table (module-scoped); each row acts on target
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -52,6 +53,12 @@ JSON_ROWS: Final = (
     Row("POST", "/v1/review/jobs/{job}/pause", {"reason": "m"}, frozenset({R})),
     Row("POST", "/v1/review/jobs/{job}/resume", {"reason": "m"}, frozenset({R})),
     Row("POST", "/v1/review/jobs/{job}/cancel", {"reason": "m"}, frozenset({R})),
+    Row("GET", "/v1/review/job-groups/{group}", None, OBSERVERS),
+    Row("POST", "/v1/review/job-groups/{jobgroup}/pause", {"reason": "m"}, frozenset({R})),
+    Row("POST", "/v1/review/job-groups/{jobgroup}/resume", {"reason": "m"}, frozenset({R})),
+    Row("POST", "/v1/review/job-groups/{jobgroup}/cancel", {"reason": "m"}, frozenset({R})),
+    Row("POST", "/v1/review/job-groups/{group}/approve", {}, frozenset({A})),
+    Row("POST", "/v1/review/job-groups/{group}/reject", {"reason": "m"}, frozenset({R, A})),
 )  # fmt: skip
 
 PAGE_ROWS: Final = (
@@ -69,6 +76,12 @@ PAGE_ROWS: Final = (
     Row("GET", "/review/jobs/{job}/progress", None, EVERY_WEB_ROLE),
     Row("POST", "/review/jobs/{job}/pause", {"reason": "m"}, frozenset({R})),
     Row("POST", "/review/jobs/{job}/cancel", {"reason": "m"}, frozenset({R})),
+    Row("GET", "/review/job-groups/{group}", None, EVERY_WEB_ROLE),
+    Row("POST", "/review/job-groups/{group}/approve", {"reason": "m"}, frozenset({A})),
+    Row("POST", "/review/job-groups/{group}/reject", {"reason": "m"}, frozenset({A})),
+    Row("POST", "/review/job-groups/{group}/withdraw", {"reason": "m"}, frozenset({R})),
+    Row("POST", "/review/job-groups/{jobgroup}/pause", {"reason": "m"}, frozenset({R})),
+    Row("POST", "/review/job-groups/{jobgroup}/cancel", {"reason": "m"}, frozenset({R})),
     Row("GET", "/review/approvals", None, EVERY_WEB_ROLE),
     Row("POST", "/review/approvals/{proposal}/approve", {"reason": "m"}, frozenset({A})),
     Row("POST", "/review/approvals/{proposal}/reject", {"reason": "m"}, frozenset({A})),
@@ -91,15 +104,23 @@ async def pages(matrix_store: StoreThread) -> AsyncIterator[Pages]:
 
 
 async def targets(pages: Pages) -> dict[str, str]:
-    """A row's own dead letter, money-moving dead letter, running job and pending proposal."""
+    """A row's own dead letter, money-moving dead letter, running job and pending proposal, and a
+    job group proposed by the reviewer and one running (one set holds each group's one part)."""
     api = pages.api
     n = len((await api.queue.jobs(limit=1000)).value)
-    dead, money, for_job = await dead_letters(api, list_update(f"t{n}"), transfer(f"m{n}"), list_update(f"j{n}"))
+    dead, money, for_job, for_group, for_jobgroup = await dead_letters(
+        api, list_update(f"t{n}"), transfer(f"m{n}"), list_update(f"j{n}"), list_update(f"g{n}"), list_update(f"h{n}"))
     started = await api.queue.start_job(RedriveJob(actor="tests", reason="matrix", ids=(int(for_job.split("-")[1]),),
                                                    rate_per_s=1))  # fmt: skip
     proposed = await api.client.post("/v1/review/redrive", json={"ids": [money], "reason": "matrix"}, headers=api.auth(R))
     assert proposed.status_code == 202, proposed.text
-    return {"dead": dead, "money": money, "job": str(started.job_id), "proposal": str(proposed.json()["proposal"]["id"])}
+    group, jobgroup = secrets.token_hex(16), secrets.token_hex(16)
+    await api.queue.propose(RedriveJob(actor="reviewer", reason="matrix", ids=(int(for_group.split("-")[1]),),
+                                       rate_per_s=1, group=group), ttl_ms=3_600_000)  # fmt: skip
+    await api.queue.start_job(RedriveJob(actor="tests", reason="matrix", ids=(int(for_jobgroup.split("-")[1]),),
+                                         rate_per_s=1, group=jobgroup))  # fmt: skip
+    return {"dead": dead, "money": money, "job": str(started.job_id), "proposal": str(proposed.json()["proposal"]["id"]),
+            "group": group, "jobgroup": jobgroup}  # fmt: skip
 
 
 def filled(value: Any, names: dict[str, str]) -> Any:
@@ -172,16 +193,25 @@ async def test_a_proposer_approving_their_own_proposal_is_refused(pages: Pages) 
 def test_the_table_names_every_review_route() -> None:
     """A new review route must be added to the table: the table is the specification."""
     from api.routers import review, review_jobs
-    from api.web import pages_approvals, pages_audit, pages_dead_letters, pages_detail, pages_edit, pages_jobs
+    from api.web import (
+        pages_approvals,
+        pages_audit,
+        pages_dead_letters,
+        pages_detail,
+        pages_edit,
+        pages_groups,
+        pages_jobs,
+    )
 
     routes = {(method, route.path) for module in (review, review_jobs) for route in module.router.routes
               for method in getattr(route, "methods", ())}  # fmt: skip
     assert routes == {(row.method, row.path.replace("{dead}", "{request_id}").replace("{proposal}", "{proposal_id}")
-                       .replace("{job}", "{job_id}")) for row in JSON_ROWS}  # fmt: skip
+                       .replace("{job}", "{job_id}").replace("{jobgroup}", "{group}")) for row in JSON_ROWS}  # fmt: skip
     pages = {(method, route.path) for module in (pages_dead_letters, pages_detail, pages_edit, pages_approvals,
-                                                 pages_audit, pages_jobs)
+                                                 pages_audit, pages_jobs, pages_groups)
              for route in module.router.routes for method in getattr(route, "methods", ())} - {("GET", "/review")}  # fmt: skip
     covered = {(row.method, row.path.replace("{dead}", "{request_id}").replace("{proposal}", "{proposal_id}")
-                .replace("{job}", "{job_id}")) for row in PAGE_ROWS}  # fmt: skip
-    assert pages - covered <= {("POST", "/review/jobs/{job_id}/{action}")}
+                .replace("{job}", "{job_id}").replace("{jobgroup}", "{group}")) for row in PAGE_ROWS}  # fmt: skip
+    assert pages - covered <= {("POST", "/review/jobs/{job_id}/{action}"), ("POST", "/review/job-groups/{group}/{action}")}
+    assert {("POST", f"/review/job-groups/{{group}}/{a}") for a in ("approve", "reject", "withdraw", "cancel")} <= covered
     assert {("POST", "/review/jobs/{job_id}/pause"), ("POST", "/review/jobs/{job_id}/cancel")} <= covered

@@ -92,7 +92,7 @@ async def _plant(api: Api) -> dict[str, list[str]]:
         proposals.append(str(discard.json()["proposal"]["id"]))
     return {"request_id": [*transfers, *others, new_id], "ref_key": ["rp-mask-1", "rp-mask-2", "rp-mask-3", "rp-mask-4"],
             "proposal_id": proposals, "job_id": [str(job.json()["id"])], "kind": ["transfer", "list_update", "callback"],
-            "downstream": ["payment", "red_packet", "callback"], "name": ["not-found"]}  # fmt: skip
+            "downstream": ["payment", "red_packet", "callback"], "name": ["not-found"], "group": ["0" * 32]}  # fmt: skip
 
 
 def _paths(app: Any, values: dict[str, list[str]]) -> Iterator[str]:

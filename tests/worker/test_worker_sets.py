@@ -20,7 +20,7 @@ from prometheus_client import generate_latest
 
 from handlers.contract import Attempt, Decision, Permanent, Succeeded
 from ledger.kinds import Kind
-from queues import QueueClient, RaftClient, State
+from queues import QueueClient, QueueError, RaftClient, State
 from queues.model import Enqueue
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread, running_store
@@ -188,3 +188,48 @@ async def test_a_backlog_on_one_set_does_not_keep_another_sets_requests_waiting(
 
 async def _full(worker: Worker) -> bool:
     return worker.running == 4
+
+
+async def test_a_set_added_while_the_worker_runs_is_leased_from_without_a_restart(
+    sets: dict[int, QueueClient],
+) -> None:
+    """The worker starts on sets 1 and 2; set 3 appears when its `discover` (the wiring's re-read of
+    the control set's table) first names it: its requests are done, and the new set's maintenance
+    hook is told once. A discover that fails (control set down) keeps the lanes there are."""
+    handler = Scripted(Kind.TRANSFER, "payment", delay_s=0.005)
+    table: dict[int, QueueClient] = {1: sets[1], 2: sets[2]}
+    failing = [True]
+    told: list[int] = []
+
+    async def discover() -> dict[int, QueueClient]:
+        if failing[0]:
+            failing[0] = False
+            raise QueueError("the control set is down")
+        return dict(table)
+
+    limits = Limits(per_kind={"transfer": 4}, per_downstream={"payment": 4}, downstream_of={"transfer": "payment"})
+    worker = Worker(table, {"transfer": handler}, limits, WorkerSettings(worker_id="w1", idle_poll_s=0.05),
+                    tracer=trace.NoOpTracer(), metrics=WorkerMetrics(), discover=discover,
+                    discover_every_s=0.1)  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop, new_set=lambda set_id, _queue: told.append(set_id)))
+    try:
+        ids = {s: await _enqueue(sets[s], s, 10) for s in SETS}
+
+        async def first_two_done() -> bool:
+            return [set(await _states(sets[s], ids[s])) for s in (1, 2)] == [{State.DONE}] * 2
+
+        await _until(first_two_done)
+        assert set(await _states(sets[3], ids[3])) == {State.READY}  # not in the table yet: not leased
+        table[3] = sets[3]  # `compensator sets add` activated set 3
+
+        async def third_done() -> bool:
+            return set(await _states(sets[3], ids[3])) == {State.DONE}
+
+        await _until(third_done)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert told == [3]
+    assert sorted(worker.lanes) == [1, 2, 3]
+    assert sorted(a.ref_key for a in handler.seen) == sorted(f"s{s}-{i}" for s in SETS for i in range(10))
