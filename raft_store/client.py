@@ -270,6 +270,20 @@ class Proposal:
     sent: _Sent | None = None
 
 
+async def _answer(sent: _Sent) -> codec.Result:
+    """The node's answer to a written attempt, or _NoAnswer: it may act on the request all the same."""
+    try:
+        _, reply = await sent.future
+        return codec.decode_result(reply)
+    except TimeoutError:
+        raise _NoAnswer(f"no answer came within {sent.timeout_s} s") from None
+    except (OSError, codec.CodecError) as exc:
+        raise _NoAnswer(f"the connection failed after the request was sent ({exc!r})") from None
+    finally:
+        sent.timer.cancel()
+        sent.conn.pending.pop(sent.request_id, None)
+
+
 def _expire(future: asyncio.Future[tuple[FrameType, bytes]]) -> None:
     if not future.done():
         future.set_exception(TimeoutError("no answer within the attempt timeout"))
@@ -350,11 +364,9 @@ class RaftClient:
         return await self.results(self._commands(commands, sessionless))
 
     def send_many(self, commands: Sequence[bytes], *, sessionless: Sequence[bool] = ()) -> Proposal:
-        """`propose_many`'s first attempt made now: when a connection to the leader is open, the
-        frame is on its socket before this returns, not at the end of the loop iteration, so a
-        caller that gathers commands can hand the store a frame while it goes on gathering the
-        next. `await client.results(proposal)` for the results: it retries, and raises, exactly as
-        `propose_many` does (the first attempt counts as written, whatever happens next)."""
+        """`propose_many`'s first attempt made now: with a connection to the leader open, the frame
+        is on its socket when this returns, not one or two loop iterations later. `await
+        client.results(proposal)` retries and raises as `propose_many` does (the attempt counts as written)."""
         proposal = self._commands(commands, sessionless)
         address = self._leader
         conn = self._conns.get(address) if address is not None else None
@@ -501,7 +513,7 @@ class RaftClient:
             try:
                 if first is not None:
                     sent, first = first, None
-                    result = await self._answer(sent)
+                    result = await _answer(sent)
                 else:
                     result = await self._attempt(address, build, held_s)
             except _NotSent as exc:
@@ -534,7 +546,7 @@ class RaftClient:
             conn = await self._connect(address)
         except (OSError, TimeoutError) as exc:
             raise _NotSent(f"cannot connect: {exc!r}") from None
-        return await self._answer(self._send(address, conn, build, held_s))
+        return await _answer(self._send(address, conn, build, held_s))
 
     def _send(self, address: Address, conn: _Connection, build: Build, held_s: float) -> _Sent:
         """Writes one attempt's request (from here on the node may act on it)."""
@@ -549,18 +561,6 @@ class RaftClient:
         # One timer per attempt, no wrapper task: asyncio.wait_for costs more than the rest of a
         # request on the hot path.
         return _Sent(address, conn, request_id, future, loop.call_later(timeout_s, _expire, future), timeout_s)
-
-    async def _answer(self, sent: _Sent) -> codec.Result:
-        try:
-            _, reply = await sent.future
-            return codec.decode_result(reply)
-        except TimeoutError:
-            raise _NoAnswer(f"no answer came within {sent.timeout_s} s") from None
-        except (OSError, codec.CodecError) as exc:
-            raise _NoAnswer(f"the connection failed after the request was sent ({exc!r})") from None
-        finally:
-            sent.timer.cancel()
-            sent.conn.pending.pop(sent.request_id, None)
 
     async def _redirect(self, address: Address, leader: int, trail: _Trail) -> bool:
         """Sends the next attempt to the hinted leader; False when there is no hint to follow."""
