@@ -26,8 +26,7 @@ from api.review_policy import FourEyes
 from api.summaries import SummaryReads
 from api.web.sessions import WebAuth
 from delay.policy import RetryPolicy
-from queues import ClientError, QueueClient, QueueError, SetsClient, UnknownSet, cluster_settings
-from queues.model import QueueResult
+from queues import ClientError, QueueClient, QueueError, QueueResult, SetsClient, UnknownSet, cluster_settings
 
 T = TypeVar("T")
 

@@ -338,6 +338,7 @@ def _problems(config: Config) -> list[str]:
     check(1 <= worker.concurrency_per_kind <= 10_000, "worker.concurrency_per_kind", "must be in 1..10000")
     check(1 <= worker.concurrency_per_downstream <= 10_000, "worker.concurrency_per_downstream", "must be in 1..10000")
     check(10 <= worker.idle_poll_ms <= 10_000, "worker.idle_poll_ms", "must be in 10..10000")
+    check(10 <= worker.idle_wait_ms <= 60_000, "worker.idle_wait_ms", "must be in 10..60000")
     check(0 <= worker.drain_grace_s <= 600, "worker.drain_grace_s", "must be in 0..600")
     check(0 <= worker.metrics_port < 65536, "worker.metrics_port", "must be in 0..65535")
     projector = config.projector

@@ -45,7 +45,9 @@ class WorkerConfig(Section, frozen=True):
     concurrency_per_downstream: int = 64
     """Attempts calling one downstream at once in one worker, whatever their kind."""
     idle_poll_ms: int = 100
-    """An idle worker asks the store (a read) whether work is due this often at most."""
+    """Under load, how old a read of what is due may be before the worker reads again; with an open breaker, how often an idle worker asks (its probes are timed by it)."""
+    idle_wait_ms: int = 1000
+    """An idle worker's long poll is held at most this long: the store answers it at once when work arrives, and the worker asks again by the next due time, so a longer wait costs no latency, only fewer reads of every set."""
     drain_grace_s: float = 10.0
     """On SIGTERM: how long running attempts may finish before they are cut off and handed back."""
     metrics_port: int = 0
@@ -154,7 +156,7 @@ class StoreNodeConfig(Section, frozen=True):
     voters: tuple[int, ...] = ()
     """A new set's first voters (default: every node of `store.addresses`)."""
     tick_ms: int = 30
-    """The Raft clock's tick: heartbeats every tick, an election after `election_ticks` without one."""
+    """The Raft clock's tick: a leader's heartbeat every 2 ticks, an election after `election_ticks` (randomised up to twice that) without one. An idle node wakes for these deadlines only, not every tick (docs/raft.md)."""
     election_ticks: int = 10
     """Ticks without a leader's heartbeat before a follower stands for election."""
     group_commit_entries: int = 8192

@@ -6,6 +6,7 @@ store call can end with: `QueueError` (the machine refused the command's values)
 `ClientError` from raft_store (no definitive answer: see its subclasses).
 """
 
+from queues.audit_filter import AuditFilter
 from queues.client import EventsPurged, QueueClient, QueueError, Read
 from queues.core.proposals import proposal_action, proposal_with_action
 from queues.machine import QueueConfig, QueueMachine
@@ -17,7 +18,6 @@ from queues.model import (
     TIME_MS_MAX,
     AttemptView,
     AuditEntry,
-    AuditFilter,
     Code,
     DeadLetterFilter,
     DeadLetterSummary,
@@ -40,8 +40,10 @@ from queues.model import (
     Outcome,
     ProposalState,
     ProposalView,
+    QueueResult,
     Redrive,
     RedriveJob,
+    RetentionResult,
     ReviewAction,
     ReviewResult,
     Role,
@@ -106,11 +108,13 @@ __all__ = [
     "QueueConfig",
     "QueueError",
     "QueueMachine",
+    "QueueResult",
     "RaftClient",
     "Read",
     "Redrive",
     "RedriveJob",
     "RequestRefused",
+    "RetentionResult",
     "ReviewAction",
     "ReviewResult",
     "Role",

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from queues import query_codec as qc
+from queues.audit_filter import AuditFilter
 from queues.model import (
     AuditEntry,
-    AuditFilter,
     DeadLetterFilter,
     DeadLetterSummary,
     ErrorResult,

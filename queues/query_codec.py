@@ -18,10 +18,10 @@ import msgspec
 
 from delay.policy import RetryPolicy
 from queues import model
+from queues.audit_filter import AuditFilter
 from queues.model import (
     KINDS_PER_LEASE_MAX,
     AuditEntry,
-    AuditFilter,
     DeadLetterFilter,
     DocumentView,
     Event,

@@ -110,6 +110,18 @@ class RaftCore:
     def tick(self) -> None:
         self._tick()
 
+    def ticks_until_due(self) -> int:
+        """How many ticks from now until one does more than count: at least 1, and every tick
+        before that one only advances the timers' counters (no message, no change of role, no
+        Ready). So a shell may let those ticks pass unseen and deliver them together, in order,
+        before its next input or when the due one comes: the core sees exactly the sequence of
+        ticks and messages a shell ticking every period would give it, and an idle node wakes
+        for its deadlines (a leader's heartbeats, a follower's election timeout) instead of for
+        every tick. Answers for the state as it is now: any input may change it."""
+        if self.role is Role.LEADER:
+            return self.replication.ticks_until_due()
+        return self.elections.ticks_until_due()
+
     def campaign(self) -> None:
         """Start an election now (tests, operator action)."""
         if self.role is not Role.LEADER and self.is_promotable():
@@ -158,13 +170,16 @@ class RaftCore:
         return HardState(self.term, self.vote, self.log.committed)
 
     def has_ready(self) -> bool:
+        handed, log = self._handed_hs, self.log
         return (
-            self.hard_state() != self._handed_hs
-            or bool(self.log.unstable_entries())
+            # The hard state compared field by field: no HardState built per call (the node asks
+            # after every input and every Ready).
+            self.term != handed.term or self.vote != handed.vote or log.committed != handed.commit
+            or log.has_unstable()
             or self.following.has_snapshot()
             or bool(self._early or self._msgs or self.reads.has_states())
             or (self.replication.broadcast_pending and self.role is Role.LEADER)
-            or min(self.log.committed, self.log.persisted) > self.log.applying
+            or min(log.committed, log.persisted) > log.applying
         )
 
     def ready(self) -> Ready:

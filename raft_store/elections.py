@@ -51,6 +51,15 @@ class Elections:
             self.elapsed = 0
             self.hup(transfer=False)
 
+    def ticks_until_due(self) -> int:
+        """A follower's or candidate's next tick that does more than count: the one its timeout
+        passes on. A node that cannot campaign never has one; it answers an election timeout, a
+        bound and not a deadline (its ticks are counted all the same)."""
+        core = self._core
+        if not core.is_promotable():
+            return core.config.election_ticks
+        return max(1, self._timeout - self.elapsed)
+
     def hup(self, *, transfer: bool) -> None:
         core = self._core
         if core.log.applying < core.log.committed and self._has_unapplied_conf():

@@ -166,6 +166,10 @@ class RaftLog:
         start = self.handed - self.snapshot_index
         return self._entries[start:] if start < len(self._entries) else []
 
+    def has_unstable(self) -> bool:
+        """Whether `unstable_entries` has any (without copying them)."""
+        return self.handed - self.snapshot_index < len(self._entries)
+
     def hand_to_storage(self) -> int:
         self.handed = self.last_index()
         return self.handed

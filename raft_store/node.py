@@ -1,6 +1,6 @@
 """The node: the Ready runner (ready_runner.py) given a real clock, disk, network and machine.
 
-One asyncio task owns the core: it steps ticks, peer messages and client proposals into it, and
+One asyncio task owns the core: it steps ticks (when one is due, node_ticks.py), peer messages and client proposals into it, and
 hands each Ready to the runner, which sends the leader's appends, writes and fsyncs the WAL on the
 WAL thread (group commit: everything that arrived while the previous fsync ran goes into the next
 one), sends replies once durable, applies committed commands on the apply thread, answers clients
@@ -35,6 +35,7 @@ from raft_store.node_reads import NodeReads
 from raft_store.node_recovery import recover
 from raft_store.node_snapshots import NodeSnapshots, NodeStopped
 from raft_store.node_status import node_status
+from raft_store.node_ticks import Ticks
 from raft_store.ready_runner import ReadyRunner, RunnerConfig
 from raft_store.state_machine import ClockedMachine, GroupCommittingMachine, StateMachine
 from raft_store.transport import ClientConnection, Transport, TransportConfig
@@ -78,8 +79,8 @@ class Node:
         )  # fmt: skip
         self.snapshots.transport = self.transport
         self.snapshots.deliver = self._inbox.append
-        self._ticks = 0
         self._wake = asyncio.Event()
+        self._ticks = Ticks(config.tick_ms, self._wake.set)  # delivered when one is due (node_ticks.py)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._failure: BaseException | None = None
@@ -93,10 +94,9 @@ class Node:
         core = await self._io.run(self._recover)
         self._wire(core)
         await self.transport.start()
-        self._tasks = [
-            loop.create_task(self._run(), name=f"node-{self.config.node_id}"),
-            loop.create_task(self._ticker(), name=f"ticker-{self.config.node_id}"),
-        ]
+        self._ticks.start()
+        self._tasks = [loop.create_task(self._run(), name=f"node-{self.config.node_id}")]
+        self._wake.set()  # the first turn arms the timer of the first due tick
 
     def _wire(self, core: RaftCore) -> None:
         cfg = self.config
@@ -130,6 +130,7 @@ class Node:
         if self.runner is not None:
             self.runner.stop()
         self._wake.set()
+        self._ticks.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -172,15 +173,6 @@ class Node:
         return node_status(self)
 
     # ---- inputs -------------------------------------------------------------------------
-    async def _ticker(self) -> None:
-        interval = self.config.tick_ms / 1000
-        next_at = time.monotonic()
-        while not self._stopping:
-            next_at += interval
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            self._ticks += 1
-            self._wake.set()
-
     def _on_peer_frame(self, sender: int, ftype: FrameType, body: bytes) -> None:
         if ftype is FrameType.RAFT:
             m = codec.decode_message(body)
@@ -216,8 +208,8 @@ class Node:
 
     # ---- the loop -----------------------------------------------------------------------
     async def _run(self) -> None:
-        runner = self.runner
-        assert runner is not None
+        runner, core = self.runner, self.core
+        assert runner is not None and core is not None
         try:
             while not self._stopping:
                 await self._wake.wait()
@@ -229,6 +221,7 @@ class Node:
                     self._step_inputs()
                 self._after_role_change()
                 self._serve_reads()
+                self._ticks.arm(core)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # storage failure or a bug: stop, loudly
@@ -237,9 +230,7 @@ class Node:
     def _step_inputs(self) -> None:
         core = self.core
         assert core is not None
-        while self._ticks:
-            self._ticks -= 1
-            core.tick()
+        self._ticks.deliver(core)
         inbox = self._inbox
         while inbox:
             core.step(inbox.popleft())

@@ -10,15 +10,17 @@ exactly as every replica must: the leader's stamped clock, no-op for an entry th
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import logging
+import queue
+import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from raft_store.core import Ready
 from raft_store.metrics import NodeMetrics
 from raft_store.node_clock import NodeClock
-from raft_store.ready_runner import Results
+from raft_store.ready_runner import Results, _raising, _returning
 from raft_store.state_machine import BatchFormatError, GroupCommittingMachine, StateMachine, decode_batch
 from raft_store.types import Entry, EntryKind, Snapshot
 from raft_store.wal import Wal
@@ -28,20 +30,61 @@ T = TypeVar("T")
 
 
 class ThreadLane:
-    """One thread; `done` runs on the loop that submitted. A job cancelled at shutdown reports nothing."""
+    """One thread; `done` runs on the loop that submitted. A job whose loop has closed when it ends
+    reports nothing.
+
+    A job hands its result straight to the loop (`call_soon_threadsafe`), without the executor's
+    futures: a concurrent Future wrapped in an asyncio Future cost a lock, two futures, their
+    callbacks and one more loop turn per job, paid by every write and apply handed to a thread."""
 
     def __init__(self, name: str) -> None:
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._name = name
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     def submit(self, job: Callable[[], T], done: Callable[[Callable[[], T]], None]) -> None:
-        future = asyncio.get_running_loop().run_in_executor(self.pool, job)
-        future.add_done_callback(lambda f: None if f.cancelled() else done(f.result))
+        if self._closed:
+            raise RuntimeError(f"{self._name}: cannot run a job after shutdown")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            self._thread.start()
+        self._jobs.put((job, done, asyncio.get_running_loop()))
 
     async def run(self, job: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, job)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def done(result: Callable[[], T]) -> None:
+            if future.done():  # the awaiting task was cancelled meanwhile
+                return
+            try:
+                future.set_result(result())
+            except BaseException as exc:  # handed to whoever awaits the job
+                future.set_exception(exc)
+
+        self.submit(job, done)
+        return await future
+
+    def _work(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, done, loop = item
+            result: Callable[[], Any]
+            try:
+                result = _returning(job())
+            except BaseException as exc:  # reported through `done`, as the executor's future did
+                result = _raising(exc)
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to tell
+                loop.call_soon_threadsafe(done, result)
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=True)
+        """Run what is queued, then end the thread."""
+        self._closed = True
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+
+
+_Job = tuple[Callable[[], Any], Callable[[Callable[[], Any]], None], asyncio.AbstractEventLoop]
 
 
 class WalStorage:
@@ -55,8 +98,8 @@ class WalStorage:
         sync = False
         for rd in batch:
             if rd.entries:
-                wal.append(rd.entries)
-            if rd.hard_state is not None:
+                wal.append(rd.entries, rd.hard_state)  # one write for both
+            elif rd.hard_state is not None:
                 wal.set_hard_state(rd.hard_state)
             sync = sync or rd.must_sync
         if sync:
@@ -72,6 +115,9 @@ class MachineApplier:
         respond: Callable[[int], bool], answer: Callable[[list[Entry], Results], None],
     ) -> None:  # fmt: skip
         self.machine = machine
+        self._group: GroupCommittingMachine | None = machine if isinstance(machine, GroupCommittingMachine) else None
+        """The machine as a group-committing one, or None: checked once (a runtime Protocol check
+        costs microseconds, and the runner asks after every apply)."""
         self._clock = clock
         self._metrics = metrics
         self._respond = respond
@@ -106,8 +152,8 @@ class MachineApplier:
         self._answer(entries, results)
 
     def uncommitted(self) -> bool:
-        return isinstance(self.machine, GroupCommittingMachine) and self.machine.uncommitted
+        return self._group is not None and self._group.uncommitted
 
     def commit(self) -> None:
-        if isinstance(self.machine, GroupCommittingMachine):
-            self.machine.commit()
+        if self._group is not None:
+            self._group.commit()

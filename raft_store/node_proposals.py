@@ -85,19 +85,22 @@ class Proposals:
             self._pending = []
             return None
         policy = self._config.group_commit
-        pending = sum(len(c) for _, c in self._pending)
-        age_ms = (time.monotonic() - self._pending_since) * 1000
-        if not policy.should_sync(pending, age_ms) and policy.max_delay_ms > 0:
-            return max(0.0, (policy.max_delay_ms - age_ms) / 1000)
+        if policy.max_delay_ms > 0:
+            pending = sum(len(c) for _, c in self._pending)
+            age_ms = (time.monotonic() - self._pending_since) * 1000
+            if not policy.should_sync(pending, age_ms):
+                return max(0.0, (policy.max_delay_ms - age_ms) / 1000)
         self._clock.set_role(core.role is Role.LEADER, core.leader, core.conf.voters)
         now_ms = self._clock.read_ms()  # the log's clock as the leader reads it, stamped into the entry
-        while self._pending:
+        queued, self._pending = self._pending, []
+        limit = self._config.batch_commands_max
+        at, count = 0, len(queued)
+        while at < count:  # one pass over the pending list (a pop(0) per caller was quadratic)
             batch: list[tuple[int, int, bytes]] = []
             waiters: list[Waiter] = []
-            while self._pending and (
-                not batch or len(batch) + len(self._pending[0][1]) <= self._config.batch_commands_max
-            ):
-                waiter, commands = self._pending.pop(0)
+            while at < count and (not batch or len(batch) + len(queued[at][1]) <= limit):
+                waiter, commands = queued[at]
+                at += 1
                 batch.extend(commands)
                 waiters.append(waiter)
             try:

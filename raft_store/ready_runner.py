@@ -122,7 +122,9 @@ class RunnerConfig:
     """A batch of committed entries this small is applied inline. -1: never."""
     idle_commit_s: float = 0.05
     """A group-committing machine with applied but uncommitted entries is committed once its apply
-    pipeline has been idle this long (under load it commits by size, on the machine lane)."""
+    pipeline has been idle this long: no apply in the last `idle_commit_s` (under load, light or
+    heavy, it commits by size, on the machine lane; a commit every interval of a steady light load
+    cost two thread hops and the group's page writes per interval)."""
     snapshot_every_entries: int = 0
     """Compact once this many entries applied since the last snapshot (0: never by count)."""
     snapshot_every_bytes: int = 0
@@ -157,6 +159,8 @@ class ReadyRunner:
         """A Ready with a snapshot to install, waiting for both pipelines to drain."""
         self._installing = False
         self._idle_commit: Cancellable | None = None
+        self._applied_since_armed = False
+        """An apply ended since the idle commit's timer was armed: the pipeline was not idle."""
         self._bytes_since_snapshot = 0
 
     # ---- the Readies ----------------------------------------------------------------------
@@ -311,6 +315,7 @@ class ReadyRunner:
         # them on the machine lane, so neither starves the other under load.
         self.serve_reads()
         self._kick_apply()
+        self._applied_since_armed = True
         self._arm_idle_commit()
         self._bytes_since_snapshot += sum(len(e.data) for e in batch)
         every, every_bytes = self.config.snapshot_every_entries, self.config.snapshot_every_bytes
@@ -334,13 +339,14 @@ class ReadyRunner:
     # ---- group commit -----------------------------------------------------------------------
     def _arm_idle_commit(self) -> None:
         if self._idle_commit is None and not self.busy and self._applier.uncommitted():
+            self._applied_since_armed = False
             self._idle_commit = self._effects.call_later(self.config.idle_commit_s, self._commit_if_idle)
 
     def _commit_if_idle(self) -> None:
         self._idle_commit = None
         if self.stopping or not self._applier.uncommitted():
             return
-        if self.apply_running or self._apply_queue or self.reading:
+        if self.apply_running or self._apply_queue or self.reading or self._applied_since_armed:
             self._arm_idle_commit()  # busy again: the machine lane commits by size meanwhile
             return
         self.apply_running = True  # the commit runs on the machine lane, one user at a time

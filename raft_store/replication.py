@@ -279,6 +279,19 @@ class Replication:
             self._heartbeat_elapsed = 0
             self.broadcast_heartbeat(core.reads.latest_context())
 
+    def ticks_until_due(self) -> int:
+        """The leader's next tick that does more than count (see `RaftCore.ticks_until_due`): the
+        heartbeat, the check-quorum and transfer deadline, or a lost snapshot's re-offer."""
+        core = self._core
+        due = min(
+            core.config.heartbeat_ticks - self._heartbeat_elapsed,
+            core.config.election_ticks - core.elections.elapsed,
+        )
+        for pr in self.progress.values():
+            if pr.state is ProgressState.SNAPSHOT:
+                due = min(due, 2 * core.config.election_ticks + 1 - pr.snapshot_ticks)
+        return max(1, due)
+
     def _quorum_active(self) -> bool:
         core = self._core
         active = {core.id}

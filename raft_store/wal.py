@@ -195,10 +195,14 @@ class Wal:
         self._pending_records += 2
         return n
 
-    def append(self, entries: Sequence[Entry]) -> None:
-        """Buffer entries (not durable until `sync`); an index <= last_index overwrites from there."""
+    def append(self, entries: Sequence[Entry], hard_state: HardState | None = None) -> None:
+        """Buffer entries (not durable until `sync`); an index <= last_index overwrites from there.
+        `hard_state`: then `set_hard_state(hard_state)`, in the same write (the records and their
+        order are exactly those of the two calls; a Ready's usual pair costs one syscall)."""
         self._check()
         if not entries:
+            if hard_state is not None:
+                self.set_hard_state(hard_state)
             return
         first = entries[0].index
         last = self.last_index()
@@ -228,7 +232,9 @@ class Wal:
             ap(head)
             ap(data)
             add_term(e.term)
-
+        new_hs = hard_state is not None and hard_state != self._hs
+        if hard_state is not None and new_hs:
+            framing.append_record(parts, REC_HARD_STATE, HARD_STATE.pack(hard_state.term, hard_state.vote, hard_state.commit))
         head_parts: list[bytes] = []
         self._roll_if_needed(head_parts)
         if first <= last:
@@ -247,6 +253,9 @@ class Wal:
         self._pending_entries += len(entries)
         self._pending_records += len(entries)
         self._pending_bytes += len(buf)
+        if hard_state is not None and new_hs:
+            self._hs = hard_state
+            self._pending_records += 1
 
     def set_hard_state(self, hs: HardState) -> None:
         """Buffer a hard-state change (latest wins at recovery); unchanged states write nothing."""

@@ -25,8 +25,7 @@ from api.http import json_response
 from api.problems import invalid
 from api.services import ApiServices, of
 from delay.policy import DELAY_MAX_MS
-from queues import ClientError, QueueError, cluster_settings
-from queues.model import RetentionResult
+from queues import ClientError, QueueError, RetentionResult, cluster_settings
 
 router = APIRouter(tags=["retention"])
 Admin = Annotated[Principal, Depends(requires())]

@@ -78,7 +78,8 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
     built = Worker(
         sets, handlers, limits,
         WorkerSettings(worker_id=name or process_name(), lease_ms=settings.lease_ms, batch_max=settings.batch_max,
-                       idle_poll_s=settings.idle_poll_ms / 1000, drain_grace_s=settings.drain_grace_s,
+                       idle_poll_s=settings.idle_poll_ms / 1000, idle_wait_s=settings.idle_wait_ms / 1000,
+                       drain_grace_s=settings.drain_grace_s,
                        breaker=worker_breaker(settings)),
         tracer=provider.get_tracer("compensator.worker"), metrics=metrics, registry=registry,
         discover=None if found is None else _rereader(found), discover_every_s=config.store.sets_refresh_s,

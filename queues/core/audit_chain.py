@@ -34,10 +34,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from queues.audit_filter import AuditFilter
 from queues.core import keys
 from queues.core.port import KvRead, KvWrite, Table
 from queues.core.records import AuditRow, Meta, audit_decoder, encode, meta_decoder
-from queues.model import AuditEntry, AuditFilter, EventType, EventValue, State
+from queues.model import AuditEntry, EventType, EventValue, State
 
 GENESIS: Final = bytes(32)
 """The previous hash of the first entry."""

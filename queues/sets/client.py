@@ -31,6 +31,7 @@ from queues.client import QueueClient
 from queues.client_reads import QueueError
 from queues.model import Code, Enqueue, EnqueueResult, ErrorResult, MessageView, RouteFence, RouteResult
 from queues.sets import routing, settings, table
+from queues.sets.frames import IN_FLIGHT, HeldFrames
 from queues.sets.table import SetTable, TableError
 from raft_store.client import ClientError, Unavailable
 
@@ -96,15 +97,17 @@ class SetsClient:
 
     def __init__(
         self, set_table: SetTable, *, connect: Connect, control: ControlSet | None = None, refresh_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, in_flight: int = IN_FLIGHT,
     ) -> None:  # fmt: skip
         self._connect = connect
+        self._in_flight = in_flight
         self.control = control
         self._refresh_s = refresh_s
         self._clock = clock
         self._read_at = clock()
         self._refreshing: asyncio.Future[bool] | None = None
         self.clients: dict[int, QueueClient] = {}
+        self.frames: dict[int, HeldFrames] = {}  # intake to each set, one frame on its way (frames.py)
         self._retired: list[QueueClient] = []
         self.table = SetTable()
         self._use(set_table)
@@ -136,6 +139,7 @@ class SetsClient:
                 if current is not None:
                     self._retired.append(current)
                 self.clients[entry.id] = self._connect(entry.id, entry.addresses)
+                self.frames[entry.id] = HeldFrames(self.clients[entry.id], in_flight=self._in_flight)
         self.table = new
 
     @property
@@ -245,8 +249,8 @@ class SetsClient:
         async def send(set_id: int, indexes: list[int]) -> None:
             commands = [msgspec.structs.replace(items[i], route_epoch=epoch.epoch) for i in indexes]
             try:
-                client = self.client(set_id)
-                results = [await client.submit(commands[0])] if len(commands) == 1 else await client.submit_many(commands)
+                self.client(set_id)  # UnknownSet
+                results = await self.frames[set_id].submit_many(commands)
             except (ClientError, QueueError) as error:
                 for index in indexes:
                     placed[index] = (set_id, error)

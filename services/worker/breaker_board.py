@@ -65,6 +65,10 @@ class BreakerBoard:
             elif breaker.mode is Mode.CLOSED and set_id in holds:
                 self._spawn(self._release(set_id, downstream))
 
+    def any_open(self) -> bool:
+        """Some downstream's breaker is open: an idle worker then asks often, to time its probes."""
+        return any(breaker.open for breaker in self.breakers.values())
+
     def forget(self, set_id: int) -> None:
         """The set does not answer: what it last said no longer counts."""
         self._paused.pop(set_id, None)

@@ -143,9 +143,12 @@ class SetLane:
         probes = board.probes(due.paused, due.paused_ready, room)
         if not ready and not probes:
             self._shares.want(self.set_id, watch.backlog)
+            # Idle: a long poll held until the store changes; with a breaker open, its probes'
+            # timing decides (every idle_poll_s).
+            longest = self._settings.idle_poll_s if board.any_open() else self._settings.idle_wait_s
             if due.next_due_ms is None:
-                return self._settings.idle_poll_s
-            return min(self._settings.idle_poll_s, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
+                return longest
+            return min(longest, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
         return watch.wait_after(await self._lease(ready, probes, room), from_read=True)
 
     async def _lease(self, ready: list[str], probes: list[str], room: dict[str, int]) -> int:

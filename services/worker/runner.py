@@ -92,8 +92,12 @@ class WorkerSettings:
     batch_max: int = 100
     """Grants per Lease command at most."""
     idle_poll_s: float = 0.1
-    """The longest a worker waits for work before it asks again (a long poll ends sooner when the
-    store changes)."""
+    """How old a read may be for a lease from the backlog to skip it; the longest an idle worker
+    waits with a breaker open (its probes are timed by it) or when the store cannot long-poll."""
+    idle_wait_s: float = 1.0
+    """The longest an idle worker's long poll is held: the store answers it at the first apply
+    after the worker's last read, and the worker asks again by the next due time, so a longer wait
+    costs no latency, only fewer reads (with several sets, of every set)."""
     drain_grace_s: float = 10.0
     linger_s: float = 0.005
     """Under load only (`siblings_min` attempts running): how long an ack waits for others to

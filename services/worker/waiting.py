@@ -2,7 +2,7 @@
 
 Waiting is a read, and an idle worker's read is a long poll: the leader holds it until a command
 after the one the worker's last answer reflected has applied (an enqueue, say), or until the next
-due time or `idle_poll_s`, then answers it from its new state (`raft_store.client.LongPoll`). Of
+due time or the worker's `idle_wait_s`, then answers it from its new state (`raft_store.client.LongPoll`). Of
 the workers waiting for the same kinds the leader answers one per apply, so an enqueue sends one
 worker to lease it, not all of them. A poll is given up only when a freed slot matters (work was
 ready and room was not): a poll given up is still answered, and that apply wakes no one else.
@@ -13,8 +13,8 @@ as long as the last read is younger than `idle_poll_s` (breakers and pauses are 
 reads). An empty lease from the backlog ends it; empty leases after reads that said ready (the
 read was stale, or the store and the read disagree) back off, doubling, instead of asking again.
 
-Must never: wait longer than `idle_poll_s` or past the next due time without asking, or spin on
-leases that come back empty.
+Must never: wait past the next due time without asking, longer than `idle_wait_s` in a long poll
+or `idle_poll_s` without one, or spin on leases that come back empty.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class WorkWatch:
         """Until the store changes (the answer is kept for `read`), `wait_s` ran out, the worker
         stops, or (when work was ready but room was not) a slot is freed."""
         if not self._long_poll or self._empty_leases > 1:
-            await sleep_unless(stop, wait_s)  # a poll answered at the next apply would say the same
+            # A poll answered at the next apply would say the same; a plain poll is a read each time.
+            await sleep_unless(stop, min(wait_s, self._idle_poll_s))
             return
         wait = LongPoll(self._applied_seen, wait_s, wakes_one=True)
         poll = asyncio.ensure_future(self._queue.query(WorkDue(kinds=self._kinds), stale_ok=True, wait=wait))
@@ -118,7 +119,7 @@ class WorkWatch:
             return
         except (ClientError, QueueError) as error:
             log.warning("could not ask for work (will retry): %s", error)
-            await sleep_unless(stop, wait_s)
+            await sleep_unless(stop, min(wait_s, self._idle_poll_s))
             return
         if not isinstance(answer.value, WorkDueAnswer):
             raise QueueError(f"expected WorkDueAnswer, got {type(answer.value).__name__}")

@@ -17,6 +17,7 @@ from queue_node import Node
 from delay.policy import DEFAULT_POLICY
 from queues import codec
 from queues import query_codec as qc
+from queues.audit_filter import AuditFilter
 from queues.core import audit_chain, operator, proposals
 from queues.core import reads as queries
 from queues.core.answers import answer_query
@@ -28,7 +29,6 @@ from queues.model import (
     Ack,
     Approve,
     AuditEntry,
-    AuditFilter,
     BatchResult,
     Code,
     DeadLetterFilter,

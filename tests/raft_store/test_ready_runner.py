@@ -180,3 +180,61 @@ def test_an_apply_committed_during_a_read_job_queues_behind_it() -> None:
     machine.complete()  # then the apply
     assert index in ports.applied
     assert runner.core.log.entry(index).kind is EntryKind.NORMAL
+
+
+class _Timers(Ports):
+    """Ports whose timers are fired by hand, with a group-committing machine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timers: list[Callable[[], None]] = []
+        self.open_group = False
+        self.commits = 0
+
+    def apply(self, entries: list[Entry]) -> Results:
+        self.open_group = True
+        return super().apply(entries)
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Any:
+        self.timers.append(callback)
+        return _NoCancel()
+
+    def fire(self) -> None:
+        timers, self.timers = self.timers, []
+        for callback in timers:
+            callback()
+
+
+class _NoCancel:
+    def cancel(self) -> None:
+        pass
+
+
+class _GroupApplier(_Applier):
+    ports: _Timers
+
+    def uncommitted(self) -> bool:
+        return self.ports.open_group
+
+    def commit(self) -> None:
+        self.ports.open_group = False
+        self.ports.commits += 1
+
+
+def test_the_idle_commit_waits_until_no_apply_ended_for_its_interval() -> None:
+    conf = ConfState(voters=frozenset({1}))
+    core = RaftCore(Config(node_id=1), Recovered(snapshot=SnapshotMeta(0, 0, conf)), random.Random(1))
+    ports, disk, machine = _Timers(), ManualLane(), ManualLane()
+    runner = ReadyRunner(core, RunnerConfig(), storage=ports, applier=_GroupApplier(ports), reader=ports,
+                         disk=disk, machine=machine, effects=ports)  # fmt: skip
+    _lead(runner, disk)
+    for value in (b"a", b"b", b"c"):  # a steady light load: an apply in every interval
+        runner.core.propose(value)
+        runner.pump()
+        assert len(ports.timers) <= 1, "one idle-commit timer at a time"
+        ports.fire()
+        assert not machine.jobs and ports.commits == 0, "no commit while applies keep coming"
+    ports.fire()  # an interval with no apply: now the group commits, on the machine lane
+    assert len(machine.jobs) == 1
+    machine.complete()
+    assert ports.commits == 1 and not ports.open_group and not ports.failures

@@ -431,3 +431,22 @@ def test_planted_bug_ack_before_fsync_is_caught(tmp_path: Path, monkeypatch: pyt
     model = Model(run(1, 3))
     with pytest.raises(AssertionError):
         model.check(rec)
+
+
+def test_entries_and_hard_state_in_one_append_write_the_same_bytes_as_two_calls(tmp_path: Path) -> None:
+    one, _ = Wal.open(tmp_path / "one")
+    two, _ = Wal.open(tmp_path / "two")
+    for first, hs in ((1, HardState(1, 1, 0)), (4, HardState(1, 1, 2)), (6, HardState(1, 1, 2)), (3, HardState(2, 1, 3))):
+        entries = run(first, first + 2, term=hs.term)
+        one.append(entries, hs)
+        two.append(entries)
+        two.set_hard_state(hs)
+        one.sync()
+        two.sync()
+    one.close()
+    two.close()
+    files_one = sorted(p.read_bytes() for p in (tmp_path / "one").iterdir())
+    files_two = sorted(p.read_bytes() for p in (tmp_path / "two").iterdir())
+    assert files_one == files_two
+    _, recovered = Wal.open(tmp_path / "one")
+    assert recovered.hard_state == HardState(2, 1, 3) and recovered.entries[-1].index == 5

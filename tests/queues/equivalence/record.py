@@ -44,12 +44,12 @@ import msgspec
 from delay.policy import DEFAULT_POLICY, ErrorClassRule, RetryPolicy
 from queues import codec
 from queues import query_codec as qc
+from queues.audit_filter import AuditFilter
 from queues.machine import QueueConfig, QueueMachine
 from queues.model import (
     Ack,
     AckMany,
     Approve,
-    AuditFilter,
     ControlJob,
     DeadLetterFilter,
     Discard,
