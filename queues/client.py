@@ -89,7 +89,7 @@ from queues.model import (
     TokenResult,
     content_hash,
 )
-from raft_store.client import ClientError, RaftClient
+from raft_store.client import ClientError, Proposal, RaftClient
 
 log = logging.getLogger("queues.client")
 
@@ -101,7 +101,10 @@ COALESCE_COMMANDS_MAX: Final = 1024
 
 
 class _Coalescer:
-    """Gathers commands submitted in one loop iteration into one propose_many."""
+    """Gathers commands submitted in one loop iteration into one propose_many, handed to the
+    store at the end of the iteration: the frame is on the leader's socket when `_flush` returns
+    (`RaftClient.send_many`), not one or two loop iterations later, when the next burst of work
+    may already have run ahead of it."""
 
     def __init__(self, raft: RaftClient, limit: int) -> None:
         self._raft = raft
@@ -124,15 +127,15 @@ class _Coalescer:
         pending, self._pending = self._pending, []
         loop = asyncio.get_running_loop()
         for start in range(0, len(pending), self._limit):
-            task = loop.create_task(self._send(pending[start : start + self._limit]))
+            batch = pending[start : start + self._limit]
+            proposal = self._raft.send_many([data for data, _, _ in batch], sessionless=[free for _, free, _ in batch])
+            task = loop.create_task(self._send(batch, proposal))
             self._sending.add(task)  # a strong reference until it is done
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[tuple[bytes, bool, asyncio.Future[bytes]]]) -> None:
+    async def _send(self, batch: list[tuple[bytes, bool, asyncio.Future[bytes]]], proposal: Proposal) -> None:
         try:
-            results = await self._raft.propose_many(
-                [data for data, _, _ in batch], sessionless=[free for _, free, _ in batch]
-            )
+            results = await self._raft.results(proposal)
         except BaseException as error:  # the whole frame's outcome is in doubt
             for _, _, future in batch:
                 if not future.done():

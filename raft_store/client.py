@@ -248,6 +248,42 @@ class _Connection(asyncio.Protocol):
         self._fail(ConnectionError("closed"))
 
 
+@dataclass(slots=True)
+class _Sent:
+    """An attempt whose request is written: the node may act on it from now on."""
+
+    address: Address
+    conn: _Connection
+    request_id: int
+    future: asyncio.Future[tuple[FrameType, bytes]]
+    timer: asyncio.TimerHandle
+    timeout_s: float
+
+
+@dataclass(slots=True)
+class Proposal:
+    """Commands in one frame (`RaftClient.send_many`): the frame's builder, the session lanes its
+    commands travel on, and its first attempt when that is already written."""
+
+    build: Build
+    lanes: list[_Lane]
+    sent: _Sent | None = None
+
+
+async def _answer(sent: _Sent) -> codec.Result:
+    """The node's answer to a written attempt, or _NoAnswer: it may act on the request all the same."""
+    try:
+        _, reply = await sent.future
+        return codec.decode_result(reply)
+    except TimeoutError:
+        raise _NoAnswer(f"no answer came within {sent.timeout_s} s") from None
+    except (OSError, codec.CodecError) as exc:
+        raise _NoAnswer(f"the connection failed after the request was sent ({exc!r})") from None
+    finally:
+        sent.timer.cancel()
+        sent.conn.pending.pop(sent.request_id, None)
+
+
 def _expire(future: asyncio.Future[tuple[FrameType, bytes]]) -> None:
     if not future.done():
         future.set_exception(TimeoutError("no answer within the attempt timeout"))
@@ -297,13 +333,14 @@ class RaftClient:
         while self._batch:
             items = self._batch[:AUTO_BATCH_MAX]
             del self._batch[:AUTO_BATCH_MAX]
-            task = asyncio.get_running_loop().create_task(self._send_batch(items))
+            proposal = self.send_many([data for data, _ in items])
+            task = asyncio.get_running_loop().create_task(self._send_batch(items, proposal))
             self._batch_tasks.add(task)
             task.add_done_callback(self._batch_tasks.discard)
 
-    async def _send_batch(self, items: list[tuple[bytes, asyncio.Future[bytes]]]) -> None:
+    async def _send_batch(self, items: list[tuple[bytes, asyncio.Future[bytes]]], proposal: Proposal) -> None:
         try:
-            results = await self.propose_many([data for data, _ in items])
+            results = await self.results(proposal)
         except BaseException as exc:
             for _, future in items:
                 if not future.done():
@@ -324,6 +361,31 @@ class RaftClient:
         Without an answer by the deadline it raises OutcomeUnknown (the frame reached a node that
         may have logged it: retry only with the commands' own idempotency keys) or Unavailable
         (certainly not applied)."""
+        return await self.results(self._commands(commands, sessionless))
+
+    def send_many(self, commands: Sequence[bytes], *, sessionless: Sequence[bool] = ()) -> Proposal:
+        """`propose_many`'s first attempt made now: with a connection to the leader open, the frame
+        is on its socket when this returns, not one or two loop iterations later. `await
+        client.results(proposal)` retries and raises as `propose_many` does (the attempt counts as written)."""
+        proposal = self._commands(commands, sessionless)
+        address = self._leader
+        conn = self._conns.get(address) if address is not None else None
+        if address is not None and conn is not None and conn.alive:
+            proposal.sent = self._send(address, conn, proposal.build, 0.0)
+            assert conn.out is not None
+            conn.out.flush()
+        return proposal
+
+    async def results(self, proposal: Proposal) -> list[bytes]:
+        """The results of a proposal from `send_many` (or `propose_many`'s own)."""
+        # If this raises, the lanes' outcomes are in doubt: they are dropped, never reused.
+        result = await self._call_with_retries(proposal.build, "command", first=proposal.sent)
+        for lane in proposal.lanes:
+            lane.seq += 1
+            self._lanes.append(lane)
+        return list(result.results)
+
+    def _commands(self, commands: Sequence[bytes], sessionless: Sequence[bool]) -> Proposal:
         lanes: list[_Lane] = []
         triples: list[tuple[int, int, bytes]] = []
         for i, data in enumerate(commands):
@@ -334,14 +396,9 @@ class RaftClient:
                 lanes.append(lane)
                 triples.append((lane.session_id, lane.seq, data))
         frame = tuple(triples)
-        # If this raises, the lanes' outcomes are in doubt: they are dropped, never reused.
-        result = await self._call_with_retries(
-            lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, frame))), "command"
+        return Proposal(
+            lambda request_id: (FrameType.PROPOSE, codec.encode_propose(codec.Propose(request_id, frame))), lanes
         )
-        for lane in lanes:
-            lane.seq += 1
-            self._lanes.append(lane)
-        return list(result.results)
 
     async def read(self, query: bytes, *, linearizable: bool = True, wait: LongPoll | None = None) -> tuple[bytes, int]:
         """Returns (answer, applied index the answer reflects). Raises Unavailable or
@@ -439,20 +496,26 @@ class RaftClient:
         rotation = self.addresses + [a for a in self._ids.values() if a not in self.addresses]
         return rotation[self._rotate % len(rotation)]
 
-    async def _call_with_retries(self, build: Build, noun: str, held_s: float = 0.0) -> codec.Result:
+    async def _call_with_retries(
+        self, build: Build, noun: str, held_s: float = 0.0, first: _Sent | None = None
+    ) -> codec.Result:
         """Attempts until an answer or the deadline, then raises what the attempts established:
         OutcomeUnknown if any attempt may have been applied, else Unavailable. `held_s`: how long
         a node may hold the request before it answers (a waiting read), added to each attempt's
-        timeout and to the deadline."""
+        timeout and to the deadline. `first`: an attempt already written (`send_many`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline_s + held_s
         backoff_s = 0.01
         trail = _Trail(noun)
-        while loop.time() < deadline:
-            address = self._target()
+        while first is not None or loop.time() < deadline:
+            address = self._target() if first is None else first.address
             trail.last_address = address
             try:
-                result = await self._attempt(address, build, held_s)
+                if first is not None:
+                    sent, first = first, None
+                    result = await _answer(sent)
+                else:
+                    result = await self._attempt(address, build, held_s)
             except _NotSent as exc:
                 trail.last_error = f"{_show(address)}: {exc}"
             except _NoAnswer as exc:
@@ -483,6 +546,10 @@ class RaftClient:
             conn = await self._connect(address)
         except (OSError, TimeoutError) as exc:
             raise _NotSent(f"cannot connect: {exc!r}") from None
+        return await _answer(self._send(address, conn, build, held_s))
+
+    def _send(self, address: Address, conn: _Connection, build: Build, held_s: float) -> _Sent:
+        """Writes one attempt's request (from here on the node may act on it)."""
         loop = asyncio.get_running_loop()
         self._request_id += 1
         request_id = self._request_id
@@ -490,19 +557,10 @@ class RaftClient:
         future: asyncio.Future[tuple[FrameType, bytes]] = loop.create_future()
         conn.pending[request_id] = future
         conn.write(data)
+        timeout_s = self.attempt_timeout_s + held_s
         # One timer per attempt, no wrapper task: asyncio.wait_for costs more than the rest of a
         # request on the hot path.
-        timer = loop.call_later(self.attempt_timeout_s + held_s, _expire, future)
-        try:
-            _, reply = await future
-            return codec.decode_result(reply)
-        except TimeoutError:
-            raise _NoAnswer(f"no answer came within {self.attempt_timeout_s + held_s} s") from None
-        except (OSError, codec.CodecError) as exc:
-            raise _NoAnswer(f"the connection failed after the request was sent ({exc!r})") from None
-        finally:
-            timer.cancel()
-            conn.pending.pop(request_id, None)
+        return _Sent(address, conn, request_id, future, loop.call_later(timeout_s, _expire, future), timeout_s)
 
     async def _redirect(self, address: Address, leader: int, trail: _Trail) -> bool:
         """Sends the next attempt to the hinted leader; False when there is no hint to follow."""

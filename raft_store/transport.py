@@ -124,10 +124,11 @@ class CoalescingWriter:
 
     def write(self, data: bytes) -> None:
         if not self._parts:
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
         self._parts.append(data)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Writes what was collected now, not at the end of the iteration (a no-op when nothing was)."""
         parts, self._parts = self._parts, []
         if parts and not self._writer.is_closing():
             self._writer.write(b"".join(parts))

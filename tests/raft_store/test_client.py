@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from queues.client import COALESCE_COMMANDS_MAX, _Coalescer
 from raft_store import codec
 from raft_store.auth import StoreAuth
 from raft_store.client import ClientError, OutcomeUnknown, RaftClient, RequestRefused, Unavailable
@@ -44,6 +45,8 @@ class FakeNode:
     leader_hint: int = 0
     status_fields: dict[str, Any] = field(default_factory=dict)
     requests: int = 0
+    frames: list[int] = field(default_factory=list)
+    """Commands in each propose frame, in the order they came."""
     connections: int = 0
     address: Address = ("127.0.0.1", 0)
     _server: asyncio.Server | None = None
@@ -76,6 +79,8 @@ class FakeNode:
                     writer.write(codec.frame(FrameType.STATUS_RESULT, json.dumps(status).encode()))
                     continue
                 self.requests += 1
+                if ftype is FrameType.PROPOSE:
+                    self.frames.append(len(codec.decode_propose(body).commands))
                 act = self.script(self.requests)
                 if act is Act.HANG_UP:
                     return
@@ -282,3 +287,57 @@ async def test_a_status_of_an_address_the_client_was_not_given_teaches_nothing(f
         await client.propose(b"x")
     await client.close()
     assert other.requests == 0
+
+
+# ---- frames written at once, and the coalescer that uses them ---------------------------------
+async def test_send_many_has_its_answer_like_propose_many(fake: Any) -> None:
+    node = await fake(1, always(Status.OK))
+    client = quick_client(node.address)
+    assert await client.propose_many([b"warm"]) == [b"applied"]  # the leader is known and connected
+    proposal = client.send_many([b"a", b"b", b"c"])
+    assert proposal.sent is not None, "the first attempt is written by send_many itself"
+    assert await client.results(proposal) == [b"applied"] * 3
+    assert node.frames == [1, 3]
+    await client.close()
+
+
+async def test_send_many_before_any_connection_makes_its_attempt_in_results(fake: Any) -> None:
+    node = await fake(1, always(Status.OK))
+    client = quick_client(node.address)
+    proposal = client.send_many([b"a"])
+    assert proposal.sent is None
+    assert await client.results(proposal) == [b"applied"]
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("then", "expected"),
+    [(Act.SILENT, OutcomeUnknown), (Act.HANG_UP, OutcomeUnknown), (Status.NOT_LEADER, Unavailable)],
+    ids=["silent", "hangs up", "not leader"],
+)
+async def test_a_frame_send_many_wrote_is_told_apart_as_any_other(
+    fake: Any, then: Status | Act, expected: type[ClientError]
+) -> None:
+    node = await fake(1, first_then(Status.OK, then))
+    client = quick_client(node.address)
+    await client.propose_many([b"warm"])
+    proposal = client.send_many([b"a"])
+    assert proposal.sent is not None
+    with pytest.raises(expected):
+        await client.results(proposal)
+    await client.close()
+
+
+@pytest.mark.parametrize(("burst", "frames"), [(5, [5]), (30, [30]), (2500, [1024, 1024, 452])])
+async def test_the_queue_coalescer_sends_an_iteration_s_commands_in_frames_of_at_most_its_limit(
+    fake: Any, burst: int, frames: list[int]
+) -> None:
+    """queues.client's coalescer, through send_many: one frame per iteration (up to the limit)."""
+    node = await fake(1, always(Status.OK))
+    client = quick_client(node.address)
+    await client.propose_many([b"warm"])
+    coalescer = _Coalescer(client, COALESCE_COMMANDS_MAX)
+    results = await asyncio.gather(*(coalescer.submit(b"c%d" % i, True) for i in range(burst)))
+    assert results == [b"applied"] * burst
+    assert node.frames[1:] == frames
+    await client.close()
