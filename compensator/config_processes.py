@@ -127,8 +127,8 @@ class ProjectorConfig(Section, frozen=True):
 
     batch_max: int = 1000
     """Events per ledger transaction at most."""
-    idle_poll_ms: int = 200
-    """A caught-up projector asks the store for new events this often."""
+    idle_poll_ms: int = 1000
+    """A caught-up projector's wait for new events is held this long at most: a long poll the store answers at its next apply, so a longer wait costs no lag, only fewer reads."""
     standby_poll_ms: int = 1000
     """A standby tries to take over the set's projector lock this often."""
     pg_data: str = "var/pg/data"

@@ -37,6 +37,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
 from queues.client import QueueClient, QueueError
 from queues.core.jobs import JOBS_ACTIVE_MAX
@@ -52,6 +53,11 @@ log = logging.getLogger("queues.maintenance")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MaintenanceConfig:
     expire_every_s: float = 0.15
+    idle_every_s: float | None = None
+    """After a period that found nothing to do: the next one starts at the earliest deadline it
+    read (a lease's, a running job's next step) but no later than this (a lease granted meanwhile
+    is at most this late to expire; every Lease command expires overdue leases itself anyway).
+    None: every `expire_every_s`, as under load. A deployment's drivers use 1 s (`SERVICE`)."""
     expire_limit: int = 1000
     purge_every_s: float = 60.0
     purge_limit: int = 1000
@@ -62,10 +68,15 @@ class MaintenanceConfig:
     of 300 keeps an entry's apply to some tens of milliseconds."""
 
     def validate(self) -> None:
-        if self.expire_every_s <= 0 or self.purge_every_s <= 0:
+        if self.expire_every_s <= 0 or self.purge_every_s <= 0 or (self.idle_every_s or 1) <= 0:
             raise ValueError("periods must be positive")
         if not all(1 <= limit <= 1000 for limit in (self.expire_limit, self.purge_limit, self.job_limit)):
             raise ValueError("limits must be in [1, 1000]")
+
+
+SERVICE: Final = MaintenanceConfig(idle_every_s=1.0)
+"""What the service's drivers (each worker's, the local launcher's) run with: an idle set is read
+once a second, not every 0.15 s (with several sets, that is most of what idle sets cost)."""
 
 
 @dataclass(slots=True)
@@ -90,6 +101,8 @@ class MaintenanceDriver:
         self.config.validate()
         self.stats = MaintenanceStats()
         self._task: asyncio.Task[None] | None = None
+        self._next_due_s: float | None = None
+        """The earliest deadline the current period read, in seconds from its read."""
 
     def start(self) -> asyncio.Task[None]:
         assert self._task is None, "already started"
@@ -109,17 +122,31 @@ class MaintenanceDriver:
         next_purge = loop.time() + cfg.purge_every_s
         while True:
             started = loop.time()
+            acted_before = self.stats.expired + self.stats.job_items
+            self._next_due_s = None
             await self._guarded(self.expire_if_due)
             await self._guarded(self.step_jobs_if_due)
             if loop.time() >= next_purge:
                 next_purge = loop.time() + cfg.purge_every_s
                 await self._guarded(self.purge_if_due)
-            await asyncio.sleep(max(0.0, cfg.expire_every_s - (loop.time() - started)))
+            period = cfg.expire_every_s
+            if cfg.idle_every_s is not None and self.stats.expired + self.stats.job_items == acted_before:
+                # Idle: until the earliest deadline read, within [expire_every_s, idle_every_s].
+                soonest = cfg.idle_every_s if self._next_due_s is None else self._next_due_s
+                period = max(cfg.expire_every_s, min(cfg.idle_every_s, soonest))
+            await asyncio.sleep(max(0.0, period - (loop.time() - started)))
+
+    def _due_in(self, due_ms: int | None, now_ms: int) -> None:
+        """A deadline read this period (log time): the idle period ends by it."""
+        if due_ms is not None:
+            seconds = max(0.0, (due_ms - now_ms) / 1000)
+            self._next_due_s = seconds if self._next_due_s is None else min(self._next_due_s, seconds)
 
     async def expire_if_due(self) -> int:
         due = (await self.queue.maintenance_due()).value
         self.stats.reads += 1
         if due.lease_deadline_ms is None or due.lease_deadline_ms > due.now_ms:
+            self._due_in(due.lease_deadline_ms, due.now_ms)
             return 0
         return await self.expire_once()
 
@@ -140,6 +167,8 @@ class MaintenanceDriver:
         for job in read.value:
             if job.state is JobState.RUNNING and job.next_step_ms is not None and job.next_step_ms <= read.now_ms:
                 total += await self.step_job(job.job_id)
+            elif job.state is JobState.RUNNING:
+                self._due_in(job.next_step_ms, read.now_ms)
         return total
 
     async def step_job(self, job_id: int) -> int:

@@ -53,7 +53,7 @@ from compensator.shell import run as run_process
 from compensator.store import access_client, queue_client
 from queues import ClientError, QueueClient, QueueError, Role
 from queues.audit import ReplicaAuditor, close_clients, replica_clients
-from queues.maintenance import MaintenanceDriver
+from queues.maintenance import SERVICE, MaintenanceDriver
 from raft_store.auth import write_secret_file
 from raft_store.files import private_dir
 
@@ -520,7 +520,7 @@ async def serve(service: LocalService, stop: asyncio.Event) -> int:
         finally:
             if access is not queue:
                 await access.raft.close()
-        driver = MaintenanceDriver(queue)  # lease expiry and purge are commands someone must propose
+        driver = MaintenanceDriver(queue, SERVICE)  # lease expiry and purge are commands someone must propose
         driver.start()
         for projector in service.projectors:
             projector.start()

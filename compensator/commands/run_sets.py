@@ -27,7 +27,7 @@ from compensator.config import Config
 from compensator.config_processes import parse_address
 from compensator.store import control_set, raft_client, store_auth
 from queues import QueueClient, SetsClient
-from queues.maintenance import MaintenanceDriver
+from queues.maintenance import SERVICE, MaintenanceDriver
 from queues.sets import table
 
 SETS_MAX: Final = 5
@@ -131,7 +131,7 @@ class LocalSets:
         for k in sorted(self.sets):
             if k != 1:
                 queue = self.client(self.sets[k])
-                driver = MaintenanceDriver(queue)
+                driver = MaintenanceDriver(queue, SERVICE)
                 driver.start()
                 self.drivers.append((driver, queue))
 

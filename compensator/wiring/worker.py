@@ -34,7 +34,7 @@ from compensator.wiring.parts import callback_secrets, metrics_address, process_
 from handlers.registry import Registry, RegistryError, build_registry
 from handlers.signing import SecretsError
 from queues import ClientError, KindView, QueueClient, QueueError
-from queues.maintenance import MaintenanceDriver
+from queues.maintenance import SERVICE, MaintenanceDriver
 from queues.sets.client import SetsClient
 from queues.sets.table import TableError
 from services.worker.limits import Limits
@@ -167,11 +167,11 @@ async def process(config: Config, *, name: str = "") -> AsyncIterator[Running]:
     attempts get `worker.drain_grace_s` to finish, the rest are handed back at once."""
     async with worker(config, name=name) as running:
         sets = {set_id: lane.queue for set_id, lane in running.lanes.items()}
-        drivers = [MaintenanceDriver(queue) for queue in sets.values()] if config.worker.maintenance else []
+        drivers = [MaintenanceDriver(queue, SERVICE) for queue in sets.values()] if config.worker.maintenance else []
 
         def new_set(_set_id: int, queue: QueueClient) -> None:
             if config.worker.maintenance:
-                drivers.append(MaintenanceDriver(queue))
+                drivers.append(MaintenanceDriver(queue, SERVICE))
                 drivers[-1].start()
 
         async def run(stop: asyncio.Event) -> int:

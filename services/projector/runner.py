@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 import asyncpg
 from opentelemetry import trace
 
-from queues import ClientError, QueueClient
+from queues import ClientError, LongPoll, QueueClient, RequestRefused
+from queues import query_codec as qc
 from queues.client import EventsPurged, QueueError
 from queues.model import Event
 from queues.query_codec import EVENTS_LIMIT_MAX
@@ -68,8 +69,9 @@ class ProjectorSettings:
     owner: str
     """Who writes (host:pid): recorded in the cursor row, for people."""
     batch_max: int = 1000
-    idle_poll_s: float = 0.2
-    """A caught-up projector asks the store for new events this often."""
+    idle_poll_s: float = 1.0
+    """A caught-up projector's wait for new events is held this long at most (a long poll: the
+    store answers it at its next apply, so a longer wait costs no lag, only fewer reads)."""
     standby_poll_s: float = 1.0
     """A standby tries to take the set's lock this often."""
 
@@ -97,6 +99,9 @@ class Projector:
         """Events this process wrote to the ledger."""
         self.cursor: int | None = None
         """The last seq in the ledger as this process knows it (None until it holds the lock)."""
+        self._applied_seen: int | None = 0
+        """The applied index the last read reflected (an idle wait is for one past it); None when
+        the store refused a waiting read (a node that predates them): plain polling then."""
 
     @property
     def queue(self) -> QueueClient:
@@ -124,7 +129,7 @@ class Projector:
             while not stop.is_set():
                 written = await self._step(connection, after)
                 if written is None:
-                    await _wait(stop, self._settings.idle_poll_s)
+                    await self._idle(stop, after)
                 else:
                     after = self.cursor = written
         finally:
@@ -147,12 +152,40 @@ class Projector:
             await _wait(stop, self._settings.standby_poll_s)
         return False
 
+    async def _idle(self, stop: asyncio.Event, after: int) -> None:
+        """Caught up: wait until the store applies something after what the last read reflected
+        (a long poll, a stale read the node holds), at most `idle_poll_s`; the next step then reads
+        linearizably. An idle set costs one held read per period, not a linearizable read each."""
+        if self._applied_seen is None:
+            await _wait(stop, self._settings.idle_poll_s)
+            return
+        wait = LongPoll(self._applied_seen, self._settings.idle_poll_s)
+        poll = asyncio.ensure_future(self._queue.query(qc.EventsAfter(seq=after, limit=1), stale_ok=True, wait=wait))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((poll, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not poll.done():
+            poll.cancel()  # stopping: the node answers it when it runs out; the answer is dropped
+            return
+        try:
+            poll.result()  # it only wakes the projector: the step reads what is new
+        except RequestRefused:  # a node that knows no waiting reads: plain polling from now on
+            self._applied_seen = None
+        except (ClientError, QueueError) as error:
+            log.warning("set %d: the store did not answer a wait (%s); trying again", self._settings.set_id, error)
+            await _wait(stop, self._settings.idle_poll_s)
+
     async def _step(self, connection: asyncpg.Connection, after: int) -> int | None:
         """Project one batch after `after`; its last seq, or None when there was nothing new (or
         the store did not answer: the next step tries again from the same cursor)."""
         settings = self._settings
         try:
-            events = (await self._queue.events_after(after, limit=settings.batch_max)).value
+            read = await self._queue.events_after(after, limit=settings.batch_max)
+            events = read.value
+            if self._applied_seen is not None:
+                self._applied_seen = max(self._applied_seen, read.applied_index)
             if not events:
                 self.metrics.lag_events.set(0)
                 self.metrics.lag_seconds.set(0)

@@ -43,3 +43,31 @@ async def test_an_idle_driver_writes_nothing_and_a_due_expiry_is_proposed(store:
     finally:
         await driver.stop()
         await queue.raft.close()
+
+
+async def test_an_idle_set_is_read_once_per_idle_period_and_a_known_deadline_is_kept(store: StoreThread) -> None:
+    """With `idle_every_s` (the service's drivers: 1 s) an idle set costs a read per idle period,
+    not one per `expire_every_s`; a lease deadline the driver has read ends the idle wait, so the
+    lease is expired at its deadline, not up to a period later."""
+    queue = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
+    driver = MaintenanceDriver(queue, MaintenanceConfig(expire_every_s=0.05, idle_every_s=0.6, purge_every_s=60))
+    try:
+        driver.start()
+        await asyncio.sleep(1.3)  # nothing to do: reads at 0, 0.6 and 1.2 s (not 26 at 0.05 s)
+        assert 2 <= driver.stats.reads // 2 <= 3, driver.stats  # two reads a period: what is due, the jobs
+        await queue.enqueue_many([Enqueue(kind="transfer", idempotency_key="k", ref_key="r", payload=b"p")])
+        (grant,) = (await queue.lease("w", count_max=1, lease_ms=2000)).grants
+        await asyncio.sleep(0.7)  # the next idle read finds the deadline ~1.3-1.9 s ahead
+        reads = driver.stats.reads
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while driver.stats.expired == 0 and loop.time() - started < 3:
+            await asyncio.sleep(0.02)
+        assert driver.stats.expired == 1  # within 2.1 s of the lease (its deadline, then one period at most)
+        assert loop.time() - started < 1.6
+        assert driver.stats.reads - reads <= 8  # it waited for the deadline, not polling every 0.05 s
+        view = (await queue.get(grant.message_id)).value
+        assert view is not None and view.state in (State.DELAYED, State.READY)
+    finally:
+        await driver.stop()
+        await queue.raft.close()
