@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from api.tokens import new_token, token_hash
-from queues import QueueClient, RaftClient, Role, State
+from queues import MessageView, QueueClient, RaftClient, Role, State
 from queues.sets import routing
 from queues.sets.table import Epoch
 from raft_store.testing.credentials import SECRET_NAME, cluster_auth
@@ -370,8 +370,11 @@ async def _lose_a_set_under_load(deployment: Deployment, standins: Standins) -> 
             cluster = deployment.sets[set_id]
             acked = {store_key(PRODUCER, a.key): a.request_id for a in answers if a.set_id == set_id and a.status == 201}
             queue = QueueClient(RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=2.0, deadline_s=20.0))
+            asked = sorted(acked)
+            held: list[MessageView] = []
             try:
-                held = (await queue.by_idempotency_keys(sorted(acked))).value
+                for start in range(0, len(asked), 1000):  # a query names at most 1000 keys
+                    held += (await queue.by_idempotency_keys(asked[start:start + 1000])).value
             finally:
                 await queue.raft.close()
             assert {v.idempotency_key: f"{set_id}-{v.message_id}" for v in held} == acked, set_id
