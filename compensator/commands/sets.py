@@ -245,10 +245,15 @@ ADOPTED_NAMESPACES: Final = (BREAKERS, TABLES)
 """The settings documents that are cluster-wide (the breakers' modes, the classification tables)."""
 
 
-async def _adopt(control: ControlSet, config: Config, found: SetTable, args: argparse.Namespace) -> int:
-    if args.adopt not in found.addresses():
-        raise SetsCommandError(f"--adopt {args.adopt}: the set table has no set {args.adopt}"
+def _known(found: SetTable, set_id: int) -> None:
+    """`--adopt SET` names a set of the table, or SetsCommandError (nothing was changed)."""
+    if set_id not in found.addresses():
+        raise SetsCommandError(f"--adopt {set_id}: the set table has no set {set_id}"
                                f" (sets {','.join(map(str, sorted(found.addresses())))})")  # fmt: skip
+
+
+async def _adopt(control: ControlSet, config: Config, found: SetTable, args: argparse.Namespace) -> int:
+    _known(found, args.adopt)
     if args.repair:
         raise SetsCommandError("--adopt and --repair: adopt first, then repair (or let the API's repair do it)")
     sets = _facade(config, found)
@@ -275,9 +280,7 @@ async def _adopt_access(control: ControlSet, config: Config, args: argparse.Name
     found, _ = await control.read()
     if found is None:
         raise SetsCommandError("the control set holds no set table yet (run `compensator sets init`)")
-    if args.adopt not in found.addresses():
-        raise SetsCommandError(f"--adopt {args.adopt}: the set table has no set {args.adopt}"
-                               f" (sets {','.join(map(str, sorted(found.addresses())))})")  # fmt: skip
+    _known(found, args.adopt)
     reason = args.reason or f"copied from set {args.adopt}: tokens and users live in the control set"
     sets = _facade(config, found)
     target = control.queue
