@@ -13,9 +13,11 @@ no randomness, no iteration over unordered sets, no I/O whose result can differ 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
+
+from raft_store.types import Entry, EntryKind
 
 # A NORMAL log entry carries one batch of client commands, stamped with the leader's clock:
 #   header: u64 now_ms, u32 count
@@ -76,6 +78,38 @@ def decode_batch(payload: bytes) -> tuple[int, list[Command]]:
     if offset != len(payload):
         raise BatchFormatError("trailing bytes after the last command")
     return now_ms, commands
+
+
+def latest_stamp_ms(entries: Iterable[Entry]) -> int:
+    """The greatest time a leader stamped in these entries (0 if none carries a batch): what a node
+    taking the lead tells its log's clock about the entries it has not applied (`LogClock.logged`),
+    as they all commit under it. Reads each batch's framing, not its commands; an entry that does
+    not parse (applied as a no-op, raft_store/node_ports.py) stamps nothing."""
+    latest = 0
+    for entry in entries:
+        if entry.kind is EntryKind.NORMAL:
+            try:
+                latest = max(latest, _batch_time(entry.data))
+            except BatchFormatError:
+                continue
+    return latest
+
+
+def _batch_time(payload: bytes) -> int:
+    """A batch's stamp, once its framing checks out as `decode_batch` checks it (no command copied)."""
+    if len(payload) < _HEADER.size:
+        raise BatchFormatError("batch shorter than its header")
+    now_ms, count = _HEADER.unpack_from(payload, 0)
+    if count > BATCH_COMMANDS_MAX:
+        raise BatchFormatError(f"batch claims {count} commands")
+    offset, size, unpack = _HEADER.size, _COMMAND.size, _COMMAND.unpack_from
+    for _ in range(count):
+        if offset + size > len(payload):
+            raise BatchFormatError("batch truncated inside a command header")
+        offset += size + unpack(payload, offset)[2]
+    if offset != len(payload):
+        raise BatchFormatError("batch truncated inside a command body, or trailing bytes")
+    return int(now_ms)
 
 
 @runtime_checkable
