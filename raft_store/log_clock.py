@@ -23,12 +23,12 @@ expired every open lease at once. So "now" is this reading, the same rule on eve
   entries its log held when it took the lead (`logged`): every one of them commits under it, and
   the machine's time never goes back, so a lower stamp would hold the log's time until the reading
   climbed past it (seed 3001408: a leader restarted from the time it had applied, a second below
-  its own stamps that had not committed yet, while a slow clock was the majority's).
-  When it is ahead of that (a majority's clocks stepped back, an
-  older version stamped its own clock), it goes on by the smaller of the node's monotonic advance
-  and the base's advance since it went ahead (a leap of the base, as another clock becomes the
-  majority's, counts for no more than the monotonic advance, and the count starts again there),
-  instead of freezing until the majority catches up.
+  its own stamps that had not committed yet, while a slow clock was the majority's). When it is
+  ahead of that (a majority's clocks stepped back, an older version stamped its own clock), it
+  goes on by the smaller of the node's monotonic advance and the base's advance since it went
+  ahead (a leap of the base, as another clock becomes the majority's, counts for no more than the
+  monotonic advance, and the count starts again there), instead of freezing until the majority
+  catches up.
   Without a base (an election going on, a follower cut off from its leader) the reading holds: a
   leader always has one (it hears from a majority, or check-quorum deposes it).
 * **A whole set that was down agrees that time moved on**: after a restart of every node the
