@@ -26,12 +26,13 @@ from api.auth import Observer, Principal, requires
 from api.http import json_response, known_query
 from api.money_view import totals_document
 from api.problems import invalid
+from api.review_documents import group_document, job_document
 from api.review_schemas import ApproveBody, JobBody, JobControlBody, JobFilter, JobSelection, RejectBody
-from api.routers.review import PROPOSED, Approver, Decider, SetQuery, proposal_document, proposed_response
+from api.routers.review import PROPOSED, Approver, Decider, SetQuery, proposed_response
 from api.schemas import utc
 from api.services import ApiServices, of
 from ledger.request_ids import NUMBER_MAX
-from queues import DeadLetterFilter, ItemResult, JobAction, JobItem, JobView, Role
+from queues import DeadLetterFilter, ItemResult, JobAction, JobItem, Role
 
 router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
@@ -51,20 +52,6 @@ def dead_filter(query: JobFilter) -> DeadLetterFilter:
         dead_to_ms=ms(query.dead_to), currency=query.currency, amount_min_minor=query.amount_min_minor,
         amount_max_minor=query.amount_max_minor, attempts_min=query.attempts_min, attempts_max=query.attempts_max,
     )  # fmt: skip
-
-
-def job_document(services: ApiServices, job: JobView) -> dict[str, Any]:
-    document = {
-        "id": job.job_id, "state": job.state.value, "total": job.total, "pending": job.pending,
-        "redriven": job.redriven, "refused": job.refused, "not_redriven": job.not_redriven,
-        "rate_per_s": job.rate_per_s, "actor": job.actor, "reason": job.reason, "proposal": job.proposal_id,
-        "approved_by": job.approved_by, "controlled_by": job.controlled_by, "created_at": utc(job.created_ms),
-        "last_step_at": None if job.last_step_ms is None else utc(job.last_step_ms),
-        "finished_at": None if job.finished_ms is None else utc(job.finished_ms),
-    }  # fmt: skip
-    if services.sets is not None:
-        document["set"] = services.settings.set_id  # several sets: the job's number is its set's
-    return document
 
 
 def item_document(services: ApiServices, item: JobItem) -> dict[str, Any]:
@@ -224,36 +211,6 @@ async def cancel(request: Request, job_id: JobIdPath, body: JobControlBody, prin
 # ---- job groups: a job over several sets' dead letters ------------------------------------------
 GroupPath = Annotated[str, Path(pattern=groups.GROUP_PATTERN, description="A job group's id (32 hex digits).")]
 GROUP_RESPONSES = openapi.problems(401, 403, 404, 409, 422, 503)
-
-
-async def group_document(group: groups.Group) -> dict[str, Any]:
-    """The group as one job: its state, the counters summed over the parts, what its proposal pays
-    summed per currency, and each set's part (its job and proposal as one set's are shown)."""
-    summed = await groups.whole(group)
-    parts = []
-    for part in group.parts:
-        entry: dict[str, Any] = {"set": part.set_id, "job": None, "proposal": None}
-        if part.job is not None:
-            entry["job"] = job_document(part.services, part.job)
-        if part.proposal is not None:
-            entry["proposal"] = proposal_document(part.services, part.proposal, summed.paid[part.set_id])
-        parts.append(entry)
-    first = group.parts[0] if group.parts else None
-    source = None if first is None else (first.job or first.proposal)
-    proposals = summed.proposals
-    return {
-        "group": group.group, "state": summed.state, **summed.counters,
-        "actor": None if source is None else (source.actor if isinstance(source, JobView) else source.proposer),
-        "reason": None if source is None else source.reason,
-        "proposal": None if not proposals else {
-            "targets": summed.proposed, "proposer": proposals[0].proposer,
-            "states": sorted({p.state.value for p in proposals}),
-            "decided_by": sorted({p.decided_by for p in proposals if p.decided_by is not None}),
-            "expires_at": utc(min(p.expires_ms for p in proposals)),
-            "pays": {"totals": totals_document(summed.pays), "without_amount": summed.without_amount},
-        },
-        "sets": parts, "partial": bool(group.unanswered), "unanswered_sets": group.unanswered,
-    }  # fmt: skip
 
 
 @router.get("/v1/review/job-groups/{group}", summary="A job over several sets: the whole and each set's part",

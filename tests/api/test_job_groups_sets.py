@@ -8,14 +8,13 @@ one-node stores in this process."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from api_support import Api, running_api
-from sets_support import dead_in_sets, set_stores, write_table
+from sets_support import dead_in_sets, list_update, set_stores, stop_after, write_table
 
 import api.review_groups as groups
 from queues import Role
@@ -28,24 +27,6 @@ R, A, V = Role.REVIEWER, Role.APPROVER, Role.VIEWER
 def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
     with set_stores(tmp_path) as started:
         yield started
-
-
-def update(key: str, amount_minor: int) -> dict[str, Any]:
-    return {"kind": "list_update", "ref_key": f"rp-{key}",
-            "payload": {"red_packet_id": f"rp-{key}", "receiver": "user-700042", "version": 1,
-                        "amount_minor": amount_minor, "currency": "CNY"}}  # fmt: skip
-
-
-def stop_after_targets(monkeypatch: pytest.MonkeyPatch, store: StoreThread) -> None:
-    """The set stops between reading its targets and creating its part (as a set lost mid-request)."""
-    original = groups.targets
-
-    async def then_stop(*args: Any) -> Any:
-        found = await original(*args)
-        await asyncio.to_thread(store.stop_node)
-        return found
-
-    monkeypatch.setattr(groups, "targets", then_stop)
 
 
 async def audited(api: Api, action: str) -> list[dict[str, Any]]:
@@ -61,7 +42,7 @@ async def test_a_job_over_every_set_is_one_group_created_once_per_set_and_cancel
     overrides = await write_table(stores)
     async with running_api(stores[1], **overrides, review__bulk_count_max="100") as api:
         amounts = [100 + n for n in range(9)]
-        ids = await dead_in_sets(api, stores, *(update(f"g{n}", a) for n, a in enumerate(amounts)), prefix="g")
+        ids = await dead_in_sets(api, stores, *(list_update(f"g{n}", a) for n, a in enumerate(amounts)), prefix="g")
         per_set = {s: [i for i in ids if i.startswith(f"{s}-")] for s in (1, 2, 3)}
         assert all(per_set.values()), ids
         every = {"filter": {"kind": "list_update"}}
@@ -103,7 +84,7 @@ async def test_a_job_over_every_set_is_one_group_created_once_per_set_and_cancel
         assert repeat.status_code == 200 and repeat.json()["state"] == "cancelled"
         assert (await api.client.get(f"/v1/review/job-groups/{'0' * 32}", headers=api.auth(V))).status_code == 404
 
-        stop_after_targets(monkeypatch, stores[3])
+        stop_after(monkeypatch, groups, "targets", stores[3])
         key = {**api.auth(R), "Idempotency-Key": "redrive-all-2"}
         try:
             half = await api.client.post("/v1/review/jobs", json=body, headers=key)
@@ -144,7 +125,7 @@ async def test_a_group_needing_four_eyes_is_approved_once_for_every_set_even_aft
     overrides = await write_table(stores)
     async with running_api(stores[1], **overrides, review__bulk_count_max="4") as api:
         amounts = [200 + n for n in range(9)]
-        ids = await dead_in_sets(api, stores, *(update(f"p{n}", a) for n, a in enumerate(amounts)), prefix="p")
+        ids = await dead_in_sets(api, stores, *(list_update(f"p{n}", a) for n, a in enumerate(amounts)), prefix="p")
         proposed = await api.client.post("/v1/review/jobs", json={"ids": ids, "reason": "funds back", "rate_per_s": 5},
                                          headers=api.auth(R))  # fmt: skip
         assert proposed.status_code == 202, proposed.text
