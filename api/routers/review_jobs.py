@@ -265,3 +265,15 @@ async def reject_group(request: Request, group: GroupPath, body: RejectBody, pri
     found, _ = await groups.decide(_services(request), principal.name, group, body.reason, approve=False,
                                    others=principal.role is not Role.REVIEWER)  # fmt: skip
     return json_response(await group_document(found))
+
+
+@router.post("/v1/review/job-groups/{group}/repropose", summary="Propose again every set's part whose proposal expired",
+             responses=GROUP_RESPONSES)  # fmt: skip
+async def repropose_group(request: Request, group: GroupPath, body: JobControlBody, principal: Reviewer) -> Response:
+    """A part whose proposal expired unapproved (its set was down until then, the others approved)
+    is proposed again in its set with the same targets, by the caller, audited there (`propose`
+    naming the group and the proposal it `renews`); the group then waits for its approval
+    (`.../approve`: four eyes as before). Repeating is safe: the new proposals are answered. A group
+    with no expired part is answered as it is; a rejected one is a 409."""
+    found = await groups.propose_again(_services(request), principal.name, group, body.reason)
+    return json_response(await group_document(found))

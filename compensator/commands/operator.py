@@ -9,7 +9,7 @@ classification tables, the dead-letter tier (list, redrive, edit, discard) and f
     compensator dead redrive (--id ID ... | --kind K [--error-class E] [--ref-key R]) --reason R [--limit N]
     compensator dead edit ID FILE --reason R | discard ID --reason-code C --comment T
     compensator proposal list [--pending] | approve N [--reason R] | reject N --reason R
-    compensator job-group show G | approve G [--reason R] | reject|pause|resume|cancel G --reason R
+    compensator job-group show G | approve G [--reason R] | reject|pause|resume|cancel|repropose G --reason R
                                    (a redrive job over several sets' dead letters: docs/review.md, "Job groups")
     compensator retention show | set [--tombstones 14d] [--events 7d] --reason R   (an administrator's token)
 
@@ -113,7 +113,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     job_groups = job_group.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, helped in (("show", "the whole and each set's part"), ("approve", "approve every set's part"),
                            ("reject", "reject every part (an approver), or withdraw your own (a reviewer)"),
-                           ("pause", "pause every part"), ("resume", "resume every part"), ("cancel", "cancel every part")):
+                           ("pause", "pause every part"), ("resume", "resume every part"), ("cancel", "cancel every part"),
+                           ("repropose", "propose again every part whose proposal expired (a reviewer; then approve)")):
         chosen = job_groups.add_parser(action, help=helped)
         chosen.add_argument("group", help="the group's id (32 hex digits)")
         if action != "show":

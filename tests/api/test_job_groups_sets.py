@@ -8,6 +8,7 @@ one-node stores in this process."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,3 +174,55 @@ async def test_a_group_needing_four_eyes_is_approved_once_for_every_set_even_aft
         assert refused.status_code == 403 and refused.json()["type"] == "/problems/own-proposal"
         still = (await api.client.get(f"/v1/review/job-groups/{own}", headers=api.auth(V))).json()
         assert still["proposal"]["states"] == ["pending"] and still["total"] == 0  # no set was asked
+
+
+async def test_a_part_that_expired_while_its_set_was_down_is_proposed_again_and_approved_with_the_group(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Set 2 misses the group's approval and is down until its part's proposal expires: the others
+    run, set 2's part is `expired` and a repeated approval is refused; `repropose` proposes that part
+    again in set 2 (audited, `renews` naming the expired one; repeated safely) and the approver's
+    approval of the group starts it."""
+    overrides = await write_table(stores)
+    async with running_api(stores[1], **overrides, review__bulk_count_max="4") as api:
+        ids = await dead_in_sets(api, stores, *(list_update(f"x{n}", 300 + n) for n in range(9)), prefix="x")
+        proposed = await api.client.post("/v1/review/jobs", json={"ids": ids, "reason": "funds back", "rate_per_s": 5},
+                                         headers=api.auth(R))  # fmt: skip
+        assert proposed.status_code == 202, proposed.text
+        group = proposed.json()["group"]["group"]
+        before = {p["set"]: p["proposal"]["id"] for p in proposed.json()["group"]["sets"]}
+        stores[2].stop_node()
+        try:
+            half = await api.client.post(f"/v1/review/job-groups/{group}/approve", json={"reason": "ok"}, headers=api.auth(A))
+            assert half.status_code == 503 and half.json()["unapplied_sets"] == [2], half.text
+            real = time.time_ns
+            monkeypatch.setattr(time, "time_ns", lambda: real() + 2 * 86_400 * 10**9)  # two days on: past its expiry
+        finally:
+            stores[2].start_node()
+        seen = (await api.client.get(f"/v1/review/job-groups/{group}", headers=api.auth(V))).json()
+        assert {p["set"]: p["proposal"]["state"] for p in seen["sets"]} == {1: "approved", 2: "expired", 3: "approved"}
+        late = await api.client.post(f"/v1/review/job-groups/{group}/approve", json={"reason": "ok"}, headers=api.auth(A))
+        assert late.status_code == 409 and "set 2" in late.json()["detail"], late.text
+        viewer = await api.client.post(f"/v1/review/job-groups/{group}/repropose", json={"reason": "x"}, headers=api.auth(V))
+        assert viewer.status_code == 403
+
+        again = await api.client.post(f"/v1/review/job-groups/{group}/repropose", json={"reason": "set 2 was down"},
+                                      headers=api.auth(R))  # fmt: skip
+        assert again.status_code == 200, again.text
+        renewed = {p["set"]: p["proposal"] for p in again.json()["sets"]}
+        assert again.json()["state"] == "proposed" and renewed[2]["state"] == "pending" and renewed[2]["id"] != before[2]
+        assert renewed[2]["targets"] == [i for i in ids if i.startswith("2-")]
+        repeat = await api.client.post(f"/v1/review/job-groups/{group}/repropose", json={"reason": "set 2 was down"},
+                                       headers=api.auth(R))  # fmt: skip
+        assert repeat.status_code == 200 and {p["set"]: p["proposal"]["id"] for p in repeat.json()["sets"]} == {
+            s: p["id"] for s, p in renewed.items()}  # nothing proposed twice
+        entries = [e for e in await audited(api, "propose") if e["set"] == 2]
+        assert len(entries) == 2 and entries[0]["after"]["renews"] == before[2] and entries[0]["reason"] == "set 2 was down"
+        own = await api.client.post(f"/v1/review/job-groups/{group}/approve", json={}, headers=api.auth(R))
+        assert own.status_code == 403  # a reviewer does not approve (and the proposer never would)
+        approved = await api.client.post(f"/v1/review/job-groups/{group}/approve", json={"reason": "ok"},
+                                         headers=api.auth(A))  # fmt: skip
+        assert approved.status_code == 200, approved.text
+        assert approved.json()["state"] == "running" and approved.json()["total"] == 9
+        assert {p["set"]: p["job"]["approved_by"] for p in approved.json()["sets"]} == {1: "approver", 2: "approver",
+                                                                                        3: "approver"}  # fmt: skip
