@@ -212,6 +212,9 @@ def test_dead_letters_are_listed_edited_and_redriven_with_four_eyes(
     assert json.loads(out)["items"] == []
     code, _, err = operator(served, monkeypatch, capsys, "dead", "redrive", "--reason", "x", role=Role.REVIEWER)
     assert code == 1 and "give --id" in err
+    code, _, err = operator(served, monkeypatch, capsys, "dead", "redrive", "--id", "1-1", "--reason", "x", "--group", "g1",
+                            role=Role.REVIEWER)  # fmt: skip
+    assert code == 1 and len(err.splitlines()) == 1 and "not a group id" in err
 
 
 async def _proposed_group(store: StoreThread, request_id: str, group: str) -> None:
