@@ -14,7 +14,7 @@ proposal).
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from pydantic import StringConstraints
@@ -50,9 +50,10 @@ PROPOSED: dict[int | str, dict[str, Any]] = {202: {"description": "Proposed: fou
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
 Approver = Annotated[Principal, Depends(requires(Role.APPROVER))]
 Decider = Annotated[Principal, Depends(requires(Role.REVIEWER, Role.APPROVER))]
-IDEMPOTENCY_DESCRIPTION: Final = (
-    "Several sets: a redrive that needs four eyes proposes a job group named from this key (with the caller), so"
-    " repeating the request with the same key after a 503 partially-applied completes the same group.")
+GroupKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=IDEMPOTENCY_KEY_LENGTH_MAX, description=(
+    "Several sets: a job group (a job over several sets' dead letters, or a redrive of them that needs four eyes)"
+    " is named from this key and the caller, so repeating the request with the same key after a 503"
+    " partially-applied completes the same group."))]
 RequestIdPath = Annotated[str, Path(max_length=PUBLIC_ID_LENGTH_MAX, description="A request id, e.g. 1-42.")]
 ProposalIdPath = Annotated[int, Path(ge=1, le=NUMBER_MAX, description="A proposal's number.")]
 SetQuery = Annotated[int | None, Query(alias="set", ge=1, le=99999, description=(
@@ -88,8 +89,7 @@ REDRIVE_PROPOSED: dict[int | str, dict[str, Any]] = {202: {"description": (
              responses={**openapi.problems(401, 403, 404, 409, 422, 503), **REDRIVE_PROPOSED})  # fmt: skip
 async def redrive(
     request: Request, body: RedriveBody, principal: Reviewer,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=IDEMPOTENCY_KEY_LENGTH_MAX,
-                                                  description=IDEMPOTENCY_DESCRIPTION)] = None,
+    idempotency_key: GroupKey = None,
 ) -> Response:  # fmt: skip
     """Answered 200 with what was redriven and what was refused (never counted as done), or 202
     with a proposal when four eyes are needed. A filter is resolved to ids first: the ids shown are

@@ -28,7 +28,7 @@ from api.money_view import totals_document
 from api.problems import invalid
 from api.review_documents import group_document, job_document
 from api.review_schemas import ApproveBody, JobBody, JobControlBody, JobFilter, JobSelection, RejectBody
-from api.routers.review import PROPOSED, Approver, Decider, SetQuery, proposed_response
+from api.routers.review import PROPOSED, Approver, Decider, GroupKey, SetQuery, proposed_response
 from api.schemas import utc
 from api.services import ApiServices, of
 from ledger.request_ids import NUMBER_MAX
@@ -103,13 +103,13 @@ async def dry_run(request: Request, body: JobSelection, principal: Reviewer) -> 
 
 @router.post("/v1/review/jobs", status_code=201, summary="Start a tracked redrive job (or propose it)",
              responses={**openapi.problems(401, 403, 404, 409, 422, 503), **PROPOSED})  # fmt: skip
-async def start(request: Request, body: JobBody, principal: Reviewer) -> Response:
+async def start(request: Request, body: JobBody, principal: Reviewer, idempotency_key: GroupKey = None) -> Response:
     """201 with the job (its counters; `refused` ids were not dead at the start and are never
     redriven), or 202 with a proposal: the approval starts it."""
     selection = _selection(body)
     each = await _sets_of(_services(request), body)
     if len(each) > 1:
-        return await _start_group(request, body, principal, each)
+        return await _start_group(request, body, principal, each, idempotency_key)
     (services,) = each
     views = await actions.targets(services, *selection)
     outcome = await actions.start_job(services, principal.name, body.reason, views, body.rate_per_s)
@@ -121,10 +121,11 @@ async def start(request: Request, body: JobBody, principal: Reviewer) -> Respons
     return json_response(document, status=201, headers={"Location": f"/v1/review/jobs/{outcome.job.job_id}{located}"})
 
 
-async def _start_group(request: Request, body: JobBody, principal: Principal, each: list[ApiServices]) -> Response:
+async def _start_group(request: Request, body: JobBody, principal: Principal, each: list[ApiServices],
+                       idempotency_key: str | None) -> Response:  # fmt: skip
     """A job over several sets' dead letters: a part per set, one group (api/review_groups.py)."""
     parts = await groups.targets(each, *_selection(body))
-    group = groups.group_id(principal.name, request.headers.get("Idempotency-Key"), body.group)
+    group = groups.group_id(principal.name, idempotency_key, body.group)
     created = await groups.start(_services(request), principal.name, body.reason, parts, body.rate_per_s, group)
     document = await group_document(await groups.read_group(_services(request), group))
     document["refused_ids"] = [{"id": actions.public(s, m), "reason": c.name.lower()}
