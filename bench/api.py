@@ -84,7 +84,8 @@ KEY_LENGTH: Final = KEY_PREFIX_LENGTH + 2 + 10
 """bench/api_load.lua: the run's prefix, the wrk thread (2 digits), its counter (10 digits)."""
 FAILURE_TEXT_LENGTH_MAX: Final = 1000
 WRK_TIMEOUT_S: Final = 10
-TARGETS: Final = {"single_per_s": 2500.0, "single_p99_ms": 50.0, "ratio": 0.6, "batch_items_per_s": 10_000.0}
+# The ratio is issue 23's: a single POST at least half the hello route's rate in the same run.
+TARGETS: Final = {"single_per_s": 2500.0, "single_p99_ms": 50.0, "ratio": 0.5, "batch_items_per_s": 10_000.0}
 
 
 def hello_server(root: Path, *, port: int, workers: int) -> Server:
@@ -557,7 +558,7 @@ def targets_met(result: dict[str, Any]) -> dict[str, bool]:
         met["single_per_s >= 2500"] = result["single_per_s"] >= TARGETS["single_per_s"]
         met["single_p99_ms < 50"] = result["single_p99_ms"] < TARGETS["single_p99_ms"]
     if "ratio" in result:
-        met["ratio >= 0.6"] = result["ratio"] >= TARGETS["ratio"]
+        met[f"ratio >= {TARGETS['ratio']}"] = result["ratio"] >= TARGETS["ratio"]
     if "batch_items_per_s" in result:
         met["batch_items_per_s >= 10000"] = result["batch_items_per_s"] >= TARGETS["batch_items_per_s"]
     return met
