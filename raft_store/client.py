@@ -309,6 +309,7 @@ class RaftClient:
         self._ids: dict[int, Address] = {}
         self._leader: Address | None = None
         self._conns: dict[Address, _Connection] = {}
+        self._connecting: dict[Address, asyncio.Future[_Connection]] = {}
         self._lanes: list[_Lane] = []
         self._request_id = 0
         self._rotate = 0
@@ -465,27 +466,17 @@ class RaftClient:
         conn = self._conns.get(address)
         if conn is not None and conn.alive:
             return conn
-        loop = asyncio.get_running_loop()
-        handshake = DialerHandshake(self.auth.secrets.presented(), 0, self.cluster_id)
-        context = self.auth.client_ssl
-        try:
-            _, opened = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(address, handshake), *address, ssl=context,
-                                       server_hostname=address[0] if context is not None else None),
-                self.attempt_timeout_s,
-            )  # fmt: skip
-        except ssl.SSLCertVerificationError as exc:
-            raise AuthenticationFailed(f"{_show(address)}: its TLS certificate is not one we trust: {exc}") from None
-        try:
-            await asyncio.wait_for(asyncio.shield(opened.ready), min(self.attempt_timeout_s, HANDSHAKE_TIMEOUT_S))
-        except HandshakeFailed as exc:
-            await opened.close()
-            raise AuthenticationFailed(f"{_show(address)}: {exc}") from None
-        except BaseException:
-            await opened.close()
-            raise
-        self._conns[address] = opened
-        return opened
+        pending = self._connecting.get(address)
+        if pending is None:  # calls that connect at once share one connection (which close() closes)
+            pending = self._connecting[address] = asyncio.ensure_future(
+                _open(address, self.auth, self.cluster_id, self.attempt_timeout_s))
+            pending.add_done_callback(lambda done: self._opened(address, done))
+        return await asyncio.shield(pending)
+
+    def _opened(self, address: Address, done: asyncio.Future[_Connection]) -> None:
+        self._connecting.pop(address, None)
+        if not done.cancelled() and done.exception() is None:
+            self._conns[address] = done.result()
 
     def _target(self) -> Address:
         if self._leader is not None:
@@ -588,3 +579,27 @@ class RaftClient:
                 continue
             with contextlib.suppress(Exception):
                 await self.status(address)
+
+
+async def _open(address: Address, auth: StoreAuth, cluster_id: int, timeout_s: float) -> _Connection:
+    """A connection to `address`, its handshake done (AuthenticationFailed when the node refuses us)."""
+    loop = asyncio.get_running_loop()
+    handshake = DialerHandshake(auth.secrets.presented(), 0, cluster_id)
+    context = auth.client_ssl
+    try:
+        _, opened = await asyncio.wait_for(
+            loop.create_connection(lambda: _Connection(address, handshake), *address, ssl=context,
+                                   server_hostname=address[0] if context is not None else None),
+            timeout_s,
+        )  # fmt: skip
+    except ssl.SSLCertVerificationError as exc:
+        raise AuthenticationFailed(f"{_show(address)}: its TLS certificate is not one we trust: {exc}") from None
+    try:
+        await asyncio.wait_for(asyncio.shield(opened.ready), min(timeout_s, HANDSHAKE_TIMEOUT_S))
+    except HandshakeFailed as exc:
+        await opened.close()
+        raise AuthenticationFailed(f"{_show(address)}: {exc}") from None
+    except BaseException:
+        await opened.close()
+        raise
+    return opened
