@@ -104,7 +104,12 @@ async def redrive(
     else:
         assert body.filter is not None
         views = await actions.matching(services, _redrive_filter(body), body.limit)
-    outcome = await actions.redrive(services, principal.name, body.reason, views)
+    return await _redrive_in(services, principal, body.reason, views)
+
+
+async def _redrive_in(services: ApiServices, principal: Principal, reason: str, views: list[MessageView]) -> Response:
+    """One set's redrive (or its proposal), as it always was."""
+    outcome = await actions.redrive(services, principal.name, reason, views)
     if isinstance(outcome, actions.Proposed):
         return await proposed_response(services, outcome)
     return json_response({"outcome": "done", "redriven": [actions.public(services, m) for m in outcome.ids],
@@ -125,17 +130,13 @@ async def _redrive_across(services: ApiServices, body: RedriveBody, principal: P
     else:
         parts = await spanning.parts_of_filter(services, _redrive_filter(body), body.limit)
     if len(parts) == 1 and body.group is None:
-        (found, views), = parts
-        outcome = await actions.redrive(found, principal.name, body.reason, views)
-        if isinstance(outcome, actions.Proposed):
-            return await proposed_response(found, outcome)
-        return json_response({"outcome": "done", "redriven": [actions.public(found, m) for m in outcome.ids],
-                              "refused": refused_document(found, outcome.refused)})  # fmt: skip
+        ((found, views),) = parts
+        return await _redrive_in(found, principal, body.reason, views)
     group = groups.group_id(principal.name, idempotency_key, body.group)
     done = await spanning.redrive(services, principal.name, body.reason, parts, group)
     if isinstance(done, spanning.GroupProposed):
         document = await group_document(await groups.read_group(services, group))
-        refused = [{"id": actions.public(s, m), "reason": c.name.lower()} for s, r in done.created.refused for m, c in r]
+        refused = [r for s, part in done.created.refused for r in refused_document(s, part)]
         return json_response({"outcome": "proposed", "why": f"needs a second person's approval: {done.created.proposed}",
                               "group": document, "refused": refused}, status=202,
                              headers={"Location": f"/v1/review/job-groups/{group}"})  # fmt: skip
