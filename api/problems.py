@@ -95,7 +95,9 @@ TYPES: Final = _types(
                 " answer; repeating the same call after `Retry-After` seconds is safe and answers when every set"
                 " holds it. A redrive job group over several sets (its creation, pause, resume, cancel, approval"
                 " or rejection) answers the same, with its `group`: repeating the call (a creation with the same"
-                " Idempotency-Key or `group`) completes the sets that missed it."),
+                " Idempotency-Key or `group`) completes the sets that missed it. A redrive at once over several"
+                " sets answers the same with what the answering sets redrove (`redriven`, `refused`): repeating it"
+                " redrives only what is still dead."),
     ProblemType("not-ready", 503, "Not ready", "The store is unreachable, has no leader, or is catching up."),
     ProblemType("internal", 500, "Internal error",
                 "An unexpected error; it is logged with its trace id. Nothing is known about side effects:"

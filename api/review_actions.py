@@ -151,45 +151,6 @@ async def set_named(services: ApiServices, set_id: int | None) -> ApiServices:
     return found
 
 
-def spanning(set_ids: Sequence[int], what: str) -> Problem:
-    """A bulk action over several sets is refused whole: it would be one command (and one proposal,
-    one audit entry, one job) per set, and four eyes decided on a part would not be four eyes on the
-    whole (docs/review.md, "Several sets")."""
-    names = ", ".join(str(s) for s in set_ids)
-    return invalid([{"field": what, "message": f"holds requests of sets {names}: a redrive acts within one set (an id's"
-                                               " set is its first number, 3-17: set 3); redrive them as a job"
-                                               " (POST /v1/review/jobs: one part per set, one group), or each set's"
-                                               " in turn (the list filters by set)"}])  # fmt: skip
-
-
-async def one_set(services: ApiServices, request_ids: Sequence[str]) -> ApiServices:
-    """The services of the one set a selection's ids name (several sets: refused, `spanning`)."""
-    if services.sets is None:
-        return services
-    parsed = [RequestId.parse(text) for text in request_ids]
-    set_ids = sorted({p.set_id for p in parsed if p is not None})
-    if len(set_ids) > 1:
-        raise spanning(set_ids, "ids")
-    found = None if not set_ids or None in parsed else await services.in_set(set_ids[0])
-    if found is None:
-        raise Problem("not-found", "some of the requests do not exist")
-    return found
-
-
-async def filter_set(services: ApiServices, dead_filter: DeadLetterFilter) -> ApiServices:
-    """The services of the one set whose dead letters a filter matches (several sets: each set's
-    count is read; matches in more than one set are refused, `spanning`; none: the home set's
-    services, which answer "no dead letter matches")."""
-    if services.sets is None:
-        return services
-    each = await services.every_set()
-    counts = [(await store(s, s.queue.dead_letter_summary(dead_filter))).value.count for s in each]
-    holding = [s for s, count in zip(each, counts, strict=True) if count]
-    if len(holding) > 1:
-        raise spanning([s.settings.set_id for s in holding], "filter")
-    return holding[0] if holding else services
-
-
 async def request(services: ApiServices, request_id: str) -> MessageView:
     found = message_id(services, request_id)
     view = None if found is None else (await store(services, services.queue.get(found))).value

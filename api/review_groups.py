@@ -32,6 +32,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+import msgspec
+
 from api import money_view
 from api import review_actions as actions
 from api.across_sets import RETRY_AFTER_S, set_down
@@ -399,6 +401,46 @@ async def decide(
                       extra={"group": group, "applied_sets": applied,
                              "unapplied_sets": [set_id for set_id, _ in refused]})  # fmt: skip
     return await read_group(services, group), results
+
+
+async def propose_again(services: ApiServices, actor: str, group: str, reason: str) -> Group:
+    """Each part whose proposal expired unapproved (its set was down until then, while the others
+    were approved) proposed again in its set, by `actor`, with the same targets and rate, in the
+    expired one's place (`RedriveJob.renews`): the group waits for one approval of it, four eyes as
+    before (the group's approve route; neither the first proposer nor `actor` may give it). A
+    repeat answers the new proposals; a group with no expired part is answered as it is. Refused
+    (409) when the group was rejected or started without a proposal.
+    A set that does not answer: the 503 `partially-applied` naming it."""
+    read = await read_group(services, group, partial=True)
+    proposed = [p.proposal for p in read.parts if p.proposal is not None]
+    if not proposed and not read.unanswered:
+        raise Problem("conflict", f"job group {group} was started without a proposal: there is nothing to propose again")
+    if any(view.state is ProposalState.REJECTED for view in proposed):
+        raise Problem("conflict", f"job group {group} was rejected: nothing is proposed again (create a new job)")
+    expired = [p for p in read.parts if p.job is None and p.proposal is not None
+               and p.proposal.state is ProposalState.EXPIRED]  # fmt: skip
+    if not expired and not read.unanswered:
+        return read  # nothing expired (or a repeat: the new proposals are pending): nothing to do
+
+    async def one(part: Part) -> ReviewResult:
+        assert part.proposal is not None
+        action = proposal_action(part.proposal)
+        assert isinstance(action, RedriveJob)
+        again = msgspec.structs.replace(action, actor=actor, reason=reason, renews=part.proposal.proposal_id)
+        return await part.services.queue.propose(again, ttl_ms=services.four_eyes.proposal_ttl_ms)
+
+    by_set = {p.set_id: p for p in expired}
+    done, unanswered = await each_set([p.services for p in expired], lambda s: one(by_set[s.settings.set_id]))
+    unanswered = sorted(unanswered + read.unanswered)
+    applied = [s.settings.set_id for s, r in done if r.code is Code.OK]
+    if unanswered:
+        raise _partial(group, "new proposal", applied, unanswered)
+    refused = [(s.settings.set_id, r) for s, r in done if r.code is not Code.OK]
+    if refused:
+        said = "; ".join(f"set {set_id}: {r.detail or r.code.name.lower()}" for set_id, r in refused)
+        raise Problem("conflict", f"job group {group} is proposed again in {_sets(applied)} only ({said})",
+                      extra={"group": group, "applied_sets": applied, "unapplied_sets": [i for i, _ in refused]})  # fmt: skip
+    return await read_group(services, group)
 
 
 def group_of(view: ProposalView) -> str:

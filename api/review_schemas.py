@@ -49,6 +49,9 @@ class RedriveBody(_Selection):
     filter: DeadLetterQuery | None = None
     limit: Annotated[int, Field(ge=1, le=1000), Whole] = 100
     reason: Reason
+    group: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = Field(default=None, description=(
+        "Several sets: the job group of a redrive that needs four eyes (every set's part proposed in it), to repeat"
+        " a proposal that a set missed (the 503 partially-applied gives it); the same Idempotency-Key does the same."))
 
 
 class EditBody(_Strict):

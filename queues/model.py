@@ -351,18 +351,18 @@ class RedriveJob(_Command, frozen=True, tag="redrive_job", omit_defaults=True):
     """Start a tracked bulk redrive of these dead letters (queues/jobs.py): stepped at most
     `rate_per_s` a second by the leader's time, cancellable, pausable, with a result per item.
 
-    The caller resolves its filter to ids (`dead_letters` pages), so what runs is the list shown;
-    submitted alone it starts at once, as a `Propose`'s action it starts in the `Approve` that
-    releases it."""
+    The caller resolves its filter to ids (`dead_letters` pages), so what runs is the list shown; submitted
+    alone it starts at once, as a `Propose`'s action it starts in the `Approve` that releases it."""
 
     actor: Name
     reason: Annotated[str, msgspec.Meta(min_length=1, max_length=TEXT_LENGTH_MAX)]
     ids: Annotated[tuple[MessageId, ...], msgspec.Meta(min_length=1, max_length=JOB_IDS_MAX)]
     rate_per_s: Annotated[int, msgspec.Meta(ge=1, le=JOB_RATE_MAX)]
     group: GroupId = ""
-    """With several sets, the bulk action this set's part belongs to (docs/review.md, "Several
-    sets"): a set holds at most one job and one proposal of a group, so a repeated creation answers
-    the part it holds. Omitted from the encoding when empty: a job without one encodes as before."""
+    """With several sets, the bulk action this set's part belongs to (docs/review.md): a set holds at most one
+    job and one proposal of a group, so a repeated creation answers the part it holds; `renews`: the group's
+    expired proposal in this set that this one replaces. Left out of the encoding when empty, as before."""
+    renews: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class StepJob(_Command, frozen=True, tag="step_job"):

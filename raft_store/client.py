@@ -31,15 +31,14 @@ import secrets
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from raft_store import codec
 from raft_store.auth import StoreAuth
+from raft_store.client_connection import Address, Connection, show_address
 from raft_store.codec import FrameType, Status
 from raft_store.handshake import HANDSHAKE_TIMEOUT_S, DialerHandshake, HandshakeFailed
-from raft_store.transport import CoalescingWriter, FrameParser
 
-Address = tuple[str, int]
 AUTO_BATCH_MAX = 1024  # commands per automatic batch frame
 
 
@@ -110,10 +109,6 @@ Build = Callable[[int], tuple[FrameType, bytes]]
 """Makes a request's frame for a request id (each attempt has its own id)."""
 
 
-def _show(address: Address) -> str:
-    return f"{address[0]}:{address[1]}"
-
-
 def _parse(text: str) -> Address:
     host, _, port = text.rpartition(":")
     return host, int(port)
@@ -139,12 +134,12 @@ class _Trail:
 
     def in_doubt(self, address: Address, why: str) -> None:
         self.doubt, self.reached = why, address
-        self.last_error = f"{_show(address)}: {why}"
+        self.last_error = f"{show_address(address)}: {why}"
 
     def error(self, deadline_s: float) -> ClientError:
         if self.reached is not None:
             return OutcomeUnknown(
-                f"outcome unknown: the {self.noun} reached {_show(self.reached)} and {self.doubt}; it may or may"
+                f"outcome unknown: the {self.noun} reached {show_address(self.reached)} and {self.doubt}; it may or may"
                 f" not have been applied: {_RETRY_ADVICE[self.noun]}. Gave up after {deadline_s} s;"
                 f" last: {self.last_error}",
                 reached=self.reached,
@@ -165,95 +160,12 @@ class _Lane:
     seq: int
 
 
-class _Connection(asyncio.Protocol):
-    """One connection to a node; many requests in flight, matched to results by request id.
-    `ready` resolves once the handshake let us in (or fails with HandshakeFailed)."""
-
-    def __init__(self, address: Address, handshake: DialerHandshake) -> None:
-        self.address = address
-        self.handshake: DialerHandshake | None = handshake
-        self._challenged = False
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.parser = FrameParser()
-        self.pending: dict[int, asyncio.Future[tuple[FrameType, bytes]]] = {}
-        self.status_waiters: list[asyncio.Future[tuple[FrameType, bytes]]] = []
-        self.transport: asyncio.Transport | None = None
-        self.out: CoalescingWriter | None = None
-        self.lost = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport but implement it.
-        self.transport = cast(asyncio.Transport, transport)
-        self.out = CoalescingWriter(self.transport)
-        assert self.handshake is not None
-        self.transport.write(self.handshake.hello())
-
-    def _handshake(self, ftype: FrameType, body: bytes) -> None:
-        handshake = self.handshake
-        assert handshake is not None and self.transport is not None
-        if not self._challenged:
-            self._challenged = True
-            self.transport.write(handshake.on_challenge(ftype, body))
-            return
-        handshake.on_welcome(ftype, body)
-        self.handshake = None
-        if not self.ready.done():
-            self.ready.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            frames = self.parser.feed(data)
-            for ftype, body in frames:
-                if self.handshake is not None:
-                    self._handshake(ftype, body)
-                elif ftype is FrameType.RESULT:
-                    future = self.pending.pop(codec.result_request_id(body), None)
-                    if future is not None and not future.done():
-                        future.set_result((ftype, body))
-                elif ftype is FrameType.STATUS_RESULT and self.status_waiters:
-                    waiter = self.status_waiters.pop(0)
-                    if not waiter.done():
-                        waiter.set_result((ftype, body))
-        except (codec.CodecError, HandshakeFailed) as exc:
-            self._fail(exc)
-            if self.transport is not None:
-                self.transport.abort()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(exc or ConnectionError("closed by the node"))
-
-    def _fail(self, exc: BaseException) -> None:
-        self.lost = True
-        if not self.ready.done():
-            self.ready.set_exception(exc if isinstance(exc, HandshakeFailed) else ConnectionError(
-                f"connection to {_show(self.address)} lost during the handshake: {exc!r}"))  # fmt: skip
-            self.ready.exception()  # retrieved here: nobody may be waiting any more
-        for future in [*self.pending.values(), *self.status_waiters]:
-            if not future.done():
-                future.set_exception(ConnectionError(f"connection to {self.address} lost: {exc!r}"))
-        self.pending.clear()
-        self.status_waiters.clear()
-
-    def write(self, data: bytes) -> None:
-        assert self.out is not None
-        self.out.write(data)
-
-    @property
-    def alive(self) -> bool:
-        return not self.lost
-
-    async def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-        self._fail(ConnectionError("closed"))
-
-
 @dataclass(slots=True)
 class _Sent:
     """An attempt whose request is written: the node may act on it from now on."""
 
     address: Address
-    conn: _Connection
+    conn: Connection
     request_id: int
     future: asyncio.Future[tuple[FrameType, bytes]]
     timer: asyncio.TimerHandle
@@ -308,7 +220,8 @@ class RaftClient:
         self.deadline_s = deadline_s
         self._ids: dict[int, Address] = {}
         self._leader: Address | None = None
-        self._conns: dict[Address, _Connection] = {}
+        self._conns: dict[Address, Connection] = {}
+        self._connecting: dict[Address, asyncio.Future[Connection]] = {}
         self._lanes: list[_Lane] = []
         self._request_id = 0
         self._rotate = 0
@@ -461,31 +374,21 @@ class RaftClient:
             return self._lanes.pop()
         return _Lane(secrets.randbits(62) + 1, 1)
 
-    async def _connect(self, address: Address) -> _Connection:
+    async def _connect(self, address: Address) -> Connection:
         conn = self._conns.get(address)
         if conn is not None and conn.alive:
             return conn
-        loop = asyncio.get_running_loop()
-        handshake = DialerHandshake(self.auth.secrets.presented(), 0, self.cluster_id)
-        context = self.auth.client_ssl
-        try:
-            _, opened = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(address, handshake), *address, ssl=context,
-                                       server_hostname=address[0] if context is not None else None),
-                self.attempt_timeout_s,
-            )  # fmt: skip
-        except ssl.SSLCertVerificationError as exc:
-            raise AuthenticationFailed(f"{_show(address)}: its TLS certificate is not one we trust: {exc}") from None
-        try:
-            await asyncio.wait_for(asyncio.shield(opened.ready), min(self.attempt_timeout_s, HANDSHAKE_TIMEOUT_S))
-        except HandshakeFailed as exc:
-            await opened.close()
-            raise AuthenticationFailed(f"{_show(address)}: {exc}") from None
-        except BaseException:
-            await opened.close()
-            raise
-        self._conns[address] = opened
-        return opened
+        pending = self._connecting.get(address)
+        if pending is None:  # calls that connect at once share one connection (which close() closes)
+            pending = self._connecting[address] = asyncio.ensure_future(
+                _open(address, self.auth, self.cluster_id, self.attempt_timeout_s))
+            pending.add_done_callback(lambda done: self._opened(address, done))
+        return await asyncio.shield(pending)
+
+    def _opened(self, address: Address, done: asyncio.Future[Connection]) -> None:
+        self._connecting.pop(address, None)
+        if not done.cancelled() and done.exception() is None:
+            self._conns[address] = done.result()
 
     def _target(self) -> Address:
         if self._leader is not None:
@@ -517,7 +420,7 @@ class RaftClient:
                 else:
                     result = await self._attempt(address, build, held_s)
             except _NotSent as exc:
-                trail.last_error = f"{_show(address)}: {exc}"
+                trail.last_error = f"{show_address(address)}: {exc}"
             except _NoAnswer as exc:
                 trail.in_doubt(address, str(exc))
             else:
@@ -529,7 +432,7 @@ class RaftClient:
                 if result.status is Status.IN_DOUBT:
                     trail.in_doubt(address, "that node logged it, then stopped leading before it committed")
                 else:  # NOT_LEADER, DROPPED: that node did not log it
-                    trail.last_error = f"{_show(address)}: {result.status.name}"
+                    trail.last_error = f"{show_address(address)}: {result.status.name}"
                 if await self._redirect(address, result.leader_hint, trail):
                     self.retries += 1
                     continue
@@ -548,7 +451,7 @@ class RaftClient:
             raise _NotSent(f"cannot connect: {exc!r}") from None
         return await _answer(self._send(address, conn, build, held_s))
 
-    def _send(self, address: Address, conn: _Connection, build: Build, held_s: float) -> _Sent:
+    def _send(self, address: Address, conn: Connection, build: Build, held_s: float) -> _Sent:
         """Writes one attempt's request (from here on the node may act on it)."""
         loop = asyncio.get_running_loop()
         self._request_id += 1
@@ -588,3 +491,27 @@ class RaftClient:
                 continue
             with contextlib.suppress(Exception):
                 await self.status(address)
+
+
+async def _open(address: Address, auth: StoreAuth, cluster_id: int, timeout_s: float) -> Connection:
+    """A connection to `address`, its handshake done (AuthenticationFailed when the node refuses us)."""
+    loop = asyncio.get_running_loop()
+    handshake = DialerHandshake(auth.secrets.presented(), 0, cluster_id)
+    context = auth.client_ssl
+    try:
+        _, opened = await asyncio.wait_for(
+            loop.create_connection(lambda: Connection(address, handshake), *address, ssl=context,
+                                   server_hostname=address[0] if context is not None else None),
+            timeout_s,
+        )  # fmt: skip
+    except ssl.SSLCertVerificationError as exc:
+        raise AuthenticationFailed(f"{show_address(address)}: its TLS certificate is not one we trust: {exc}") from None
+    try:
+        await asyncio.wait_for(asyncio.shield(opened.ready), min(timeout_s, HANDSHAKE_TIMEOUT_S))
+    except HandshakeFailed as exc:
+        await opened.close()
+        raise AuthenticationFailed(f"{show_address(address)}: {exc}") from None
+    except BaseException:
+        await opened.close()
+        raise
+    return opened

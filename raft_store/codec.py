@@ -38,7 +38,11 @@ class FrameType(enum.IntEnum):
     ADMIN = 15  # membership change or leader transfer
 
 
+FRAME_TYPES: dict[int, FrameType] = {t.value: t for t in FrameType}
+"""A frame's type byte to its type: a dict lookup, where `FrameType(byte)` is two Python calls."""
+
 # ---- Raft messages ---------------------------------------------------------------------
+_MESSAGE_TYPES: dict[int, MessageType] = {t.value: t for t in MessageType}
 _MSG = struct.Struct(">BQQQQQQ?QI")  # type, to, frm, term, log_term, index, commit, reject, hint, n
 _ENTRY = struct.Struct(">QQBI")
 _META = struct.Struct(">QQHH")
@@ -136,8 +140,11 @@ def _decode_message(buf: bytes) -> Message:
         offset += _CLOCKS.size
     if offset != len(buf):
         raise CodecError("trailing bytes after raft message")
+    message_type = _MESSAGE_TYPES.get(mtype)
+    if message_type is None:
+        raise CodecError(f"bad raft message: unknown message type {mtype}")
     return Message(
-        MessageType(mtype),
+        message_type,
         to=to,
         frm=frm,
         term=term,

@@ -1,12 +1,13 @@
 """The node: the Ready runner (ready_runner.py) given a real clock, disk, network and machine.
 
-One asyncio task owns the core: it steps ticks (when one is due, node_ticks.py), peer messages and client proposals into it, and
-hands each Ready to the runner, which sends the leader's appends, writes and fsyncs the WAL on the
-WAL thread (group commit: everything that arrived while the previous fsync ran goes into the next
-one), sends replies once durable, applies committed commands on the apply thread, answers clients
-and serves reads between applies (node_ports.py, node_proposals.py, node_reads.py). Client
-commands arriving at the leader in one loop iteration share one log entry, one WAL record and one
-fsync. Snapshots, made, shipped and received, are node_snapshots.py's.
+The node's turns own the core (a loop callback scheduled by `wake`, one at a time): a turn steps
+ticks (when one is due, node_ticks.py), peer messages and client proposals into it, and hands each
+Ready to the runner, which sends the leader's appends, writes and fsyncs the WAL on the WAL thread
+(group commit: everything that arrived while the previous fsync ran goes into the next one), sends
+replies once durable, applies committed commands on the apply thread, answers clients and serves
+reads between applies (node_ports.py, node_proposals.py, node_reads.py). Client commands arriving
+at the leader in one loop iteration share one log entry, one WAL record and one fsync. Snapshots,
+made, shipped and received, are node_snapshots.py's.
 
 Failure policy: a failed fsync or a corrupt WAL stops the node (never retried and ignored).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -79,9 +81,10 @@ class Node:
         )  # fmt: skip
         self.snapshots.transport = self.transport
         self.snapshots.deliver = self._inbox.append
-        self._wake = asyncio.Event()
-        self._ticks = Ticks(config.tick_ms, self._wake.set)  # delivered when one is due (node_ticks.py)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._turn_scheduled = False
+        self._context = contextvars.Context()
+        self._ticks = Ticks(config.tick_ms, self.wake)  # delivered when one is due (node_ticks.py)
         self._stopping = False
         self._failure: BaseException | None = None
         self._was_leader = False
@@ -95,8 +98,9 @@ class Node:
         self._wire(core)
         await self.transport.start()
         self._ticks.start()
-        self._tasks = [loop.create_task(self._run(), name=f"node-{self.config.node_id}")]
-        self._wake.set()  # the first turn arms the timer of the first due tick
+        self._context = contextvars.copy_context()  # turns run in the node's context, not a waker's
+        self._loop = loop
+        self.wake()  # the first turn arms the timer of the first due tick
 
     def _wire(self, core: RaftCore) -> None:
         cfg = self.config
@@ -130,11 +134,7 @@ class Node:
         self._stopping = self.snapshots.stopping = True
         if self.runner is not None:
             self.runner.stop()
-        self._wake.set()
-        self._ticks.stop()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._ticks.stop()  # a turn already scheduled returns at once: the node is stopping
         await self.transport.close()
         self._fail_all_waiters()
         if self.wal is not None and self._failure is None:
@@ -183,7 +183,7 @@ class Node:
             self._inbox.append(m)
         else:
             self.snapshots.receive_chunk(codec.decode_chunk(body))
-        self._wake.set()
+        self.wake()
 
     def _on_client_frame(self, conn: ClientConnection, ftype: FrameType, body: bytes) -> None:
         if ftype is FrameType.PROPOSE:
@@ -198,33 +198,42 @@ class Node:
             admin(self.core, self.proposals, self.transport.add_peer, conn, body)
         else:
             raise codec.CodecError(f"client sent a {ftype.name} frame")
-        self._wake.set()
+        self.wake()
 
     async def propose_local(self, commands: list[tuple[int, int, bytes]]) -> codec.Result:
         """Propose from inside the node's process (embedded use and tests)."""
         future: asyncio.Future[codec.Result] = asyncio.get_running_loop().create_future()
         self.proposals.take(Waiter(None, 0, len(commands), future), tuple(commands))
-        self._wake.set()
+        self.wake()
         return await future
 
     # ---- the loop -----------------------------------------------------------------------
-    async def _run(self) -> None:
+    def wake(self) -> None:
+        """Something arrived or completed: one turn runs soon, however many wakes come before it.
+        (A plain loop callback, not a task waiting on an `asyncio.Event`: an idle node runs a turn
+        per heartbeat, and the event's future, its waiter list and the task's step cost more than
+        the turn's own work there; see docs/raft.md, "An idle node's turn".)"""
+        if not self._turn_scheduled and self._loop is not None and not self._stopping:
+            self._turn_scheduled = True
+            self._loop.call_soon(self._turn, context=self._context)
+
+    def _turn(self) -> None:
+        """One turn of the node: step what arrived into the core, hand each Ready to the runner,
+        answer reads, arm the timer of the next due tick. Turns never overlap (one loop thread)."""
+        self._turn_scheduled = False
+        if self._stopping:
+            return
         runner, core = self.runner, self.core
         assert runner is not None and core is not None
         try:
-            while not self._stopping:
-                await self._wake.wait()
-                self._wake.clear()
-                if self._failure is not None:
-                    raise self._failure
+            if self._failure is not None:
+                raise self._failure
+            self._step_inputs()
+            while not self._stopping and runner.pump_one():
                 self._step_inputs()
-                while not self._stopping and runner.pump_one():
-                    self._step_inputs()
-                self._after_role_change()
-                self._serve_reads()
-                self._ticks.arm(core)
-        except asyncio.CancelledError:
-            raise
+            self._after_role_change()
+            self._serve_reads()
+            self._ticks.arm(core)
         except BaseException as exc:  # storage failure or a bug: stop, loudly
             self._fail(exc)
 
@@ -238,7 +247,7 @@ class Node:
         self.reads.request_read_index()
         wait_s = self.proposals.propose_pending()
         if wait_s is not None:
-            asyncio.get_running_loop().call_later(wait_s, self._wake.set)
+            asyncio.get_running_loop().call_later(wait_s, self.wake)
 
     def _serve_reads(self) -> None:
         if self.runner is not None:
@@ -290,10 +299,6 @@ class Node:
             self.runner.stop()
         self._fail_all_waiters()
         self.stopped.set()
-        self._wake.set()
-
-    def wake(self) -> None:
-        self._wake.set()
 
     def observe_fsync(self, entries: int, started: float) -> None:
         self.metrics.observe_fsync(entries, time.perf_counter() - started)

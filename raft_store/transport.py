@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 
 from raft_store.auth import StoreAuth
-from raft_store.codec import FRAME_BYTES_MAX, FRAME_HEADER, CodecError, FrameType, frame
+from raft_store.codec import FRAME_BYTES_MAX, FRAME_HEADER, FRAME_TYPES, CodecError, FrameType, frame
 from raft_store.handshake import HANDSHAKE_TIMEOUT_S, DialerHandshake, HandshakeFailed, NodeHandshake, Refusal
 
 log = logging.getLogger("raft_store.transport")
@@ -94,10 +94,9 @@ class FrameParser:
             end = pos + 4 + length
             if end > len(buf):
                 break
-            try:
-                kind = FrameType(ftype)
-            except ValueError:
-                raise CodecError(f"unknown frame type {ftype}") from None
+            kind = FRAME_TYPES.get(ftype)  # (not `FrameType(ftype)`: two Python calls per frame)
+            if kind is None:
+                raise CodecError(f"unknown frame type {ftype}")
             frames.append((kind, bytes(buf[pos + header : end])))
             pos = end
         if pos:
@@ -163,6 +162,8 @@ class _PeerLink:
         self.wakeup = asyncio.Event()
         self.connected = False
         self.writer: asyncio.StreamWriter | None = None
+        self.sock: asyncio.WriteTransport | None = None
+        """`writer.transport` while connected."""
         self.dropped = 0
         self.refused_by = ""
         """Why the last handshake with this peer failed (logged once, not at every retry)."""
@@ -170,16 +171,17 @@ class _PeerLink:
 
     def enqueue(self, data: bytes) -> bool:
         cfg = self.transport.config
-        writer = self.writer
+        sock = self.sock
         if (
-            writer is not None
+            sock is not None
             and not self.queue
-            and not writer.is_closing()
-            and writer.transport.get_write_buffer_size() < cfg.write_buffer_high
+            and not sock.is_closing()
+            and sock.get_write_buffer_size() < cfg.write_buffer_high
         ):
             # Connected and nothing queued: hand the frame to the socket now, not one event-loop
-            # turn later through the pump task.
-            writer.write(data)
+            # turn later through the pump task (to the transport itself: the stream writer's
+            # methods are Python calls around these, once per heartbeat of an idle set).
+            sock.write(data)
             return True
         if len(self.queue) >= cfg.queue_frames_max or self.queued_bytes + len(data) > cfg.queue_bytes_max:
             self.dropped += 1
@@ -211,6 +213,7 @@ class _PeerLink:
                     self.refused_by = ""
                 self.connected = True
                 self.writer = opened
+                self.sock = opened.transport
                 backoff = cfg.reconnect_min_ms
                 await self._pump(opened)
             except asyncio.CancelledError:
@@ -233,6 +236,7 @@ class _PeerLink:
             finally:
                 self.connected = False
                 self.writer = None
+                self.sock = None
                 if writer is not None:
                     # abort, not close: close would wait to flush data a dead peer never reads.
                     writer.transport.abort()

@@ -14,21 +14,22 @@ proposal).
 from __future__ import annotations
 
 import datetime as dt
-import json
-from collections.abc import Sequence
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from pydantic import StringConstraints
 from starlette.responses import Response
 
 from api import across_sets, openapi
 from api import review_actions as actions
+from api import review_groups as groups
+from api import review_redrive as spanning
 from api.audit_view import ACTION_PATTERN, ACTOR_PATTERN, TARGET_PATTERN, audit_filter
 from api.auth import Observer, Principal, requires
 from api.http import json_response, known_query
-from api.money_view import WhatIsPaid, money_document, money_of_payload, paid_document
+from api.money_view import money_document, money_of_payload
 from api.problems import Problem, invalid
+from api.review_documents import group_document, proposal_document, proposal_documents, refused_document
 from api.review_policy import current_payload
 from api.review_schemas import NAME_PATTERN, ApproveBody, DiscardBody, EditBody, RedriveBody, RejectBody
 from api.schemas import utc
@@ -38,24 +39,21 @@ from ledger.request_ids import NUMBER_MAX, PUBLIC_ID_LENGTH_MAX
 from queues import (
     AuditFilter,
     DeadLetterFilter,
-    Discard,
-    EditRedrive,
     MessageView,
     ProposalState,
-    ProposalView,
-    RedriveJob,
     Role,
-    proposal_action,
 )
-from submission.models import REF_KEY_PATTERN
+from submission.models import IDEMPOTENCY_KEY_LENGTH_MAX, REF_KEY_PATTERN
 
 router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 PROPOSED: dict[int | str, dict[str, Any]] = {202: {"description": "Proposed: four eyes are needed; the proposal waits for an approver."}}
-PAYMENTS_SHOWN: Final = 100
-"""A proposal's targets listed one by one with what each pays (its totals are of all of them)."""
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
 Approver = Annotated[Principal, Depends(requires(Role.APPROVER))]
 Decider = Annotated[Principal, Depends(requires(Role.REVIEWER, Role.APPROVER))]
+GroupKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=IDEMPOTENCY_KEY_LENGTH_MAX, description=(
+    "Several sets: a job group (a job over several sets' dead letters, or a redrive of them that needs four eyes)"
+    " is named from this key and the caller, so repeating the request with the same key after a 503"
+    " partially-applied completes the same group."))]
 RequestIdPath = Annotated[str, Path(max_length=PUBLIC_ID_LENGTH_MAX, description="A request id, e.g. 1-42.")]
 ProposalIdPath = Annotated[int, Path(ge=1, le=NUMBER_MAX, description="A proposal's number.")]
 SetQuery = Annotated[int | None, Query(alias="set", ge=1, le=99999, description=(
@@ -67,42 +65,10 @@ def _services(request: Request) -> ApiServices:
     return of(request)
 
 
-def _refused(services: ApiServices, refused: actions.Refused) -> list[dict[str, str]]:
-    return [{"id": actions.public(services, message_id), "reason": code.name.lower()} for message_id, code in refused]
-
-
-def proposal_document(services: ApiServices, view: ProposalView, paid: WhatIsPaid) -> dict[str, Any]:
-    """A proposal, with `pays`: what approving it pays (per currency, and target by target for the
-    first PAYMENTS_SHOWN, each beside what it held before where that changes: api/money_view.py)."""
-    document: dict[str, Any] = {
-        "id": view.proposal_id, "action": view.action, "proposer": view.proposer, "reason": view.reason,
-        "targets": [actions.public(services, t) for t in view.targets], "state": view.state.value,
-        "created_at": utc(view.created_ms), "expires_at": utc(view.expires_ms), "decided_by": view.decided_by,
-        "decided_at": None if view.decided_ms is None else utc(view.decided_ms), "decision_reason": view.decision_reason,
-        "pays": paid_document(paid, lambda m: actions.public(services, m), PAYMENTS_SHOWN),
-    }  # fmt: skip
-    if services.sets is not None:
-        document["set"] = services.settings.set_id  # several sets: the proposal's number is its set's
-    action = proposal_action(view)
-    if isinstance(action, RedriveJob) and action.group:
-        document["group"] = action.group  # a job group's part: decided with its group (/v1/review/job-groups/...)
-    if isinstance(action, EditRedrive):
-        document["payload"] = json.loads(action.payload)
-    if isinstance(action, Discard):
-        document["reason_code"] = action.reason_code
-    return document
-
-
-async def proposal_documents(services: ApiServices, views: Sequence[ProposalView]) -> list[dict[str, Any]]:
-    """Proposals as documents, their targets read once for all (what each pays is from them, as they are now)."""
-    targets = await actions.proposal_targets(services, views)
-    return [proposal_document(services, view, actions.what_is_paid(view, targets)) for view in views]
-
-
 async def proposed_response(services: ApiServices, proposed: actions.Proposed, **extra: Any) -> Response:
     (document,) = await proposal_documents(services, [proposed.proposal])
     body = {"outcome": "proposed", "why": proposed.why, "proposal": document,
-            "refused": _refused(services, proposed.refused), **extra}  # fmt: skip
+            "refused": refused_document(services, proposed.refused), **extra}  # fmt: skip
     return json_response(body, status=202)
 
 
@@ -113,27 +79,73 @@ def edit_money(checked: actions.CheckedEdit) -> dict[str, Any]:
 
 
 # ---- actions ------------------------------------------------------------------------------------
+REDRIVE_PROPOSED: dict[int | str, dict[str, Any]] = {202: {"description": (
+    "Proposed: four eyes are needed; nothing is redriven until an approver approves. One set: `proposal`, the"
+    " proposal. Several sets: `group`, a job group with a proposed part per set (Location:"
+    " /v1/review/job-groups/{group}); one approval of the group redrives every part.")}}  # fmt: skip
+
+
 @router.post("/v1/review/redrive", summary="Redrive dead letters: by id, or everything a filter matches",
-             responses={**openapi.problems(401, 403, 404, 409, 422, 503), **PROPOSED})  # fmt: skip
-async def redrive(request: Request, body: RedriveBody, principal: Reviewer) -> Response:
+             responses={**openapi.problems(401, 403, 404, 409, 422, 503), **REDRIVE_PROPOSED})  # fmt: skip
+async def redrive(
+    request: Request, body: RedriveBody, principal: Reviewer,
+    idempotency_key: GroupKey = None,
+) -> Response:  # fmt: skip
     """Answered 200 with what was redriven and what was refused (never counted as done), or 202
     with a proposal when four eyes are needed. A filter is resolved to ids first: the ids shown are
-    what is redriven or approved."""
+    what is redriven or approved. Several sets: each set's part is redriven in its set (a set that
+    does not answer: 503 `partially-applied`, repeat safely); under four eyes every part is proposed
+    as one job group (docs/review.md, "Several sets")."""
     services = _services(request)
+    if services.sets is not None:
+        return await _redrive_across(services, body, principal, idempotency_key)
     if body.ids is not None:
-        services = await actions.one_set(services, body.ids)
         views = await actions.selected(services, body.ids)
     else:
         assert body.filter is not None
-        dead_filter = DeadLetterFilter(kind=body.filter.kind, error_class=body.filter.error_class,
-                                       ref_key=body.filter.ref_key)  # fmt: skip
-        services = await actions.filter_set(services, dead_filter)
-        views = await actions.matching(services, dead_filter, body.limit)
-    outcome = await actions.redrive(services, principal.name, body.reason, views)
+        views = await actions.matching(services, _redrive_filter(body), body.limit)
+    return await _redrive_in(services, principal, body.reason, views)
+
+
+async def _redrive_in(services: ApiServices, principal: Principal, reason: str, views: list[MessageView]) -> Response:
+    """One set's redrive (or its proposal), as it always was."""
+    outcome = await actions.redrive(services, principal.name, reason, views)
     if isinstance(outcome, actions.Proposed):
         return await proposed_response(services, outcome)
     return json_response({"outcome": "done", "redriven": [actions.public(services, m) for m in outcome.ids],
-                          "refused": _refused(services, outcome.refused)})  # fmt: skip
+                          "refused": refused_document(services, outcome.refused)})  # fmt: skip
+
+
+def _redrive_filter(body: RedriveBody) -> DeadLetterFilter:
+    assert body.filter is not None
+    return DeadLetterFilter(kind=body.filter.kind, error_class=body.filter.error_class, ref_key=body.filter.ref_key)
+
+
+async def _redrive_across(services: ApiServices, body: RedriveBody, principal: Principal,
+                          idempotency_key: str | None) -> Response:  # fmt: skip
+    """Several sets: each set's part of the selection redriven in its set (api/review_redrive.py);
+    one set's part alone is that set's redrive, as always."""
+    if body.ids is not None:
+        parts = await spanning.parts_of_ids(services, body.ids)
+    else:
+        parts = await spanning.parts_of_filter(services, _redrive_filter(body), body.limit)
+    if len(parts) == 1 and body.group is None:
+        ((found, views),) = parts
+        return await _redrive_in(found, principal, body.reason, views)
+    group = groups.group_id(principal.name, idempotency_key, body.group)
+    done = await spanning.redrive(services, principal.name, body.reason, parts, group)
+    if isinstance(done, spanning.GroupProposed):
+        document = await group_document(await groups.read_group(services, group))
+        refused = [r for s, part in done.created.refused for r in refused_document(s, part)]
+        return json_response({"outcome": "proposed", "why": f"needs a second person's approval: {done.created.proposed}",
+                              "group": document, "refused": refused}, status=202,
+                             headers={"Location": f"/v1/review/job-groups/{group}"})  # fmt: skip
+    return json_response({
+        "outcome": "done", "redriven": [actions.public(s, m) for s, part in done.parts for m in part.ids],
+        "refused": [r for s, part in done.parts for r in refused_document(s, part.refused)],
+        "sets": [{"set": s.settings.set_id, "redriven": len(part.ids), "refused": len(part.refused)}
+                 for s, part in done.parts],
+    })  # fmt: skip
 
 
 @router.post("/v1/review/requests/{request_id}/edit", summary="Edit a request's payload and redrive it as a new version",
@@ -245,7 +257,7 @@ async def approve(request: Request, proposal_id: ProposalIdPath, body: ApproveBo
     (document,) = await proposal_documents(services, [view])
     return json_response({
         "proposal": document, "done": [public(services, m) for m in result.ids],
-        "new_ids": [public(services, m) for m in result.new_ids], "refused": _refused(services, result.refused),
+        "new_ids": [public(services, m) for m in result.new_ids], "refused": refused_document(services, result.refused),
     })  # fmt: skip
 
 

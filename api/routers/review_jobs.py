@@ -26,12 +26,13 @@ from api.auth import Observer, Principal, requires
 from api.http import json_response, known_query
 from api.money_view import totals_document
 from api.problems import invalid
+from api.review_documents import group_document, job_document
 from api.review_schemas import ApproveBody, JobBody, JobControlBody, JobFilter, JobSelection, RejectBody
-from api.routers.review import PROPOSED, Approver, Decider, SetQuery, proposal_document, proposed_response
+from api.routers.review import PROPOSED, Approver, Decider, GroupKey, SetQuery, proposed_response
 from api.schemas import utc
 from api.services import ApiServices, of
 from ledger.request_ids import NUMBER_MAX
-from queues import DeadLetterFilter, ItemResult, JobAction, JobItem, JobView, Role
+from queues import DeadLetterFilter, ItemResult, JobAction, JobItem, Role
 
 router = APIRouter(tags=["review"], dependencies=[Depends(known_query)])  # an unknown query parameter is a 422
 Reviewer = Annotated[Principal, Depends(requires(Role.REVIEWER))]
@@ -51,20 +52,6 @@ def dead_filter(query: JobFilter) -> DeadLetterFilter:
         dead_to_ms=ms(query.dead_to), currency=query.currency, amount_min_minor=query.amount_min_minor,
         amount_max_minor=query.amount_max_minor, attempts_min=query.attempts_min, attempts_max=query.attempts_max,
     )  # fmt: skip
-
-
-def job_document(services: ApiServices, job: JobView) -> dict[str, Any]:
-    document = {
-        "id": job.job_id, "state": job.state.value, "total": job.total, "pending": job.pending,
-        "redriven": job.redriven, "refused": job.refused, "not_redriven": job.not_redriven,
-        "rate_per_s": job.rate_per_s, "actor": job.actor, "reason": job.reason, "proposal": job.proposal_id,
-        "approved_by": job.approved_by, "controlled_by": job.controlled_by, "created_at": utc(job.created_ms),
-        "last_step_at": None if job.last_step_ms is None else utc(job.last_step_ms),
-        "finished_at": None if job.finished_ms is None else utc(job.finished_ms),
-    }  # fmt: skip
-    if services.sets is not None:
-        document["set"] = services.settings.set_id  # several sets: the job's number is its set's
-    return document
 
 
 def item_document(services: ApiServices, item: JobItem) -> dict[str, Any]:
@@ -116,13 +103,13 @@ async def dry_run(request: Request, body: JobSelection, principal: Reviewer) -> 
 
 @router.post("/v1/review/jobs", status_code=201, summary="Start a tracked redrive job (or propose it)",
              responses={**openapi.problems(401, 403, 404, 409, 422, 503), **PROPOSED})  # fmt: skip
-async def start(request: Request, body: JobBody, principal: Reviewer) -> Response:
+async def start(request: Request, body: JobBody, principal: Reviewer, idempotency_key: GroupKey = None) -> Response:
     """201 with the job (its counters; `refused` ids were not dead at the start and are never
     redriven), or 202 with a proposal: the approval starts it."""
     selection = _selection(body)
     each = await _sets_of(_services(request), body)
     if len(each) > 1:
-        return await _start_group(request, body, principal, each)
+        return await _start_group(request, body, principal, each, idempotency_key)
     (services,) = each
     views = await actions.targets(services, *selection)
     outcome = await actions.start_job(services, principal.name, body.reason, views, body.rate_per_s)
@@ -134,10 +121,11 @@ async def start(request: Request, body: JobBody, principal: Reviewer) -> Respons
     return json_response(document, status=201, headers={"Location": f"/v1/review/jobs/{outcome.job.job_id}{located}"})
 
 
-async def _start_group(request: Request, body: JobBody, principal: Principal, each: list[ApiServices]) -> Response:
+async def _start_group(request: Request, body: JobBody, principal: Principal, each: list[ApiServices],
+                       idempotency_key: str | None) -> Response:  # fmt: skip
     """A job over several sets' dead letters: a part per set, one group (api/review_groups.py)."""
     parts = await groups.targets(each, *_selection(body))
-    group = groups.group_id(principal.name, request.headers.get("Idempotency-Key"), body.group)
+    group = groups.group_id(principal.name, idempotency_key, body.group)
     created = await groups.start(_services(request), principal.name, body.reason, parts, body.rate_per_s, group)
     document = await group_document(await groups.read_group(_services(request), group))
     document["refused_ids"] = [{"id": actions.public(s, m), "reason": c.name.lower()}
@@ -226,36 +214,6 @@ GroupPath = Annotated[str, Path(pattern=groups.GROUP_PATTERN, description="A job
 GROUP_RESPONSES = openapi.problems(401, 403, 404, 409, 422, 503)
 
 
-async def group_document(group: groups.Group) -> dict[str, Any]:
-    """The group as one job: its state, the counters summed over the parts, what its proposal pays
-    summed per currency, and each set's part (its job and proposal as one set's are shown)."""
-    summed = await groups.whole(group)
-    parts = []
-    for part in group.parts:
-        entry: dict[str, Any] = {"set": part.set_id, "job": None, "proposal": None}
-        if part.job is not None:
-            entry["job"] = job_document(part.services, part.job)
-        if part.proposal is not None:
-            entry["proposal"] = proposal_document(part.services, part.proposal, summed.paid[part.set_id])
-        parts.append(entry)
-    first = group.parts[0] if group.parts else None
-    source = None if first is None else (first.job or first.proposal)
-    proposals = summed.proposals
-    return {
-        "group": group.group, "state": summed.state, **summed.counters,
-        "actor": None if source is None else (source.actor if isinstance(source, JobView) else source.proposer),
-        "reason": None if source is None else source.reason,
-        "proposal": None if not proposals else {
-            "targets": summed.proposed, "proposer": proposals[0].proposer,
-            "states": sorted({p.state.value for p in proposals}),
-            "decided_by": sorted({p.decided_by for p in proposals if p.decided_by is not None}),
-            "expires_at": utc(min(p.expires_ms for p in proposals)),
-            "pays": {"totals": totals_document(summed.pays), "without_amount": summed.without_amount},
-        },
-        "sets": parts, "partial": bool(group.unanswered), "unanswered_sets": group.unanswered,
-    }  # fmt: skip
-
-
 @router.get("/v1/review/job-groups/{group}", summary="A job over several sets: the whole and each set's part",
             responses=openapi.problems(401, 403, 404, 422, 503))  # fmt: skip
 async def get_group(
@@ -307,4 +265,16 @@ async def approve_group(request: Request, group: GroupPath, body: ApproveBody, p
 async def reject_group(request: Request, group: GroupPath, body: RejectBody, principal: Decider) -> Response:
     found, _ = await groups.decide(_services(request), principal.name, group, body.reason, approve=False,
                                    others=principal.role is not Role.REVIEWER)  # fmt: skip
+    return json_response(await group_document(found))
+
+
+@router.post("/v1/review/job-groups/{group}/repropose", summary="Propose again every set's part whose proposal expired",
+             responses=GROUP_RESPONSES)  # fmt: skip
+async def repropose_group(request: Request, group: GroupPath, body: JobControlBody, principal: Reviewer) -> Response:
+    """A part whose proposal expired unapproved (its set was down until then, the others approved)
+    is proposed again in its set with the same targets, by the caller, audited there (`propose`
+    naming the group and the proposal it `renews`); the group then waits for its approval
+    (`.../approve`: four eyes as before). Repeating is safe: the new proposals are answered. A group
+    with no expired part is answered as it is; a rejected one is a 409."""
+    found = await groups.propose_again(_services(request), principal.name, group, body.reason)
     return json_response(await group_document(found))

@@ -6,10 +6,10 @@ classification tables, the dead-letter tier (list, redrive, edit, discard) and f
     compensator breaker list | force DOWNSTREAM open|closed|auto --reason R
     compensator classification show DOWNSTREAM | set DOWNSTREAM FILE --reason R | reset DOWNSTREAM
     compensator dead list [--kind K] [--error-class E] [--ref-key R] [--cursor C] [--limit N]
-    compensator dead redrive (--id ID ... | --kind K [--error-class E] [--ref-key R]) --reason R [--limit N]
+    compensator dead redrive (--id ID ... | --kind K [--error-class E] [--ref-key R]) --reason R [--limit N] [--group G]
     compensator dead edit ID FILE --reason R | discard ID --reason-code C --comment T
     compensator proposal list [--pending] | approve N [--reason R] | reject N --reason R
-    compensator job-group show G | approve G [--reason R] | reject|pause|resume|cancel G --reason R
+    compensator job-group show G | approve G [--reason R] | reject|pause|resume|cancel|repropose G --reason R
                                    (a redrive job over several sets' dead letters: docs/review.md, "Job groups")
     compensator retention show | set [--tombstones 14d] [--events 7d] --reason R   (an administrator's token)
 
@@ -92,6 +92,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         parser.add_argument("--limit", type=int, default=100)
     listing.add_argument("--cursor", help="next_cursor of the previous page")
     redrive.add_argument("--reason", required=True, help="why (recorded)")
+    redrive.add_argument("--group", help="several sets, under four eyes: repeat the proposal of this job group (the"
+                                         " partially-applied message names it)")  # fmt: skip
     edit = deads.add_parser("edit", help="redrive with an edited payload, as a new version linked to the original")
     edit.add_argument("id")
     edit.add_argument("source", help="a JSON file with the whole edited payload, or - for standard input")
@@ -113,7 +115,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     job_groups = job_group.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, helped in (("show", "the whole and each set's part"), ("approve", "approve every set's part"),
                            ("reject", "reject every part (an approver), or withdraw your own (a reviewer)"),
-                           ("pause", "pause every part"), ("resume", "resume every part"), ("cancel", "cancel every part")):
+                           ("pause", "pause every part"), ("resume", "resume every part"), ("cancel", "cancel every part"),
+                           ("repropose", "propose again every part whose proposal expired (a reviewer; then approve)")):
         chosen = job_groups.add_parser(action, help=helped)
         chosen.add_argument("group", help="the group's id (32 hex digits)")
         if action != "show":
@@ -205,6 +208,10 @@ def _dead(api: Api, args: argparse.Namespace) -> Any:
         if bool(args.ids) == bool(chosen):
             raise OperatorError("redrive: give --id (a selection) or a filter (--kind, --error-class, --ref-key), not both")
         body = {"ids": args.ids} if args.ids else {"filter": chosen, "limit": args.limit}
+        if args.group is not None:
+            if re.fullmatch(r"[0-9a-f]{32}", args.group) is None:
+                raise OperatorError(f"redrive: {args.group!r} is not a group id (32 hex digits)")
+            body["group"] = args.group
         return api.call("POST", "/v1/review/redrive", body={**body, "reason": args.reason})
     if args.action == "edit":
         body = {"payload": _json_from(args.source), "reason": args.reason}

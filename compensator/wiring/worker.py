@@ -167,16 +167,21 @@ async def process(config: Config, *, name: str = "") -> AsyncIterator[Running]:
     attempts get `worker.drain_grace_s` to finish, the rest are handed back at once."""
     async with worker(config, name=name) as running:
         sets = {set_id: lane.queue for set_id, lane in running.lanes.items()}
-        drivers = [MaintenanceDriver(queue, SERVICE) for queue in sets.values()] if config.worker.maintenance else []
+        drivers = {s: MaintenanceDriver(queue, SERVICE) for s, queue in sets.items()} if config.worker.maintenance else {}
+        stopping: list[asyncio.Task[None]] = []
 
-        def new_set(_set_id: int, queue: QueueClient) -> None:
+        def new_set(set_id: int, queue: QueueClient) -> None:
+            """A set added, or moved (its new client): its driver runs on that client."""
             if config.worker.maintenance:
-                drivers.append(MaintenanceDriver(queue, SERVICE))
-                drivers[-1].start()
+                old = drivers.pop(set_id, None)
+                if old is not None:
+                    stopping.append(asyncio.create_task(old.stop()))
+                drivers[set_id] = MaintenanceDriver(queue, SERVICE)
+                drivers[set_id].start()
 
         async def run(stop: asyncio.Event) -> int:
             await check_policies(config, sets, stop)
-            for driver in drivers:
+            for driver in drivers.values():
                 driver.start()
             print(f"worker {running.worker_id} running; SIGTERM drains it", flush=True)
             await running.run(stop, new_set=new_set)
@@ -186,5 +191,7 @@ async def process(config: Config, *, name: str = "") -> AsyncIterator[Running]:
         try:
             yield Running(run, registry=running.metrics.registry)
         finally:
-            for driver in drivers:
+            for driver in drivers.values():
                 await driver.stop()
+            for task in stopping:
+                await task

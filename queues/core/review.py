@@ -165,17 +165,38 @@ def edit_redrive(entry: Entry, command: EditRedrive, approval: Detail | None = N
 
 
 # ---- proposals -------------------------------------------------------------------------
+def _group_proposal(entry: Entry, action: RedriveJob) -> ReviewResult | None:
+    """A group's part proposed: None when it is to be made, else the answer. The set holds at most
+    one proposal of a group, so a repeated creation answers the one it holds; `renews` names the
+    held proposal when it expired (its set was down until then) and makes a new one in its place
+    (a repeat of that answers the new one, which is held now)."""
+    held = jobs.group_part(entry.tx, action.group, "proposal")
+    if held is not None and (not action.renews or held != action.renews):  # this set's part exists
+        found = proposals.load(entry.tx, held)
+        assert found is not None
+        return ReviewResult(code=Code.OK, proposal_id=held, proposal_state=found.state(entry.now_ms),
+                            detail="this set's part of the group is proposed already")  # fmt: skip
+    if held is not None:
+        found = proposals.load(entry.tx, held)
+        assert found is not None
+        if found.state(entry.now_ms) is not ProposalState.EXPIRED:
+            return ReviewResult(code=Code.INVALID, proposal_id=held, proposal_state=found.state(entry.now_ms),
+                                detail="only an expired part of the group is proposed again")  # fmt: skip
+    elif action.renews:
+        return ReviewResult(code=Code.NOT_FOUND, detail="this set holds no proposal of the group to propose again")
+    if jobs.group_part(entry.tx, action.group, "job") is not None:
+        return ReviewResult(code=Code.INVALID, detail="this set's part of the group was started without approval")
+    return None
+
+
 def propose(entry: Entry, command: Propose) -> ReviewResult:
     action = command.action
+    if isinstance(action, RedriveJob) and action.renews and not action.group:
+        return ReviewResult(code=Code.INVALID, detail="renews names a group's part: give its group")
     if isinstance(action, RedriveJob) and action.group:
-        held = jobs.group_part(entry.tx, action.group, "proposal")
-        if held is not None:  # a repeated creation of the group: this set's part exists
-            found = proposals.load(entry.tx, held)
-            assert found is not None
-            return ReviewResult(code=Code.OK, proposal_id=held, proposal_state=found.state(entry.now_ms),
-                                detail="this set's part of the group is proposed already")  # fmt: skip
-        if jobs.group_part(entry.tx, action.group, "job") is not None:
-            return ReviewResult(code=Code.INVALID, detail="this set's part of the group was started without approval")
+        answered = _group_proposal(entry, action)
+        if answered is not None:
+            return answered
     if isinstance(action, Redrive):
         if action.payload is not None:
             return ReviewResult(code=Code.INVALID, detail="propose an edit as an edit_redrive")
@@ -209,6 +230,8 @@ def propose(entry: Entry, command: Propose) -> ReviewResult:
         after["reason_code"] = action.reason_code
     if isinstance(action, RedriveJob):
         after |= {"rate_per_s": action.rate_per_s, **jobs.group_detail(action.group)}
+        if action.renews:
+            after["renews"] = action.renews
     entry.audit(
         actor=action.actor, action="propose", target=f"proposal:{proposal_id}", reason=action.reason, before={},
         after=after, message_ids=_indexed(action, able),
@@ -309,6 +332,8 @@ def reject(entry: Entry, command: Reject) -> ReviewResult:
 def start_job(entry: Entry, command: RedriveJob) -> ReviewResult:
     """A job submitted directly (its actor needs no second person: the API decides that). A group's
     part this set holds already is answered, not started twice."""
+    if command.renews:
+        return ReviewResult(code=Code.INVALID, detail="only a proposal is proposed again (renews)")
     held = jobs.group_part(entry.tx, command.group, "job") if command.group else None
     if held is not None:
         return ReviewResult(code=Code.OK, job_id=held, detail="this set's part of the group is started already")

@@ -63,6 +63,10 @@ class Completions:
         self._idle = asyncio.Event()
         self._idle.set()
 
+    def use(self, queue: QueueClient) -> None:
+        """Send through `queue` from the next call on (the set moved: SetLane.use)."""
+        self._queue = queue
+
     def ack(self, message_id: int, token: int, kind: str, summary: str) -> None:
         self._add(Completion(message_id, token, kind, "ack",
                              Ack(message_id=message_id, token=token, summary=summary[:TEXT_LENGTH_MAX])))  # fmt: skip

@@ -43,6 +43,10 @@ class LeaseKeeper:
         self.extended = 0
         self.lost = 0
 
+    def use(self, queue: QueueClient) -> None:
+        """Send through `queue` from the next call on (the set moved: SetLane.use)."""
+        self._queue = queue
+
     def hold(self, message_id: int, token: int, lease: LeaseTime) -> None:
         self._held[message_id] = Held(message_id, token, lease)
 

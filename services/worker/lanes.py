@@ -72,6 +72,16 @@ class SetLane:
         self.leased = 0
         metrics.set_unreachable.labels(str(set_id)).set(0)
 
+    def use(self, queue: QueueClient) -> QueueClient:
+        """Lease, settle and extend through `queue` from now on (the set's addresses changed in the
+        table); the client used until now is answered. Calls it carries already end on it: an
+        attempt's completion or extension is the same set's, whichever client takes it."""
+        old, self.queue = self.queue, queue
+        self.watch.use(queue)
+        self.completions.use(queue)
+        self.keeper.use(queue)
+        return old
+
     # ---- the loop ------------------------------------------------------------------------------
     async def lease_until(self, stop: asyncio.Event) -> None:
         backoff_s = ERROR_BACKOFF_MIN_S

@@ -33,7 +33,9 @@ it closed.
 Sets added while it runs: given a `discover` (the wiring's: a re-read of the control set's table
 every `store.sets_refresh_s`), the worker opens a lane for each set it did not know, so a set
 added by `compensator sets add` is leased from without a restart. A set the table no longer
-lists keeps its lane (sets are never removed; an address change needs a restart).
+lists keeps its lane (sets are never removed). A set whose addresses changed (the discover answers
+a new client for it) keeps its lane, which sends through the new client from its next call; the
+old one is closed once every call it carries has ended (`_retire`).
 
 Drain (SIGTERM): stop leasing; let running attempts finish for up to `drain_grace_s`; cut off the
 rest and hand them back at once (Release, interrupted: their next delivery checks downstream
@@ -121,7 +123,10 @@ Discover = Callable[[], Awaitable[Mapping[int, QueueClient]]]
 """The sets the worker should lease from now (each set's client); raises or returns the known ones
 when the table cannot be read."""
 NewSet = Callable[[int, QueueClient], None]
-"""Told of each set added while the worker runs (the wiring starts its maintenance driver)."""
+"""Told of each set added while the worker runs, and of each set that moved (its new client): the
+wiring starts the set's maintenance driver on it (stopping the one on the old client)."""
+RETIRE_MARGIN_S: Final = 1.0
+"""After a moved set's old client's longest call, before it is closed (`Worker._retire`)."""
 
 
 class Worker:
@@ -218,7 +223,12 @@ class Worker:
                 log.warning("cannot re-read the set table; leasing from the %d known sets: %s", len(self.lanes), error)
                 continue
             for set_id, queue in sorted(found.items()):
-                if set_id in self.lanes or stop.is_set():
+                if stop.is_set() or (set_id in self.lanes and self.lanes[set_id].queue is queue):
+                    continue
+                if set_id in self.lanes:
+                    self._moved(set_id, queue)
+                    if new_set is not None:
+                        new_set(set_id, queue)
                     continue
                 self._sets[set_id] = queue
                 self._shares.add(set_id)
@@ -228,6 +238,26 @@ class Worker:
                 log.info("set %d joined the table: leasing from it too (%d sets)", set_id, len(self.lanes))
                 if new_set is not None:
                     new_set(set_id, queue)
+
+    def _moved(self, set_id: int, queue: QueueClient) -> None:
+        """The set's addresses changed in the table (the discover answers a new client for it): its
+        lane, the breakers and the documents use the new client from their next call, and the old
+        one is closed once nothing can be in flight on it (`_retire`)."""
+        old = self.lanes[set_id].use(queue)
+        self._sets[set_id] = queue
+        log.warning("set %d moved (its addresses changed in the table): leasing from it through a new client", set_id)
+        self._helpers.append(asyncio.create_task(self._retire(old), name=f"retire-{set_id}"))
+
+    async def _retire(self, old: QueueClient) -> None:
+        """Close a moved set's old client after the longest a call on it can last: every call ends
+        by its client's deadline, a waiting read by that and its hold (at most `idle_wait_s`), so
+        an extension, a completion or a long poll sent before the move ends on it first. Closed at
+        once when the worker stops first (its drain has settled everything by then)."""
+        try:
+            await asyncio.sleep(old.raft.deadline_s + max(self._settings.idle_wait_s, self._settings.idle_poll_s)
+                                + RETIRE_MARGIN_S)  # fmt: skip
+        finally:
+            await old.raft.close()
 
     # ---- one attempt ---------------------------------------------------------------------------
     def _start(self, lane: SetLane, grant: Grant, lease: LeaseTime, probe: bool) -> None:

@@ -51,6 +51,10 @@ class WorkWatch:
         """The last read found work ready for a kind without room here."""
         self.backlog: set[str] = set()
 
+    def use(self, queue: QueueClient) -> None:
+        """Send through `queue` from the next call on (the set moved: SetLane.use)."""
+        self._queue = queue
+
     async def read(self) -> WorkDueAnswer:
         """The long poll's answer if one came, else a fresh read."""
         read, self._answer = self._answer or await self._queue.work_due(self._kinds), None

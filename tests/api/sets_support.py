@@ -6,12 +6,14 @@ Imported by name (tests/web/conftest.py puts tests/api on the path)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from api_support import Api
 
 from ledger.request_ids import RequestId
@@ -83,3 +85,23 @@ async def dead_in_sets(api: Api, stores: dict[int, StoreThread], *bodies: dict[s
         finally:
             await queue.raft.close()
     return ids
+
+
+def list_update(key: str, amount_minor: int) -> dict[str, Any]:
+    """A list update of `amount_minor` CNY, keyed `rp-{key}`."""
+    return {"kind": "list_update", "ref_key": f"rp-{key}",
+            "payload": {"red_packet_id": f"rp-{key}", "receiver": "user-700042", "version": 1,
+                        "amount_minor": amount_minor, "currency": "CNY"}}  # fmt: skip
+
+
+def stop_after(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, store: StoreThread) -> None:
+    """`store`'s node stops right after `owner.name` (a step reading what a request acts on)
+    answers: a set lost between reading its targets and acting on them. `monkeypatch.undo()` ends it."""
+    original = getattr(owner, name)
+
+    async def then_stop(*args: Any) -> Any:
+        found = await original(*args)
+        await asyncio.to_thread(store.stop_node)
+        return found
+
+    monkeypatch.setattr(owner, name, then_stop)

@@ -8,14 +8,14 @@ one-node stores in this process."""
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from api_support import Api, running_api
-from sets_support import dead_in_sets, set_stores, write_table
+from sets_support import dead_in_sets, list_update, set_stores, stop_after, write_table
 
 import api.review_groups as groups
 from queues import Role
@@ -28,24 +28,6 @@ R, A, V = Role.REVIEWER, Role.APPROVER, Role.VIEWER
 def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
     with set_stores(tmp_path) as started:
         yield started
-
-
-def update(key: str, amount_minor: int) -> dict[str, Any]:
-    return {"kind": "list_update", "ref_key": f"rp-{key}",
-            "payload": {"red_packet_id": f"rp-{key}", "receiver": "user-700042", "version": 1,
-                        "amount_minor": amount_minor, "currency": "CNY"}}  # fmt: skip
-
-
-def stop_after_targets(monkeypatch: pytest.MonkeyPatch, store: StoreThread) -> None:
-    """The set stops between reading its targets and creating its part (as a set lost mid-request)."""
-    original = groups.targets
-
-    async def then_stop(*args: Any) -> Any:
-        found = await original(*args)
-        await asyncio.to_thread(store.stop_node)
-        return found
-
-    monkeypatch.setattr(groups, "targets", then_stop)
 
 
 async def audited(api: Api, action: str) -> list[dict[str, Any]]:
@@ -61,7 +43,7 @@ async def test_a_job_over_every_set_is_one_group_created_once_per_set_and_cancel
     overrides = await write_table(stores)
     async with running_api(stores[1], **overrides, review__bulk_count_max="100") as api:
         amounts = [100 + n for n in range(9)]
-        ids = await dead_in_sets(api, stores, *(update(f"g{n}", a) for n, a in enumerate(amounts)), prefix="g")
+        ids = await dead_in_sets(api, stores, *(list_update(f"g{n}", a) for n, a in enumerate(amounts)), prefix="g")
         per_set = {s: [i for i in ids if i.startswith(f"{s}-")] for s in (1, 2, 3)}
         assert all(per_set.values()), ids
         every = {"filter": {"kind": "list_update"}}
@@ -103,7 +85,7 @@ async def test_a_job_over_every_set_is_one_group_created_once_per_set_and_cancel
         assert repeat.status_code == 200 and repeat.json()["state"] == "cancelled"
         assert (await api.client.get(f"/v1/review/job-groups/{'0' * 32}", headers=api.auth(V))).status_code == 404
 
-        stop_after_targets(monkeypatch, stores[3])
+        stop_after(monkeypatch, groups, "targets", stores[3])
         key = {**api.auth(R), "Idempotency-Key": "redrive-all-2"}
         try:
             half = await api.client.post("/v1/review/jobs", json=body, headers=key)
@@ -144,7 +126,7 @@ async def test_a_group_needing_four_eyes_is_approved_once_for_every_set_even_aft
     overrides = await write_table(stores)
     async with running_api(stores[1], **overrides, review__bulk_count_max="4") as api:
         amounts = [200 + n for n in range(9)]
-        ids = await dead_in_sets(api, stores, *(update(f"p{n}", a) for n, a in enumerate(amounts)), prefix="p")
+        ids = await dead_in_sets(api, stores, *(list_update(f"p{n}", a) for n, a in enumerate(amounts)), prefix="p")
         proposed = await api.client.post("/v1/review/jobs", json={"ids": ids, "reason": "funds back", "rate_per_s": 5},
                                          headers=api.auth(R))  # fmt: skip
         assert proposed.status_code == 202, proposed.text
@@ -192,3 +174,55 @@ async def test_a_group_needing_four_eyes_is_approved_once_for_every_set_even_aft
         assert refused.status_code == 403 and refused.json()["type"] == "/problems/own-proposal"
         still = (await api.client.get(f"/v1/review/job-groups/{own}", headers=api.auth(V))).json()
         assert still["proposal"]["states"] == ["pending"] and still["total"] == 0  # no set was asked
+
+
+async def test_a_part_that_expired_while_its_set_was_down_is_proposed_again_and_approved_with_the_group(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Set 2 misses the group's approval and is down until its part's proposal expires: the others
+    run, set 2's part is `expired` and a repeated approval is refused; `repropose` proposes that part
+    again in set 2 (audited, `renews` naming the expired one; repeated safely) and the approver's
+    approval of the group starts it."""
+    overrides = await write_table(stores)
+    async with running_api(stores[1], **overrides, review__bulk_count_max="4") as api:
+        ids = await dead_in_sets(api, stores, *(list_update(f"x{n}", 300 + n) for n in range(9)), prefix="x")
+        proposed = await api.client.post("/v1/review/jobs", json={"ids": ids, "reason": "funds back", "rate_per_s": 5},
+                                         headers=api.auth(R))  # fmt: skip
+        assert proposed.status_code == 202, proposed.text
+        group = proposed.json()["group"]["group"]
+        before = {p["set"]: p["proposal"]["id"] for p in proposed.json()["group"]["sets"]}
+        stores[2].stop_node()
+        try:
+            half = await api.client.post(f"/v1/review/job-groups/{group}/approve", json={"reason": "ok"}, headers=api.auth(A))
+            assert half.status_code == 503 and half.json()["unapplied_sets"] == [2], half.text
+            real = time.time_ns
+            monkeypatch.setattr(time, "time_ns", lambda: real() + 2 * 86_400 * 10**9)  # two days on: past its expiry
+        finally:
+            stores[2].start_node()
+        seen = (await api.client.get(f"/v1/review/job-groups/{group}", headers=api.auth(V))).json()
+        assert {p["set"]: p["proposal"]["state"] for p in seen["sets"]} == {1: "approved", 2: "expired", 3: "approved"}
+        late = await api.client.post(f"/v1/review/job-groups/{group}/approve", json={"reason": "ok"}, headers=api.auth(A))
+        assert late.status_code == 409 and "set 2" in late.json()["detail"], late.text
+        viewer = await api.client.post(f"/v1/review/job-groups/{group}/repropose", json={"reason": "x"}, headers=api.auth(V))
+        assert viewer.status_code == 403
+
+        again = await api.client.post(f"/v1/review/job-groups/{group}/repropose", json={"reason": "set 2 was down"},
+                                      headers=api.auth(R))  # fmt: skip
+        assert again.status_code == 200, again.text
+        renewed = {p["set"]: p["proposal"] for p in again.json()["sets"]}
+        assert again.json()["state"] == "proposed" and renewed[2]["state"] == "pending" and renewed[2]["id"] != before[2]
+        assert renewed[2]["targets"] == [i for i in ids if i.startswith("2-")]
+        repeat = await api.client.post(f"/v1/review/job-groups/{group}/repropose", json={"reason": "set 2 was down"},
+                                       headers=api.auth(R))  # fmt: skip
+        assert repeat.status_code == 200 and {p["set"]: p["proposal"]["id"] for p in repeat.json()["sets"]} == {
+            s: p["id"] for s, p in renewed.items()}  # nothing proposed twice
+        entries = [e for e in await audited(api, "propose") if e["set"] == 2]
+        assert len(entries) == 2 and entries[0]["after"]["renews"] == before[2] and entries[0]["reason"] == "set 2 was down"
+        own = await api.client.post(f"/v1/review/job-groups/{group}/approve", json={}, headers=api.auth(R))
+        assert own.status_code == 403  # a reviewer does not approve (and the proposer never would)
+        approved = await api.client.post(f"/v1/review/job-groups/{group}/approve", json={"reason": "ok"},
+                                         headers=api.auth(A))  # fmt: skip
+        assert approved.status_code == 200, approved.text
+        assert approved.json()["state"] == "running" and approved.json()["total"] == 9
+        assert {p["set"]: p["job"]["approved_by"] for p in approved.json()["sets"]} == {1: "approver", 2: "approver",
+                                                                                        3: "approver"}  # fmt: skip

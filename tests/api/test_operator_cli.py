@@ -212,6 +212,9 @@ def test_dead_letters_are_listed_edited_and_redriven_with_four_eyes(
     assert json.loads(out)["items"] == []
     code, _, err = operator(served, monkeypatch, capsys, "dead", "redrive", "--reason", "x", role=Role.REVIEWER)
     assert code == 1 and "give --id" in err
+    code, _, err = operator(served, monkeypatch, capsys, "dead", "redrive", "--id", "1-1", "--reason", "x", "--group", "g1",
+                            role=Role.REVIEWER)  # fmt: skip
+    assert code == 1 and len(err.splitlines()) == 1 and "not a group id" in err
 
 
 async def _proposed_group(store: StoreThread, request_id: str, group: str) -> None:
@@ -234,6 +237,9 @@ def test_a_job_group_is_shown_approved_and_cancelled_as_one(
     store.run(_proposed_group(store, request_id, group))
     code, out, err = operator(served, monkeypatch, capsys, "job-group", "show", group)
     assert (code, err) == (0, "") and json.loads(out)["state"] == "proposed"
+    code, out, err = operator(served, monkeypatch, capsys, "job-group", "repropose", group, "--reason", "set was down",
+                              role=Role.REVIEWER)  # fmt: skip
+    assert (code, err) == (0, "") and json.loads(out)["state"] == "proposed"  # nothing expired: as it was
     code, _, err = operator(served, monkeypatch, capsys, "job-group", "approve", group, role=Role.REVIEWER)
     assert code == 1 and len(err.splitlines()) == 1 and "403" in err
     code, out, err = operator(served, monkeypatch, capsys, "job-group", "approve", group, role=Role.APPROVER)

@@ -332,3 +332,32 @@ def test_a_groups_part_is_created_once_per_set_and_named_in_its_audit_entries() 
     bad = {"t": "redrive_job", "actor": "a", "reason": "r", "ids": [1], "rate_per_s": 1, "group": "not-hex"}
     refused = codec.decode_command(bytes([codec.CODEC_VERSION]) + msgspec.msgpack.encode(bad))
     assert isinstance(refused, ErrorResult) and refused.code is Code.INVALID
+
+
+def test_an_expired_part_of_a_group_is_proposed_again_in_its_place_once() -> None:
+    """A part whose proposal expired (its set was down until then) is proposed again with `renews`
+    naming it: a new proposal held as the group's part, audited; a repeat answers the new one; a
+    part that did not expire, or a set with no part, is refused."""
+    node = Node()
+    ids = dead(node, *keys(2))
+    part = RedriveJob(actor="alice", reason="r", ids=tuple(ids), rate_per_s=5, group=GROUP)
+    assert b"renews" not in codec.encode_command(part)  # every job and proposal without it encodes as before
+    first = review(node, Propose(action=part, ttl_ms=HOUR_MS))
+    assert first.code is Code.OK
+    renewal = msgspec.structs.replace(part, actor="carol", reason="set 2 was down", renews=first.proposal_id)
+    early = review(node, Propose(action=renewal, ttl_ms=HOUR_MS))
+    assert early.code is Code.INVALID and early.proposal_id == first.proposal_id  # still pending: approve it
+    node.now_ms += 2 * HOUR_MS
+    again = review(node, Propose(action=renewal, ttl_ms=HOUR_MS))
+    assert again.code is Code.OK and again.proposal_id != first.proposal_id
+    assert answer_query(node.machine.view, qc.JobGroup(group=GROUP), node.now_ms) == qc.JobGroupAnswer(
+        job_id=None, proposal_id=again.proposal_id, now_ms=node.now_ms)
+    repeat = review(node, Propose(action=renewal, ttl_ms=HOUR_MS))
+    assert (repeat.code, repeat.proposal_id) == (Code.OK, again.proposal_id)  # held now: answered, not made twice
+    entry = [e for e in chain(node) if e.action == "propose"][-1]
+    assert entry.actor == "carol" and f'"renews":{first.proposal_id}' in entry.after and GROUP in entry.after
+    assert review(node, Approve(proposal_id=again.proposal_id, approver="bob")).code is Code.OK
+    nothing = msgspec.structs.replace(renewal, group="d" * 32)
+    assert review(node, Propose(action=nothing, ttl_ms=HOUR_MS)).code is Code.NOT_FOUND
+    assert review(node, msgspec.structs.replace(renewal, group="d" * 32)).code is Code.INVALID  # a job is never a renewal
+    assert review(node, Propose(action=msgspec.structs.replace(renewal, group=""), ttl_ms=HOUR_MS)).code is Code.INVALID

@@ -341,3 +341,18 @@ async def test_the_queue_coalescer_sends_an_iteration_s_commands_in_frames_of_at
     assert results == [b"applied"] * burst
     assert node.frames[1:] == frames
     await client.close()
+
+
+async def test_calls_that_connect_at_once_share_one_connection_which_close_closes(fake: Any) -> None:
+    """Several first calls at once (a worker's lanes start together) open one connection to a node,
+    not one each with all but the last left open after `close` (a moved set's old client must close)."""
+    node = await fake(1, always(Status.OK))
+    client = quick_client(node.address)
+    await asyncio.gather(*(client.read(b"q", linearizable=False) for _ in range(5)))
+    assert node.connections == 1
+    await client.close()
+    for _ in range(50):
+        if not node._serving:
+            break
+        await asyncio.sleep(0.01)
+    assert not node._serving  # every connection it opened is closed

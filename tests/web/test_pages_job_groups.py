@@ -7,11 +7,12 @@ every set's part. The control set and three sets are one-node stores in this pro
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pages_support import list_update, running_pages
+from pages_support import list_update, login, running_pages
 from sets_support import dead_in_sets, set_stores, write_table
 
 from queues import Role
@@ -82,3 +83,33 @@ async def test_four_eyes_approve_a_group_once_from_its_page(stores: dict[int, St
         assert approved.status_code == 200, approved.text
         assert 'data-test="group-state">running<' in approved.text and 'data-test="group-total">9<' in approved.text
         assert 'data-test="group-approve-form"' not in approved.text
+
+
+async def test_a_part_that_expired_while_its_set_was_down_is_proposed_again_from_the_groups_page(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    overrides = await write_table(stores)
+    async with running_pages(stores[1], **overrides, review__bulk_count_max="4") as pages:
+        ids = await dead_in_sets(pages.api, stores, *(list_update(f"e{n}", 400 + n) for n in range(9)), prefix="e")
+        proposed = await pages.api.client.post("/v1/review/jobs", json={"ids": ids, "reason": "funds back"},
+                                               headers=pages.api.auth(R))  # fmt: skip
+        group = proposed.json()["group"]["group"]
+        stores[2].stop_node()
+        try:
+            half = await pages.post(A, f"/review/job-groups/{group}/approve", {"reason": "checked"})
+            assert half.status_code == 503 and "set 2 did not answer" in half.text
+            real = time.time_ns
+            monkeypatch.setattr(time, "time_ns", lambda: real() + 2 * 86_400 * 10**9)  # past the part's expiry
+        finally:
+            stores[2].start_node()
+        for role in (V, R, A):  # two days on: their sessions ended, they sign in again
+            await pages.browsers[role].aclose()
+            pages.browsers[role], pages.csrf[role] = await login(pages.api, role.value)
+        page = await pages.get(R, f"/review/job-groups/{group}")
+        assert 'data-test="group-repropose-form"' in page.text and "Propose set 2's part again" in page.text
+        assert 'data-test="group-repropose-form"' not in (await pages.get(V, f"/review/job-groups/{group}")).text
+        again = await pages.post(R, f"/review/job-groups/{group}/repropose", {"reason": "set 2 was down"})
+        assert again.status_code == 200 and 'data-kind="success"' in again.text, again.text
+        assert 'data-test="group-state">proposed<' in again.text and 'data-test="group-repropose-form"' not in again.text
+        approved = await pages.post(A, f"/review/job-groups/{group}/approve", {"reason": "checked"})
+        assert approved.status_code == 200 and 'data-test="group-state">running<' in approved.text, approved.text

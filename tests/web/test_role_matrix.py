@@ -59,6 +59,7 @@ JSON_ROWS: Final = (
     Row("POST", "/v1/review/job-groups/{jobgroup}/cancel", {"reason": "m"}, frozenset({R})),
     Row("POST", "/v1/review/job-groups/{group}/approve", {}, frozenset({A})),
     Row("POST", "/v1/review/job-groups/{group}/reject", {"reason": "m"}, frozenset({R, A})),
+    Row("POST", "/v1/review/job-groups/{group}/repropose", {"reason": "m"}, frozenset({R})),
 )  # fmt: skip
 
 PAGE_ROWS: Final = (

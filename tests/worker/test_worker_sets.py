@@ -24,6 +24,7 @@ from queues import QueueClient, QueueError, RaftClient, State
 from queues.model import Enqueue
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread, running_store
+from services.worker import runner
 from services.worker.limits import Limits
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Worker, WorkerSettings
@@ -233,3 +234,95 @@ async def test_a_set_added_while_the_worker_runs_is_leased_from_without_a_restar
     assert told == [3]
     assert sorted(worker.lanes) == [1, 2, 3]
     assert sorted(a.ref_key for a in handler.seen) == sorted(f"s{s}-{i}" for s in SETS for i in range(10))
+
+
+class Forwarder:
+    """A set's node reached at another address, as after a move: real TCP, every byte passed on both
+    ways; `live` counts the connections open through it, `close` cuts them all and stops listening."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.live = 0
+
+    async def start(self) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[:2]  # type: ignore[no-any-return]
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self._target)
+        self._writers |= {writer, upstream_writer}
+        self.live += 1
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+
+        pipes = [asyncio.create_task(pipe(reader, upstream_writer)), asyncio.create_task(pipe(upstream_reader, writer))]
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)  # one side hung up: so does the other
+        finally:
+            for each in pipes:
+                each.cancel()
+            for each_writer in (writer, upstream_writer):
+                each_writer.close()
+            self.live -= 1
+            self._writers -= {writer, upstream_writer}
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        await self._server.wait_closed()
+
+
+async def test_a_set_whose_addresses_changed_is_leased_from_through_a_new_client_and_the_old_one_closed(
+    stores: dict[int, StoreThread], sets: dict[int, QueueClient], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Set 1 is first reached at one address, then the table names another (the `discover` answers a
+    new client for it): the worker's lane, completions and extensions go through the new client (its
+    requests are done after the old address is gone), the maintenance hook is told, and the old
+    client is closed once nothing can be in flight on it (its connection through the old address ends)."""
+    monkeypatch.setattr(runner, "RETIRE_MARGIN_S", 0.1)
+    handler = Scripted(Kind.TRANSFER, "payment", delay_s=0.005)
+    old_way, new_way = Forwarder(stores[1].address), Forwarder(stores[1].address)
+    clients = [QueueClient(RaftClient([await way.start()], auth=stores[1].auth, attempt_timeout_s=0.3, deadline_s=1.0))
+               for way in (old_way, new_way)]  # fmt: skip
+    table: dict[int, QueueClient] = {1: clients[0]}
+    told: list[int] = []
+
+    async def discover() -> dict[int, QueueClient]:
+        return dict(table)
+
+    limits = Limits(per_kind={"transfer": 4}, per_downstream={"payment": 4}, downstream_of={"transfer": "payment"})
+    worker = Worker(table, {"transfer": handler}, limits,
+                    WorkerSettings(worker_id="w1", idle_poll_s=0.05, idle_wait_s=0.2), tracer=trace.NoOpTracer(),
+                    metrics=WorkerMetrics(), discover=discover, discover_every_s=0.1)  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop, new_set=lambda set_id, _queue: told.append(set_id)))
+    try:
+        first = await _enqueue(sets[1], 1, 10)
+
+        async def done(ids: list[int]) -> bool:
+            return set(await _states(sets[1], ids)) == {State.DONE}
+
+        await _until(lambda: done(first))
+        assert (old_way.live, new_way.live) == (1, 0)  # the lane's calls share one connection
+        table[1] = clients[1]  # the table names set 1's new addresses
+        await _until(lambda: asyncio.sleep(0, worker.lanes[1].queue is clients[1]))
+        await _until(lambda: asyncio.sleep(0, old_way.live == 0), timeout_s=5)  # closed after its calls could end
+        await old_way.close()  # the old addresses are gone
+        second = await _enqueue(sets[1], 1, 10, start=10)
+        await _until(lambda: done(second))
+        assert new_way.live >= 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        for client in clients:
+            await client.raft.close()
+        await new_way.close()
+    assert told == [1] and sorted(worker.lanes) == [1]

@@ -1,0 +1,90 @@
+"""What idle sets cost: N sets of three node processes (and the control set) with no client at
+all, their CPU over a few seconds. The standing cost each set adds is this, whatever the load
+(docs/benchmarks.md, "where an idle node's CPU goes"); bench.e2e's `nodes_idle` measures the same
+with the service's workers and API polling on top.
+
+    python -m bench.idle_sets --sets 3 --control --json
+
+`cores` is the nodes' utime + stime from /proc (what bench.e2e reads); `cores_sched` the
+scheduler's exact run time of every thread (/proc/PID/task/*/schedstat), which tick-based
+accounting can misattribute for processes that run for microseconds at a time.
+
+Must never: leave a node running after it returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.sets_cluster import SetProcesses
+
+
+def sched_seconds(pids: list[int]) -> float:
+    """Run time of every thread of `pids` so far (threads that ended meanwhile are not counted)."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that ended meanwhile
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+async def measure(sets: int, control: bool, seconds: float, settle_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="idle-sets-") as tmp:
+        processes = SetProcesses(Path(tmp), sets, control=control)
+        processes.start_all()
+        try:
+            await processes.wait_leaders()
+            await asyncio.sleep(settle_s)  # past the elections' writes and the first snapshots
+            pids = [p.pid for c in processes.clusters.values() for p in c.procs.values()]
+            cpu0, sched0, started = sum(processes.cpu_seconds().values()), sched_seconds(pids), time.monotonic()
+            await asyncio.sleep(seconds)
+            cpu1, sched1 = sum(processes.cpu_seconds().values()), sched_seconds(pids)
+            elapsed = time.monotonic() - started
+        finally:
+            processes.stop_all()
+    groups = len(processes.clusters)
+    cores = (cpu1 - cpu0) / elapsed
+    return {
+        "sets": sets,
+        "control": control,
+        "nodes": processes.nodes,
+        "seconds": round(elapsed, 2),
+        "cores": round(cores, 4),
+        "cores_sched": round((sched1 - sched0) / elapsed, 4),
+        "cores_per_group": round(cores / groups, 4),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.idle_sets", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sets", type=int, default=3, help="data sets of three nodes (1-5)")
+    parser.add_argument("--control", action="store_true", help="also the control set (as the service runs)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="how long to measure")
+    parser.add_argument("--settle-s", type=float, default=2.0, help="wait after the leaders are elected")
+    parser.add_argument("--json", action="store_true", help="print JSON (the default prints the same)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.sets <= 5 or args.seconds <= 0 or args.settle_s < 0:
+        print("bench.idle_sets: --sets must be 1-5, --seconds positive, --settle-s not negative", file=sys.stderr)
+        return 2
+    result = asyncio.run(measure(args.sets, args.control, args.seconds, args.settle_s))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
