@@ -19,11 +19,16 @@ expired every open lease at once. So "now" is this reading, the same rule on eve
   most a heartbeat and a message's flight (a staircase; its own clock is not consulted, so a
   follower's clock, however wrong, changes nothing).
 * **Never backwards, never frozen.** The reading never goes below a reading it gave before or the
-  greatest time the log committed. When it is ahead of that (a majority's clocks stepped back, an
-  older version stamped its own clock), it goes on by the smaller of the node's monotonic advance
-  and the base's advance since it went ahead (a leap of the base, as another clock becomes the
-  majority's, counts for no more than the monotonic advance, and the count starts again there),
-  instead of freezing until the majority catches up.
+  greatest time the log committed; nor, on a leader, below the greatest time stamped in the
+  entries its log held when it took the lead (`logged`): every one of them commits under it, and
+  the machine's time never goes back, so a lower stamp would hold the log's time until the reading
+  climbed past it (seed 3001408: a leader restarted from the time it had applied, a second below
+  its own stamps that had not committed yet, while a slow clock was the majority's). When it is
+  ahead of that (a majority's clocks stepped back, an older version stamped its own clock), it
+  goes on by the smaller of the node's monotonic advance and the base's advance since it went
+  ahead (a leap of the base, as another clock becomes the majority's, counts for no more than the
+  monotonic advance, and the count starts again there), instead of freezing until the majority
+  catches up.
   Without a base (an election going on, a follower cut off from its leader) the reading holds: a
   leader always has one (it hears from a majority, or check-quorum deposes it).
 * **A whole set that was down agrees that time moved on**: after a restart of every node the
@@ -83,6 +88,8 @@ class LogClock:
         self._readings: dict[int, _Sample] = {}
         self._committed_ms = 0
         """The greatest time the log committed that this node applied."""
+        self._logged_ms = 0
+        """While it leads: the greatest time stamped in its log's entries when it took the lead."""
         self._leading = False
         self._leader = 0
         self._voters: frozenset[int] = frozenset({node_id})
@@ -111,9 +118,19 @@ class LogClock:
         """An applied log entry carried this time: the reading is never below it from now on."""
         self._committed_ms = max(self._committed_ms, time_ms)
 
+    def logged(self, time_ms: int) -> None:
+        """As it takes the lead (after `set_role`): the greatest time stamped in the entries its log
+        holds above what it applied. While it leads, the reading is never below it: a Raft leader's
+        log commits whole under it, and the machine's time never goes back, so stamping below its
+        own log would hold the log's time still. Not kept past the lead: a follower's log may hold
+        entries the next leader overwrites, and a follower reads its leader's reading."""
+        if self._leading:
+            self._logged_ms = max(self._logged_ms, time_ms)
+
     def set_role(self, *, leading: bool, leader: int, voters: frozenset[int]) -> None:
         if (leading, leader) != (self._leading, self._leader):
             self._ahead = None  # another base (the majority's, another leader's): counted afresh
+            self._logged_ms = 0  # the log's times at the previous lead: `logged` says them anew
         self._leading, self._leader, self._voters = leading, leader, voters
 
     @property
@@ -129,13 +146,14 @@ class LogClock:
     def read(self, *, wall_ms: int, mono_ms: int) -> int:
         """The log's clock now. Call with the node's wall and monotonic clocks read just before."""
         base = self.base(wall_ms=wall_ms, mono_ms=mono_ms)
+        floor = max(self._committed_ms, self._logged_ms)  # _logged_ms is 0 unless it leads
         if not self._grounded:
-            start = max(self._committed_ms, 0 if base is None else self._within(wall_ms, base))
+            start = max(floor, 0 if base is None else self._within(wall_ms, base))
             if start == 0:
                 return wall_ms  # has heard nothing and applied nothing: its own clock, not kept
             self._grounded, self._reading_ms = True, start
             return start
-        reading = max(self._reading_ms, self._committed_ms)  # what the log committed since counts from here
+        reading = max(self._reading_ms, floor)  # what the log committed (or holds, led) since counts from here
         if base is not None:
             reference = self._within(wall_ms, base)
             if reference >= reading:
@@ -165,7 +183,7 @@ class LogClock:
             # whose clocks run fast would otherwise carry the log's time ahead alone. Nor may the
             # time it held count as advance once a base returns: counted afresh from there.
             self._ahead = None
-        self._reading_ms = max(reading, self._committed_ms)
+        self._reading_ms = max(reading, floor)
         return self._reading_ms
 
     def _within(self, wall_ms: int, base: int) -> int:

@@ -114,6 +114,7 @@ class Node:
         self.runner = ReadyRunner(core, runner_config, storage=storage, applier=applier, reader=self.reads,
                                   disk=self._io, machine=self._apply, effects=self)  # fmt: skip
         self.core = self.proposals.core = self.reads.core = self.snapshots.core = core
+        self.clock.follow_log(core.log)
         self.snapshots.wal = self.wal
         self.snapshots.runner = self.runner
 

@@ -11,7 +11,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from raft_store.log import RaftLog
 from raft_store.log_clock import LogClock
+from raft_store.state_machine import latest_stamp_ms
 from raft_store.types import Message
 
 
@@ -34,6 +36,12 @@ class NodeClock:
         self._lock = threading.Lock()
         self._role: tuple[bool, int, frozenset[int]] | None = None
         self._stamp: tuple[int, int] = (-1, 0)  # (monotonic ms, reading) of the last stamp
+        self._log: RaftLog | None = None
+
+    def follow_log(self, log: RaftLog) -> None:
+        """The node's log: as the node takes the lead, the times stamped in its entries above what
+        it applied are a floor of its reading (`LogClock.logged`)."""
+        self._log = log
 
     def read_ms(self) -> int:
         """The log's clock now: what the leader stamps into an entry and a query calls "now"."""
@@ -67,8 +75,12 @@ class NodeClock:
         role = (leading, leader, voters)
         if role != self._role:
             self._role = role
+            log = self._log
+            # On the node's loop, as the log is changed: the tail's stamps, read before the lock.
+            latest = latest_stamp_ms(log.entries_after(log.applied)) if leading and log is not None else 0
             with self._lock:
                 self._clock.set_role(leading=leading, leader=leader, voters=voters)
+                self._clock.logged(latest)
 
     def status(self) -> dict[str, int | None]:
         """The node's wall clock against the log's (`offset_ms`: wall minus log, which an alert

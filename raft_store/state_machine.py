@@ -13,9 +13,11 @@ no randomness, no iteration over unordered sets, no I/O whose result can differ 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
+
+from raft_store.types import Entry, EntryKind
 
 # A NORMAL log entry carries one batch of client commands, stamped with the leader's clock:
 #   header: u64 now_ms, u32 count
@@ -76,6 +78,23 @@ def decode_batch(payload: bytes) -> tuple[int, list[Command]]:
     if offset != len(payload):
         raise BatchFormatError("trailing bytes after the last command")
     return now_ms, commands
+
+
+def latest_stamp_ms(entries: Iterable[Entry]) -> int:
+    """The greatest time a leader stamped in these entries (0 if none carries a batch): what a node
+    taking the lead tells its log's clock about the entries it has not applied (`LogClock.logged`),
+    as they all commit under it. Reads each batch's header only (a tail of thousands of entries
+    costs well under a millisecond as the node takes the lead); an entry too short for the commands
+    its header claims (one that would apply as a no-op, raft_store/node_ports.py) stamps nothing."""
+    latest = 0
+    header, command = _HEADER.size, _COMMAND.size
+    for entry in entries:
+        data = entry.data
+        if entry.kind is EntryKind.NORMAL and len(data) >= header:
+            now_ms, count = _HEADER.unpack_from(data, 0)
+            if count <= BATCH_COMMANDS_MAX and len(data) >= header + count * command and now_ms > latest:
+                latest = now_ms
+    return int(latest)
 
 
 @runtime_checkable

@@ -27,7 +27,7 @@ from queues.simulation.workload import Workload
 from raft_store.core import ProposalDropped, Role
 from raft_store.simulation.clocks import EPOCH_MS
 from raft_store.simulation.cluster import Bugs, Cluster, SimNode
-from raft_store.state_machine import GroupCommittingMachine, decode_batch, encode_batch
+from raft_store.state_machine import GroupCommittingMachine, decode_batch, encode_batch, latest_stamp_ms
 from raft_store.types import Entry, EntryKind, Snapshot
 
 CLOCK_OFFSET_MS_MAX = 400
@@ -56,6 +56,10 @@ class ClockBugs:
     read_wall_clock: bool = False
     """Reads call "now" the serving node's wall clock: a node behind the log answers "nothing is
     ready" while the next Lease would grant."""
+    lead_from_applied: bool = False
+    """A node taking the lead reads from the time it applied, blind to the later times its log
+    holds (what the node did before seed 3001408): behind a slow majority, its stamps fall below
+    the log's and the log's time stands still until its reading climbs past them."""
 
 
 class QueueCluster(Cluster):
@@ -136,6 +140,12 @@ class QueueCluster(Cluster):
         if entry.index % DIGEST_EVERY == 0:
             self.qchecker.on_digest_point(node.node_id, entry.index)
         return results
+
+    def latest_stamp_ms(self, node: SimNode) -> int:
+        core = node.core
+        if core is None or self.clock_bugs.lead_from_applied:
+            return 0
+        return latest_stamp_ms(core.log.entries_after(core.log.applied))
 
     def _uncommitted(self, node: SimNode) -> bool:
         machine = self.machines[node.node_id]

@@ -150,6 +150,8 @@ class SimTime:
         if role != node.clock_role:
             node.clock_role = role
             clock.set_role(leading=role[0], leader=role[1], voters=role[2])
+            if role[0]:  # as raft_store/node_clock.py does: never below the times its log holds
+                clock.logged(self.cluster.latest_stamp_ms(node))
         reading = clock.read(wall_ms=self.wall(node_id), mono_ms=self.monotonic(node_id))
         self.cluster.checker.on_clock_reading(node_id, node.generation, reading, grounded=clock.grounded)
         return reading

@@ -301,6 +301,11 @@ class Cluster:
         node.applied.append((entry.index, entry.term, entry.data))
         return []
 
+    def latest_stamp_ms(self, node: SimNode) -> int:
+        """The greatest time stamped in the entries of the node's log it has not applied: the base's
+        entries carry no time."""
+        return 0
+
     def _uncommitted(self, node: SimNode) -> bool:
         """The node's machine holds applied state its store has not committed (group commit)."""
         return False

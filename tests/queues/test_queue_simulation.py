@@ -10,6 +10,7 @@ its seed; pin it in queue_sim_regressions.txt once fixed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -18,13 +19,14 @@ import pytest
 
 from queues.codec import encode_command
 from queues.model import Event, EventType, EventValue, ExpireLeases
-from queues.simulation.cluster import QueueCluster
+from queues.simulation.cluster import STRAGGLERS_MS_MAX, ClockBugs, QueueCluster
 from queues.simulation.history import LogModel
 from queues.simulation.runner import run_seed
 from queues.simulation.totals import Totals
 from raft_store.simulation.clocks import EPOCH_MS
-from raft_store.simulation.cluster import SimulationFailure
+from raft_store.simulation.cluster import SimNode, SimulationFailure
 from raft_store.simulation.runner import read_regressions
+from raft_store.types import Message, MessageType
 
 REGRESSIONS = Path(__file__).with_name("queue_sim_regressions.txt")
 BUDGET_S = float(os.environ.get("QUEUE_SIM_BUDGET_S", "120"))
@@ -230,3 +232,66 @@ def test_the_end_check_waits_for_a_quiet_log_and_still_fails_a_stalled_follower(
     assert failure is None, str(failure)
     _, failure = _run_with_a_late_command(3, cut_follower=True)
     assert failure is not None and "after healing" in failure.reason, failure
+
+
+def _leader_restarted_behind_its_log(seed: int, bugs: ClockBugs) -> tuple[QueueCluster, SimulationFailure | None]:
+    """Seed 3001408's shape, built on purpose. The leader's reading is carried ahead of the
+    majority's time (its only reachable peer's clock is 10 s slow, the third node cut off) while
+    nothing commits (its appends to that peer are lost; heartbeats pass, so it stays leader): its
+    log holds 2.5 s of stamps above what it applied. It restarts and leads again. Reading from the
+    time it applied, it would stamp its new entries below its own log's, and once they commit the
+    log's time would stand still at the old stamps while it proposes."""
+    cluster = QueueCluster(seed, clock_bugs=bugs)
+    cluster.faults = dataclasses.replace(cluster.faults, corrupt_probability=0.0)  # every crash restarts
+    for node_id, clock in cluster.time.clocks.items():  # no clock fault of the seed's, only the one below
+        clock.offset_ms, clock.rate, clock.steps = cluster.offsets[node_id], cluster.nodes[node_id].drift, []
+    appends_lost: set[tuple[int, int]] = set()
+    send = cluster._send
+
+    def lossy_send(node: SimNode, m: Message) -> None:
+        if (m.frm, m.to) not in appends_lost or m.type is not MessageType.APP or not m.entries:
+            send(node, m)
+
+    cluster._send = lossy_send  # type: ignore[method-assign]
+    try:
+        cluster.workload.start()
+        cluster.run_until(1000)
+        leader = cluster.leader()
+        assert leader is not None
+        slow, cut = (n for n in cluster.ids if n != leader)
+        cluster.time.clocks[slow].offset_ms -= 10_000
+        cluster.blocked |= {(leader, cut), (cut, leader), (slow, cut), (cut, slow)}
+        appends_lost.add((leader, slow))
+        cluster.run_until(cluster.now + 2500)
+        core = cluster.nodes[leader].core
+        assert core is not None and core.log.last_index() - core.log.committed > 100, "the tail did not build up"
+        cluster.crash(leader)
+        cluster.run_until(cluster.now + 200)
+        cluster.restart(leader)
+        cluster.run_until(cluster.now + 3000)
+        assert cluster.leader() == leader, "the restarted leader (the longest log) did not lead again"
+        appends_lost.clear()
+        cluster.heal()
+        cluster.workload.drain()
+        while cluster.now < 40_000 and not cluster.workload.drained():
+            cluster.run_until(cluster.now + 250)
+        cluster.workload.stop()
+        cluster.run_until_quiet(cluster.now + 2000, wait_max_ms=STRAGGLERS_MS_MAX)
+        cluster.qchecker.check_end()
+    except SimulationFailure as failure:
+        return cluster, failure
+    return cluster, None
+
+
+@pytest.mark.slow
+def test_a_leader_never_stamps_below_the_times_its_log_holds() -> None:
+    """Seed 3001408 (issue 22): a leader that restarted read from the time it had applied, a second
+    below its own unapplied stamps, and the log's time stood still while it led. It now reads no
+    lower than the greatest stamp in its log (`LogClock.logged`). Planted back, the checker fails
+    the first entry stamped below the log's time (before it checked that, the symptom failed the
+    seed a second later: the log's time stood still 1,001-1,005 ms on seeds 1-12 of this shape)."""
+    cluster, failure = _leader_restarted_behind_its_log(1, ClockBugs())
+    assert failure is None, str(failure)
+    assert cluster.qchecker.clock_went_back == 0 and cluster.qchecker.freeze_max_ms < 500
+    _, failure = _leader_restarted_behind_its_log(1, ClockBugs(lead_from_applied=True))
+    assert failure is not None and "ms below the log's time" in failure.reason, failure

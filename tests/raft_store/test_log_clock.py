@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 
 from raft_store import codec
+from raft_store.log import RaftLog
 from raft_store.log_clock import BAND_MS, SAMPLE_TTL_MS, LogClock
-from raft_store.types import Message, MessageType
+from raft_store.node_clock import NodeClock
+from raft_store.state_machine import encode_batch, latest_stamp_ms
+from raft_store.types import ConfState, Entry, EntryKind, Message, MessageType, SnapshotMeta
 
 T0 = 1_700_000_000_000
 VOTERS = frozenset({1, 2, 3})
@@ -154,6 +157,61 @@ def test_a_reading_raised_since_it_went_ahead_goes_on_from_where_it_is() -> None
     assert clock.read(wall_ms=T0 + 100, mono_ms=100) == T0 + 2_000
     hear(clock, 400, n2=T0 + 400, n3=T0 + 400)
     assert clock.read(wall_ms=T0 + 400, mono_ms=400) == T0 + 2_300  # on by the majority's 300 ms
+
+
+def test_a_leader_reads_no_lower_than_the_times_its_log_holds() -> None:
+    """Seed 3001408 of the queue simulation: a leader restarted (its reading lost) with 1 s of its
+    own stamps in its log above what it applied, behind a majority whose time is a slow clock's.
+    Read from the applied time, it stamped below its own log, and the log's time stood still 1 s."""
+    clock = LogClock(1)
+    clock.committed(T0 + 4_343)  # what its machine applied before the restart
+    clock.set_role(leading=True, leader=1, voters=VOTERS)
+    clock.logged(T0 + 5_344)  # its log's unapplied entries, stamped before the restart
+    hear(clock, 0, n2=T0 - 10_000)  # n3 cut off: the majority's time is n2's, 10 s slow
+    assert clock.read(wall_ms=T0 + 6_000, mono_ms=0) == T0 + 5_344
+    hear(clock, 100, n2=T0 - 9_900)
+    assert clock.read(wall_ms=T0 + 6_100, mono_ms=100) == T0 + 5_344  # ahead of the majority: counted from here
+    hear(clock, 400, n2=T0 - 9_600)
+    assert clock.read(wall_ms=T0 + 6_400, mono_ms=400) == T0 + 5_644  # on at the majority's pace
+
+
+def test_the_times_a_log_holds_count_only_while_its_node_leads() -> None:
+    """A follower's log may hold entries the next leader overwrites, and a follower reads its leader's
+    reading: `logged` is no floor of it, nor of a later lead (which says its own log anew)."""
+    clock = LogClock(1)
+    clock.set_role(leading=False, leader=2, voters=VOTERS)
+    clock.logged(T0 + 9_000)
+    clock.heard(2, wall_ms=T0, clock_ms=T0 + 100, mono_ms=0)
+    assert clock.read(wall_ms=T0, mono_ms=0) == T0 + 100
+    clock.set_role(leading=True, leader=1, voters=VOTERS)
+    clock.logged(T0 + 200)
+    hear(clock, 0, n2=T0, n3=T0)
+    assert clock.read(wall_ms=T0, mono_ms=0) == T0 + 200
+    clock.set_role(leading=False, leader=0, voters=VOTERS)
+    clock.set_role(leading=True, leader=1, voters=VOTERS)
+    hear(clock, 5, n2=T0 - 5_000, n3=T0 - 5_000)
+    assert clock.read(wall_ms=T0 - 5_000, mono_ms=5) == T0 + 200  # never back, and 9_000 never counted
+
+
+def _log(*stamps: int, applied: int) -> RaftLog:
+    entries = [Entry(1, i, EntryKind.NORMAL, encode_batch(t, [(1, i, b"x" * i)])) for i, t in enumerate(stamps, 1)]
+    entries.append(Entry(2, len(stamps) + 1, EntryKind.NOOP))  # a new leader's no-op: no stamp
+    entries.append(Entry(2, len(stamps) + 2, EntryKind.NORMAL, b"\xff" * 13))  # no batch: no stamp
+    meta = SnapshotMeta(0, 0, ConfState(voters=VOTERS))
+    return RaftLog(meta, entries, committed=applied, applied=applied)
+
+
+def test_a_node_taking_the_lead_tells_its_clock_the_stamps_it_has_not_applied() -> None:
+    """raft_store/node.py's side (NodeClock.follow_log): the greatest stamp above what it applied,
+    whatever order the terms left them in; entries without a batch stamp nothing."""
+    log = _log(T0 + 900, T0 + 500, T0 + 800, T0 + 700, applied=1)
+    assert latest_stamp_ms(log.entries_after(log.applied)) == T0 + 800
+    assert latest_stamp_ms(log.entries_after(4)) == 0
+    clock = NodeClock(1, band_ms=BAND_MS, wall=lambda: T0 - 30_000, monotonic=lambda: 0)
+    clock.follow_log(log)
+    clock.committed(T0 + 100)
+    clock.set_role(True, 1, VOTERS)
+    assert clock.read_ms() == T0 + 800
 
 
 def test_a_leader_without_a_majority_of_fresh_samples_holds_its_reading() -> None:
