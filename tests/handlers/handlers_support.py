@@ -26,6 +26,7 @@ from handlers.signing import Secret
 from handlers.standins.server import StandinsSettings, serve
 from ledger import pg
 from ledger.kinds import CallbackPayload, Kind, ListUpdatePayload, Payload, TransferPayload
+from raft_store.testing.processes import free_ports
 
 START_TIMEOUT_S: Final = 20.0
 SECRETS: Final = {
@@ -103,8 +104,11 @@ def emptied(dsn: str) -> str:
 @contextmanager
 def running_standins(dsn: str, *, seed: int | None = 7, **modes: bool) -> Iterator[Standins]:
     """`modes`: StandinsSettings' payment_dedup, payment_expiry, callback_dedup."""
-    settings = StandinsSettings(payment_port=pg.free_tcp_port(), red_packet_port=pg.free_tcp_port(),
-                                callback_port=pg.free_tcp_port(), seed=seed, **modes)  # fmt: skip
+    # Drawn together (each socket held until all three are bound): three separate draws may return
+    # one port twice, and the stand-ins then refuse to start.
+    payment, red_packet, callback = free_ports(3)
+    settings = StandinsSettings(payment_port=payment, red_packet_port=red_packet, callback_port=callback,
+                                seed=seed, **modes)  # fmt: skip
     started = threading.Event()
     failure: list[BaseException] = []
     loop = asyncio.new_event_loop()

@@ -19,14 +19,15 @@ from handlers_support import SECRETS
 from compensator import cli
 from handlers.signing import sign
 from ledger import pg
+from raft_store.testing.processes import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_TEXT = "whsec-command-test-0123456789"
 
 
 def ports() -> list[str]:
-    return ["--payment-port", str(pg.free_tcp_port()), "--red-packet-port", str(pg.free_tcp_port()),
-            "--callback-port", str(pg.free_tcp_port())]  # fmt: skip
+    payment, red_packet, callback = free_ports(3)  # distinct: drawn with all three sockets bound
+    return ["--payment-port", str(payment), "--red-packet-port", str(red_packet), "--callback-port", str(callback)]
 
 
 def error_of(capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[str, str] | None = None) -> str:
