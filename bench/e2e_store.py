@@ -174,3 +174,10 @@ def summed(by_set: dict[int, dict[str, float]]) -> dict[str, float]:
         for name, value in found.items():
             total[name] = total.get(name, 0.0) + value
     return total
+
+
+def progress_between(
+    before: dict[int, dict[str, float]], after: dict[int, dict[str, float]]
+) -> dict[int, dict[str, float]]:
+    """Each set's leader's progress from `before` to `after` (`StoreReader.leader_progress`)."""
+    return {set_id: {name: now[name] - before.get(set_id, {}).get(name, 0.0) for name in now} for set_id, now in after.items()}
