@@ -66,9 +66,10 @@ def payload(view: KvRead, record: MessageRecord) -> bytes:
     return stored
 
 
-def holder(view: KvRead, idempotency_key: str) -> MessageRecord | None:
-    """The message that holds the key (a live request or its tombstone), if any."""
-    stored = view.get(Table.KEYS, keys.key_hash(idempotency_key))
+def holder(view: KvRead, idempotency_key: str, hashed: bytes | None = None) -> MessageRecord | None:
+    """The message that holds the key (a live request or its tombstone), if any. `hashed`: the
+    key's `keys.key_hash`, when the caller has it already."""
+    stored = view.get(Table.KEYS, keys.key_hash(idempotency_key) if hashed is None else hashed)
     if stored is None:
         return None
     record = load(view, keys.u64_of(stored))
@@ -83,13 +84,14 @@ def group_name(record: MessageRecord) -> GroupName:
     return record.kind, record.dead_error_class, record.currency, record.amount is not None
 
 
-def insert(entry: Entry, record: MessageRecord, body: bytes) -> None:
-    """A new message (always WAITING): its row, its payload, and its key claimed."""
+def insert(entry: Entry, record: MessageRecord, body: bytes, hashed: bytes | None = None) -> None:
+    """A new message (always WAITING): its row, its payload, and its key claimed (`hashed`: the
+    key's `keys.key_hash`, when the caller has it already)."""
     tx = entry.tx
     key = keys.u64(record.id)
     tx.put(Table.MESSAGES, key, encode(record), append=True)
     tx.put(Table.BODIES, key, body, append=True)
-    tx.put(Table.KEYS, keys.key_hash(record.idempotency_key), key)
+    tx.put(Table.KEYS, keys.key_hash(record.idempotency_key) if hashed is None else hashed, key)
     tx.put(Table.REFS, keys.ref_prefix(record.ref_key) + key, b"")
     tx.put(Table.DUE, keys.kind_prefix(record.kind) + keys.pair(record.due_ms, record.id), b"")
     entry.move(record.kind, None, record.phase)

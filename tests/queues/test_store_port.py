@@ -136,6 +136,29 @@ def test_an_entry_that_raises_is_undone_alone(store: Store) -> None:
     assert list(store.read().scan(Table.KINDS)) == [(b"first", b"1"), (b"third", b"3")]
 
 
+def test_an_entry_that_raises_leaves_every_table_as_it_was(store: Store) -> None:
+    """Appends, replaces (one key twice), deletes and a scan between them, in several tables: all
+    undone, and the entries before it in the group kept."""
+    _put(store, Table.EVENTS, (u64(1), b"e1"), (u64(2), b"e2"))
+    _put(store, Table.KEYS, (b"k1", b"1"), (b"k2", b"2"), (b"k3", b"3"))
+    before = {table: list(store.read().scan(table)) for table in (Table.EVENTS, Table.KEYS, Table.DUE)}
+    with pytest.raises(RuntimeError), store.write() as tx:
+        tx.put(Table.EVENTS, u64(3), b"e3", append=True)
+        tx.put(Table.KEYS, b"k1", b"one")
+        tx.put(Table.KEYS, b"k1", b"uno")
+        tx.put(Table.KEYS, b"k0", b"0")
+        assert tx.delete(Table.KEYS, b"k2") and not tx.delete(Table.KEYS, b"k9")
+        tx.put(Table.DUE, b"d", b"")
+        assert [key for key, _ in tx.scan(Table.KEYS)] == [b"k0", b"k1", b"k3"]
+        assert tx.delete(Table.EVENTS, u64(3)) and tx.delete(Table.EVENTS, u64(1))
+        tx.put(Table.EVENTS, u64(4), b"e4", append=True)
+        raise RuntimeError("the rule failed")
+    assert {table: list(store.read().scan(table)) for table in before} == before
+    with store.write() as tx:  # the store goes on as before
+        tx.put(Table.EVENTS, u64(3), b"e3", append=True)
+    assert [key for key, _ in store.read().scan(Table.EVENTS)] == [u64(1), u64(2), u64(3)]
+
+
 def test_writes_are_grouped_until_a_commit(store: Store) -> None:
     assert not store.uncommitted
     _put(store, Table.KINDS, (b"a", b"1"))
