@@ -70,6 +70,13 @@ class Tx:
         self.changes += found
         return found
 
+    def claim(self, table: Table, key: bytes, value: bytes) -> bytes | None:
+        db = self._dbs[table]
+        if self._txn.put(key, value, True, False, False, db):  # MDB_NOOVERWRITE: False when the key is there
+            self.changes += 1
+            return None
+        return cast("bytes", self._txn.get(key, None, db))
+
 
 class OlderTx(Tx):
     """A read-only view of a file written by an earlier version, which lacks the tables added since

@@ -107,6 +107,20 @@ def test_the_key_encodings_group_and_order_as_the_rules_need(store: Store) -> No
     assert sorted(pair(a, b) for a, b in ((2, 1), (1, 9), (1, 3))) == [pair(1, 3), pair(1, 9), pair(2, 1)]
 
 
+def test_a_claim_inserts_only_an_absent_key_and_answers_the_present_value(store: Store) -> None:
+    with store.write() as tx:
+        assert tx.claim(Table.KEYS, b"k", b"1") is None
+        assert tx.claim(Table.KEYS, b"k", b"2") == b"1"  # there already: unchanged
+        assert tx.get(Table.KEYS, b"k") == b"1"
+        assert tx.claim(Table.KEYS, b"empty", b"") is None and tx.claim(Table.KEYS, b"empty", b"x") == b""
+    view = store.read()
+    assert list(view.scan(Table.KEYS)) == [(b"empty", b""), (b"k", b"1")]
+    with pytest.raises(RuntimeError), store.write() as tx:
+        assert tx.claim(Table.KEYS, b"new", b"3") is None
+        raise RuntimeError("the rule failed")
+    assert store.read().get(Table.KEYS, b"new") is None  # a claim is undone with its entry
+
+
 def test_an_append_is_refused_unless_above_every_key(store: Store) -> None:
     with store.write() as tx:
         tx.put(Table.EVENTS, u64(5), b"e5", append=True)
