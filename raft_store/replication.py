@@ -6,15 +6,15 @@ follower) and pipelined up to `inflight_max` per follower; a follower too far be
 snapshot, whose bytes the runner attaches on the way out. An entry is committed once a majority
 of voters hold it and it is of the leader's own term (Raft 5.4.2). Membership changes take
 effect as they are appended, so the trackers follow the configuration in the log. Heartbeats
-carry the newest read's context, which is how reads are confirmed. A follower that was sent an
-append within the heartbeat interval gets no heartbeat (the append does everything the heartbeat
-would: see `tick`). Part of the pure core.
+carry the newest read's context, which is how reads are confirmed; when each follower gets one is
+heartbeats.py's (not when it was just sent an append). Part of the pure core.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from raft_store.heartbeats import Heartbeats
 from raft_store.progress import Progress, ProgressState
 from raft_store.types import NO_NODE, Entry, EntryKind, Message, MessageType, Role, Snapshot
 
@@ -33,11 +33,11 @@ class Replication:
         self.progress: dict[int, Progress] = {}
         self.uncommitted_bytes = 0
         self.broadcast_pending = False
-        self._heartbeat_elapsed = 0
+        self.heartbeats = Heartbeats(core)
 
     def reset(self) -> None:
         self.progress = {}
-        self._heartbeat_elapsed = 0
+        self.heartbeats.reset()
 
     def start_leading(self) -> None:
         """Track every member from the end of the log and append this term's first entry."""
@@ -241,57 +241,17 @@ class Replication:
             pr.become_probe()
 
     def broadcast_heartbeat(self, context: bytes) -> None:
-        """Every follower hears from the leader now: a read's round (read_index.py), which must
-        not wait for a heartbeat due, or a heartbeat repeating a read's context."""
-        core = self._core
-        for node in sorted(self.progress):
-            if node != core.id:
-                self._heartbeat(node, self.progress[node], context)
-
-    def _heartbeat(self, node: int, pr: Progress, context: bytes) -> None:
-        core = self._core
-        core.send_early(
-            Message(
-                MT.HEARTBEAT,
-                to=node,
-                frm=core.id,
-                term=core.term,
-                commit=min(pr.match, core.log.committed),
-                context=context,
-            )
-        )
-        pr.quiet_ticks, pr.on_beat = 0, True
+        """Every follower hears from the leader now (a read's round: read_index.py)."""
+        self.heartbeats.broadcast(self.progress, context)
 
     def tick(self) -> None:
         """A leader's tick: step down without a quorum's recent answers (check-quorum), give up
         a transfer that did not finish in an election timeout, re-offer lost snapshots, and send
-        heartbeats.
-
-        A heartbeat goes to a follower once `heartbeat_ticks` ticks passed without the leader
-        sending it an append or a heartbeat (`Progress.quiet_ticks`), not on a fixed beat: under
-        load the appends (every few ms) already do all a heartbeat does. An append resets the
-        follower's election timer, carries the commit index (all of it, not just what the
-        follower matches: the follower commits only what it holds) and, stamped by the runner,
-        the leader's clock reading; its answer carries the follower's wall clock and counts as
-        contact for check-quorum, as a heartbeat's does. A follower that gets no append (paused,
-        probing, lagging, idle) gets heartbeats as before, and their answers re-send what was
-        lost. So no follower goes longer than `heartbeat_ticks` ticks without a message from its
-        leader, as with a fixed beat (the log clock's band and the followers' staircase assume
-        exactly that bound). When one follower's heartbeat is due, the others on the heartbeat beat
-        (their last message was a heartbeat) past half the interval get theirs too: followers whose
-        appends ended on different ticks fall into step, and an idle leader keeps one heartbeat
-        turn per interval, while a follower fed appends is not sent heartbeats because another
-        one (down, paused, lagging) is.
-
-        Reads are not left to the appends: while one waits for a quorum's answers (an append's
-        answer carries no read context), every follower hears the read's context again every
-        `heartbeat_ticks`, as before."""
+        the heartbeats due (heartbeats.py: not to a follower that was just sent an append)."""
         core = self._core
         elections = core.elections
-        self._heartbeat_elapsed += 1
         elections.elapsed += 1
-        for pr in self.progress.values():
-            pr.quiet_ticks += 1  # the leader's own never matters (skipped below)
+        self.heartbeats.count_tick(self.progress)
         if elections.elapsed >= core.config.election_ticks:
             elections.elapsed = 0
             if core.config.check_quorum and not self._quorum_active():
@@ -305,34 +265,16 @@ class Replication:
                 pr.snapshot_ticks += 1
                 if pr.snapshot_ticks > 2 * core.config.election_ticks:
                     pr.become_probe()  # the snapshot was lost on the way: offer it again
-        interval = core.config.heartbeat_ticks
-        context = core.reads.latest_context()
-        if self._heartbeat_elapsed >= interval:
-            self._heartbeat_elapsed = 0
-            if context:  # a read waits for its answers: every follower hears its context again
-                self.broadcast_heartbeat(context)
-                return
-        followers = [(node, pr) for node, pr in sorted(self.progress.items()) if node != core.id]
-        if any(pr.quiet_ticks >= interval for _, pr in followers):
-            half = (interval + 1) // 2
-            for node, pr in followers:
-                if pr.quiet_ticks >= interval or (pr.on_beat and pr.quiet_ticks >= half):
-                    self._heartbeat(node, pr, context)
+        self.heartbeats.send_due(self.progress)
 
     def ticks_until_due(self) -> int:
         """The leader's next tick that does more than count (see `RaftCore.ticks_until_due`): a
-        follower's heartbeat, a waiting read's repeated heartbeat, the check-quorum and transfer
-        deadline, or a lost snapshot's re-offer."""
+        heartbeat due, the check-quorum and transfer deadline, or a lost snapshot's re-offer."""
         core = self._core
-        interval = core.config.heartbeat_ticks
-        due = core.config.election_ticks - core.elections.elapsed
-        for node, pr in self.progress.items():
-            if node != core.id:
-                due = min(due, interval - pr.quiet_ticks)
+        due = min(core.config.election_ticks - core.elections.elapsed, self.heartbeats.ticks_until_due(self.progress))
+        for pr in self.progress.values():
             if pr.state is ProgressState.SNAPSHOT:
                 due = min(due, 2 * core.config.election_ticks + 1 - pr.snapshot_ticks)
-        if core.reads.latest_context():
-            due = min(due, interval - self._heartbeat_elapsed)
         return max(1, due)
 
     def _quorum_active(self) -> bool:
