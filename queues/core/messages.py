@@ -12,7 +12,8 @@ after)`), and this module moves the message between the indexes its fields put i
                                                       (queues.core.dead_amounts)
     PURGE    purge_ms, id          while a tombstone  the purge, oldest first
     REFS     hash(ref key), id     always             a business id's requests
-    KEYS     hash(idempotency key) -> id              the key's current holder (claimed at enqueue)
+    KEYS     hash(idempotency key) -> id              the key's current holder (claimed at enqueue:
+                                                      `claim`, one lookup that inserts a free key)
 
 and counts each move between phases into the entry's per-(kind, phase) counts. Every scan the
 rules make goes through one of these indexes, with a bound.
@@ -68,7 +69,19 @@ def payload(view: KvRead, record: MessageRecord) -> bytes:
 
 def holder(view: KvRead, idempotency_key: str) -> MessageRecord | None:
     """The message that holds the key (a live request or its tombstone), if any."""
-    stored = view.get(Table.KEYS, keys.key_hash(idempotency_key))
+    return _holder(view, idempotency_key, view.get(Table.KEYS, keys.key_hash(idempotency_key)))
+
+
+def claim(tx: KvWrite, idempotency_key: str, hashed: bytes, message_id: int) -> MessageRecord | None:
+    """Claim the key (its `keys.key_hash`, `hashed`) for a new message `message_id`, unless a
+    message holds it: then that holder (a live request or its tombstone), and nothing written.
+    None: the key now maps to `message_id`, whose row `insert(..., claimed=True)` must write in
+    the same entry (or the claim is given back with a delete of the KEYS row)."""
+    return _holder(tx, idempotency_key, tx.claim(Table.KEYS, hashed, keys.u64(message_id)))
+
+
+def _holder(view: KvRead, idempotency_key: str, stored: bytes | None) -> MessageRecord | None:
+    """The row of the message whose id the key's KEYS row holds (`stored`)."""
     if stored is None:
         return None
     record = load(view, keys.u64_of(stored))
@@ -83,13 +96,17 @@ def group_name(record: MessageRecord) -> GroupName:
     return record.kind, record.dead_error_class, record.currency, record.amount is not None
 
 
-def insert(entry: Entry, record: MessageRecord, body: bytes) -> None:
-    """A new message (always WAITING): its row, its payload, and its key claimed."""
+def insert(
+    entry: Entry, record: MessageRecord, body: bytes, hashed: bytes | None = None, *, claimed: bool = False
+) -> None:
+    """A new message (always WAITING): its row, its payload, and its key claimed (`hashed`: the
+    key's `keys.key_hash`, when the caller has it already; `claimed`: `claim` wrote the key's row)."""
     tx = entry.tx
     key = keys.u64(record.id)
     tx.put(Table.MESSAGES, key, encode(record), append=True)
     tx.put(Table.BODIES, key, body, append=True)
-    tx.put(Table.KEYS, keys.key_hash(record.idempotency_key), key)
+    if not claimed:
+        tx.put(Table.KEYS, keys.key_hash(record.idempotency_key) if hashed is None else hashed, key)
     tx.put(Table.REFS, keys.ref_prefix(record.ref_key) + key, b"")
     tx.put(Table.DUE, keys.kind_prefix(record.kind) + keys.pair(record.due_ms, record.id), b"")
     entry.move(record.kind, None, record.phase)

@@ -93,3 +93,9 @@ class KvWrite(KvRead, Protocol):
     def delete(self, table: Table, key: bytes) -> bool:
         """Whether the key was there."""
         ...
+
+    def claim(self, table: Table, key: bytes, value: bytes) -> bytes | None:
+        """Insert `value` at `key` unless the key is there; answer what is there (None: inserted).
+        One lookup where `get` then `put` take two: an idempotency key is claimed so at each
+        enqueue, on every replica, and a new key (the common case) is found absent by the insert."""
+        ...

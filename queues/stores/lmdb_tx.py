@@ -29,7 +29,8 @@ class Tx:
         self.changes = 0
 
     def get(self, table: Table, key: bytes) -> bytes | None:
-        return cast("bytes | None", self._txn.get(key, db=self._dbs[table]))
+        # Positional arguments to py-lmdb throughout: it parses keywords slowly, and these run per row.
+        return cast("bytes | None", self._txn.get(key, None, self._dbs[table]))
 
     def scan(
         self, table: Table, start: bytes = b"", stop: bytes | None = None, *, reverse: bool = False
@@ -60,14 +61,21 @@ class Tx:
         return int(self._txn.stat(self._dbs[table])["entries"])
 
     def put(self, table: Table, key: bytes, value: bytes, *, append: bool = False) -> None:
-        if not self._txn.put(key, value, db=self._dbs[table], append=append) and append:
+        if not self._txn.put(key, value, True, True, append, self._dbs[table]) and append:
             raise StoreError(f"{table.name}: an append of {key.hex()} is not above the table's last key")
         self.changes += 1
 
     def delete(self, table: Table, key: bytes) -> bool:
-        found = bool(self._txn.delete(key, db=self._dbs[table]))
+        found = bool(self._txn.delete(key, b"", self._dbs[table]))
         self.changes += found
         return found
+
+    def claim(self, table: Table, key: bytes, value: bytes) -> bytes | None:
+        db = self._dbs[table]
+        if self._txn.put(key, value, True, False, False, db):  # MDB_NOOVERWRITE: False when the key is there
+            self.changes += 1
+            return None
+        return cast("bytes", self._txn.get(key, None, db))
 
 
 class OlderTx(Tx):

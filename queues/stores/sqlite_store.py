@@ -70,6 +70,12 @@ class _Tx:
         self.changes += found
         return found
 
+    def claim(self, table: Table, key: bytes, value: bytes) -> bytes | None:
+        if self._conn.execute(f"INSERT OR IGNORE INTO t{table.value} (k, v) VALUES (?, ?)", (key, value)).rowcount:
+            self.changes += 1
+            return None
+        return self.get(table, key)
+
 
 class SqlitePinned:
     """A read transaction pinned on a file store, on a connection of its own."""

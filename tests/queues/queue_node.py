@@ -94,6 +94,10 @@ class CountingWrite(CountingView):
     def delete(self, table: Table, key: bytes) -> bool:
         return self._tx.delete(table, key)
 
+    def claim(self, table: Table, key: bytes, value: bytes) -> bytes | None:
+        self.gets[table] = self.gets.get(table, 0) + 1
+        return self._tx.claim(table, key, value)
+
 
 def tamper(machine: QueueMachine, table: Table, key: bytes, value: bytes | None) -> None:
     """Change one stored value behind the rules' back: a store corrupted at rest, for the audit's tests."""

@@ -8,6 +8,7 @@ from queue_node import Node
 
 from queues import codec
 from queues.core import audit_chain
+from queues.core.port import Table
 from queues.model import Code, Enqueue, EnqueueResult, RouteFence, RouteResult
 
 
@@ -22,8 +23,10 @@ def test_a_fenced_set_refuses_new_keys_of_older_epochs_and_still_answers_the_key
     assert node.apply(RouteFence(epoch=2, actor="ops", reason="set 2 added")) == RouteResult(
         code=Code.OK, min_route_epoch=2
     )
+    keys_before = list(node.machine.view.scan(Table.KEYS))
     assert node.apply(enqueue("new", route_epoch=1)) == RouteResult(code=Code.ROUTE_STALE, min_route_epoch=2)
     assert node.apply(enqueue("new")) == RouteResult(code=Code.ROUTE_STALE, min_route_epoch=2)  # unrouted too
+    assert list(node.machine.view.scan(Table.KEYS)) == keys_before  # the key refused is left unclaimed
     replay = node.apply(enqueue("held", route_epoch=1))
     assert isinstance(replay, EnqueueResult) and (replay.code, replay.message_id) == (Code.EXISTS, held.message_id)
     conflict = node.apply(enqueue("held", route_epoch=1, payload=b"other"))

@@ -107,6 +107,20 @@ def test_the_key_encodings_group_and_order_as_the_rules_need(store: Store) -> No
     assert sorted(pair(a, b) for a, b in ((2, 1), (1, 9), (1, 3))) == [pair(1, 3), pair(1, 9), pair(2, 1)]
 
 
+def test_a_claim_inserts_only_an_absent_key_and_answers_the_present_value(store: Store) -> None:
+    with store.write() as tx:
+        assert tx.claim(Table.KEYS, b"k", b"1") is None
+        assert tx.claim(Table.KEYS, b"k", b"2") == b"1"  # there already: unchanged
+        assert tx.get(Table.KEYS, b"k") == b"1"
+        assert tx.claim(Table.KEYS, b"empty", b"") is None and tx.claim(Table.KEYS, b"empty", b"x") == b""
+    view = store.read()
+    assert list(view.scan(Table.KEYS)) == [(b"empty", b""), (b"k", b"1")]
+    with pytest.raises(RuntimeError), store.write() as tx:
+        assert tx.claim(Table.KEYS, b"new", b"3") is None
+        raise RuntimeError("the rule failed")
+    assert store.read().get(Table.KEYS, b"new") is None  # a claim is undone with its entry
+
+
 def test_an_append_is_refused_unless_above_every_key(store: Store) -> None:
     with store.write() as tx:
         tx.put(Table.EVENTS, u64(5), b"e5", append=True)
@@ -134,6 +148,29 @@ def test_an_entry_that_raises_is_undone_alone(store: Store) -> None:
         raise RuntimeError("the rule failed")
     _put(store, Table.KINDS, (b"third", b"3"))
     assert list(store.read().scan(Table.KINDS)) == [(b"first", b"1"), (b"third", b"3")]
+
+
+def test_an_entry_that_raises_leaves_every_table_as_it_was(store: Store) -> None:
+    """Appends, replaces (one key twice), deletes and a scan between them, in several tables: all
+    undone, and the entries before it in the group kept."""
+    _put(store, Table.EVENTS, (u64(1), b"e1"), (u64(2), b"e2"))
+    _put(store, Table.KEYS, (b"k1", b"1"), (b"k2", b"2"), (b"k3", b"3"))
+    before = {table: list(store.read().scan(table)) for table in (Table.EVENTS, Table.KEYS, Table.DUE)}
+    with pytest.raises(RuntimeError), store.write() as tx:
+        tx.put(Table.EVENTS, u64(3), b"e3", append=True)
+        tx.put(Table.KEYS, b"k1", b"one")
+        tx.put(Table.KEYS, b"k1", b"uno")
+        tx.put(Table.KEYS, b"k0", b"0")
+        assert tx.delete(Table.KEYS, b"k2") and not tx.delete(Table.KEYS, b"k9")
+        tx.put(Table.DUE, b"d", b"")
+        assert [key for key, _ in tx.scan(Table.KEYS)] == [b"k0", b"k1", b"k3"]
+        assert tx.delete(Table.EVENTS, u64(3)) and tx.delete(Table.EVENTS, u64(1))
+        tx.put(Table.EVENTS, u64(4), b"e4", append=True)
+        raise RuntimeError("the rule failed")
+    assert {table: list(store.read().scan(table)) for table in before} == before
+    with store.write() as tx:  # the store goes on as before
+        tx.put(Table.EVENTS, u64(3), b"e3", append=True)
+    assert [key for key, _ in store.read().scan(Table.EVENTS)] == [u64(1), u64(2), u64(3)]
 
 
 def test_writes_are_grouped_until_a_commit(store: Store) -> None:
