@@ -7,7 +7,8 @@ expired every open lease at once. So "now" is this reading, the same rule on eve
 
 * **A majority's time.** The leader's base is the time that a majority of the voters' wall clocks
   have reached (the median of three): its own clock, and each peer's as its last message carried
-  it (`Message.wall_ms`; heartbeat answers refresh it every heartbeat). One node's clock, fast or
+  it (`Message.wall_ms`; the answers to appends and heartbeats refresh it: the leader sends each
+  follower one or the other at least every heartbeat interval, replication.py `Replication.tick`). One node's clock, fast or
   slow, is never the majority's in a set of three. A follower's base is its leader's reading
   (`Message.clock_ms` on the leader's appends and heartbeats). Samples are used as they came,
   never advanced by the local clock (a node whose clocks all run fast would carry time ahead).
@@ -54,11 +55,13 @@ from raft_store.types import Message, MessageType
 
 SAMPLE_TTL_MS: Final = 2000
 """A peer's clock sample older than this (by the local monotonic clock) is not used: its node may
-be gone, or its clock stepped meanwhile. Heartbeats refresh every sample many times a second."""
+be gone, or its clock stepped meanwhile. Appends, heartbeats and their answers refresh every
+sample many times a second (at least one a heartbeat interval each way)."""
 BAND_MS: Final = 120
 """How far above the sampled majority's time a leader's own wall clock is still taken as its
 reading (two heartbeats of 60 ms: samples trail true time by up to a heartbeat and a message's
-flight). Within it the leader reads its own clock, smooth and current; outside it (a clock off by
+flight, since no follower goes longer than a heartbeat interval without an append or a heartbeat
+from its leader, and answers each). Within it the leader reads its own clock, smooth and current; outside it (a clock off by
 more) the reading is held to the band. It is also how far ahead of the majority's time a fast
 leader's clock can carry the reading. A follower has no band: it reads its leader's reading."""
 

@@ -31,6 +31,12 @@ class Progress:
     pending_snapshot: int = 0
     recent_active: bool = False
     snapshot_ticks: int = 0
+    quiet_ticks: int = 0
+    """The leader's ticks since it last sent this follower an append or a heartbeat: a heartbeat
+    is due once it reaches `heartbeat_ticks` (replication.py, `Replication.tick`)."""
+    on_beat: bool = False
+    """The last thing the leader sent it was a heartbeat, not an append: it is on the heartbeat
+    beat, and its heartbeat may go a little early to keep in step with the others'."""
     inflights: deque[int] = field(default_factory=deque)
 
     def is_paused(self) -> bool:

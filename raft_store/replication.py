@@ -6,13 +6,15 @@ follower) and pipelined up to `inflight_max` per follower; a follower too far be
 snapshot, whose bytes the runner attaches on the way out. An entry is committed once a majority
 of voters hold it and it is of the leader's own term (Raft 5.4.2). Membership changes take
 effect as they are appended, so the trackers follow the configuration in the log. Heartbeats
-carry the newest read's context, which is how reads are confirmed. Part of the pure core.
+carry the newest read's context, which is how reads are confirmed; when each follower gets one is
+heartbeats.py's (not when it was just sent an append). Part of the pure core.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from raft_store.heartbeats import Heartbeats
 from raft_store.progress import Progress, ProgressState
 from raft_store.types import NO_NODE, Entry, EntryKind, Message, MessageType, Role, Snapshot
 
@@ -31,11 +33,11 @@ class Replication:
         self.progress: dict[int, Progress] = {}
         self.uncommitted_bytes = 0
         self.broadcast_pending = False
-        self._heartbeat_elapsed = 0
+        self.heartbeats = Heartbeats(core)
 
     def reset(self) -> None:
         self.progress = {}
-        self._heartbeat_elapsed = 0
+        self.heartbeats.reset()
 
     def start_leading(self) -> None:
         """Track every member from the end of the log and append this term's first entry."""
@@ -210,6 +212,7 @@ class Replication:
             commit=log.committed,
         )
         core.send_early(msg)
+        pr.quiet_ticks, pr.on_beat = 0, False  # the follower heard from its leader: no heartbeat owed for an interval
         if entries:
             pr.sent_entries(entries[-1].index)
         elif pr.state is ProgressState.PROBE:
@@ -238,30 +241,17 @@ class Replication:
             pr.become_probe()
 
     def broadcast_heartbeat(self, context: bytes) -> None:
-        core = self._core
-        for node in sorted(self.progress):
-            if node == core.id:
-                continue
-            pr = self.progress[node]
-            core.send_early(
-                Message(
-                    MT.HEARTBEAT,
-                    to=node,
-                    frm=core.id,
-                    term=core.term,
-                    commit=min(pr.match, core.log.committed),
-                    context=context,
-                )
-            )
+        """Every follower hears from the leader now (a read's round: read_index.py)."""
+        self.heartbeats.broadcast(self.progress, context)
 
     def tick(self) -> None:
         """A leader's tick: step down without a quorum's recent answers (check-quorum), give up
         a transfer that did not finish in an election timeout, re-offer lost snapshots, and send
-        heartbeats."""
+        the heartbeats due (heartbeats.py: not to a follower that was just sent an append)."""
         core = self._core
         elections = core.elections
-        self._heartbeat_elapsed += 1
         elections.elapsed += 1
+        self.heartbeats.count_tick(self.progress)
         if elections.elapsed >= core.config.election_ticks:
             elections.elapsed = 0
             if core.config.check_quorum and not self._quorum_active():
@@ -275,18 +265,13 @@ class Replication:
                 pr.snapshot_ticks += 1
                 if pr.snapshot_ticks > 2 * core.config.election_ticks:
                     pr.become_probe()  # the snapshot was lost on the way: offer it again
-        if self._heartbeat_elapsed >= core.config.heartbeat_ticks:
-            self._heartbeat_elapsed = 0
-            self.broadcast_heartbeat(core.reads.latest_context())
+        self.heartbeats.send_due(self.progress)
 
     def ticks_until_due(self) -> int:
-        """The leader's next tick that does more than count (see `RaftCore.ticks_until_due`): the
-        heartbeat, the check-quorum and transfer deadline, or a lost snapshot's re-offer."""
+        """The leader's next tick that does more than count (see `RaftCore.ticks_until_due`): a
+        heartbeat due, the check-quorum and transfer deadline, or a lost snapshot's re-offer."""
         core = self._core
-        due = min(
-            core.config.heartbeat_ticks - self._heartbeat_elapsed,
-            core.config.election_ticks - core.elections.elapsed,
-        )
+        due = min(core.config.election_ticks - core.elections.elapsed, self.heartbeats.ticks_until_due(self.progress))
         for pr in self.progress.values():
             if pr.state is ProgressState.SNAPSHOT:
                 due = min(due, 2 * core.config.election_ticks + 1 - pr.snapshot_ticks)

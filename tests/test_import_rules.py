@@ -79,7 +79,7 @@ STDLIB_FORBIDDEN: Final[Mapping[str, frozenset[str]]] = {"delay": frozenset({"sq
 PURE: Final = (
     "raft_store.core", "raft_store.log", "raft_store.progress", "raft_store.membership", "raft_store.types",
     "raft_store.log_clock", "raft_store.ready_runner", "raft_store.ready", "raft_store.elections",
-    "raft_store.replication", "raft_store.following", "raft_store.read_index",
+    "raft_store.replication", "raft_store.heartbeats", "raft_store.following", "raft_store.read_index",
     "queues.model", "queues.events", "queues.views", "queues.lifecycle", "queues.codec", "queues.query_codec",
     "delay.policy",
     "ledger.kinds", "ledger.states", "ledger.currencies", "ledger.request_ids",
