@@ -88,7 +88,7 @@ from bench import e2e_figures as figures
 from bench import e2e_load as load
 from bench import e2e_reconcile as reconciliation
 from bench import e2e_sets as sets_figures
-from bench.e2e_store import RunStore, StoreReader
+from bench.e2e_store import RunStore, StoreReader, progress_between, summed
 from bench.harness import (
     PRODUCER,
     BenchError,
@@ -327,8 +327,8 @@ class Window:
     cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds by process group from the first POST to the last poll that saw a request end."""
     cpu_wall_s: float = 0.0
-    leader: dict[str, float] = field(default_factory=dict)
-    """The leader's log entries, applied commands, fsyncs and stale reads over the window (`leader_progress`)."""
+    leader_by_set: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Each set's leader's log entries, applied commands, fsyncs and stale reads over the window."""
     settled: bool = False
     backlog_max: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -355,7 +355,7 @@ async def measure(stack: Stack, settings: Settings, planned: list[load.Planned])
             leader_after = await reader.leader_progress()
         finally:
             await reader.close()
-    window.leader = {name: leader_after[name] - leader_before.get(name, 0.0) for name in leader_after}
+    window.leader_by_set = progress_between(leader_before, leader_after)
     window.cpu_s = {name: after[name] - before[name] for name in before}
     window.cpu_wall_s = ended_s - started_s
     if profiler is not None:
@@ -503,9 +503,9 @@ def summarize(
         **cpu,
         "cpu_ceiling_per_s": round((os.cpu_count() or 1) * 1e6 / total_us) if total_us else None,
         "store_per_done": {f"leader_{name}": round(n / len(done), 2) if done else None
-                           for name, n in window.leader.items()},
+                           for name, n in summed(window.leader_by_set).items()},
         "store_counts": window.counts,
-        "per_set": sets_figures.per_set(posted.acknowledged, views),
+        "per_set": sets_figures.per_set(posted.acknowledged, views, window.leader_by_set),
     }  # fmt: skip
 
 

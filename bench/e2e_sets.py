@@ -59,16 +59,25 @@ def read_views(store: RunStore | None, ids: Iterable[RequestId]) -> dict[Request
     return asyncio.run(_read(store, ids))
 
 
-def per_set(acknowledged: Mapping[RequestId, object], views: Mapping[RequestId, MessageView]) -> dict[str, Any]:
-    """By set: requests acknowledged there, their share, done there."""
+def per_set(
+    acknowledged: Mapping[RequestId, object], views: Mapping[RequestId, MessageView],
+    leaders: Mapping[int, Mapping[str, float]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """By set: requests acknowledged there, their share, done there, and (`leaders`: each set's
+    leader's progress over the window) its leader's log entries, commands, fsyncs and stale reads
+    per request done there."""
     taken = Counter(request.set_id for request in acknowledged)
     done = Counter(request.set_id for request, view in views.items() if view.state.value == DONE and request in acknowledged)
     total = sum(taken.values())
-    return {
+    found: dict[str, Any] = {
         str(set_id): {"requests": taken[set_id], "share": round(taken[set_id] / total, 4) if total else None,
                       "done": done[set_id]}
         for set_id in sorted(taken)
     }  # fmt: skip
+    for set_id, progress in (leaders or {}).items():
+        if str(set_id) in found and done[set_id]:
+            found[str(set_id)]["store_per_done"] = {f"leader_{name}": round(n / done[set_id], 3) for name, n in progress.items()}
+    return found
 
 
 def idle(cores: float, done_per_s: float | None) -> dict[str, Any]:

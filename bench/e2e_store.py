@@ -140,13 +140,11 @@ class StoreReader:
                 total[key] = total.get(key, 0) + count
         return total
 
-    async def leader_progress(self) -> dict[str, float]:
-        """`leader_progress` of every set's leader, summed (entries, commands, fsyncs, stale reads)."""
-        total: dict[str, float] = {}
-        for found in await asyncio.gather(*(leader_progress(queue) for queue in self.clients.values())):
-            for name, value in found.items():
-                total[name] = total.get(name, 0.0) + value
-        return total
+    async def leader_progress(self) -> dict[int, dict[str, float]]:
+        """`leader_progress` of each set's leader (entries, commands, fsyncs, stale reads), by set;
+        `summed` adds them up."""
+        found = await asyncio.gather(*(leader_progress(queue) for queue in self.clients.values()))
+        return dict(zip(self.clients, found, strict=True))
 
     async def views(self, ids: Iterable[RequestId]) -> dict[RequestId, MessageView]:
         """Each request's view (with its attempts), read from the set its id names."""
@@ -168,3 +166,18 @@ class StoreReader:
         """Each set's last event sequence number (what its projector must reach)."""
         return {set_id: (await queue.events_digest(0, 0)).value.last_seq for set_id, queue in self.clients.items()}
 
+
+def summed(by_set: dict[int, dict[str, float]]) -> dict[str, float]:
+    """The sets' leaders' progress added up."""
+    total: dict[str, float] = {}
+    for found in by_set.values():
+        for name, value in found.items():
+            total[name] = total.get(name, 0.0) + value
+    return total
+
+
+def progress_between(
+    before: dict[int, dict[str, float]], after: dict[int, dict[str, float]]
+) -> dict[int, dict[str, float]]:
+    """Each set's leader's progress from `before` to `after` (`StoreReader.leader_progress`)."""
+    return {set_id: {name: now[name] - before.get(set_id, {}).get(name, 0.0) for name in now} for set_id, now in after.items()}

@@ -9,6 +9,15 @@ run (`busy`: more completions are moments away) the first of a batch lingers `li
 as PostgreSQL's commit_delay does only with commit_siblings. An idle worker acks in one store
 round trip; a busy one sends one frame per round trip or linger, as large as what finished.
 
+Under load they ride with the lane's next lease (`take`, lanes.py): an attempt that ends frees a
+slot, and a lane with a backlog leases that slot again a linger later, so the lease frame carries
+the settlements of the attempts whose slots it refills: one frame and one log entry for both,
+where a frame of acks and a frame of leases went apart before (the leader joins two frames only
+when they arrive in the same turn of its loop). While the lane will lease soon (`carried`) the
+pending completions wait up to `carry_wait_s()` for that lease (a linger; a turn's hold while
+the lanes take turns, turns.py), then go on their own; a lane that
+has nothing to lease, is draining or cannot reach its set leaves them to this loop, as before.
+
 A frame whose answer is lost is sent again. That is safe without session lanes to protect it:
 the machine fences every one of these by the lease's token, so a second ack is ALREADY_ACKED, a
 second fail or release is refused (the message is no longer leased: ILLEGAL_STATE, or STALE_TOKEN
@@ -21,13 +30,25 @@ stops; after that its lease expires and another worker retries the message, whic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from queues import ClientError, Code, QueueClient, QueueError
-from queues.model import BATCH_IDS_MAX, TEXT_LENGTH_MAX, Ack, AckMany, Fail, Outcome, Outcomes, QueueCommand, Release
+from queues.model import (
+    BATCH_IDS_MAX,
+    TEXT_LENGTH_MAX,
+    Ack,
+    AckMany,
+    Fail,
+    Outcome,
+    Outcomes,
+    QueueCommand,
+    QueueResult,
+    Release,
+)
 
 log = logging.getLogger("compensator.worker")
 RETRY_BACKOFF_MAX_S: Final = 2.0
@@ -51,13 +72,21 @@ Settled = Callable[[Completion, Code], None]
 class Completions:
     def __init__(
         self, queue: QueueClient, *, on_settled: Settled, frame_max: int = 2000, linger_s: float = 0.005,
-        busy: Callable[[], bool] = lambda: False,
+        busy: Callable[[], bool] = lambda: False, carried: Callable[[], bool] = lambda: False,
+        carry_wait_s: Callable[[], float] = lambda: 0.005,
     ) -> None:  # fmt: skip
         self._queue = queue
         self._on_settled = on_settled
         self._frame_max = frame_max
         self._linger_s = linger_s
         self._busy = busy
+        self._carried = carried
+        self._carry_wait_s = carry_wait_s
+        """Under load: the lane leases again within a linger (it has a backlog), so its lease frame
+        can carry what is pending."""
+        self._carrying = 0
+        """Batches taken by a lease frame and not yet answered."""
+        self._taken = asyncio.Event()
         self._pending: list[Completion] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -109,7 +138,14 @@ class Completions:
         while True:
             await self._wake.wait()
             # The rest of this loop turn's completions join the frame; under load, a linger's.
-            await asyncio.sleep(self._linger_s if self._busy() else 0)
+            busy = self._busy()
+            await asyncio.sleep(self._linger_s if busy else 0)
+            if busy and self._pending and self._carried():
+                # The lane's next lease is a linger away and takes them along (`take`): one frame
+                # for both. What it has not taken by then goes on its own.
+                self._taken.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._taken.wait(), self._carry_wait_s())
             try:
                 await self.flush()
                 backoff_s = 0.05
@@ -121,39 +157,82 @@ class Completions:
     async def drained(self) -> None:
         await self._idle.wait()
 
+    # ---- carried by a lease ----------------------------------------------------------------------
+    def take(self) -> list[Completion]:
+        """What is pending, for a frame the lane sends anyway (its lease); answered through
+        `carried`, or handed back through `not_carried` when that frame fails."""
+        batch, self._pending = self._pending[: self._frame_max], self._pending[self._frame_max :]
+        if not self._pending:
+            self._wake.clear()
+        if batch:
+            self._carrying += 1
+            self._taken.set()
+        return batch
+
+    def carried(self, batch: list[Completion], results: Sequence[QueueResult]) -> None:
+        """The store's answers to a taken batch's commands (`commands(batch)`, in that order)."""
+        if not batch:
+            return
+        try:
+            codes = self._codes(batch, results)
+        except QueueError:
+            self.not_carried(batch)
+            raise
+        self._carrying -= 1
+        for completion, code in zip(batch, codes, strict=True):
+            self._on_settled(completion, code)
+        self._idle_if_done()
+
+    def not_carried(self, batch: list[Completion]) -> None:
+        """The frame that carried a taken batch failed: in doubt, sent again (fenced by its token)."""
+        if not batch:
+            return
+        self._carrying -= 1
+        self._pending[:0] = batch
+        self._wake.set()
+
+    def _idle_if_done(self) -> None:
+        if not self._pending and not self._carrying:
+            self._idle.set()
+
+    # ---- sent on their own -----------------------------------------------------------------------
     async def flush(self) -> None:
         batch, self._pending = self._pending[: self._frame_max], self._pending[self._frame_max :]
         if not self._pending:
             self._wake.clear()
         if not batch:
-            self._idle.set()
+            self._idle_if_done()
             return
         try:
-            codes = await self._send(batch)
+            codes = self._codes(batch, await self._queue.submit_many(commands(batch)))
         except BaseException:
             self._pending[:0] = batch  # in doubt: sent again, and fenced by its token if it had landed
             self._wake.set()
             raise
         for completion, code in zip(batch, codes, strict=True):
             self._on_settled(completion, code)
-        if not self._pending:
-            self._idle.set()
+        self._idle_if_done()
 
-    async def _send(self, batch: list[Completion]) -> list[Code]:
+    @staticmethod
+    def _codes(batch: list[Completion], results: Sequence[QueueResult]) -> list[Code]:
         acks = [c for c in batch if c.action == "ack"]
         others = [c for c in batch if c.action != "ack"]
-        commands: list[QueueCommand] = [
-            AckMany(acks=tuple(c.command for c in acks[i : i + BATCH_IDS_MAX]))  # type: ignore[misc]
-            for i in range(0, len(acks), BATCH_IDS_MAX)
-        ]
-        commands += [c.command for c in others]
-        results = await self._queue.submit_many(commands)
         codes: dict[int, Code] = {}
         ack_outcomes = [o for r in results if isinstance(r, Outcomes) for o in r.outcomes]
         for completion, outcome in zip(acks, ack_outcomes, strict=True):
             codes[id(completion)] = outcome.code
-        for completion, result in zip(others, results[len(commands) - len(others) :], strict=True):
+        for completion, result in zip(others, results[len(results) - len(others) :], strict=True):
             if not isinstance(result, Outcome):
                 raise QueueError(f"expected an outcome for {completion.action}, got {result!r}")
             codes[id(completion)] = result.code
         return [codes[id(c)] for c in batch]
+
+
+def commands(batch: Sequence[Completion]) -> list[QueueCommand]:
+    """A batch as the store is told it: its acks as AckMany commands, then each fail and release."""
+    acks = [c.command for c in batch if c.action == "ack"]
+    found: list[QueueCommand] = [
+        AckMany(acks=tuple(acks[i : i + BATCH_IDS_MAX]))  # type: ignore[arg-type]
+        for i in range(0, len(acks), BATCH_IDS_MAX)
+    ]
+    return found + [c.command for c in batch if c.action != "ack"]

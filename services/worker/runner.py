@@ -77,6 +77,7 @@ from services.worker.lanes import SetLane
 from services.worker.limits import Limits
 from services.worker.metrics import WorkerMetrics
 from services.worker.shares import Shares
+from services.worker.turns import Turns
 
 log = logging.getLogger("compensator.worker")
 FENCED: Final = frozenset({Code.STALE_TOKEN, Code.LEASE_EXPIRED, Code.ILLEGAL_STATE})
@@ -146,6 +147,7 @@ class Worker:
         self._sets = dict(sets)
         """The board and the documents read this mapping live: a set added to it is theirs too."""
         self._shares = Shares(limits, sets)
+        self._turns = Turns(active=lambda: len(self.lanes) > 1 and self._busy())
         downstream_of = {kind: handler.downstream for kind, handler in handlers.items()}
         self._board = BreakerBoard(downstream_of, self._sets, settings.breaker, worker_id=settings.worker_id, metrics=metrics)
         self.breakers = self._board.breakers
@@ -158,7 +160,8 @@ class Worker:
 
     def _lane(self, set_id: int, queue: QueueClient) -> SetLane:
         return SetLane(set_id, queue, sorted(self._handlers), self._settings, shares=self._shares, board=self._board,
-                       metrics=self._metrics, start=self._start, busy=self._busy, settled=self._settled)  # fmt: skip
+                       metrics=self._metrics, start=self._start, busy=self._busy, settled=self._settled,
+                       turns=self._turns)  # fmt: skip
 
     @property
     def running(self) -> int:
@@ -179,6 +182,11 @@ class Worker:
     @property
     def leased(self) -> int:
         return sum(lane.leased for lane in self.lanes.values())
+
+    @property
+    def lane_turns_waited(self) -> int:
+        """Leases that waited for another set's lease to be answered (turns.py)."""
+        return self._turns.waited
 
     @property
     def pending(self) -> int:

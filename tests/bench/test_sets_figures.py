@@ -39,6 +39,11 @@ def test_per_set_counts_requests_and_done_by_the_set_their_id_names() -> None:
         "2": {"requests": 2, "share": 0.5, "done": 1},
         "3": {"requests": 1, "share": 0.25, "done": 0},
     }
+    leaders = {1: {"entries": 3.0, "stale_reads": 1.0}, 2: {"entries": 1.0, "stale_reads": 4.0}, 3: {"entries": 2.0}}
+    by_set = e2e_sets.per_set(acknowledged, views, leaders)
+    assert by_set["1"]["store_per_done"] == {"leader_entries": 3.0, "leader_stale_reads": 1.0}
+    assert by_set["2"]["store_per_done"] == {"leader_entries": 1.0, "leader_stale_reads": 4.0}
+    assert "store_per_done" not in by_set["3"]  # nothing done there: no ratio
 
 
 @pytest.mark.parametrize(("text", "parsed"), [("1,3", (1, 3)), ("3, 1", (3, 1)), ("1", None), ("1,9", None),
