@@ -66,7 +66,9 @@ async def apply_async(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[int]:
     migrations = discover(directory)
     connection = await asyncpg.connect(dsn)
     try:
-        await connection.execute(_BOOKKEEPING)
+        async with connection.transaction():  # IF NOT EXISTS alone races another runner's create (pg_type)
+            await connection.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
+            await connection.execute(_BOOKKEEPING)
         applied_now: list[int] = []
         for migration in migrations:
             async with connection.transaction():

@@ -53,8 +53,12 @@ CREATE INDEX IF NOT EXISTS {table}_due ON {table} (next_attempt_at, id) WHERE st
 
 
 async def install(connection: Any, table: str = DEFAULT_TABLE) -> None:
-    """Create the outbox table and its index when missing (an asyncpg connection)."""
-    await connection.execute(ddl(table))
+    """Create the outbox table and its index when missing (an asyncpg connection). Several relays
+    started with --install-table at once would collide (IF NOT EXISTS is not safe against a
+    concurrent create in PostgreSQL), so the create runs under a transaction lock of the table's name."""
+    async with connection.transaction():
+        await connection.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"compensator outbox {table}")
+        await connection.execute(ddl(table))
 
 
 async def exists(connection: Any, table: str = DEFAULT_TABLE) -> bool:

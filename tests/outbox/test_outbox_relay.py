@@ -13,6 +13,7 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from collections import Counter
 
 import asyncpg
@@ -20,6 +21,7 @@ import pytest
 from outbox_support import PRODUCER, ApiServer, enqueued_keys, producer_token, rows, transfer
 
 import outbox
+from ledger import pg
 from raft_store.testing.inprocess import StoreThread
 
 FAST = outbox.RelaySettings(batch_max=10, concurrency=4, poll_interval_s=0.05, http_timeout_s=5,
@@ -175,3 +177,23 @@ async def test_adding_is_transactional_and_idempotent_by_key(producer_dsn: str) 
     finally:
         await connection.close()
     assert [row["idempotency_key"] for row in await rows(producer_dsn)] == ["grant-1"]
+
+
+async def test_relays_installing_the_table_at_once_all_succeed(postgres: pg.EmbeddedPostgres) -> None:
+    """Several relays started with --install-table on a new database: `CREATE ... IF NOT EXISTS`
+    collides with itself in PostgreSQL (pg_type's unique index), so install takes a lock first."""
+    for _ in range(3):
+        name = f"producer_{uuid.uuid4().hex[:12]}"
+        admin = await asyncpg.connect(postgres.dsn)
+        try:
+            await admin.execute(f"CREATE DATABASE {name}")
+        finally:
+            await admin.close()
+        dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
+        connections = [await asyncpg.connect(dsn) for _ in range(6)]
+        try:
+            await asyncio.gather(*(outbox.install(connection) for connection in connections))
+            assert await outbox.schema.exists(connections[0])
+        finally:
+            for connection in connections:
+                await connection.close()

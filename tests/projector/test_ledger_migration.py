@@ -52,3 +52,18 @@ async def test_existing_rows_keep_their_ids_as_text_and_a_key_may_return(
         assert await connection.fetchval("SELECT count(*) FROM compensation_attempts") == 0, "attempts cascade"
     finally:
         await connection.close()
+
+
+async def test_runners_started_at_once_on_a_new_database_all_succeed(postgres: pg.EmbeddedPostgres) -> None:
+    """`compensator run --sets 3` starts a projector per set, each migrating the one ledger at once.
+    `CREATE TABLE IF NOT EXISTS` is not safe against itself in PostgreSQL (two creators collide on
+    pg_type's unique index), so the bookkeeping table is created under the runners' lock too."""
+    import asyncio
+
+    for _ in range(3):  # the collision needs the creates to overlap: a few fresh databases
+        name = f"m_{uuid.uuid4().hex[:12]}"
+        await execute(postgres.dsn, f"CREATE DATABASE {name}")
+        dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
+        applied = await asyncio.gather(*(migrate.apply_async(dsn) for _ in range(6)))
+        versions = sorted(version for found in applied for version in found)
+        assert versions == [m.version for m in migrate.discover()], "each migration applied once, by one runner"
