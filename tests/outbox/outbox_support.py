@@ -25,15 +25,20 @@ from raft_store.testing.inprocess import StoreThread
 PRODUCER = "outbox-producer"
 
 
-async def producer_database(server: pg.EmbeddedPostgres) -> str:
-    """A fresh database with the outbox table, as a producer would have it."""
+async def empty_database(server: pg.EmbeddedPostgres) -> str:
+    """A fresh database without the outbox table: its dsn."""
     name = f"producer_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(server.dsn)
     try:
         await admin.execute(f"CREATE DATABASE {name}")
     finally:
         await admin.close()
-    dsn = server.dsn.rsplit("/", 1)[0] + f"/{name}"
+    return server.dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+async def producer_database(server: pg.EmbeddedPostgres) -> str:
+    """A fresh database with the outbox table, as a producer would have it."""
+    dsn = await empty_database(server)
     connection = await asyncpg.connect(dsn)
     try:
         await outbox.install(connection)

@@ -13,12 +13,11 @@ import asyncio
 import json
 import random
 import time
-import uuid
 from collections import Counter
 
 import asyncpg
 import pytest
-from outbox_support import PRODUCER, ApiServer, enqueued_keys, producer_token, rows, transfer
+from outbox_support import PRODUCER, ApiServer, empty_database, enqueued_keys, producer_token, rows, transfer
 
 import outbox
 from ledger import pg
@@ -183,13 +182,7 @@ async def test_relays_installing_the_table_at_once_all_succeed(postgres: pg.Embe
     """Several relays started with --install-table on a new database: `CREATE ... IF NOT EXISTS`
     collides with itself in PostgreSQL (pg_type's unique index), so install takes a lock first."""
     for _ in range(3):
-        name = f"producer_{uuid.uuid4().hex[:12]}"
-        admin = await asyncpg.connect(postgres.dsn)
-        try:
-            await admin.execute(f"CREATE DATABASE {name}")
-        finally:
-            await admin.close()
-        dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
+        dsn = await empty_database(postgres)
         connections = [await asyncpg.connect(dsn) for _ in range(6)]
         try:
             await asyncio.gather(*(outbox.install(connection) for connection in connections))
