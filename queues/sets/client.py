@@ -33,6 +33,7 @@ from queues.model import Code, Enqueue, EnqueueResult, ErrorResult, MessageView,
 from queues.sets import routing, settings, table
 from queues.sets.frames import IN_FLIGHT, HeldFrames
 from queues.sets.table import SetTable, TableError
+from raft_store import codec
 from raft_store.client import ClientError, Unavailable
 
 log = logging.getLogger("queues.sets")
@@ -40,6 +41,10 @@ log = logging.getLogger("queues.sets")
 STALE_RETRIES: Final = 2
 """Times a batch part refused as ROUTE_STALE is routed again after re-reading the table (a second
 add during the first retry is the only reason for more than one)."""
+
+RETIRE_AFTER_S: Final = 1.0
+"""How long after its last possible call a moved set's old client is closed (`SetsClient._retire`)."""
+READ_WAIT_MAX_S: Final = codec.READ_WAIT_MS_MAX / 1000
 
 STALE_PAUSE_S: Final = 0.05
 """How long to wait before routing again when the table read is older than a set's fence: the
@@ -92,6 +97,35 @@ class SetStatus:
     nodes: list[dict[str, object]]
 
 
+class RetiredClients:
+    """Moved sets' old clients, each closed once no call on it can still run: every call ends by its
+    client's deadline plus the longest a read may wait at the node (`RETIRE_AFTER_S` beyond that).
+    Without a running loop (a table given at construction) one waits for `SetsClient.close`."""
+
+    def __init__(self) -> None:
+        self.clients: list[QueueClient] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def add(self, old: QueueClient) -> None:
+        self.clients.append(old)
+        try:
+            task = asyncio.get_running_loop().create_task(self._close_later(old), name="sets-retire")
+        except RuntimeError:
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _close_later(self, old: QueueClient) -> None:
+        await asyncio.sleep(old.raft.deadline_s + READ_WAIT_MAX_S + RETIRE_AFTER_S)
+        if old in self.clients:
+            self.clients.remove(old)
+            await old.raft.close()
+
+    def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
 class SetsClient:
     """The facade over every set of the table (see the module docstring)."""
 
@@ -108,7 +142,7 @@ class SetsClient:
         self._refreshing: asyncio.Future[bool] | None = None
         self.clients: dict[int, QueueClient] = {}
         self.frames: dict[int, HeldFrames] = {}  # intake to each set, one frame on its way (frames.py)
-        self._retired: list[QueueClient] = []
+        self._retired = RetiredClients()
         self.table = SetTable()
         self._use(set_table)
 
@@ -137,7 +171,7 @@ class SetsClient:
             current = self.clients.get(entry.id)
             if current is None or self.table.addresses().get(entry.id) != entry.addresses:
                 if current is not None:
-                    self._retired.append(current)
+                    self._retired.add(current)
                 self.clients[entry.id] = self._connect(entry.id, entry.addresses)
                 self.frames[entry.id] = HeldFrames(self.clients[entry.id], in_flight=self._in_flight)
         self.table = new
@@ -374,7 +408,8 @@ class SetsClient:
                 observe(compared, report)
 
     async def close(self) -> None:
-        closing = {id(c): c for c in [*self.clients.values(), *self._retired]}
+        self._retired.cancel()
+        closing = {id(c): c for c in [*self.clients.values(), *self._retired.clients]}
         if self.control is not None:
             closing[id(self.control.queue)] = self.control.queue
         for client in closing.values():

@@ -187,3 +187,41 @@ async def test_commands_behind_a_frame_to_a_set_that_is_down_wait_for_it_at_most
         assert sets.frames[2].frames >= 2
     finally:
         await sets.close()
+
+
+async def test_a_moved_sets_old_client_is_closed_once_no_call_on_it_can_run(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API's facade keeps a process up for weeks: a set that moved twice must not leave two
+    clients (and their connections) open until the process exits."""
+    import queues.sets.client as sets_client
+
+    monkeypatch.setattr(sets_client, "READ_WAIT_MAX_S", 0.0)
+    monkeypatch.setattr(sets_client, "RETIRE_AFTER_S", 0.1)
+    sets = await three_sets(stores)
+    try:
+        old = sets.client(2)
+        await old.retention()  # a call made: the old client holds a connection
+        assert old.raft._conns
+        control = sets.control
+        assert control is not None
+        found, version = await control.read()
+        assert found is not None
+        port = stores[2].addresses.rsplit(":", 1)[1]
+        entries = tuple(
+            table.SetEntry(e.id, (f"localhost:{port}",)) if e.id == 2 else e for e in found.sets
+        )  # the same node, reached by another name
+        moved = table.SetTable(sets=entries, epochs=found.epochs)
+        await control.write(moved, expected_version=version, actor="test", reason="set 2 moved")
+        connect = connector(stores)
+        sets._connect = lambda set_id, addresses: connect(set_id, (stores[set_id].addresses,))
+        assert await sets.refresh()
+        assert sets.client(2) is not old
+        await sets.client(2).retention()
+        deadline = time.monotonic() + old.raft.deadline_s + 5
+        while old.raft._conns and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not old.raft._conns, "the old client was closed after its calls' deadline"
+        assert old not in sets._retired.clients
+    finally:
+        await sets.close()
