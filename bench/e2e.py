@@ -185,10 +185,11 @@ class Stack:
         asyncio.run(store.configure(self.token, policy, reason="bench/e2e.py: short retries"))
         secrets_file = self.write_secrets()
         self.start_standins(settings, secrets_file)
+        ports = iter(free_ports(len(store.clusters) + settings.workers + 1))  # together: one at a time may repeat
         for set_id in sorted(store.clusters):
-            self.start_projector(set_id)
+            self.start_projector(set_id, next(ports))
         for number in range(1, settings.workers + 1):  # each leases from every set; their own set in turn
-            (metrics_port,) = free_ports(1)
+            metrics_port = next(ports)
             self.metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
             worker = worker_server(store.settings((number - 1) % settings.sets + 1), self.root, number, self.standin_urls, secrets_file,
                                    breaker=settings.breaker, metrics_port=metrics_port, payment=payment_settings(settings))  # fmt: skip
@@ -197,8 +198,7 @@ class Stack:
             worker.start()
         for worker in self.workers:
             worker.wait_line(WORKER_READY)
-        (port,) = free_ports(1)
-        api = self.api = api_server(store.home, self.root, port=port, workers=settings.api_workers, extra_env={"COMPENSATOR_HANDLERS__CALLBACK": callback_targets(self.standin_urls["callback"], CALLBACK_TARGET), **store.control_settings()})
+        api = self.api = api_server(store.home, self.root, port=(port := next(ports)), workers=settings.api_workers, extra_env={"COMPENSATOR_HANDLERS__CALLBACK": callback_targets(self.standin_urls["callback"], CALLBACK_TARGET), **store.control_settings()})
         self.cleanups.append(api.stop)
         api.start()
         self.api_url = f"http://127.0.0.1:{port}"
@@ -212,11 +212,10 @@ class Stack:
         self.cleanups.append(postgres.stop)
         pg.wait_until_accepting(postgres.start())
 
-    def start_projector(self, set_id: int) -> None:
+    def start_projector(self, set_id: int, metrics_port: int) -> None:
         """`compensator project` writing set `set_id`'s compensation ledger into the stand-ins' database,
         as `make run` does, so the run ends with the three ledgers the reconciliation reads."""
         assert self.postgres is not None and self.store is not None
-        (metrics_port,) = free_ports(1)
         self.projector_metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
         env = child_environment(
             **self.store.settings(set_id),
