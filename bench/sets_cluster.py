@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from compensator.config import LocalConfig
 from queues import QueueClient, RaftClient, SetsClient
 from queues.sets import table
 from queues.sets.table import SetTable
@@ -24,6 +25,8 @@ from raft_store.testing.processes import ProcessCluster
 
 MACHINE: Final = "queues.replicated:machine_factory"
 CONTROL_SET_ID: Final = table.CONTROL_SET_ID
+CONTROL_TICK_MS: Final = LocalConfig().control_tick_ms
+"""The control set's nodes' tick, as `compensator run --sets N` starts them (the data sets': 30 ms)."""
 
 
 def address_list(cluster: ProcessCluster) -> tuple[str, ...]:
@@ -38,6 +41,7 @@ class SetProcesses:
     root: Path
     count: int
     control: bool = False
+    control_tick_ms: int = CONTROL_TICK_MS
     clusters: dict[int, ProcessCluster] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -47,7 +51,8 @@ class SetProcesses:
             folder = self.root / ("control" if set_id == CONTROL_SET_ID else f"set{set_id}")
             folder.mkdir()
             shutil.copy(self.root / SECRET_NAME, folder / SECRET_NAME)
-            self.clusters[set_id] = ProcessCluster(folder, machine=MACHINE)
+            ticks = ["--tick-ms", str(self.control_tick_ms)] if set_id == CONTROL_SET_ID else []
+            self.clusters[set_id] = ProcessCluster(folder, machine=MACHINE, extra_args=ticks)
 
     @property
     def sets(self) -> dict[int, ProcessCluster]:

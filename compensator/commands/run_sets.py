@@ -71,6 +71,8 @@ class LocalSets:
         for folder, set_id, addresses in groups:
             env = {"COMPENSATOR_STORE__ADDRESSES": ",".join(addresses), "COMPENSATOR_STORE__PEER_ADDRESSES": "",
                    "COMPENSATOR_STORE__SET_ID": str(max(set_id, 1))}  # fmt: skip
+            if set_id == 0:  # the control set's own clock (docs/sets.md, "The control set's clock")
+                env["COMPENSATOR_NODE__TICK_MS"] = str(config.local.control_tick_ms)
             for i in range(1, len(addresses) + 1):
                 name = f"{'control' if set_id == 0 else f'set {set_id}'} node {i}"
                 planned.nodes.append((name, ["--id", str(i), "--data", str(data_dir / folder / f"node{i}")],
