@@ -4,6 +4,7 @@ all, their CPU over a few seconds. The standing cost each set adds is this, what
 with the service's workers and API polling on top.
 
     python -m bench.idle_sets --sets 3 --control --json
+    python -m bench.idle_sets --sets 3 --control --control-tick-ms 30 --json   # the control set at the data sets' clock
 
 `cores` is the nodes' utime + stime from /proc (what bench.e2e reads); `cores_sched` the
 scheduler's exact run time of every thread (/proc/PID/task/*/schedstat), which tick-based
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.sets_cluster import SetProcesses
+from bench.sets_cluster import CONTROL_TICK_MS, SetProcesses
 
 
 def sched_seconds(pids: list[int]) -> float:
@@ -42,9 +43,11 @@ def sched_seconds(pids: list[int]) -> float:
     return total / 1e9
 
 
-async def measure(sets: int, control: bool, seconds: float, settle_s: float) -> dict[str, Any]:
+async def measure(
+    sets: int, control: bool, seconds: float, settle_s: float, control_tick_ms: int = CONTROL_TICK_MS
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="idle-sets-") as tmp:
-        processes = SetProcesses(Path(tmp), sets, control=control)
+        processes = SetProcesses(Path(tmp), sets, control=control, control_tick_ms=control_tick_ms)
         processes.start_all()
         try:
             await processes.wait_leaders()
@@ -61,6 +64,7 @@ async def measure(sets: int, control: bool, seconds: float, settle_s: float) -> 
     return {
         "sets": sets,
         "control": control,
+        "control_tick_ms": control_tick_ms if control else None,
         "nodes": processes.nodes,
         "seconds": round(elapsed, 2),
         "cores": round(cores, 4),
@@ -74,14 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.idle_sets", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", type=int, default=3, help="data sets of three nodes (1-5)")
     parser.add_argument("--control", action="store_true", help="also the control set (as the service runs)")
+    parser.add_argument("--control-tick-ms", type=int, default=CONTROL_TICK_MS,
+                        help=f"the control set's tick (default {CONTROL_TICK_MS}, as run --sets starts it; the data sets': 30)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=8.0, help="how long to measure")
     parser.add_argument("--settle-s", type=float, default=2.0, help="wait after the leaders are elected")
     parser.add_argument("--json", action="store_true", help="print JSON (the default prints the same)")
     args = parser.parse_args(argv)
-    if not 1 <= args.sets <= 5 or args.seconds <= 0 or args.settle_s < 0:
-        print("bench.idle_sets: --sets must be 1-5, --seconds positive, --settle-s not negative", file=sys.stderr)
+    if not 1 <= args.sets <= 5 or args.seconds <= 0 or args.settle_s < 0 or not 1 <= args.control_tick_ms <= 10_000:
+        print("bench.idle_sets: --sets must be 1-5, --seconds positive, --settle-s not negative,"
+              " --control-tick-ms 1-10000", file=sys.stderr)  # fmt: skip
         return 2
-    result = asyncio.run(measure(args.sets, args.control, args.seconds, args.settle_s))
+    result = asyncio.run(measure(args.sets, args.control, args.seconds, args.settle_s, args.control_tick_ms))
     print(json.dumps(result))
     return 0
 
