@@ -1,7 +1,7 @@
 """The projector's loop: follow one set's committed event log and write the compensation ledger.
 
-One step: read up to `batch_max` events after the cursor, read the facts they need
-(linearizably, so at least as new as the events), fold them into row changes, and write the rows
+One step: read up to `batch_max` events after the cursor, read the facts they need (at least as
+new as the events: facts.py), fold them into row changes, and write the rows
 and the new cursor in one transaction (ledger_writer.py). Then again while batches come back full;
 caught up, a long poll (at most `idle_poll_s`) whose answer is the next batch's events.
 
@@ -160,7 +160,7 @@ class Projector:
         """Caught up: wait until the store applies something after what the last read reflected
         (a long poll, a stale read the node holds), at most `idle_poll_s`, and take the events
         after `after` from its answer: the next step projects them without reading again (the
-        facts it reads are linearizable, so at least as new). None when the wait ran out with
+        facts it reads are at least as new: facts.py). None when the wait ran out with
         nothing new, or failed: the next step then reads linearizably (which also finds the
         leader again, were the poll's node a follower cut off from it). An idle set costs one held
         read and one linearizable read per period."""
@@ -210,7 +210,7 @@ class Projector:
             with self._tracer.start_as_current_span("projector.batch") as span:
                 span.set_attributes({"compensator.set_id": settings.set_id, "compensator.events": len(events),
                                      "compensator.first_seq": events[0].seq, "compensator.last_seq": events[-1].seq})  # fmt: skip
-                facts = await self._facts.read(facts_needed(events))
+                facts = await self._facts.read(facts_needed(events), applied_index=read.applied_index)
                 rows = fold(events, set_id=settings.set_id, facts=facts)
                 started = time.perf_counter()
                 await ledger_writer.write_batch(connection, set_id=settings.set_id, after=after, rows=rows,

@@ -108,26 +108,40 @@ async def test_a_caught_up_projector_takes_each_batch_from_its_long_poll_not_fro
     wake-up and two linearizable reads per batch before). Counted, not timed: the polls are held
     for up to 5 s, and each enqueue answers the one waiting."""
     calls: list[bool] = []
-    events_after = queue.events_after
+    facts_linearizable: list[bool] = []
+    events_after, get_many = queue.events_after, queue.get_many
 
     async def counted(seq: int, **options: object) -> object:
         calls.append(options.get("wait") is not None)
         return await events_after(seq, **options)  # type: ignore[arg-type]
 
+    async def facts_counted(ids: list[int], **options: object) -> object:
+        facts_linearizable.append(not options.get("stale_ok"))
+        return await get_many(ids, **options)  # type: ignore[arg-type]
+
     monkeypatch.setattr(queue, "events_after", counted)
+    monkeypatch.setattr(queue, "get_many", facts_counted)
     traffic = Traffic(queue, seed=3)
     built = projector(queue, pg_dsn, batch_max=50)
     built._settings = dataclasses.replace(built._settings, idle_poll_s=5.0)
     async with running(built):
         await until(lambda: caught_up(queue, built))
-        before = len(calls)
+        before, facts_before = len(calls), len(facts_linearizable)
         for _ in range(12):
             await traffic.enqueue(1)
             await until(lambda: caught_up(queue, built))
         waits, reads = sum(calls[before:]), len(calls[before:]) - sum(calls[before:])
     assert waits >= 12, calls
     assert reads == 0, f"{reads} linearizable reads of the events for 12 batches"
+    facts = facts_linearizable[facts_before:]
+    assert len(facts) >= 12 and not any(facts), "the facts come from the node that answered the poll"
     await assert_ledger_matches_store(queue, pg_dsn)
+
+    # A node behind the events' read: the facts are read again, linearizably.
+    facts_linearizable.clear()
+    (message_id,) = await traffic.enqueue(1)
+    found = await FactsReader(queue).read({message_id: True}, applied_index=10**12)
+    assert facts_linearizable == [False, True] and message_id in found
 
 
 async def test_a_standby_takes_over_without_a_gap_or_a_row_twice(queue: QueueClient, pg_dsn: str) -> None:
