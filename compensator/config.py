@@ -229,7 +229,7 @@ class LocalConfig(Section, frozen=True):
     control_tick_ms: int = 100
     """`compensator run --sets N`: the control set's nodes' `node.tick_ms` (the data sets' stay at
     `node.tick_ms`). The control set is idle under load; a slower clock cuts its heartbeats to a
-    third and makes its failover 1-2 s instead of 0.3-0.6 s, which no request waits on
+    third and makes its failover 1-2 s instead of 0.3-0.6 s, which neither intake nor leasing waits on
     (docs/sets.md, "The control set's clock")."""
     breaker_attempts_min: int = 5
     """`worker.breaker_attempts_min` for the workers `make run` starts: its traffic is a person's
