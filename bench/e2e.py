@@ -146,6 +146,9 @@ class Settings:
     """The payment gateway's attempt timeout: a request's deadline under `expiry` (None: as shipped)."""
     sets: int = 1
     """Sets of three nodes; more than one adds a control set (bench/e2e_store.py)."""
+    hosted: bool = True
+    """Several sets: three host processes, host i running node i of every set (as `compensator run
+    --sets N` deploys them); False: one process per replica."""
 
 
 # ---- the processes ---------------------------------------------------------------------------------
@@ -177,7 +180,7 @@ class Stack:
 
     def start(self, settings: Settings) -> None:
         self.start_postgres()
-        store = self.store = RunStore(self.root, settings.sets)
+        store = self.store = RunStore(self.root, settings.sets, hosted=settings.hosted)
         self.cleanups.append(store.stop_all)
         store.start()
         self.token = new_token()
@@ -607,6 +610,8 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
     parser.add_argument("--profile-process", choices=PROFILED, default="worker", help="worker: the first worker")
     parser.add_argument("--profile-format", choices=("flamegraph", "speedscope", "raw"), default="flamegraph")
     parser.add_argument("--sets", type=int, default=1, help="sets of 3 nodes (more: with a control set)")
+    parser.add_argument("--process-per-replica", action="store_true",
+                        help="several sets: one process per node of each set, not three hosts of every set's nodes")  # fmt: skip
     parser.add_argument("--compare-sets", metavar="N,M", help="run with N sets, then M; the CPU per done ratio (more sets over fewer)")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store, ledgers)")
     parser.add_argument("--json", action="store_true", help="one line of JSON")
@@ -631,6 +636,7 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
         profile_process=args.profile_process, breaker=args.breaker, reconcile=args.reconcile,
         payment_guarantee=args.payment_guarantee, in_flight_horizon_s=args.in_flight_horizon_s,
         payment_attempt_timeout_s=args.payment_attempt_timeout_s, sets=args.sets,
+        hosted=not args.process_per_replica,
     )  # fmt: skip
     return settings, args
 

@@ -49,10 +49,10 @@ async def measure(sets: int, control: bool, seconds: float, settle_s: float) -> 
         try:
             await processes.wait_leaders()
             await asyncio.sleep(settle_s)  # past the elections' writes and the first snapshots
-            pids = [p.pid for c in processes.clusters.values() for p in c.procs.values()]
-            cpu0, sched0, started = sum(processes.cpu_seconds().values()), sched_seconds(pids), time.monotonic()
+            pids = processes.pids()
+            cpu0, sched0, started = processes.total_cpu_seconds(), sched_seconds(pids), time.monotonic()
             await asyncio.sleep(seconds)
-            cpu1, sched1 = sum(processes.cpu_seconds().values()), sched_seconds(pids)
+            cpu1, sched1 = processes.total_cpu_seconds(), sched_seconds(pids)
             elapsed = time.monotonic() - started
         finally:
             processes.stop_all()
