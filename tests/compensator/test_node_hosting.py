@@ -1,7 +1,8 @@
 """``compensator node`` hosting replicas of several sets in one process (`node.replicas`,
 docs/sets.md): three hosts, host i running node i of sets 1, 2 and 3, serve each set; set 2's
 replicas, first run one process each, keep their data when moved into the hosts; kill -9 of one
-host loses nothing acknowledged in any set and the other two keep every set writable; a bad
+host loses nothing acknowledged in any set and the other two keep every set writable; one metrics
+page serves a host's replicas, each sample labelled with its set; a bad
 replica gives one line and a non-zero exit before any data directory exists."""
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from compensator import cli
 from queues import Code, Enqueue, QueueClient, RaftClient
@@ -74,8 +77,9 @@ async def _keys(auth: StoreAuth, addresses: list[str], keys: list[str]) -> set[s
 
 def test_three_hosts_serve_three_sets_keep_a_moved_replicas_data_and_survive_one_host_killed(tmp_path: Path) -> None:
     auth = cluster_auth(tmp_path)
-    ports = free_ports(9)
+    ports = free_ports(10)
     sets = {k: [f"127.0.0.1:{port}" for port in ports[3 * (k - 1) : 3 * k]] for k in (1, 2, 3)}
+    metrics = ["--metrics-address", f"127.0.0.1:{ports[9]}"]
     processes: list[subprocess.Popen[bytes]] = []
     try:
         # Set 2 first as it ran before: one process per replica.
@@ -91,8 +95,8 @@ def test_three_hosts_serve_three_sets_keep_a_moved_replicas_data_and_survive_one
             return [arg for k in (2, 3) for arg in ("--replica", json.dumps(
                 {"set_id": k, "id": node, "addresses": sets[k], "data_dir": str(tmp_path / f"set{k}/node{node}")}))]
 
-        hosts = [_node(_environ(auth, sets[1], 1), i, tmp_path / f"set1/node{i}", tmp_path / f"host{i}.log", *replicas(i))
-                 for i in (1, 2, 3)]  # fmt: skip
+        hosts = [_node(_environ(auth, sets[1], 1), i, tmp_path / f"set1/node{i}", tmp_path / f"host{i}.log", *replicas(i),
+                       *(metrics if i == 2 else [])) for i in (1, 2, 3)]  # fmt: skip
         processes += hosts
 
         async def serve_each_set(round_name: str) -> None:
@@ -108,6 +112,12 @@ def test_three_hosts_serve_three_sets_keep_a_moved_replicas_data_and_survive_one
         for k, addresses in sets.items():
             wanted = [f"first-{k}", f"after-the-kill-{k}"] + (["before-the-move"] if k == 2 else [])
             assert asyncio.run(_keys(auth, addresses, wanted)) == set(wanted), k
+        # One page for the host's three replicas: each family once, each sample with its set.
+        families = list(text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{ports[9]}/metrics").text))
+        names = [family.name for family in families if family.name.startswith("compensator_raft")]
+        assert len(names) == len(set(names)) and "compensator_raft_term" in names
+        terms = next(family for family in families if family.name == "compensator_raft_term").samples
+        assert sorted(sample.labels["set"] for sample in terms) == ["1", "2", "3"]
         for host in hosts[1:]:
             host.send_signal(signal.SIGTERM)
         codes = [host.wait(30) for host in hosts[1:]]
