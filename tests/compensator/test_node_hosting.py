@@ -2,8 +2,8 @@
 docs/sets.md): three hosts, host i running node i of sets 1, 2 and 3, serve each set; set 2's
 replicas, first run one process each, keep their data when moved into the hosts; kill -9 of one
 host loses nothing acknowledged in any set and the other two keep every set writable; one metrics
-page serves a host's replicas, each sample labelled with its set; a bad
-replica gives one line and a non-zero exit before any data directory exists."""
+page serves a host's replicas, each sample labelled with its set; a bad replica gives one line and
+a non-zero exit before any data directory exists; `run --sets` gives set 1's nodes the rest."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from compensator import cli
+from compensator.commands import node as node_command
+from compensator.commands.run_sets import LocalSets
+from compensator.config import load
+from compensator.wiring.node import hosted_configs, node_config
 from queues import Code, Enqueue, QueueClient, RaftClient
 from raft_store.auth import StoreAuth
 from raft_store.cli import parse_address
@@ -157,3 +161,20 @@ def test_a_bad_replica_is_one_line_before_any_data_directory_exists(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("compensator node: ") and said in line, line
     assert sorted(path.name for path in tmp_path.iterdir()) == [auth.secrets.path.name]
+
+
+def test_run_sets_hosts_node_i_of_every_set_in_set_1s_node_i(tmp_path: Path) -> None:
+    """`compensator run --sets 3`: set 1's node i is given node i of the control set and of sets 2
+    and 3, each in the data directory it had as a process of its own, and the flags pass the checks."""
+    auth = cluster_auth(tmp_path)
+    environ = {"COMPENSATOR_STORE__SECRET_FILE": str(auth.secrets.path)}
+    planned = LocalSets.plan(load(None, environ), 3, tmp_path / "data")
+    parser = cli.build_parser()
+    args = parser.parse_args(["node", "--id", "2", "--data", str(tmp_path / "data/node2"), *planned.replica_args(2)])
+    config = load(None, environ, flags=node_command.flags(args))
+    hosted = hosted_configs(config, node_config(config))
+    assert [(replica.set_id, settings.node_id, settings.data_dir) for replica, settings in hosted] == [
+        (0, 2, tmp_path / "data/control/node2"), (2, 2, tmp_path / "data/set2/node2"), (3, 2, tmp_path / "data/set3/node2")]
+    assert [settings.listen for _, settings in hosted] == [parse_address(planned.control[1]), *(
+        parse_address(planned.sets[k][1]) for k in (2, 3))]  # fmt: skip
+    assert not (tmp_path / "data").exists()
