@@ -338,6 +338,7 @@ def replica_problems(replicas: tuple[HostedReplica, ...], addresses: tuple[str, 
     replicas of one set on one machine would lose its majority with the machine)."""
     problems: list[str] = []
     seen: set[int] = set()
+    taken = set(addresses)
     for index, replica in enumerate(replicas, 1):
         found: list[str] = []
         if not 0 <= replica.set_id <= 65535:
@@ -353,6 +354,9 @@ def replica_problems(replicas: tuple[HostedReplica, ...], addresses: tuple[str, 
             found.append(f"peer_addresses: one per node of addresses ({len(replica.addresses)}), or none")
         if set(replica.addresses) & set(addresses):
             found.append("addresses are store.addresses': a replica hosts another set than the process's own")
+        elif set(replica.addresses) & taken:
+            found.append("addresses are another replica's: each set is hosted once")
+        taken |= set(replica.addresses)
         if not replica.data_dir:
             found.append("data_dir must be given (the folder the replica keeps wherever it runs)")
         for address in (*replica.addresses, *replica.peer_addresses, *([replica.listen] if replica.listen else [])):

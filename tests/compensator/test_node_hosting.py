@@ -140,23 +140,27 @@ def test_three_hosts_serve_three_sets_keep_a_moved_replicas_data_and_survive_one
          "COMPENSATOR_NODE__REPLICAS: node.replicas: replica 1 (set 2): data_dir must be given"),
         ({"set_id": 2, "id": 4, "addresses": ["127.0.0.1:7111"], "data_dir": "x"},
          "COMPENSATOR_NODE__REPLICAS: node.replicas: replica 1 (set 2): id must be its place in addresses, 1..1"),
+        ([{"set_id": 2, "id": 1, "addresses": ["127.0.0.1:7111"], "data_dir": "x"},
+          {"set_id": 3, "id": 1, "addresses": ["127.0.0.1:7111"], "data_dir": "y"}],
+         "COMPENSATOR_NODE__REPLICAS: node.replicas: replica 2 (set 3): addresses are another replica's"),
         ({"set_id": 2, "id": 1, "addresses": ["127.0.0.1:7111"], "data_dir": "OWN"},
          "node.replicas: set 2 and set 1 share the data directory OWN"),
     ],
 )  # fmt: skip
 def test_a_bad_replica_is_one_line_before_any_data_directory_exists(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-    replica: dict[str, object], said: str,
+    replica: dict[str, object] | list[dict[str, object]], said: str,
 ) -> None:  # fmt: skip
     auth = cluster_auth(tmp_path)
     own = tmp_path / "own"
     said = said.replace("OWN", str(own))
-    replica = {**replica, "data_dir": str(own)} if replica.get("data_dir") == "OWN" else replica
+    replicas = replica if isinstance(replica, list) else [replica]
+    replicas = [{**r, "data_dir": str(own)} if r.get("data_dir") == "OWN" else r for r in replicas]
     for name in [name for name in os.environ if name.startswith("COMPENSATOR_")]:
         monkeypatch.delenv(name)
     for name, value in _environ(auth, ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"], 1).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("COMPENSATOR_NODE__REPLICAS", json.dumps([replica]))
+    monkeypatch.setenv("COMPENSATOR_NODE__REPLICAS", json.dumps(replicas))
     assert cli.main(["node", "--id", "1", "--data", str(own)]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("compensator node: ") and said in line, line
