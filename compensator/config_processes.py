@@ -157,6 +157,8 @@ class HostedReplica(Section, frozen=True):
     """Its own log, snapshots and queue database: required (the same folder it has when it runs alone)."""
     listen: str = ""
     """host:port it listens on; default its own address in `peer_addresses` (else `addresses`)."""
+    tick_ms: int = 0
+    """Its Raft tick, when not `node.tick_ms` (0): a set of its own pace, such as the control set's."""
 
     @property
     def group(self) -> str:
@@ -199,8 +201,8 @@ class StoreNodeConfig(Section, frozen=True):
     per machine instead of one per replica (docs/sets.md). Each a `[[node.replicas]]` table (or an
     object of COMPENSATOR_NODE__REPLICAS' JSON list, or of `--replica JSON`) of `set_id` (0: the
     control set), `id` (its place in `addresses`), `addresses` (its set's `store.addresses`),
-    `data_dir` (required), and optionally `peer_addresses` and `listen`; the timing settings above
-    are every replica's. A storage failure of any stops them all (exit 1)."""
+    `data_dir` (required), and optionally `peer_addresses`, `listen` and `tick_ms`; the other timing
+    settings above are every replica's. A storage failure of any stops them all (exit 1)."""
 
 
 class StandinsConfig(Section, frozen=True):
@@ -359,6 +361,8 @@ def replica_problems(replicas: tuple[HostedReplica, ...], addresses: tuple[str, 
         taken |= set(replica.addresses)
         if not replica.data_dir:
             found.append("data_dir must be given (the folder the replica keeps wherever it runs)")
+        if not 0 <= replica.tick_ms <= 10_000:
+            found.append("tick_ms must be in 0..10000 (0: node.tick_ms)")
         for address in (*replica.addresses, *replica.peer_addresses, *([replica.listen] if replica.listen else [])):
             try:
                 parse_address(address)

@@ -104,7 +104,7 @@ def hosted_configs(config: Config, own: NodeConfig, *, volatile: bool = False) -
         settings = dataclasses.replace(
             own, node_id=replica.id, data_dir=Path(replica.data_dir), peers=peers, client_addresses=clients,
             listen=parse_address(replica.listen) if replica.listen else peers[replica.id],
-            initial_voters=frozenset(peers), volatile_until_fsync=volatile,
+            initial_voters=frozenset(peers), volatile_until_fsync=volatile, tick_ms=replica.tick_ms or own.tick_ms,
         )  # fmt: skip
         try:
             settings.validate()

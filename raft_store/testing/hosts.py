@@ -31,7 +31,16 @@ class ProcessHosts:
     groups: dict[str, ProcessCluster]
     machine: str = "counter"
     extra_args: list[str] = field(default_factory=list)
+    """Flags of every host (and so of every replica, e.g. `--tick-ms`)."""
+    settings: dict[str, dict[str, object]] = field(default_factory=dict)
+    """A group's own node settings in its replica files (e.g. {"tick_ms": 100}): a cluster's own
+    `extra_args` cannot reach a host, so a group given any is refused rather than run without them."""
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        flagged = [group for group, cluster in self.groups.items() if cluster.extra_args]
+        if flagged:
+            raise ValueError(f"{', '.join(flagged)}: per-node flags do not reach a host; give them as `settings`")
 
     @property
     def size(self) -> int:
@@ -49,8 +58,8 @@ class ProcessHosts:
         for index, (group, cluster) in enumerate(self.groups.items()):
             peers = {str(node): f"{h}:{p}" for node, (h, p) in zip(cluster.ids, cluster.addresses(), strict=True)}
             path = folder / f"replica{index}.json"
-            path.write_text(json.dumps({"id": host, "peers": peers, "data_dir": str(cluster.root / f"node{host}"),
-                                        "group": group}))  # fmt: skip
+            path.write_text(json.dumps({**self.settings.get(group, {}), "id": host, "peers": peers,
+                                        "data_dir": str(cluster.root / f"node{host}"), "group": group}))  # fmt: skip
             files.append(path)
         return files
 
