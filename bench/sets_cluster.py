@@ -42,6 +42,8 @@ class SetProcesses:
     hosted: bool = True
     """Three host processes, host i running node i of every set (`raft-store host`, as `compensator run
     --sets N` deploys them); False: one process per node."""
+    node_settings: dict[int, dict[str, object]] = field(default_factory=dict)
+    """Hosted: a set's own node settings by set id (e.g. {0: {"tick_ms": 100}} for the control set)."""
     clusters: dict[int, ProcessCluster] = field(default_factory=dict)
     hosts: ProcessHosts | None = None
 
@@ -65,8 +67,9 @@ class SetProcesses:
 
     def start_all(self) -> None:
         if self.hosted:
-            groups = {("control set" if k == CONTROL_SET_ID else f"set {k}"): c for k, c in self.clusters.items()}
-            self.hosts = ProcessHosts(self.root / "hosts", groups, machine=MACHINE)
+            names = {k: "control set" if k == CONTROL_SET_ID else f"set {k}" for k in self.clusters}
+            self.hosts = ProcessHosts(self.root / "hosts", {names[k]: c for k, c in self.clusters.items()}, machine=MACHINE,
+                                      settings={names[k]: found for k, found in self.node_settings.items()})  # fmt: skip
             self.hosts.start_all()
             return
         for cluster in self.clusters.values():
