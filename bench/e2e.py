@@ -146,6 +146,7 @@ class Settings:
     """The payment gateway's attempt timeout: a request's deadline under `expiry` (None: as shipped)."""
     sets: int = 1
     """Sets of three nodes; more than one adds a control set (bench/e2e_store.py)."""
+    hosted: bool = True  # several sets: three hosts of node i of every set, as `run --sets` (False: a process each)
 
 
 # ---- the processes ---------------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class Stack:
 
     def start(self, settings: Settings) -> None:
         self.start_postgres()
-        store = self.store = RunStore(self.root, settings.sets)
+        store = self.store = RunStore(self.root, settings.sets, hosted=settings.hosted)
         self.cleanups.append(store.stop_all)
         store.start()
         self.token = new_token()
@@ -601,12 +602,12 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
                         help="--payment-guarantee none: the in-flight horizon the workers assume")  # fmt: skip
     parser.add_argument("--payment-attempt-timeout-s", type=float, metavar="S",
                         help="the payment gateway's attempt timeout (a request's deadline under expiry; default as shipped)")  # fmt: skip
-    parser.add_argument("--no-reconcile", dest="reconcile", action="store_false",
-                        help="skip the closing `compensator reconcile` of the run's ledgers (Spark)")  # fmt: skip
+    parser.add_argument("--no-reconcile", dest="reconcile", action="store_false", help="skip the closing reconciliation (Spark)")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy through the window")
     parser.add_argument("--profile-process", choices=PROFILED, default="worker", help="worker: the first worker")
     parser.add_argument("--profile-format", choices=("flamegraph", "speedscope", "raw"), default="flamegraph")
     parser.add_argument("--sets", type=int, default=1, help="sets of 3 nodes (more: with a control set)")
+    parser.add_argument("--process-per-replica", action="store_true", help="several sets: a process per node, not 3 hosts")
     parser.add_argument("--compare-sets", metavar="N,M", help="run with N sets, then M; the CPU per done ratio (more sets over fewer)")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store, ledgers)")
     parser.add_argument("--json", action="store_true", help="one line of JSON")
@@ -623,16 +624,15 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
         parser.error("--in-flight-horizon-s must be in (0, 3600]")
     if not 0.0 <= args.error_rate <= 1.0 or args.rate < 0:
         parser.error("--error-rate must be in 0..1 and --rate not negative")
-    settings = Settings(
+    return Settings(
         requests=args.requests, batch_size=args.batch_size, in_flight=args.in_flight, rate_per_s=args.rate,
         error_rate=args.error_rate, retry_ms=args.retry_ms, attempts_max=args.attempts_max, workers=args.workers,
         api_workers=args.api_workers, stall_timeout_s=args.stall_timeout_s, seed=args.seed,
         profile_dir=args.profile.resolve() if args.profile else None, profile_format=args.profile_format,
         profile_process=args.profile_process, breaker=args.breaker, reconcile=args.reconcile,
         payment_guarantee=args.payment_guarantee, in_flight_horizon_s=args.in_flight_horizon_s,
-        payment_attempt_timeout_s=args.payment_attempt_timeout_s, sets=args.sets,
-    )  # fmt: skip
-    return settings, args
+        payment_attempt_timeout_s=args.payment_attempt_timeout_s, sets=args.sets, hosted=not args.process_per_replica,
+    ), args  # fmt: skip
 
 
 def settings_of(settings: Settings) -> dict[str, Any]:

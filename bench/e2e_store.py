@@ -39,6 +39,8 @@ class RunStore:
 
     root: Path
     sets: int = 1
+    hosted: bool = True
+    """More than one set: three hosts of every set's nodes (False: one process per node)."""
     clusters: dict[int, ProcessCluster] = field(default_factory=dict)
     """The data sets by id (not the control set)."""
     processes: SetProcesses | None = None
@@ -47,13 +49,16 @@ class RunStore:
         if self.sets == 1:
             self.clusters[1] = ProcessCluster(self.root / "store", machine=MACHINE)
         else:
-            self.processes = SetProcesses(self.root / "store", self.sets, control=True)
+            self.processes = SetProcesses(self.root / "store", self.sets, control=True, hosted=self.hosted)
             self.clusters.update(self.processes.sets)
-        for cluster in self.all_clusters():
-            cluster.start_all()
+            self.processes.start_all()
+            return
+        self.clusters[1].start_all()
 
     def stop_all(self) -> None:
-        for cluster in self.all_clusters():
+        if self.processes is not None:
+            self.processes.stop_all()
+        for cluster in self.clusters.values():
             cluster.stop_all()
 
     def all_clusters(self) -> list[ProcessCluster]:
@@ -80,7 +85,9 @@ class RunStore:
 
     def node_cpu_s(self) -> float:
         """Every node's CPU so far, the control set's included."""
-        return sum(cluster.cpu_seconds() for cluster in self.all_clusters())
+        if self.processes is not None:
+            return self.processes.total_cpu_seconds()
+        return self.clusters[1].cpu_seconds()
 
     def idle_node_cores(self, seconds: float = 3.0) -> float:
         """Cores the nodes keep busy with no request in flight (heartbeats, the workers' long polls

@@ -1,9 +1,11 @@
-"""What idle sets cost: N sets of three node processes (and the control set) with no client at
-all, their CPU over a few seconds. The standing cost each set adds is this, whatever the load
+"""What idle sets cost: N sets of three nodes (and the control set) with no client at all, their CPU
+over a few seconds; the nodes hosted by three processes as `compensator run --sets N` runs them, or
+one process each (`--process-per-replica`). The standing cost each set adds is this, whatever the load
 (docs/benchmarks.md, "where an idle node's CPU goes"); bench.e2e's `nodes_idle` measures the same
 with the service's workers and API polling on top.
 
     python -m bench.idle_sets --sets 3 --control --json
+    python -m bench.idle_sets --sets 3 --control --process-per-replica --json
     python -m bench.idle_sets --sets 3 --control --control-tick-ms 30 --json   # the control set at the data sets' clock
 
 `cores` is the nodes' utime + stime from /proc (what bench.e2e reads); `cores_sched` the
@@ -44,18 +46,18 @@ def sched_seconds(pids: list[int]) -> float:
 
 
 async def measure(
-    sets: int, control: bool, seconds: float, settle_s: float, control_tick_ms: int = CONTROL_TICK_MS
+    sets: int, control: bool, seconds: float, settle_s: float, hosted: bool = True, control_tick_ms: int = CONTROL_TICK_MS
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="idle-sets-") as tmp:
-        processes = SetProcesses(Path(tmp), sets, control=control, control_tick_ms=control_tick_ms)
+        processes = SetProcesses(Path(tmp), sets, control=control, hosted=hosted, control_tick_ms=control_tick_ms)
         processes.start_all()
         try:
             await processes.wait_leaders()
             await asyncio.sleep(settle_s)  # past the elections' writes and the first snapshots
-            pids = [p.pid for c in processes.clusters.values() for p in c.procs.values()]
-            cpu0, sched0, started = sum(processes.cpu_seconds().values()), sched_seconds(pids), time.monotonic()
+            pids = processes.pids()
+            cpu0, sched0, started = processes.total_cpu_seconds(), sched_seconds(pids), time.monotonic()
             await asyncio.sleep(seconds)
-            cpu1, sched1 = sum(processes.cpu_seconds().values()), sched_seconds(pids)
+            cpu1, sched1 = processes.total_cpu_seconds(), sched_seconds(pids)
             elapsed = time.monotonic() - started
         finally:
             processes.stop_all()
@@ -66,6 +68,7 @@ async def measure(
         "control": control,
         "control_tick_ms": control_tick_ms if control else None,
         "nodes": processes.nodes,
+        "processes": len(pids),
         "seconds": round(elapsed, 2),
         "cores": round(cores, 4),
         "cores_sched": round((sched1 - sched0) / elapsed, 4),
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.idle_sets", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", type=int, default=3, help="data sets of three nodes (1-5)")
     parser.add_argument("--control", action="store_true", help="also the control set (as the service runs)")
+    parser.add_argument("--process-per-replica", action="store_true", help="a process per node, not three hosts")
     parser.add_argument("--control-tick-ms", type=int, default=CONTROL_TICK_MS,
                         help=f"the control set's tick (default {CONTROL_TICK_MS}, as run --sets starts it; the data sets': 30)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=8.0, help="how long to measure")
@@ -88,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.idle_sets: --sets must be 1-5, --seconds positive, --settle-s not negative,"
               " --control-tick-ms 1-10000", file=sys.stderr)  # fmt: skip
         return 2
-    result = asyncio.run(measure(args.sets, args.control, args.seconds, args.settle_s, args.control_tick_ms))
+    result = asyncio.run(measure(args.sets, args.control, args.seconds, args.settle_s, not args.process_per_replica,
+                                 args.control_tick_ms))  # fmt: skip
     print(json.dumps(result))
     return 0
 

@@ -214,7 +214,7 @@ def lose_figures(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-queue-sets-") as tmp:
-        processes = SetProcesses(Path(tmp), args.sets)
+        processes = SetProcesses(Path(tmp), args.sets, hosted=False)  # its figures are per set's processes
         processes.start_all()
         try:
             result = asyncio.run(enqueue_sets(processes, args))

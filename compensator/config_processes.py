@@ -140,6 +140,31 @@ class ProjectorConfig(Section, frozen=True):
     """The address of the metrics endpoint."""
 
 
+class HostedReplica(Section, frozen=True):
+    """One more replica a `compensator node` process hosts beside its own (docs/sets.md, "Hosting
+    several replicas in one process"): node `id` of the set whose nodes are `addresses`, with its own
+    listener and data directory; the timing settings of `[node]` are every hosted replica's."""
+
+    set_id: int = -1
+    """The set it belongs to (0: the control set): the name its metrics and its stop line carry."""
+    id: int = 0
+    """Its place in `addresses`, from 1."""
+    addresses: tuple[str, ...] = ()
+    """host:port its set's nodes serve clients on, node N the N-th (that set's `store.addresses`)."""
+    peer_addresses: tuple[str, ...] = ()
+    """Where its set's nodes reach each other, when not `addresses` (that set's `store.peer_addresses`)."""
+    data_dir: str = ""
+    """Its own log, snapshots and queue database: required (the same folder it has when it runs alone)."""
+    listen: str = ""
+    """host:port it listens on; default its own address in `peer_addresses` (else `addresses`)."""
+    tick_ms: int = 0
+    """Its Raft tick, when not `node.tick_ms` (0): a set of its own pace, such as the control set's."""
+
+    @property
+    def group(self) -> str:
+        return "the control set" if self.set_id == 0 else f"set {self.set_id}"
+
+
 class StoreNodeConfig(Section, frozen=True):
     """`compensator node`: one node of the set `store.addresses` lists (node N is the N-th address),
     so a deployment writes the set's addresses once, for its nodes and its clients alike."""
@@ -171,6 +196,13 @@ class StoreNodeConfig(Section, frozen=True):
     """Prometheus metrics (the node's Raft state and its replica's queue depth) on metrics_host:port (0: off)."""
     metrics_host: str = "127.0.0.1"
     """The address of the metrics endpoint."""
+    replicas: tuple[HostedReplica, ...] = ()
+    """More replicas, of other sets, this process runs beside its own on one event loop: one process
+    per machine instead of one per replica (docs/sets.md). Each a `[[node.replicas]]` table (or an
+    object of COMPENSATOR_NODE__REPLICAS' JSON list, or of `--replica JSON`) of `set_id` (0: the
+    control set), `id` (its place in `addresses`), `addresses` (its set's `store.addresses`),
+    `data_dir` (required), and optionally `peer_addresses`, `listen` and `tick_ms`; the other timing
+    settings above are every replica's. A storage failure of any stops them all (exit 1)."""
 
 
 class StandinsConfig(Section, frozen=True):
@@ -299,6 +331,44 @@ def node_problems(node: StoreNodeConfig, addresses: tuple[str, ...], peer_addres
     check(node.snapshot_every_entries >= 1, "node.snapshot_every_entries", "must be positive")
     check(node.snapshot_every_mib >= 1, "node.snapshot_every_mib", "must be positive")
     check(0 <= node.metrics_port < 65536, "node.metrics_port", "must be in 0..65535")
+    problems += replica_problems(node.replicas, addresses)
+    return problems
+
+
+def replica_problems(replicas: tuple[HostedReplica, ...], addresses: tuple[str, ...]) -> list[str]:
+    """Each hosted replica's own checks, and theirs together: one set once per process (two
+    replicas of one set on one machine would lose its majority with the machine)."""
+    problems: list[str] = []
+    seen: set[int] = set()
+    taken = set(addresses)
+    for index, replica in enumerate(replicas, 1):
+        found: list[str] = []
+        if not 0 <= replica.set_id <= 65535:
+            found.append("set_id must be given, in 0..65535 (0: the control set)")
+        elif replica.set_id in seen:
+            found.append(f"{replica.group} is hosted twice")
+        seen.add(replica.set_id)
+        if not replica.addresses:
+            found.append("addresses must list its set's nodes")
+        if not 1 <= replica.id <= len(replica.addresses or (1,)):
+            found.append(f"id must be its place in addresses, 1..{len(replica.addresses)}")
+        if replica.peer_addresses and len(replica.peer_addresses) != len(replica.addresses):
+            found.append(f"peer_addresses: one per node of addresses ({len(replica.addresses)}), or none")
+        if set(replica.addresses) & set(addresses):
+            found.append("addresses are store.addresses': a replica hosts another set than the process's own")
+        elif set(replica.addresses) & taken:
+            found.append("addresses are another replica's: each set is hosted once")
+        taken |= set(replica.addresses)
+        if not replica.data_dir:
+            found.append("data_dir must be given (the folder the replica keeps wherever it runs)")
+        if not 0 <= replica.tick_ms <= 10_000:
+            found.append("tick_ms must be in 0..10000 (0: node.tick_ms)")
+        for address in (*replica.addresses, *replica.peer_addresses, *([replica.listen] if replica.listen else [])):
+            try:
+                parse_address(address)
+            except ValueError as error:
+                found.append(str(error))
+        problems += [f"node.replicas: replica {index} ({replica.group}): {problem}" for problem in found]
     return problems
 
 

@@ -16,7 +16,6 @@ import importlib
 import json
 import logging
 import os
-import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,20 +23,16 @@ from typing import Any
 
 from raft_store.auth import AuthConfigError, StoreAuth
 from raft_store.client import RaftClient
-from raft_store.files import WalFailedError, private_dir
-from raft_store.framing import CorruptLogError
+from raft_store.files import private_dir
+from raft_store.hosting import Replica, check_distinct, run_nodes
 from raft_store.machines import CounterMachine, KvMachine
-from raft_store.node import Node, NodeStopped
+from raft_store.node import Node
 from raft_store.node_config import NodeConfig
-from raft_store.process import configure_logging, install_uvloop, stop_on_signals
-from raft_store.snapshots import CorruptSnapshotError
-from raft_store.state_machine import GroupCommittingMachine, StateMachine
-from raft_store.stop_reason import stop_reason
+from raft_store.process import configure_logging, install_uvloop
+from raft_store.state_machine import StateMachine
 from raft_store.wal import GroupCommitPolicy
 
 log = logging.getLogger("raft_store.cli")
-STORAGE_ERRORS = (OSError, sqlite3.Error, WalFailedError, CorruptLogError, CorruptSnapshotError, NodeStopped)
-"""What stops a node for its storage (at start, or as `Node.failure`): answered with `stop_reason`."""
 
 
 class UsageError(Exception):
@@ -186,53 +181,40 @@ async def run_node(
 
     After a failure nothing is committed on the way out (the machine's open transaction is
     rolled back: the log replays it), and the last line on stderr names what failed and what to
-    do (`stop_reason`), never an error raised by the clean-up."""
-    failure: BaseException | None = None
-    try:
-        node = Node(config, machine)
+    do (`stop_reason`), never an error raised by the clean-up. A process of one node is a host of
+    one replica (raft_store/hosting.py)."""
+    hosted_beside = None if beside is None else (lambda nodes: beside(nodes[0]))
+    return await run_nodes([Replica(config, machine)], hosted_beside, stop)
+
+
+def host_configs(args: argparse.Namespace) -> list[tuple[str, NodeConfig]]:
+    """Each `--replica` file's group name and settings (the shared options of `add_node_arguments`
+    apply to every replica; a file's own settings win); UsageError, naming the file, before any
+    data directory is opened."""
+    if args.config or args.id is not None or args.peer or args.listen or args.data or args.join or args.voters:
+        raise UsageError("host: a replica's id, peers, listen, data and voters are in its --replica file")
+    configs: list[tuple[str, NodeConfig]] = []
+    for path in args.replica:
         try:
-            await node.start()
-        except STORAGE_ERRORS as exc:  # recovery failed: the same line as for a failure later
-            failure = exc
-            log.critical("node %d could not start: %r", config.node_id, exc, exc_info=exc)
-        else:
-            async with beside(node) if beside is not None else contextlib.nullcontext():
-                await _serve_until_stopped(node, stop)
-            failure = node.failure
-    except BaseException:
-        _close_after_failure(machine)
-        raise
-    if failure is None:
-        machine.close()
-        return 0
-    _close_after_failure(machine)
-    print(stop_reason(failure, node_id=config.node_id, data_dir=config.data_dir), file=sys.stderr, flush=True)
-    return 1
-
-
-def _close_after_failure(machine: StateMachine) -> None:
-    """Close without committing: the failure may have left half an apply in the open transaction."""
+            group = str(json.loads(Path(path).read_text()).get("group", Path(path).stem))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise UsageError(f"cannot read replica file {path}: {exc}") from None
+        try:
+            configs.append((group, node_config(argparse.Namespace(**{**vars(args), "config": path}))))
+        except UsageError as exc:
+            raise UsageError(f"replica {path}: {exc}") from None
     try:
-        if isinstance(machine, GroupCommittingMachine):
-            machine.rollback()
-        machine.close()
-    except Exception as exc:  # the store may be as broken as the log: the reason line comes next
-        log.warning("closing the state machine after the failure: %r", exc)
+        check_distinct(configs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return configs
 
 
-async def _serve_until_stopped(node: Node, given: asyncio.Event | None = None) -> None:
-    loop = asyncio.get_running_loop()
-    stop = given or asyncio.Event()
-    # An embedding process that gives `stop` handles its signals itself (compensator/shell.py).
-    with stop_on_signals(stop) if given is None else contextlib.nullcontext(stop):
-        listen = node.config.listen
-        print(
-            json.dumps({"event": "started", "node": node.config.node_id, "listen": f"{listen[0]}:{listen[1]}"}),
-            flush=True,
-        )
-        stopped = loop.create_task(node.stopped.wait())
-        await asyncio.wait([loop.create_task(stop.wait()), stopped], return_when=asyncio.FIRST_COMPLETED)
-        await node.stop()
+def run_host(args: argparse.Namespace) -> int:
+    configs = host_configs(args)
+    prepare_node_process()
+    replicas = [Replica(config, make_machine(args.machine, config.data_dir), group) for group, config in configs]
+    return asyncio.run(run_nodes(replicas))
 
 
 async def show_status(addresses: list[tuple[str, int]], auth: StoreAuth) -> int:
@@ -296,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one node")
     add_node_arguments(run)
     run.add_argument("--machine", default="kv", help="kv, counter, or module:factory")
+    host = sub.add_parser("host", help="run several nodes (each of its own group) in one process")
+    add_node_arguments(host)
+    host.add_argument("--replica", action="append", required=True,
+                      help="a JSON node file (as --config: id, peers, data_dir, ...; 'group' names it), once per node")  # fmt: skip
+    host.add_argument("--machine", default="kv", help="kv, counter, or module:factory (every replica's)")
     status = sub.add_parser("status", help="role, term, commit, applied and follower lag of each node")
     status.add_argument("--addresses", required=True, help="host:port,host:port,...")
     add_auth_arguments(status)
@@ -319,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             prepare_node_process()
             machine = make_machine(args.machine, config.data_dir)
             return asyncio.run(run_node(config, machine))
+        if args.command == "host":
+            return run_host(args)
         addresses = [parse_address(a) for a in args.addresses.split(",") if a]
         auth = store_auth(args)
         if args.command == "status":

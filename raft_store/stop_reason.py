@@ -56,8 +56,9 @@ def _storage(error: BaseException) -> bool:
     return isinstance(error, OSError | sqlite3.Error | StorageError)
 
 
-def stop_reason(exc: BaseException, *, node_id: int, data_dir: Path) -> str:
-    """One line: `node N stopped: <what failed> (<the error>). <what to do>.`"""
+def stop_reason(exc: BaseException, *, node_id: int, data_dir: Path, group: str = "") -> str:
+    """One line: `node N stopped: <what failed> (<the error>). <what to do>.`; a replica hosted with
+    others (raft_store/hosting.py) names its `group` (`node 2 of set 3 stopped: ...`)."""
     chain = list(_chain(exc))
     detail = "; ".join(dict.fromkeys(str(e) or type(e).__name__ for e in chain))[:400]
     where = f"the file system holding {data_dir}"
@@ -98,7 +99,8 @@ def stop_reason(exc: BaseException, *, node_id: int, data_dir: Path) -> str:
     else:
         what = "on an unexpected error"
         todo = "This is a bug: the traceback is above. Start the node again; report it with the log"
-    return f"node {node_id} stopped: {what} ({detail}). {todo}."
+    name = f"node {node_id} of {group}" if group else f"node {node_id}"
+    return f"{name} stopped: {what} ({detail}). {todo}."
 
 
 __all__ = ["stop_reason"]

@@ -19,7 +19,7 @@ or listen anywhere the operator did not ask.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -128,3 +128,22 @@ class NodeCollector(Collector):
             for kind, age_ms in ages.ages_ms.items():
                 oldest.add_metric([node, kind], age_ms / 1000)
         yield oldest
+
+
+class HostedCollector(Collector):
+    """The replicas of one host process (`node.replicas`, docs/sets.md) on one page: each family
+    once, each sample labelled with its replica's `set`, so `sum by (set)` and the single-replica
+    queries with `set` added keep working."""
+
+    def __init__(self, replicas: Sequence[tuple[str, Collector]]) -> None:
+        self._replicas = list(replicas)
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for set_label, collector in self._replicas:
+            for family in collector.collect():
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                into.samples += [sample._replace(labels={**sample.labels, "set": set_label}) for sample in family.samples]
+        yield from merged.values()

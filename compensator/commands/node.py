@@ -12,6 +12,9 @@ node, and ``--client-address``), as before, still starts from them.
 ``--config`` is the service's TOML file, as for every other command; a JSON node file (the format
 ``raft-store run --config`` reads) is refused with one line that says so.
 
+One process may host replicas of more sets beside its own (``node.replicas``, ``--replica JSON``
+once each): one process per machine instead of one per replica (docs/sets.md).
+
 The process is built by the composition root (compensator/wiring/node.py) and run by the process
 shell (compensator/shell.py); this module owns the flags.
 
@@ -65,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     node.add_argument("--tls-ca", help="store.tls_ca")
     node.add_argument("--tls-cert", help="store.tls_cert")
     node.add_argument("--tls-key", help="store.tls_key")
+    node.add_argument("--replica", action="append", metavar="JSON",
+                      help='one more replica to host, once each: {"set_id": 2, "id": 1, "addresses": [...], "data_dir": ...}'
+                           " (node.replicas; docs/sets.md)")  # fmt: skip
     node.add_argument("--metrics-address", help="serve Prometheus metrics on HOST:PORT (node.metrics_host and"
                                                 " metrics_port); default off")  # fmt: skip
     node.set_defaults(handler=serve)
@@ -99,6 +105,17 @@ def flags(args: argparse.Namespace) -> dict[tuple[str, str], tuple[Any, str]]:
         except ValueError:
             raise NodeCommandError(f"--voters {args.voters!r} is not a list of node ids") from None
         given[("node", "voters")] = (voters, "--voters")
+    if args.replica:
+        replicas = []
+        for text in args.replica:
+            try:
+                replica = json.loads(text)
+            except ValueError:
+                raise NodeCommandError(f"--replica {text!r} is not a JSON object") from None
+            if not isinstance(replica, dict):
+                raise NodeCommandError(f"--replica {text!r} is not a JSON object")
+            replicas.append(replica)
+        given[("node", "replicas")] = (replicas, "--replica")
     if args.metrics_address:
         from compensator.config_processes import parse_address
 
@@ -128,5 +145,6 @@ def serve(args: argparse.Namespace) -> int:
         except raft_cli.UsageError as error:
             raise NodeCommandError(str(error)) from None
     settings = node.node_config(config, peers=peers, client_addresses=clients, volatile=args.volatile)
+    hosted = node.hosted_configs(config, settings, volatile=args.volatile)
     raft_cli.prepare_node_process()
-    return shell.run(node.shell(config), functools.partial(node.process, config, settings))
+    return shell.run(node.shell(config), functools.partial(node.process, config, settings, hosted))

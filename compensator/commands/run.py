@@ -149,12 +149,11 @@ class LocalService:
         store = config.store
         auth_args = ["--secret-file", str(self.secret_file.resolve())] + (
             ["--tls-ca", store.tls_ca, "--tls-cert", store.tls_cert, "--tls-key", store.tls_key] if store.tls_ca else [])
-        self.nodes = [
+        self.nodes = [  # the set: store.addresses; with --sets, node i of every set (run_sets.py)
             Child(f"node {i}", [*python, "node", *config_args, "--id", str(i), "--data", str(self.data_dir / f"node{i}"),
-                                *auth_args], self.data_dir / f"node{i}.log")  # the set: store.addresses
+                                *auth_args, *(self.sets.replica_args(i) if self.sets else [])], self.data_dir / f"node{i}.log")
             for i in range(1, len(self.addresses) + 1)
-        ] + [Child(name, [*python, "node", *config_args, *node_args, *auth_args], log, env=env)
-             for name, node_args, log, env in (self.sets.nodes if self.sets else [])]  # fmt: skip
+        ]  # fmt: skip
         local = config.local
         self.standin_ports = {
             "payment": _port(config.handlers.payment.base_url), "red_packet": _port(config.handlers.red_packet.base_url),

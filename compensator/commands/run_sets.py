@@ -1,5 +1,6 @@
-"""What `compensator run --sets N` starts beyond one set: a 3-node control set and sets 2..N, each
-node its own process and data directory under `local.data_dir`, and the set table written once.
+"""What `compensator run --sets N` starts beyond one set: a 3-node control set and sets 2..N, hosted
+by set 1's three node processes (node i of every set in set 1's node i: `--replica`, docs/sets.md),
+each replica its own data directory under `local.data_dir`, and the set table written once.
 
 Set 1 is the set `store.addresses` names (`make run`'s, unchanged). Set k's nodes listen on the
 ports of set 1's plus 10 (k - 1), the control set's on set 1's plus 50: fixed, so a data directory
@@ -15,6 +16,7 @@ Must never: change anything `compensator run` does without `--sets`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,8 +56,7 @@ class LocalSets:
     control: list[str]
     sets: dict[int, list[str]]
     """Every set's addresses by id, set 1 (store.addresses) included."""
-    nodes: list[tuple[str, list[str], Path, dict[str, str]]] = field(default_factory=list)
-    """(name, node arguments, log, environment) of each node to start: the control set's and sets 2..N's."""
+    data_dir: Path = Path()
     drivers: list[tuple[MaintenanceDriver, QueueClient]] = field(default_factory=list)
 
     @classmethod
@@ -66,18 +67,16 @@ class LocalSets:
         sets = {k: _shifted(base, SET_PORT_STEP * (k - 1)) for k in range(1, count + 1)}
         control = _shifted(base, CONTROL_PORT_OFFSET)
         with_control = msgspec.structs.replace(config.store, control_addresses=tuple(control))
-        planned = cls(msgspec.structs.replace(config, store=with_control), count, control, sets)
-        groups = [("control", 0, planned.control)] + [(f"set{k}", k, sets[k]) for k in range(2, count + 1)]
-        for folder, set_id, addresses in groups:
-            env = {"COMPENSATOR_STORE__ADDRESSES": ",".join(addresses), "COMPENSATOR_STORE__PEER_ADDRESSES": "",
-                   "COMPENSATOR_STORE__SET_ID": str(max(set_id, 1))}  # fmt: skip
-            if set_id == 0:  # the control set's own clock (docs/sets.md, "The control set's clock")
-                env["COMPENSATOR_NODE__TICK_MS"] = str(config.local.control_tick_ms)
-            for i in range(1, len(addresses) + 1):
-                name = f"{'control' if set_id == 0 else f'set {set_id}'} node {i}"
-                planned.nodes.append((name, ["--id", str(i), "--data", str(data_dir / folder / f"node{i}")],
-                                      data_dir / folder / f"node{i}.log", env))  # fmt: skip
-        return planned
+        return cls(msgspec.structs.replace(config, store=with_control), count, control, sets, data_dir)
+
+    def replica_args(self, node: int) -> list[str]:
+        """`--replica` of set 1's node `node` for node `node` of the control set and of sets 2..N:
+        three host processes in all, whatever N (docs/sets.md); each replica's data directory the
+        one it had as a process of its own."""
+        groups = [("control", 0, self.control)] + [(f"set{k}", k, self.sets[k]) for k in range(2, self.count + 1)]
+        return [arg for folder, set_id, addresses in groups for arg in ("--replica", json.dumps(
+            {"set_id": set_id, "id": node, "addresses": addresses, "data_dir": str(self.data_dir / folder / f"node{node}"),
+             **({"tick_ms": self.config.local.control_tick_ms} if set_id == 0 else {})}))]  # the control set's own clock
 
     @property
     def env(self) -> dict[str, str]:

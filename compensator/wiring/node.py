@@ -21,24 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+import dataclasses
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from compensator.config import Config
-from compensator.config_processes import parse_address
+from compensator.config_processes import HostedReplica, parse_address
 from compensator.shell import ProcessError, Running, Shell, metrics_endpoint
 from compensator.store import store_auth
 from compensator.wiring.parts import metrics_address
 from queues.replicated import machine_factory
 from queues.stores import StoreError
-from raft_store import cli as raft_cli
 from raft_store.files import private_dir
+from raft_store.hosting import Replica, check_distinct, run_nodes
 from raft_store.node import Node
 from raft_store.node_config import NodeConfig
 from raft_store.wal import GroupCommitPolicy
-from services.node_metrics import NodeCollector
+from services.node_metrics import HostedCollector, NodeCollector
 
 Addresses = dict[int, tuple[str, int]]
 
@@ -92,26 +93,73 @@ def node_config(
     return settings
 
 
+def hosted_configs(config: Config, own: NodeConfig, *, volatile: bool = False) -> list[tuple[HostedReplica, NodeConfig]]:
+    """Each of `node.replicas` as Raft settings: its set's membership from its own addresses, the
+    timing, secret and TLS of this process (`own`); ProcessError (one line) before any data
+    directory is opened when two replicas would share a folder or a listening address."""
+    hosted: list[tuple[HostedReplica, NodeConfig]] = []
+    for replica in config.node.replicas:
+        clients = _numbered(replica.addresses)
+        peers = _numbered(replica.peer_addresses) if replica.peer_addresses else clients
+        settings = dataclasses.replace(
+            own, node_id=replica.id, data_dir=Path(replica.data_dir), peers=peers, client_addresses=clients,
+            listen=parse_address(replica.listen) if replica.listen else peers[replica.id],
+            initial_voters=frozenset(peers), volatile_until_fsync=volatile, tick_ms=replica.tick_ms or own.tick_ms,
+        )  # fmt: skip
+        try:
+            settings.validate()
+        except ValueError as error:
+            raise ProcessError(f"node.replicas ({replica.group}): {error}") from None
+        hosted.append((replica, settings))
+    try:
+        check_distinct([(own_group(config), own), *((replica.group, settings) for replica, settings in hosted)])
+    except ValueError as error:
+        raise ProcessError(f"node.replicas: {error}") from None
+    return hosted
+
+
+def own_group(config: Config) -> str:
+    return f"set {config.store.set_id}"
+
+
 @contextlib.asynccontextmanager
-async def process(config: Config, settings: NodeConfig) -> AsyncIterator[Running]:
-    """`compensator node`: SIGTERM stops the node; a storage failure stops it by itself (exit 1).
-    Call `raft_store.cli.prepare_node_process()` before the process's loop starts."""
-    private_dir(settings.data_dir)
-    try:  # a data directory of the SQL store is refused in one line that says how to convert it
-        machine = machine_factory(settings.data_dir)
-    except StoreError as error:
-        raise ProcessError(str(error)) from None
+async def process(
+    config: Config, settings: NodeConfig, hosted: list[tuple[HostedReplica, NodeConfig]] | None = None,
+) -> AsyncIterator[Running]:  # fmt: skip
+    """`compensator node`: SIGTERM stops the node (and every hosted replica); a storage failure of
+    any stops them all by itself (exit 1). Call `raft_store.cli.prepare_node_process()` before the
+    process's loop starts."""
+    hosted = hosted or []
+    groups = [(own_group(config) if hosted else "", str(config.store.set_id), settings)]
+    groups += [(replica.group, str(replica.set_id), replica_settings) for replica, replica_settings in hosted]
+    replicas: list[Replica] = []
+    try:
+        for group, _, replica_settings in groups:
+            private_dir(replica_settings.data_dir)
+            try:  # a data directory of the SQL store is refused in one line that says how to convert it
+                replicas.append(Replica(replica_settings, machine_factory(replica_settings.data_dir), group))
+            except StoreError as error:
+                raise ProcessError(f"{group + ': ' if group else ''}{error}") from None
+    except BaseException:
+        for opened in replicas:
+            opened.machine.close()
+        raise
     address = metrics_address(config.node.metrics_host, config.node.metrics_port)
 
     @contextlib.asynccontextmanager
-    async def beside(node: Node) -> AsyncIterator[None]:
-        """The node's metrics, collected at scrape time between applies."""
+    async def beside(nodes: Sequence[Node]) -> AsyncIterator[None]:
+        """The nodes' metrics, collected at scrape time between applies; hosted replicas on one page,
+        each sample labelled with its `set`."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(NodeCollector(node.status, node.query_applied))
-        async with metrics_endpoint(address, registry, busy=lambda: node.applying):
+        collectors = [NodeCollector(node.status, node.query_applied) for node in nodes]
+        if hosted:
+            registry.register(HostedCollector([(label, c) for (_, label, _), c in zip(groups, collectors, strict=True)]))
+        else:
+            registry.register(collectors[0])
+        async with metrics_endpoint(address, registry, busy=lambda: any(node.applying for node in nodes)):
             yield
 
     async def run(stop: asyncio.Event) -> int:
-        return await raft_cli.run_node(settings, machine, beside, stop=stop)  # it closes the machine
+        return await run_nodes(replicas, beside, stop=stop)  # it closes the machines
 
     yield Running(run)

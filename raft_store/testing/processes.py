@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +49,35 @@ def free_ports(count: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM (a paused one resumed first), then SIGKILL whatever is left after 10 s."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+    deadline = time.monotonic() + 10
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def cpu_seconds(procs: Iterable[subprocess.Popen[bytes]]) -> float:
+    """User+system CPU of the running processes among `procs` (each once), from /proc (Linux)."""
+    total = 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid in {proc.pid for proc in procs}:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
 
 
 @dataclass
@@ -137,17 +166,7 @@ class ProcessCluster:
         self.kill(node, signal.SIGCONT)
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.terminate()
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs.values())
 
     async def wait_leader(self, client: RaftClient, timeout_s: float = 15.0, exclude: int = 0) -> int:
         deadline = time.monotonic() + timeout_s
@@ -166,15 +185,7 @@ class ProcessCluster:
 
     def cpu_seconds(self) -> float:
         """User+system CPU of all running node processes, from /proc (Linux)."""
-        total = 0.0
-        ticks = os.sysconf("SC_CLK_TCK")
-        for proc in self.procs.values():
-            try:
-                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / ticks
-        return total
+        return cpu_seconds(self.procs.values())
 
     async def statuses(self, client: RaftClient) -> dict[int, dict[str, object]]:
         out = {}
