@@ -422,8 +422,9 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
 
 
 async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
-    """Once the projector has every event: the ledger's request count beside the store's, and the
-    projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
+    """Once the projector has every event: the ledger's request count beside the store's, the
+    projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets), and
+    its transactions (rounds) beside the sets' batches they carried."""
     assert stack.store is not None and stack.postgres is not None
     reader = stack.store.reader()
     try:
@@ -440,8 +441,11 @@ async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, 
         ledger_requests = await connection.fetchval("SELECT count(*) FROM compensation_requests")
     finally:
         await connection.close()
-    buckets = figures.histogram(scrape(stack.projector_metrics_urls), "compensator_projector_event_lag_seconds")
+    pages = scrape(stack.projector_metrics_urls)
+    buckets = figures.histogram(pages, "compensator_projector_event_lag_seconds")
     return {
+        "rounds": figures.counter(pages, "compensator_projector_rounds_total"),
+        "batches": figures.counter(pages, "compensator_projector_batches_total"),
         "events": sum(last.values()), "projected": sum(min(cursors[k], last[k]) for k in last), "ledger_requests": ledger_requests,
         "store_requests": sum(counts.values()), "lag_p50_s": figures.histogram_quantile(buckets, 0.5),
         "lag_p99_s": figures.histogram_quantile(buckets, 0.99),

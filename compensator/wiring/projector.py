@@ -57,7 +57,7 @@ async def projector(config: Config, dsn: str, *, name: str = "",
         sets, dsn,
         ProjectorSettings(owner=name or process_name(), batch_max=settings.batch_max,
                           idle_poll_s=settings.idle_poll_ms / 1000, standby_poll_s=settings.standby_poll_ms / 1000,
-                          discover_every_s=config.store.sets_refresh_s),
+                          discover_every_s=config.store.sets_refresh_s, round_gather_s=settings.round_gather_ms / 1000),
         tracer=provider.get_tracer("compensator.projector"), metrics=ProjectorMetrics(),
         discover=None if found is None else table_rereader(found),
     )  # fmt: skip

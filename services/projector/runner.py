@@ -72,12 +72,18 @@ class ProjectorSettings:
     """The locks of the sets this process does not hold are tried this often."""
     discover_every_s: float = 30.0
     """The set table is re-read this often (with a control set), so a set added later is projected."""
+    round_gather_s: float = 0.0
+    """With several sets held: once one lane's batch is ready, the others' are waited for this long
+    at most, so that a round carries every busy set's batch (one transaction for them all rather
+    than one each). 0: a round takes what is ready when the first is."""
 
     def validate(self) -> None:
         if not 1 <= self.batch_max <= min(1000, EVENTS_LIMIT_MAX):
             raise ValueError("batch_max must be in 1..1000 (one query's ids)")
         if not 0 < self.idle_poll_s <= 60 or not 0 < self.standby_poll_s <= 60:
             raise ValueError("idle_poll_s and standby_poll_s must be in (0, 60]")
+        if not 0 <= self.round_gather_s <= 1:
+            raise ValueError("round_gather_s must be in [0, 1]")
 
 
 def wall_clock_ms() -> int:
@@ -183,6 +189,11 @@ class Projector:
         stopping = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait((*waiting, stopping), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            pending = [task for task in waiting if not task.done()]
+            if self._settings.round_gather_s and pending and len(pending) < len(waiting) and not stop.is_set():
+                # One is ready: the busy sets' batches are a few milliseconds behind it (their
+                # long polls answer at their next apply); wait for them, not for an idle set's poll.
+                await asyncio.wait(pending, timeout=self._settings.round_gather_s, return_when=asyncio.ALL_COMPLETED)
         finally:
             stopping.cancel()
         return [lane for task, lane in waiting.items() if task.done()]

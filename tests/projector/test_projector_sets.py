@@ -68,7 +68,7 @@ async def add_set_4(stores: dict[int, StoreThread], sets: SetsClient) -> None:
 
 def projector(sets: SetsClient, dsn: str, owner: str = "p1", standby_poll_s: float = 0.05) -> Projector:
     settings = ProjectorSettings(owner=owner, batch_max=50, idle_poll_s=0.05, standby_poll_s=standby_poll_s,
-                                 discover_every_s=0.1)  # fmt: skip
+                                 discover_every_s=0.1, round_gather_s=0.02)  # fmt: skip
     return Projector(sets.clients, dsn, settings, tracer=TracerProvider().get_tracer("test"), metrics=ProjectorMetrics(),
                      discover=table_rereader(sets))  # fmt: skip
 
