@@ -4,10 +4,11 @@ real store, and the check that the ledger in PostgreSQL says what the store says
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -28,6 +29,7 @@ from ledger.request_ids import RequestId
 from ledger.states import LEDGER_STATE_OF, OPEN_STATES, AttemptOutcome, LedgerState, attempt_outcome_of
 from queues import Code, QueueClient, State
 from queues.model import Enqueue, Event, EventType, MessageView
+from services.projector.runner import Projector
 
 SET_ID = 1
 FAST = RetryPolicy(tiers_ms=(50,), tier_jitter_ratio=0.0, attempts_max=3)
@@ -222,3 +224,22 @@ async def execute(dsn: str, statement: str) -> None:
         await connection.execute(statement)
     finally:
         await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def running(built: Projector, stop_timeout_s: float = 30.0) -> AsyncIterator[asyncio.Task[None]]:
+    """The projector runs for the block; on exit it is stopped, and whatever it raised is raised."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(built.run(stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, stop_timeout_s)
+
+
+async def wait_until(check: Callable[[], object], *, timeout_s: float, what: str = "condition not reached") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():  # type: ignore[misc]
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.02)

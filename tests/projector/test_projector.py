@@ -5,9 +5,8 @@ the log stops it with a line that names the gap, and a rebuild writes the same l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import asyncpg
 import pytest
@@ -21,6 +20,8 @@ from projector_support import (
     assert_ledger_matches_store,
     event_types,
     ledger_rows,
+    running,
+    wait_until,
 )
 
 from queues import QueueClient
@@ -48,23 +49,8 @@ def projector(queue: QueueClient, dsn: str, *, owner: str = "p1", batch_max: int
     return Projector({SET_ID: queue}, dsn, settings, tracer=provider.get_tracer("test"), metrics=ProjectorMetrics())
 
 
-@contextlib.asynccontextmanager
-async def running(built: Projector) -> AsyncIterator[asyncio.Task[None]]:
-    """The projector runs for the block; on exit it is stopped, and whatever it raised is raised."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(built.run(stop))
-    try:
-        yield task
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-
-
 async def until(check: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():  # type: ignore[misc]
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
+    await wait_until(check, timeout_s=timeout_s)
 
 
 async def caught_up(queue: QueueClient, built: Projector) -> bool:

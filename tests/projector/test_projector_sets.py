@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from projector_support import FAST, KINDS, Traffic, assert_ledger_matches_store
+from projector_support import FAST, KINDS, Traffic, assert_ledger_matches_store, running, wait_until
 
 from compensator.wiring.parts import table_rereader
 from queues import ControlSet, QueueClient, RaftClient, SetsClient
@@ -73,22 +73,8 @@ def projector(sets: SetsClient, dsn: str, owner: str = "p1", standby_poll_s: flo
                      discover=table_rereader(sets))  # fmt: skip
 
 
-@contextlib.asynccontextmanager
-async def running(built: Projector) -> AsyncIterator[asyncio.Task[None]]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(built.run(stop))
-    try:
-        yield task
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-
-
 async def until(check: Callable[[], object], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while not await check():  # type: ignore[misc]
-        assert asyncio.get_running_loop().time() < deadline, what
-        await asyncio.sleep(0.05)
+    await wait_until(check, timeout_s=WAIT_S, what=what)
 
 
 async def caught_up(built: Projector, sets: SetsClient, *set_ids: int) -> bool:
