@@ -213,17 +213,14 @@ class Stack:
         pg.wait_until_accepting(postgres.start())
 
     def start_projector(self, metrics_port: int) -> None:
-        """`compensator project` writing every set's compensation ledger into the stand-ins' database
-        (one process: with several sets it reads the control set's table), as `make run` does, so
-        the run ends with the three ledgers the reconciliation reads."""
+        """One `compensator project` for every set (the control set's table), writing into the stand-ins'
+        database as `make run` does: the run ends with the three ledgers the reconciliation reads."""
         assert self.postgres is not None and self.store is not None
         self.projector_metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
-        env = child_environment(
-            **self.store.settings(1),
-            COMPENSATOR_PG_DSN=self.postgres.dsn, COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port),
-        )  # fmt: skip
-        projector = Server("compensator project", [*compensator_command(), "project", "--id", "e2e"],
-                           env, self.root / "projector.log")  # fmt: skip
+        env = child_environment(**self.store.settings(1), COMPENSATOR_PG_DSN=self.postgres.dsn,
+                                COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port))  # fmt: skip
+        projector = Server("compensator project", [*compensator_command(), "project", "--id", "e2e"], env,
+                           self.root / "projector.log")  # fmt: skip
         self.projectors.append(projector)
         self.cleanups.append(projector.stop)
         projector.start()
@@ -422,9 +419,8 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
 
 
 async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
-    """Once the projector has every event: the ledger's request count beside the store's, the
-    projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets), and
-    its transactions (rounds) beside the sets' batches they carried."""
+    """Once the projector has every event: the ledger's request count beside the store's, the lag over
+    the run (its histogram, p50/p99 within buckets), its transactions (rounds) and sets' batches."""
     assert stack.store is not None and stack.postgres is not None
     reader = stack.store.reader()
     try:
@@ -444,8 +440,7 @@ async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, 
     pages = scrape(stack.projector_metrics_urls)
     buckets = figures.histogram(pages, "compensator_projector_event_lag_seconds")
     return {
-        "rounds": figures.counter(pages, "compensator_projector_rounds_total"),
-        "batches": figures.counter(pages, "compensator_projector_batches_total"),
+        **{key: figures.counter(pages, f"compensator_projector_{key}_total") for key in ("rounds", "batches")},
         "events": sum(last.values()), "projected": sum(min(cursors[k], last[k]) for k in last), "ledger_requests": ledger_requests,
         "store_requests": sum(counts.values()), "lag_p50_s": figures.histogram_quantile(buckets, 0.5),
         "lag_p99_s": figures.histogram_quantile(buckets, 0.99),
