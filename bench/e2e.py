@@ -274,7 +274,7 @@ class Stack:
         assert self.api is not None and self.standins is not None and self.store is not None
         trees = trees_cpu_s({
             "api": [self.api.pid], "workers": [w.pid for w in self.workers], "standins": [self.standins.pid],
-            "postgres": [self.postmaster_pid()],
+            "postgres": [self.postmaster_pid()], "projectors": [p.pid for p in self.projectors],
         })  # fmt: skip
         own = resource.getrusage(resource.RUSAGE_SELF)
         return {**trees, "nodes": self.store.node_cpu_s(), "bench_client": own.ru_utime + own.ru_stime,
