@@ -6,6 +6,7 @@ with the service's workers and API polling on top.
 
     python -m bench.idle_sets --sets 3 --control --json
     python -m bench.idle_sets --sets 3 --control --process-per-replica --json
+    python -m bench.idle_sets --sets 3 --control --control-tick-ms 30 --json   # the control set at the data sets' clock
 
 `cores` is the nodes' utime + stime from /proc (what bench.e2e reads); `cores_sched` the
 scheduler's exact run time of every thread (/proc/PID/task/*/schedstat), which tick-based
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.sets_cluster import SetProcesses
+from bench.sets_cluster import CONTROL_TICK_MS, SetProcesses
 
 
 def sched_seconds(pids: list[int]) -> float:
@@ -44,9 +45,11 @@ def sched_seconds(pids: list[int]) -> float:
     return total / 1e9
 
 
-async def measure(sets: int, control: bool, seconds: float, settle_s: float, hosted: bool = True) -> dict[str, Any]:
+async def measure(
+    sets: int, control: bool, seconds: float, settle_s: float, hosted: bool = True, control_tick_ms: int = CONTROL_TICK_MS
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="idle-sets-") as tmp:
-        processes = SetProcesses(Path(tmp), sets, control=control, hosted=hosted)
+        processes = SetProcesses(Path(tmp), sets, control=control, hosted=hosted, control_tick_ms=control_tick_ms)
         processes.start_all()
         try:
             await processes.wait_leaders()
@@ -63,6 +66,7 @@ async def measure(sets: int, control: bool, seconds: float, settle_s: float, hos
     return {
         "sets": sets,
         "control": control,
+        "control_tick_ms": control_tick_ms if control else None,
         "nodes": processes.nodes,
         "processes": len(pids),
         "seconds": round(elapsed, 2),
@@ -78,14 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sets", type=int, default=3, help="data sets of three nodes (1-5)")
     parser.add_argument("--control", action="store_true", help="also the control set (as the service runs)")
     parser.add_argument("--process-per-replica", action="store_true", help="a process per node, not three hosts")
+    parser.add_argument("--control-tick-ms", type=int, default=CONTROL_TICK_MS,
+                        help=f"the control set's tick (default {CONTROL_TICK_MS}, as run --sets starts it; the data sets': 30)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=8.0, help="how long to measure")
     parser.add_argument("--settle-s", type=float, default=2.0, help="wait after the leaders are elected")
     parser.add_argument("--json", action="store_true", help="print JSON (the default prints the same)")
     args = parser.parse_args(argv)
-    if not 1 <= args.sets <= 5 or args.seconds <= 0 or args.settle_s < 0:
-        print("bench.idle_sets: --sets must be 1-5, --seconds positive, --settle-s not negative", file=sys.stderr)
+    if not 1 <= args.sets <= 5 or args.seconds <= 0 or args.settle_s < 0 or not 1 <= args.control_tick_ms <= 10_000:
+        print("bench.idle_sets: --sets must be 1-5, --seconds positive, --settle-s not negative,"
+              " --control-tick-ms 1-10000", file=sys.stderr)  # fmt: skip
         return 2
-    result = asyncio.run(measure(args.sets, args.control, args.seconds, args.settle_s, not args.process_per_replica))
+    result = asyncio.run(measure(args.sets, args.control, args.seconds, args.settle_s, not args.process_per_replica,
+                                 args.control_tick_ms))  # fmt: skip
     print(json.dumps(result))
     return 0
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from compensator.config import LocalConfig
 from queues import QueueClient, RaftClient, SetsClient
 from queues.sets import table
 from queues.sets.table import SetTable
@@ -25,6 +26,8 @@ from raft_store.testing.processes import ProcessCluster, cpu_seconds
 
 MACHINE: Final = "queues.replicated:machine_factory"
 CONTROL_SET_ID: Final = table.CONTROL_SET_ID
+CONTROL_TICK_MS: Final = LocalConfig().control_tick_ms
+"""The control set's nodes' tick, as `compensator run --sets N` starts them (the data sets': 30 ms)."""
 
 
 def address_list(cluster: ProcessCluster) -> tuple[str, ...]:
@@ -44,6 +47,8 @@ class SetProcesses:
     --sets N` deploys them); False: one process per node."""
     node_settings: dict[int, dict[str, object]] = field(default_factory=dict)
     """Hosted: a set's own node settings by set id (e.g. {0: {"tick_ms": 100}} for the control set)."""
+    control_tick_ms: int = CONTROL_TICK_MS
+    """The control set's tick, hosted or not (a `tick_ms` in `node_settings[0]` wins)."""
     clusters: dict[int, ProcessCluster] = field(default_factory=dict)
     hosts: ProcessHosts | None = None
 
@@ -54,7 +59,10 @@ class SetProcesses:
             folder = self.root / ("control" if set_id == CONTROL_SET_ID else f"set{set_id}")
             folder.mkdir()
             shutil.copy(self.root / SECRET_NAME, folder / SECRET_NAME)
-            self.clusters[set_id] = ProcessCluster(folder, machine=MACHINE)
+            ticks = ["--tick-ms", str(self.control_tick_ms)] if set_id == CONTROL_SET_ID and not self.hosted else []
+            self.clusters[set_id] = ProcessCluster(folder, machine=MACHINE, extra_args=ticks)
+        if self.control:
+            self.node_settings[CONTROL_SET_ID] = {"tick_ms": self.control_tick_ms, **self.node_settings.get(CONTROL_SET_ID, {})}
 
     @property
     def sets(self) -> dict[int, ProcessCluster]:

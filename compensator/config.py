@@ -226,6 +226,11 @@ class LocalConfig(Section, frozen=True):
     """The callback receiver stand-in's port."""
     callback_target: str = "merchant-demo"
     """The callback target `make run` registers, signed with a secret kept in the data folder."""
+    control_tick_ms: int = 100
+    """`compensator run --sets N`: the control set's nodes' `node.tick_ms` (the data sets' stay at
+    `node.tick_ms`). The control set is idle under load; a slower clock cuts its heartbeats to a
+    third and makes its failover 1-2 s instead of 0.3-0.6 s, which neither intake nor leasing waits on
+    (docs/sets.md, "The control set's clock")."""
     breaker_attempts_min: int = 5
     """`worker.breaker_attempts_min` for the workers `make run` starts: its traffic is a person's
     handful of requests, never the 50 in 10 s a production breaker waits for, so an outage of the
@@ -332,6 +337,7 @@ def _problems(config: Config) -> list[str]:
     check(0 <= config.local.workers <= 16, "local.workers", "must be in 0..16")
     check(0 < config.local.callback_port < 65536, "local.callback_port", "must be in 1..65535")
     check(config.local.breaker_attempts_min >= 1, "local.breaker_attempts_min", "must be positive")
+    check(1 <= config.local.control_tick_ms <= 10_000, "local.control_tick_ms", "must be in 1..10000")
     worker = config.worker
     check(1_000 <= worker.lease_ms <= 3_600_000, "worker.lease_ms", "must be in 1000..3600000")
     check(1 <= worker.batch_max <= 1000, "worker.batch_max", "must be in 1..1000")

@@ -155,9 +155,14 @@ class QueueReads:
         """The tombstone and event retentions in force, and the floor SetRetention enforces."""
         return await self._ask(qc.Retention(), qc.RetentionAnswer, stale_ok)
 
-    async def events_after(self, seq: int, *, limit: int = 1000, stale_ok: bool = False) -> Read[tuple[Event, ...]]:
-        """The events after `seq`, in order. Raises EventsPurged when some of them are gone."""
-        read = await self._ask(qc.EventsAfter(seq=seq, limit=limit), qc.EventsAnswer, stale_ok)
+    async def events_after(
+        self, seq: int, *, limit: int = 1000, stale_ok: bool = False, wait: LongPoll | None = None
+    ) -> Read[tuple[Event, ...]]:
+        """The events after `seq`, in order. Raises EventsPurged when some of them are gone. With
+        `wait` (stale only): a long poll, answered with the events once something applied."""
+        read = await self.query(qc.EventsAfter(seq=seq, limit=limit), stale_ok=stale_ok or wait is not None, wait=wait)
+        if not isinstance(read.value, qc.EventsAnswer):
+            raise QueueError(f"expected EventsAnswer, got {type(read.value).__name__}")
         if seq + 1 < read.value.first_seq:
             raise EventsPurged(seq, read.value.first_seq)
         return Read(read.value.events, read.applied_index, read.now_ms)

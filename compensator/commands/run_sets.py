@@ -75,7 +75,8 @@ class LocalSets:
         one it had as a process of its own."""
         groups = [("control", 0, self.control)] + [(f"set{k}", k, self.sets[k]) for k in range(2, self.count + 1)]
         return [arg for folder, set_id, addresses in groups for arg in ("--replica", json.dumps(
-            {"set_id": set_id, "id": node, "addresses": addresses, "data_dir": str(self.data_dir / folder / f"node{node}")}))]
+            {"set_id": set_id, "id": node, "addresses": addresses, "data_dir": str(self.data_dir / folder / f"node{node}"),
+             **({"tick_ms": self.config.local.control_tick_ms} if set_id == 0 else {})}))]  # the control set's own clock
 
     @property
     def env(self) -> dict[str, str]:

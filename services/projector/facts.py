@@ -43,14 +43,20 @@ class FactsReader:
         amount), each counted once: a message is read again by every batch that touches it."""
         self._unreadable: set[tuple[int, bytes]] = set()
 
-    async def read(self, wanted: Mapping[int, bool]) -> dict[int, MessageFacts]:
+    async def read(self, wanted: Mapping[int, bool], *, applied_index: int | None = None) -> dict[int, MessageFacts]:
         """Facts of the messages still in the store (a purged one is simply absent); `wanted` maps
-        each id to whether its amounts are needed (rows.facts_needed)."""
+        each id to whether its amounts are needed (rows.facts_needed). They must be at least as
+        new as the events they complete: read linearizably, or, given the applied index the
+        events' read reflected, from the node the client talks to (no ReadIndex round), and again
+        linearizably when that node had not applied as far."""
         found: dict[int, MessageFacts] = {}
         message_ids = list(wanted)
         for start in range(0, len(message_ids), IDS_PER_QUERY_MAX):
             chunk = message_ids[start : start + IDS_PER_QUERY_MAX]
-            for view in (await self._queue.get_many(chunk, with_history=True)).value:
+            read = await self._queue.get_many(chunk, with_history=True, stale_ok=applied_index is not None)
+            if applied_index is not None and read.applied_index < applied_index:
+                read = await self._queue.get_many(chunk, with_history=True)
+            for view in read.value:
                 found[view.message_id] = self.facts_of(view, money=wanted[view.message_id])
         return found
 

@@ -1,9 +1,9 @@
 """The projector's loop: follow one set's committed event log and write the compensation ledger.
 
-One step: read up to `batch_max` events after the cursor (linearizable, so the messages read for
-their facts are at least as new), read the facts they need, fold them into row changes, and write
-the rows and the new cursor in one transaction (ledger_writer.py). Then again, or wait
-`idle_poll_s` when there was nothing new.
+One step: read up to `batch_max` events after the cursor, read the facts they need (at least as
+new as the events: facts.py), fold them into row changes, and write the rows
+and the new cursor in one transaction (ledger_writer.py). Then again while batches come back full;
+caught up, a long poll (at most `idle_poll_s`) whose answer is the next batch's events.
 
 Stopping: `stop` is looked at between steps, so SIGTERM ends the process after the transaction in
 progress commits (or never began). A store that does not answer is waited out (the next step
@@ -28,8 +28,7 @@ import asyncpg
 from opentelemetry import trace
 
 from queues import ClientError, LongPoll, QueueClient, RequestRefused
-from queues import query_codec as qc
-from queues.client import EventsPurged, QueueError
+from queues.client import EventsPurged, QueueError, Read
 from queues.model import Event
 from queues.query_codec import EVENTS_LIMIT_MAX
 from services.projector import ledger_writer
@@ -102,6 +101,8 @@ class Projector:
         self._applied_seen: int | None = 0
         """The applied index the last read reflected (an idle wait is for one past it); None when
         the store refused a waiting read (a node that predates them): plain polling then."""
+        self._caught_up = False
+        """The last read returned fewer than `batch_max` events: the store had no more then."""
 
     @property
     def queue(self) -> QueueClient:
@@ -126,12 +127,15 @@ class Projector:
             after = await ledger_writer.cursor(connection, self._settings.set_id)
             self.cursor = after
             log.info("set %d: projecting from event %d", self._settings.set_id, after + 1)
+            waited: Read[tuple[Event, ...]] | None = None
             while not stop.is_set():
-                written = await self._step(connection, after)
-                if written is None:
-                    await self._idle(stop, after)
-                else:
+                written = await self._step(connection, after, waited)
+                if written is not None:
                     after = self.cursor = written
+                # Caught up (nothing new, or a batch short of batch_max: the store had no more):
+                # the long poll's answer carries the next events, so a set under light load costs
+                # one held read per batch, not a wake-up and two linearizable reads.
+                waited = await self._idle(stop, after) if written is None or self._caught_up else None
         finally:
             self.metrics.active.set(0)
             with contextlib.suppress(*CONNECTION_ERRORS, TimeoutError):
@@ -152,15 +156,20 @@ class Projector:
             await _wait(stop, self._settings.standby_poll_s)
         return False
 
-    async def _idle(self, stop: asyncio.Event, after: int) -> None:
+    async def _idle(self, stop: asyncio.Event, after: int) -> Read[tuple[Event, ...]] | None:
         """Caught up: wait until the store applies something after what the last read reflected
-        (a long poll, a stale read the node holds), at most `idle_poll_s`; the next step then reads
-        linearizably. An idle set costs one held read per period, not a linearizable read each."""
+        (a long poll, a stale read the node holds), at most `idle_poll_s`, and take the events
+        after `after` from its answer: the next step projects them without reading again (the
+        facts it reads are at least as new: facts.py). None when the wait ran out with
+        nothing new, or failed: the next step then reads linearizably (which also finds the
+        leader again, were the poll's node a follower cut off from it). An idle set costs one held
+        read and one linearizable read per period."""
         if self._applied_seen is None:
             await _wait(stop, self._settings.idle_poll_s)
-            return
-        wait = LongPoll(self._applied_seen, self._settings.idle_poll_s)
-        poll = asyncio.ensure_future(self._queue.query(qc.EventsAfter(seq=after, limit=1), stale_ok=True, wait=wait))
+            return None
+        settings = self._settings
+        wait = LongPoll(self._applied_seen, settings.idle_poll_s)
+        poll = asyncio.ensure_future(self._queue.events_after(after, limit=settings.batch_max, wait=wait))
         stopping = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait((poll, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -168,24 +177,32 @@ class Projector:
             stopping.cancel()
         if not poll.done():
             poll.cancel()  # stopping: the node answers it when it runs out; the answer is dropped
-            return
+            return None
         try:
-            poll.result()  # it only wakes the projector: the step reads what is new
+            read = poll.result()
         except RequestRefused:  # a node that knows no waiting reads: plain polling from now on
             self._applied_seen = None
+            return None
+        except EventsPurged:  # the next step's linearizable read says so, and stops
+            return None
         except (ClientError, QueueError) as error:
-            log.warning("set %d: the store did not answer a wait (%s); trying again", self._settings.set_id, error)
-            await _wait(stop, self._settings.idle_poll_s)
+            log.warning("set %d: the store did not answer a wait (%s); trying again", settings.set_id, error)
+            await _wait(stop, settings.idle_poll_s)
+            return None
+        return read if read.value else None
 
-    async def _step(self, connection: asyncpg.Connection, after: int) -> int | None:
-        """Project one batch after `after`; its last seq, or None when there was nothing new (or
-        the store did not answer: the next step tries again from the same cursor)."""
+    async def _step(self, connection: asyncpg.Connection, after: int, waited: Read[tuple[Event, ...]] | None) -> int | None:
+        """Project one batch after `after` (`waited`: a long poll's answer, else read now); its last
+        seq, or None when there was nothing new (or the store did not answer: the next step tries
+        again from the same cursor)."""
         settings = self._settings
+        self._caught_up = True
         try:
-            read = await self._queue.events_after(after, limit=settings.batch_max)
+            read = waited or await self._queue.events_after(after, limit=settings.batch_max)
             events = read.value
             if self._applied_seen is not None:
                 self._applied_seen = max(self._applied_seen, read.applied_index)
+            self._caught_up = len(events) < settings.batch_max
             if not events:
                 self.metrics.lag_events.set(0)
                 self.metrics.lag_seconds.set(0)
@@ -193,7 +210,7 @@ class Projector:
             with self._tracer.start_as_current_span("projector.batch") as span:
                 span.set_attributes({"compensator.set_id": settings.set_id, "compensator.events": len(events),
                                      "compensator.first_seq": events[0].seq, "compensator.last_seq": events[-1].seq})  # fmt: skip
-                facts = await self._facts.read(facts_needed(events))
+                facts = await self._facts.read(facts_needed(events), applied_index=read.applied_index)
                 rows = fold(events, set_id=settings.set_id, facts=facts)
                 started = time.perf_counter()
                 await ledger_writer.write_batch(connection, set_id=settings.set_id, after=after, rows=rows,

@@ -187,6 +187,8 @@ class SetLane:
         probes = board.probes(due.paused, due.paused_ready, room)
         if not ready and not probes:
             self._shares.want(self.set_id, watch.backlog)
+            if not due.ready:
+                watch.nothing_ready()
             # Idle: a long poll held until the store changes; with a breaker open, its probes'
             # timing decides (every idle_poll_s).
             longest = self._settings.idle_poll_s if board.any_open() else self._settings.idle_wait_s

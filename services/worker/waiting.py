@@ -83,6 +83,14 @@ class WorkWatch:
         else:
             self.backlog.discard(kind)
 
+    def nothing_ready(self) -> None:
+        """A read found nothing to lease: the next wait is a long poll again. The back-off after
+        empty leases is for reads that said ready and leases that found nothing (a race with other
+        workers); once a read says nothing is ready, the store answers a long poll at the next
+        apply, so plain polls every `idle_poll_s` would only cost the set reads (an idle lane
+        polled its set ten times a second for as long as it stayed idle after such a race)."""
+        self._empty_leases = 0
+
     def wait_after(self, granted: int, *, from_read: bool) -> float:
         """The seconds to wait after a round of leases (0: lease again at once)."""
         if granted or not from_read:  # an empty lease from the backlog: it is drained, read again

@@ -181,7 +181,8 @@ def test_run_sets_hosts_node_i_of_every_set_in_set_1s_node_i(tmp_path: Path) -> 
         (0, 2, tmp_path / "data/control/node2"), (2, 2, tmp_path / "data/set2/node2"), (3, 2, tmp_path / "data/set3/node2")]
     assert [settings.listen for _, settings in hosted] == [parse_address(planned.control[1]), *(
         parse_address(planned.sets[k][1]) for k in (2, 3))]  # fmt: skip
-    assert {settings.tick_ms for _, settings in hosted} == {config.node.tick_ms}
+    assert [settings.tick_ms for _, settings in hosted] == [config.local.control_tick_ms, config.node.tick_ms,
+                                                           config.node.tick_ms]  # the control set's own clock  # fmt: skip
     paced = json.loads(planned.replica_args(2)[1]) | {"tick_ms": 100}  # a replica of its own pace: the control set's
     config = load(None, {**environ, "COMPENSATOR_NODE__REPLICAS": json.dumps([paced])}, flags={("node", "id"): (2, "--id")})
     assert [settings.tick_ms for _, settings in hosted_configs(config, node_config(config))] == [100]

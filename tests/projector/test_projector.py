@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
@@ -97,6 +98,50 @@ async def test_the_projector_catches_up_and_the_ledger_equals_the_store(queue: Q
     assert metrics.get_sample_value("compensator_projector_lag_events") == 0
     batches = [s for s in spans.get_finished_spans() if s.name == "projector.batch"]
     assert batches and sum(s.attributes["compensator.events"] for s in batches) == built.cursor  # type: ignore[index, misc]
+
+
+async def test_a_caught_up_projector_takes_each_batch_from_its_long_poll_not_from_linearizable_reads(
+    queue: QueueClient, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Light load, one enqueue after another: every batch comes in the long poll's answer, so the
+    set answers one held read per batch and no linearizable read of the events (it answered a
+    wake-up and two linearizable reads per batch before). Counted, not timed: the polls are held
+    for up to 5 s, and each enqueue answers the one waiting."""
+    calls: list[bool] = []
+    facts_linearizable: list[bool] = []
+    events_after, get_many = queue.events_after, queue.get_many
+
+    async def counted(seq: int, **options: object) -> object:
+        calls.append(options.get("wait") is not None)
+        return await events_after(seq, **options)  # type: ignore[arg-type]
+
+    async def facts_counted(ids: list[int], **options: object) -> object:
+        facts_linearizable.append(not options.get("stale_ok"))
+        return await get_many(ids, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queue, "events_after", counted)
+    monkeypatch.setattr(queue, "get_many", facts_counted)
+    traffic = Traffic(queue, seed=3)
+    built = projector(queue, pg_dsn, batch_max=50)
+    built._settings = dataclasses.replace(built._settings, idle_poll_s=5.0)
+    async with running(built):
+        await until(lambda: caught_up(queue, built))
+        before, facts_before = len(calls), len(facts_linearizable)
+        for _ in range(12):
+            await traffic.enqueue(1)
+            await until(lambda: caught_up(queue, built))
+        waits, reads = sum(calls[before:]), len(calls[before:]) - sum(calls[before:])
+    assert waits >= 12, calls
+    assert reads == 0, f"{reads} linearizable reads of the events for 12 batches"
+    facts = facts_linearizable[facts_before:]
+    assert len(facts) >= 12 and not any(facts), "the facts come from the node that answered the poll"
+    await assert_ledger_matches_store(queue, pg_dsn)
+
+    # A node behind the events' read: the facts are read again, linearizably.
+    facts_linearizable.clear()
+    (message_id,) = await traffic.enqueue(1)
+    found = await FactsReader(queue).read({message_id: True}, applied_index=10**12)
+    assert facts_linearizable == [False, True] and message_id in found
 
 
 async def test_a_standby_takes_over_without_a_gap_or_a_row_twice(queue: QueueClient, pg_dsn: str) -> None:

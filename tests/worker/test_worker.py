@@ -192,6 +192,25 @@ async def test_an_idle_worker_hears_of_an_enqueue_when_it_applies_not_at_its_nex
         assert len(handler.seen) == 1
 
 
+async def test_an_idle_lane_long_polls_again_after_leases_lost_to_other_workers(queue: QueueClient) -> None:
+    """After reads that said ready and leases that came back empty (other workers took the work),
+    a lane backs off with plain polls; once a read finds nothing ready it waits in a long poll
+    again. Counted at the node: its stale reads over a second idle, with `idle_poll_s` 20 ms (plain
+    polling: about 50) and `idle_wait_s` 0.5 s (long polls: about 2, and a few documents reads)."""
+    handler = Scripted(Kind.TRANSFER, "payment")
+    address = queue.raft.addresses[0]
+    async with running(queue, {"transfer": handler}, idle_wait_s=0.5) as (worker, _):
+        await asyncio.sleep(0.3)
+        for lane in worker.lanes.values():  # as two empty leases after ready reads leave it
+            lane.watch.wait_after(0, from_read=True)
+            lane.watch.wait_after(0, from_read=True)
+        await asyncio.sleep(0.6)  # the long poll under way when the state was set has ended
+        before = (await queue.raft.status(address))["metrics"]["stale_reads"]
+        await asyncio.sleep(1.0)
+        reads = (await queue.raft.status(address))["metrics"]["stale_reads"] - before
+        assert reads <= 10, f"{reads} reads in an idle second: the lane kept polling"
+
+
 async def test_a_handler_that_raises_is_a_retry_with_an_unknown_outcome(queue: QueueClient) -> None:
     def decide(attempt: Attempt) -> Decision:
         if attempt.attempt == 1:
