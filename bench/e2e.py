@@ -167,7 +167,7 @@ class Stack:
     metrics_urls: list[str] = field(default_factory=list)
     """Each worker's Prometheus page."""
     projectors: list[Server] = field(default_factory=list)
-    """One per set, as `compensator run --sets N` has."""
+    """One for every set, as `compensator run --sets N` has."""
     projector_metrics_urls: list[str] = field(default_factory=list)
     nodes_idle_cores: float = 0.0
 
@@ -186,9 +186,8 @@ class Stack:
         asyncio.run(store.configure(self.token, policy, reason="bench/e2e.py: short retries"))
         secrets_file = self.write_secrets()
         self.start_standins(settings, secrets_file)
-        ports = iter(free_ports(len(store.clusters) + settings.workers + 1))  # together: one at a time may repeat
-        for set_id in sorted(store.clusters):
-            self.start_projector(set_id, next(ports))
+        ports = iter(free_ports(settings.workers + 2))  # together: one at a time may repeat
+        self.start_projector(next(ports))
         for number in range(1, settings.workers + 1):  # each leases from every set; their own set in turn
             metrics_port = next(ports)
             self.metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
@@ -213,17 +212,15 @@ class Stack:
         self.cleanups.append(postgres.stop)
         pg.wait_until_accepting(postgres.start())
 
-    def start_projector(self, set_id: int, metrics_port: int) -> None:
-        """`compensator project` writing set `set_id`'s compensation ledger into the stand-ins' database,
-        as `make run` does, so the run ends with the three ledgers the reconciliation reads."""
+    def start_projector(self, metrics_port: int) -> None:
+        """One `compensator project` for every set (the control set's table), writing into the stand-ins'
+        database as `make run` does: the run ends with the three ledgers the reconciliation reads."""
         assert self.postgres is not None and self.store is not None
         self.projector_metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
-        env = child_environment(
-            **self.store.settings(set_id),
-            COMPENSATOR_PG_DSN=self.postgres.dsn, COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port),
-        )  # fmt: skip
-        projector = Server(f"compensator project (set {set_id})", [*compensator_command(), "project", "--id", f"e2e-{set_id}"],
-                           env, self.root / f"projector{'' if set_id == 1 else set_id}.log")  # fmt: skip
+        env = child_environment(**self.store.settings(1), COMPENSATOR_PG_DSN=self.postgres.dsn,
+                                COMPENSATOR_PROJECTOR__METRICS_PORT=str(metrics_port))  # fmt: skip
+        projector = Server("compensator project", [*compensator_command(), "project", "--id", "e2e"], env,
+                           self.root / "projector.log")  # fmt: skip
         self.projectors.append(projector)
         self.cleanups.append(projector.stop)
         projector.start()
@@ -422,8 +419,8 @@ async def read_ledgers(dsn: str) -> figures.Ledgers:
 
 
 async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, Any]:
-    """Once the projector has every event: the ledger's request count beside the store's, and the
-    projector's per-event lag over the run (its histogram, p50/p99 interpolated within buckets)."""
+    """Once the projector has every event: the ledger's request count beside the store's, the lag over
+    the run (its histogram, p50/p99 within buckets), its transactions (rounds) and sets' batches."""
     assert stack.store is not None and stack.postgres is not None
     reader = stack.store.reader()
     try:
@@ -440,8 +437,10 @@ async def ledger_caught_up(stack: Stack, timeout_s: float = 120.0) -> dict[str, 
         ledger_requests = await connection.fetchval("SELECT count(*) FROM compensation_requests")
     finally:
         await connection.close()
-    buckets = figures.histogram(scrape(stack.projector_metrics_urls), "compensator_projector_event_lag_seconds")
+    pages = scrape(stack.projector_metrics_urls)
+    buckets = figures.histogram(pages, "compensator_projector_event_lag_seconds")
     return {
+        **{key: figures.counter(pages, f"compensator_projector_{key}_total") for key in ("rounds", "batches")},
         "events": sum(last.values()), "projected": sum(min(cursors[k], last[k]) for k in last), "ledger_requests": ledger_requests,
         "store_requests": sum(counts.values()), "lag_p50_s": figures.histogram_quantile(buckets, 0.5),
         "lag_p99_s": figures.histogram_quantile(buckets, 0.99),

@@ -252,6 +252,12 @@ def histogram(pages: Iterable[str], name: str) -> list[tuple[float, float]]:
     return sorted(found.items())
 
 
+def counter(pages: Iterable[str], name: str) -> float:
+    """An unlabelled counter's value, summed over the pages."""
+    pattern = re.compile(rf"^{re.escape(name)} (\S+)$", re.MULTILINE)
+    return sum(float(found[1]) for page in pages for found in pattern.finditer(page))
+
+
 def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     """Prometheus' histogram_quantile: linear within the bucket holding the rank."""
     if not buckets or buckets[-1][1] == 0:

@@ -351,6 +351,7 @@ def _problems(config: Config) -> list[str]:
     check(1 <= projector.batch_max <= 1000, "projector.batch_max", "must be in 1..1000")
     check(10 <= projector.idle_poll_ms <= 60_000, "projector.idle_poll_ms", "must be in 10..60000")
     check(10 <= projector.standby_poll_ms <= 60_000, "projector.standby_poll_ms", "must be in 10..60000")
+    check(0 <= projector.round_gather_ms <= 1000, "projector.round_gather_ms", "must be in 0..1000")
     check(bool(projector.pg_data), "projector.pg_data", "must not be empty")
     check(0 <= projector.metrics_port < 65536, "projector.metrics_port", "must be in 0..65535")
     try:

@@ -123,14 +123,16 @@ class KafkaConfig(Section, frozen=True):
 
 
 class ProjectorConfig(Section, frozen=True):
-    """`compensator project`: the compensation ledger's projector, one active per set."""
+    """`compensator project`: the compensation ledger's projector of every set, one active per set."""
 
     batch_max: int = 1000
-    """Events per ledger transaction at most."""
+    """Events of one set per ledger transaction at most."""
     idle_poll_ms: int = 1000
     """A caught-up projector's wait for new events is held this long at most: a long poll the store answers at its next apply, so a longer wait costs no lag, only fewer reads."""
     standby_poll_ms: int = 1000
     """A standby tries to take over the set's projector lock this often."""
+    round_gather_ms: int = 20
+    """With several sets: once one set's batch is ready, the others' are waited for this long at most, so that one transaction carries every busy set's batch (docs/ledger.md, "Several sets"); 0 writes each as it comes."""
     pg_data: str = "var/pg/data"
     """The embedded PostgreSQL's data folder, used when $COMPENSATOR_PG_DSN names no server (the
     one `compensator reconcile` reads by default, so the nightly job finds this ledger)."""

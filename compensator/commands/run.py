@@ -189,10 +189,10 @@ class LocalService:
                    self.data_dir / f"worker-set{k}.log", env={**worker_env, **extra.set_env(k)})
              for extra in ([self.sets] if self.sets else []) for k in sorted(extra.sets)[1:]]  # fmt: skip
         self.secrets_file = callback_secrets
-        self.projectors = [Child(f"projector{k or ''}", [
-            *python, "project", *config_args, "--id", f"local-projector{k or ''}",
-        ], self.data_dir / f"projector{k or ''}.log", env=self.sets.set_env(k) if self.sets is not None and k else {})
-            for k in ([0, *sorted(self.sets.sets)[1:]] if self.sets else [0])] if local.projector else []  # fmt: skip
+        # One projector for every set: with --sets it reads the control set's table (docs/ledger.md).
+        self.projectors = [Child("projector", [*python, "project", *config_args, "--id", "local-projector"],
+                                 self.data_dir / "projector.log", env=self.sets.env if self.sets is not None else {})
+                           ] if local.projector else []  # fmt: skip
 
     def start_database(self) -> None:
         """The ledgers' PostgreSQL, started in the background (on a thread: pg_ctl waits); the

@@ -7,8 +7,9 @@ ports of set 1's plus 10 (k - 1), the control set's on set 1's plus 50: fixed, s
 started once keeps matching its addresses on the next start (a node's peers are its set's
 addresses), and checked free before anything starts. Every child process is told the control set
 (`COMPENSATOR_STORE__CONTROL_ADDRESSES`), so the API routes intake over every set. Each set gets
-its own worker and projector processes pointed at it (`store.addresses`, `store.set_id`); every
-worker leases from every set of the table (`store.open_sets`, re-read every `store.sets_refresh_s`), the projector reads its own set.
+its own worker process pointed at it (`store.addresses`, `store.set_id`); every worker leases from
+every set of the table (`store.open_sets`, re-read every `store.sets_refresh_s`), and the one
+projector process projects every set of the table the same way (docs/ledger.md).
 
 Must never: change anything `compensator run` does without `--sets`.
 """
@@ -84,7 +85,7 @@ class LocalSets:
         return {"COMPENSATOR_STORE__CONTROL_ADDRESSES": ",".join(self.control)}
 
     def set_env(self, set_id: int) -> dict[str, str]:
-        """A worker's or projector's environment for one set."""
+        """A worker's environment for one set."""
         return {**self.env, "COMPENSATOR_STORE__ADDRESSES": ",".join(self.sets[set_id]),
                 "COMPENSATOR_STORE__SET_ID": str(set_id)}  # fmt: skip
 

@@ -1,6 +1,6 @@
 """What several process kinds build the same way: the wall clock, a process's name in leases and
-cursors, the address of a section's metrics endpoint, the callback targets' secrets, and the
-ledgers' PostgreSQL.
+cursors, the address of a section's metrics endpoint, the callback targets' secrets, the
+ledgers' PostgreSQL, and every set's client (one set, or the control set's table).
 
 Must never: read anything but the configuration it is given (and the host's name and pid).
 """
@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Final
 
+from compensator.config import Config
 from compensator.shell import ProcessError
+from compensator.store import open_sets, queue_client
 from handlers.signing import Secret, secrets_from_json
 from ledger import pg
+from queues import ClientError, QueueClient, QueueError
+from queues.sets.client import SetsClient
+from queues.sets.table import TableError
+
+log = logging.getLogger("compensator.sets")
 
 
 def wall_clock_ms() -> int:
@@ -74,3 +82,39 @@ async def ledger_database(pg_data: Path, dsn: str | None = None) -> AsyncIterato
         yield found
     finally:
         await asyncio.to_thread(stack.close)
+
+
+def table_rereader(found: SetsClient) -> Callable[[], Awaitable[Mapping[int, QueueClient]]]:
+    """A worker's or the projector's `discover`: the table re-read (the cached one when the control
+    set is down)."""
+
+    async def discover() -> Mapping[int, QueueClient]:
+        await found.refresh()
+        return found.clients
+
+    return discover
+
+
+SETS_WAIT_S = 60.0
+"""How long a worker or projector of several sets waits for the control set's table at start (it
+may start before its store, as `compensator run` starts it) before it exits with one line."""
+
+
+async def every_set(config: Config) -> tuple[dict[int, QueueClient], SetsClient | None]:
+    """Every set's client: one set (and no facade), or the sets of the control set's table as it is
+    now with the facade that re-reads it (a set added later is found at the next re-read:
+    `table_rereader`). The caller closes the facade (every set's client and the control set's), or
+    the one set's client."""
+    deadline = asyncio.get_running_loop().time() + SETS_WAIT_S
+    while True:
+        try:
+            if not config.store.control_addresses:
+                return {config.store.set_id: queue_client(config)}, None
+            found = await open_sets(config)
+            return dict(found.clients), found
+        except (ClientError, QueueError, TableError) as error:
+            if asyncio.get_running_loop().time() > deadline:
+                raise ProcessError(f"cannot read the set table from the control set"
+                                   f" ({','.join(config.store.control_addresses)}): {error}") from None  # fmt: skip
+            log.warning("cannot read the set table yet: %s", error)
+            await asyncio.sleep(1.0)

@@ -1,11 +1,11 @@
-"""The projector process kind (``compensator project``): the set's ledger projector
-(services/projector/) writing the compensation ledger to PostgreSQL, with its store client, its
-tracer and its metrics.
+"""The projector process kind (``compensator project``): the ledger projector (services/projector/)
+of every set (one, or every set of the control set's table) writing the compensation ledger to
+PostgreSQL in one transaction per round, with its store clients, its tracer and its metrics.
 
 The database is ``$COMPENSATOR_PG_DSN``, else an embedded server in `projector.pg_data`, started
 (off the loop: pg_ctl waits) if it is not running and stopped when the process ends; the schema is
 migrated first. A stop signal while the server starts is acted on once it has started, so it is
-never left half-started. ``rebuild`` empties the set's ledger and projects it again from the log's
+never left half-started. ``rebuild`` empties one set's ledger and projects it again from the log's
 first event, when the store still has it.
 
 Must never: run anything at import, or leave a gap unreported (a gap, a ledger that disagrees with
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,9 +25,8 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from compensator.config import Config
 from compensator.shell import ProcessError, Running, Shell
-from compensator.store import queue_client
 from compensator.telemetry import tracer_provider
-from compensator.wiring.parts import ledger_database, metrics_address, process_name
+from compensator.wiring.parts import every_set, ledger_database, metrics_address, process_name, table_rereader
 from ledger import migrate
 from queues import ClientError, QueueError
 from services.projector.ledger_writer import CursorMoved, LedgerMismatch
@@ -48,20 +47,28 @@ def shell(config: Config) -> Shell:
 @contextlib.asynccontextmanager
 async def projector(config: Config, dsn: str, *, name: str = "",
                     span_exporter: SpanExporter | None = None) -> AsyncIterator[Projector]:  # fmt: skip
-    """The set's ledger projector writing to `dsn`, with its store client, closed on exit."""
+    """The ledger projector of every set writing to `dsn` (`store.set_id`'s alone, or with
+    `store.control_addresses` every set of the control set's table, re-read every
+    `store.sets_refresh_s`), with its store clients, closed on exit."""
     settings = config.projector
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="projector")
-    queue = queue_client(config)
+    sets, found = await every_set(config)
     built = Projector(
-        queue, dsn,
-        ProjectorSettings(set_id=config.store.set_id, owner=name or process_name(), batch_max=settings.batch_max,
-                          idle_poll_s=settings.idle_poll_ms / 1000, standby_poll_s=settings.standby_poll_ms / 1000),
+        sets, dsn,
+        ProjectorSettings(owner=name or process_name(), batch_max=settings.batch_max,
+                          idle_poll_s=settings.idle_poll_ms / 1000, standby_poll_s=settings.standby_poll_ms / 1000,
+                          discover_every_s=config.store.sets_refresh_s, round_gather_s=settings.round_gather_ms / 1000),
         tracer=provider.get_tracer("compensator.projector"), metrics=ProjectorMetrics(),
+        discover=None if found is None else table_rereader(found),
     )  # fmt: skip
     try:
         yield built
     finally:
-        await queue.raft.close()
+        if found is not None:
+            await found.close()  # every set's client, the ones found later too, and the control set's
+        else:
+            for queue in sets.values():
+                await queue.raft.close()
         provider.shutdown()
 
 
@@ -79,20 +86,31 @@ async def _one_line(step: Callable[[], Awaitable[T]]) -> T:
 
 @contextlib.asynccontextmanager
 async def process(config: Config, *, pg_data: Path | None = None, name: str = "",
-                  rebuild_ledger: bool = False) -> AsyncIterator[Running]:  # fmt: skip
-    """`compensator project`: SIGTERM stops it after the batch being written commits."""
-    set_id = config.store.set_id
+                  rebuild_ledger: bool = False, rebuild_set: int | None = None) -> AsyncIterator[Running]:  # fmt: skip
+    """`compensator project`: SIGTERM stops it after the round being written commits. `rebuild_set`
+    (default `store.set_id`) is the set a rebuild empties."""
     async with ledger_database(pg_data or Path(config.projector.pg_data)) as dsn:
         await _one_line(lambda: migrate.apply_async(dsn))
         async with projector(config, dsn, name=name) as running:
 
             async def run(stop: asyncio.Event) -> int:
                 if rebuild_ledger:
-                    deleted = await _one_line(lambda: rebuild(running.queue, dsn, set_id))
+                    set_id = config.store.set_id if rebuild_set is None else rebuild_set
+                    if set_id not in running.sets:
+                        raise ProcessError(f"--set {set_id}: no such set (this projector has {_listed(running.sets)})")
+                    deleted = await _one_line(lambda: rebuild(running.sets[set_id], dsn, set_id))
                     print(f"set {set_id}: ledger emptied ({deleted} requests); projecting from event 1", flush=True)
-                print(f"projector for set {set_id} running; SIGTERM stops it", flush=True)
+                print(f"projector for {_listed(running.sets)} running; SIGTERM stops it", flush=True)
                 await _one_line(lambda: running.run(stop))
-                print(f"projector stopped at event {running.cursor}: {running.projected} events projected", flush=True)
+                cursors = running.cursors
+                stopped = (f"at event {running.cursor}" if len(running.sets) == 1 else
+                           "at " + (", ".join(f"set {k} event {c}" for k, c in cursors.items()) or "no set held"))  # fmt: skip
+                print(f"projector stopped {stopped}: {running.projected} events projected", flush=True)
                 return 0
 
             yield Running(run, registry=running.metrics.registry)
+
+
+def _listed(sets: Mapping[int, object]) -> str:
+    ids = sorted(sets)
+    return ("set " if len(ids) == 1 else "sets ") + ",".join(map(str, ids))

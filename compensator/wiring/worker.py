@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -28,15 +28,12 @@ from compensator.config import Config
 from compensator.config_processes import worker_breaker
 from compensator.guarantees import policy_problems
 from compensator.shell import ProcessError, Running, Shell
-from compensator.store import open_sets, queue_client
 from compensator.telemetry import tracer_provider
-from compensator.wiring.parts import callback_secrets, metrics_address, process_name
+from compensator.wiring.parts import callback_secrets, every_set, metrics_address, process_name, table_rereader
 from handlers.registry import Registry, RegistryError, build_registry
 from handlers.signing import SecretsError
 from queues import ClientError, KindView, QueueClient, QueueError
 from queues.maintenance import SERVICE, MaintenanceDriver
-from queues.sets.client import SetsClient
-from queues.sets.table import TableError
 from services.worker.limits import Limits
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Worker, WorkerSettings
@@ -57,7 +54,7 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
     closed on exit. The handlers come from `config.handlers` and the callback secrets (a file or
     $COMPENSATOR_CALLBACK_SECRETS) unless a registry is given."""
     settings = config.worker
-    sets, found = await _sets(config)
+    sets, found = await every_set(config)
     provider = tracer_provider(config.telemetry, exporter=span_exporter, process="worker")
     metrics = WorkerMetrics()
     if registry is None:
@@ -82,7 +79,7 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
                        drain_grace_s=settings.drain_grace_s,
                        breaker=worker_breaker(settings)),
         tracer=provider.get_tracer("compensator.worker"), metrics=metrics, registry=registry,
-        discover=None if found is None else _rereader(found), discover_every_s=config.store.sets_refresh_s,
+        discover=None if found is None else table_rereader(found), discover_every_s=config.store.sets_refresh_s,
     )  # fmt: skip
     try:
         yield built
@@ -94,40 +91,6 @@ async def worker(config: Config, *, name: str = "", registry: Registry | None = 
             for queue in sets.values():
                 await queue.raft.close()
         provider.shutdown()
-
-
-def _rereader(found: SetsClient) -> Callable[[], Awaitable[Mapping[int, QueueClient]]]:
-    """The worker's `discover`: the table re-read (the cached one when the control set is down)."""
-
-    async def discover() -> Mapping[int, QueueClient]:
-        await found.refresh()
-        return found.clients
-
-    return discover
-
-
-SETS_WAIT_S = 60.0
-"""How long a worker of several sets waits for the control set's table at start (it may start
-before its store, as `compensator run` starts it) before it exits with one line."""
-
-
-async def _sets(config: Config) -> tuple[dict[int, QueueClient], SetsClient | None]:
-    """Every set's client: one set (and no facade), or the sets of the control set's table as it is
-    now with the facade that re-reads it (a set added later is leased from once the worker's next
-    re-read finds it: `Worker.run`'s `discover`)."""
-    deadline = asyncio.get_running_loop().time() + SETS_WAIT_S
-    while True:
-        try:
-            if not config.store.control_addresses:
-                return {config.store.set_id: queue_client(config)}, None
-            found = await open_sets(config)
-            return dict(found.clients), found
-        except (ClientError, QueueError, TableError) as error:
-            if asyncio.get_running_loop().time() > deadline:
-                raise ProcessError(f"cannot read the set table from the control set"
-                                   f" ({','.join(config.store.control_addresses)}): {error}") from None  # fmt: skip
-            log.warning("cannot read the set table yet: %s", error)
-            await asyncio.sleep(1.0)
 
 
 async def check_policies(config: Config, sets: Mapping[int, QueueClient], stop: asyncio.Event) -> None:

@@ -1,7 +1,7 @@
-"""The compensation ledger's side of the projector: the set's lock, its cursor, and one batch's rows.
+"""The compensation ledger's side of the projector: each set's lock, its cursor, and one round's rows.
 
-Exactly once by event seq: a batch's rows and the cursor's move to its last seq commit in one
-PostgreSQL transaction, which first reads the cursor under FOR UPDATE and refuses to write unless
+Exactly once by event seq, per set: a batch's rows and the cursor's move to its last seq commit in
+one PostgreSQL transaction (a round: one batch of each set that had one, every cursor moved), which first reads the cursor under FOR UPDATE and refuses to write unless
 it is where this projector left it. A crash anywhere before the commit leaves neither; after it,
 both. One projector per set holds a session advisory lock on its connection (released by
 PostgreSQL when the connection or the process dies): a standby waits on it and takes over from
@@ -9,12 +9,13 @@ the committed cursor, so a takeover leaves no gap and writes nothing twice. The 
 makes this safe even if two ever ran (a lock lost with a connection, an operator's mistake): the
 second to commit finds the cursor moved and stops.
 
-Must never: write a row outside a batch transaction that also moves the cursor, or move the
+Must never: write a row outside a round's transaction that also moves the cursor, or move the
 cursor past an event it did not write.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from typing import Any, Final
@@ -85,33 +86,54 @@ async def cursor(connection: asyncpg.Connection, set_id: int) -> int:
     return last
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SetBatch:
+    """One set's share of a round: the rows of its events (after, rows.last_seq]."""
+
+    set_id: int
+    after: int
+    rows: BatchRows
+
+
 async def write_batch(connection: asyncpg.Connection, *, set_id: int, after: int, rows: BatchRows, owner: str) -> None:
     """Write the rows of the events (after, rows.last_seq] and move the cursor there, in one transaction."""
-    assert rows.last_seq > after
+    await write_round(connection, [SetBatch(set_id, after, rows)], owner=owner)
+
+
+async def write_round(connection: asyncpg.Connection, batches: Sequence[SetBatch], *, owner: str) -> None:
+    """Every set's batch and every set's cursor move, in one transaction: each set's cursor is read
+    under FOR UPDATE and must be where this projector left it (else nothing of the round is
+    written). Sets in id order, so two writers of overlapping sets lock their cursors alike."""
+    ordered = sorted(batches, key=lambda b: b.set_id)
     async with connection.transaction():
-        current = await connection.fetchval(
-            "SELECT last_seq FROM projector_cursors WHERE set_id = $1 FOR UPDATE", set_id
-        )
-        if current != after:
-            raise CursorMoved(
-                f"set {set_id}'s ledger cursor is at {current}, not at {after} where this projector left it:"
-                " another projector wrote it"
+        for batch in ordered:
+            assert batch.rows.last_seq > batch.after
+            current = await connection.fetchval(
+                "SELECT last_seq FROM projector_cursors WHERE set_id = $1 FOR UPDATE", batch.set_id
             )
-        await _check_targets(connection, set_id, rows)
-        if rows.new_requests:
-            records = [_request_record(row) for row in rows.new_requests.values()]
-            await connection.copy_records_to_table("compensation_requests", records=records, columns=_REQUEST_COLUMNS)
-        if rows.new_attempts:
-            records = [_attempt_record(row) for row in rows.new_attempts.values()]
-            await connection.copy_records_to_table("compensation_attempts", records=records, columns=_ATTEMPT_COLUMNS)
-        if rows.changes:
-            await connection.executemany(_UPDATE_REQUEST, [_change_args(set_id, c) for c in rows.changes.values()])
-        if rows.attempt_ends:
-            await connection.executemany(_END_ATTEMPT, [_end_args(end) for end in rows.attempt_ends.values()])
-        await connection.execute(
+            if current != batch.after:
+                raise CursorMoved(
+                    f"set {batch.set_id}'s ledger cursor is at {current}, not at {batch.after} where this projector"
+                    " left it: another projector wrote it"
+                )
+            await _check_targets(connection, batch.set_id, batch.rows)
+        # One statement per table for the whole round, whatever the number of sets.
+        requests = [_request_record(row) for b in ordered for row in b.rows.new_requests.values()]
+        if requests:
+            await connection.copy_records_to_table("compensation_requests", records=requests, columns=_REQUEST_COLUMNS)
+        attempts = [_attempt_record(row) for b in ordered for row in b.rows.new_attempts.values()]
+        if attempts:
+            await connection.copy_records_to_table("compensation_attempts", records=attempts, columns=_ATTEMPT_COLUMNS)
+        changes = [_change_args(b.set_id, c) for b in ordered for c in b.rows.changes.values()]
+        if changes:
+            await connection.executemany(_UPDATE_REQUEST, changes)
+        ends = [_end_args(end) for b in ordered for end in b.rows.attempt_ends.values()]
+        if ends:
+            await connection.executemany(_END_ATTEMPT, ends)
+        await connection.executemany(
             "UPDATE projector_cursors SET last_seq = $2, last_event_at = $3, updated_at = now(), owner = $4"
             " WHERE set_id = $1",
-            set_id, rows.last_seq, timestamp(rows.last_ts_ms), owner,
+            [(b.set_id, b.rows.last_seq, timestamp(b.rows.last_ts_ms), owner) for b in ordered],
         )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """Prometheus metrics of the projector: events projected, batches, how far the ledger lags the
-store (in events and in seconds), and whether this process is the set's active projector.
+store (in events and in seconds) and the cursor, by set, and whether this process is each set's
+active projector. One process projects every set (runner.py): the gauges carry a `set` label.
 
 Must never: label with a value a producer chose (a ref key, a key, a payload's field).
 """
@@ -20,11 +21,15 @@ class ProjectorMetrics:
             registry=self.registry,
         )  # fmt: skip
         self.batches = Counter(
-            "compensator_projector_batches_total", "Batches committed (rows and cursor in one transaction).",
+            "compensator_projector_batches_total", "Sets' batches committed (each with its set's cursor).",
+            registry=self.registry,
+        )  # fmt: skip
+        self.rounds = Counter(
+            "compensator_projector_rounds_total", "Transactions committed: one batch of each set that had one.",
             registry=self.registry,
         )  # fmt: skip
         self.batch_seconds = Histogram(
-            "compensator_projector_batch_seconds", "Time to write one batch's rows and cursor, commit included.",
+            "compensator_projector_batch_seconds", "Time to write one round's rows and cursors, commit included.",
             buckets=BATCH_BUCKETS_S, registry=self.registry,
         )  # fmt: skip
         self.event_lag_seconds = Histogram(
@@ -33,17 +38,19 @@ class ProjectorMetrics:
             buckets=LAG_BUCKETS_S, registry=self.registry,
         )  # fmt: skip
         self.lag_events = Gauge(
-            "compensator_projector_lag_events", "Events in the store not yet in the ledger, at the last look.",
+            "compensator_projector_lag_events", "Events in the store not yet in the ledger, at the last look.", ["set"],
             registry=self.registry,
         )  # fmt: skip
         self.lag_seconds = Gauge(
             "compensator_projector_lag_seconds",
-            "Age of the oldest event not yet in the ledger (0 when caught up), at the last look.",
+            "Age of the oldest event not yet in the ledger (0 when caught up), at the last look.", ["set"],
             registry=self.registry,
         )  # fmt: skip
-        self.cursor = Gauge("compensator_projector_cursor", "The last event seq in the ledger.", registry=self.registry)
+        self.cursor = Gauge(
+            "compensator_projector_cursor", "The last event seq in the ledger.", ["set"], registry=self.registry
+        )
         self.active = Gauge(
-            "compensator_projector_active", "1 while this process holds the set's projector lock.",
+            "compensator_projector_active", "1 while this process holds the set's projector lock.", ["set"],
             registry=self.registry,
         )  # fmt: skip
         self.unreadable_payloads = Counter(

@@ -1,18 +1,26 @@
-"""The projector's loop: follow one set's committed event log and write the compensation ledger.
+"""The projector's loop: follow every set's committed event log and write the compensation ledger.
 
-One step: read up to `batch_max` events after the cursor, read the facts they need (at least as
-new as the events: facts.py), fold them into row changes, and write the rows
-and the new cursor in one transaction (ledger_writer.py). Then again while batches come back full;
-caught up, a long poll (at most `idle_poll_s`) whose answer is the next batch's events.
+Every set the process knows (one, `store.set_id`'s; or with a control set every set of its table,
+re-read every `discover_every_s`, so a set added later is projected too) has a lane (lane.py) that
+reads its next batch on its own. A round writes every lane's ready batch, each set's rows and each
+set's cursor move, in one PostgreSQL transaction (ledger_writer.write_round), then starts those
+lanes' next reads. A lane still waiting (its set caught up, down, or without a leader) is not in the
+round: it joins a later one, and holds up no other set.
 
-Stopping: `stop` is looked at between steps, so SIGTERM ends the process after the transaction in
-progress commits (or never began). A store that does not answer is waited out (the next step
-reads from the same cursor); a lost PostgreSQL connection loses the lock with it, so the projector
-reconnects and queues for the lock again like a standby. What must stop it, with one line saying
-why and what to do: a gap in the log (events purged before they were projected), a message the
-batch needs already purged, the ledger disagreeing with the log, or the cursor moved by another.
+Each set has its own advisory lock, taken by whichever projector process gets it first and tried
+again every `standby_poll_s` for the sets this process does not hold: a second process is a
+standby for every set, and two processes started together may split the sets between them; when
+one dies (its PostgreSQL session, and its locks, with it) the other takes its sets over from
+their committed cursors.
 
-Must never: skip an event, or write a batch without holding the set's lock.
+Stopping: `stop` is looked at between rounds, so SIGTERM ends the process after the transaction in
+progress commits (or never began). A lost PostgreSQL connection loses every lock with it, so the
+projector reconnects and queues for the locks again like a standby. What must stop it, with one
+line saying why and what to do: a gap in a set's log (events purged before they were projected), a
+message a batch needs already purged, the ledger disagreeing with the log, or a cursor moved by
+another.
+
+Must never: skip an event, or write a set's batch without holding that set's lock.
 """
 
 from __future__ import annotations
@@ -22,63 +30,60 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 
 import asyncpg
 from opentelemetry import trace
 
-from queues import ClientError, LongPoll, QueueClient, RequestRefused
-from queues.client import EventsPurged, QueueError, Read
-from queues.model import Event
+from queues import QueueClient
 from queues.query_codec import EVENTS_LIMIT_MAX
 from services.projector import ledger_writer
-from services.projector.facts import FactsReader
+from services.projector.lane import Batch, LaneSettings, ProjectorGap, SetLane
 from services.projector.metrics import ProjectorMetrics
-from services.projector.rows import BatchRows, facts_needed, fold
 
 log = logging.getLogger(__name__)
+
+__all__ = ["CONNECTION_ERRORS", "Projector", "ProjectorGap", "ProjectorSettings", "RebuildRefused", "rebuild"]
 
 CONNECTION_ERRORS = (
     OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InternalClientError,
 )  # fmt: skip
-"""PostgreSQL went away: its session (and the lock) with it. Reconnect and queue for the lock again.
+"""PostgreSQL went away: its session (and the locks) with it. Reconnect and queue for the locks again.
 A session ended by the server (pg_terminate_backend, a restart) shows as an operator intervention,
 or, when it ends while the client is between operations, as a protocol left mid-state
 (InternalClientError "another operation is in progress"): either way the connection is gone, and
-the cursor read again under the lock keeps the ledger exact."""
+the cursors read again under the locks keep the ledger exact."""
 
-
-class ProjectorGap(RuntimeError):
-    """Events the ledger needs were purged from the store before they were projected."""
-
-    def __init__(self, set_id: int, after: int, first_seq: int) -> None:
-        super().__init__(
-            f"set {set_id}: events {after + 1}..{first_seq - 1} were purged from the store before the ledger"
-            f" had them (cursor {after}, oldest event kept {first_seq}); the ledger cannot be completed from"
-            " the log: restore it from a backup whose cursor is at least"
-            f" {first_seq - 1}, or see docs/ledger.md ('A gap')"
-        )
-        self.set_id, self.after, self.first_seq = set_id, after, first_seq
+Discover = Callable[[], Awaitable[Mapping[int, QueueClient]]]
+"""The sets of the table as re-read now (the cached ones when the control set does not answer)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ProjectorSettings:
-    set_id: int
     owner: str
-    """Who writes (host:pid): recorded in the cursor row, for people."""
+    """Who writes (host:pid): recorded in the cursor rows, for people."""
     batch_max: int = 1000
+    """Events of one set in one round at most."""
     idle_poll_s: float = 1.0
-    """A caught-up projector's wait for new events is held this long at most (a long poll: the
-    store answers it at its next apply, so a longer wait costs no lag, only fewer reads)."""
+    """A caught-up set's wait for new events is held this long at most (a long poll: the store
+    answers it at its next apply, so a longer wait costs no lag, only fewer reads)."""
     standby_poll_s: float = 1.0
-    """A standby tries to take the set's lock this often."""
+    """The locks of the sets this process does not hold are tried this often."""
+    discover_every_s: float = 30.0
+    """The set table is re-read this often (with a control set), so a set added later is projected."""
+    round_gather_s: float = 0.0
+    """With several sets held: once one lane's batch is ready, the others' are waited for this long
+    at most, so that a round carries every busy set's batch (one transaction for them all rather
+    than one each). 0: a round takes what is ready when the first is."""
 
     def validate(self) -> None:
         if not 1 <= self.batch_max <= min(1000, EVENTS_LIMIT_MAX):
             raise ValueError("batch_max must be in 1..1000 (one query's ids)")
         if not 0 < self.idle_poll_s <= 60 or not 0 < self.standby_poll_s <= 60:
             raise ValueError("idle_poll_s and standby_poll_s must be in (0, 60]")
+        if not 0 <= self.round_gather_s <= 1:
+            raise ValueError("round_gather_s must be in [0, 1]")
 
 
 def wall_clock_ms() -> int:
@@ -87,26 +92,33 @@ def wall_clock_ms() -> int:
 
 class Projector:
     def __init__(
-        self, queue: QueueClient, dsn: str, settings: ProjectorSettings, *, tracer: trace.Tracer,
-        metrics: ProjectorMetrics, clock_ms: Callable[[], int] = wall_clock_ms,
+        self, sets: Mapping[int, QueueClient], dsn: str, settings: ProjectorSettings, *, tracer: trace.Tracer,
+        metrics: ProjectorMetrics, clock_ms: Callable[[], int] = wall_clock_ms, discover: Discover | None = None,
     ) -> None:  # fmt: skip
         settings.validate()
-        self._queue, self._dsn, self._settings = queue, dsn, settings
+        self.sets = dict(sets)
+        """Every set's client this process projects (or stands by for), by id."""
+        self._dsn, self._settings, self._discover = dsn, settings, discover
         self._tracer, self.metrics, self._clock_ms = tracer, metrics, clock_ms
-        self._facts = FactsReader(queue)
+        self._lane_settings = LaneSettings(batch_max=settings.batch_max, idle_poll_s=settings.idle_poll_s)
+        self.lanes: dict[int, SetLane] = {}
+        """The sets whose lock this process holds (their cursors: the ledger's as it knows them)."""
         self.projected = 0
         """Events this process wrote to the ledger."""
-        self.cursor: int | None = None
-        """The last seq in the ledger as this process knows it (None until it holds the lock)."""
-        self._applied_seen: int | None = 0
-        """The applied index the last read reflected (an idle wait is for one past it); None when
-        the store refused a waiting read (a node that predates them): plain polling then."""
-        self._caught_up = False
-        """The last read returned fewer than `batch_max` events: the store had no more then."""
+        self.rounds = 0
+        """Transactions this process committed (each with one batch of one set or more)."""
+        self._lock_tried_at = self._discovered_at = float("-inf")
+        self._standing_by: set[int] = set()
 
     @property
-    def queue(self) -> QueueClient:
-        return self._queue
+    def cursor(self) -> int | None:
+        """With one set: its last seq in the ledger as this process knows it (None until it holds
+        the set's lock). With several: the lowest set's it holds (see `cursors`)."""
+        return self.lanes[min(self.lanes)].cursor if self.lanes else None
+
+    @property
+    def cursors(self) -> dict[int, int]:
+        return {set_id: lane.cursor for set_id, lane in sorted(self.lanes.items())}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Project until `stop` is set; raise on what must not be skipped (see the module doc)."""
@@ -114,139 +126,113 @@ class Projector:
             try:
                 await self._session(stop)
             except CONNECTION_ERRORS as error:
-                log.warning("set %d: lost PostgreSQL (%s); reconnecting", self._settings.set_id, error)
-                self.cursor = None
+                log.warning("lost PostgreSQL (%s); reconnecting", error)
+                self.lanes.clear()  # every lock went with the session
                 await _wait(stop, self._settings.standby_poll_s)
 
     async def _session(self, stop: asyncio.Event) -> None:
         connection = await asyncpg.connect(self._dsn)
+        self._lock_tried_at = float("-inf")
+        self.lanes.clear()
         try:
-            if not await self._acquire(connection, stop):
-                return
-            self.metrics.active.set(1)
-            after = await ledger_writer.cursor(connection, self._settings.set_id)
-            self.cursor = after
-            log.info("set %d: projecting from event %d", self._settings.set_id, after + 1)
-            waited: Read[tuple[Event, ...]] | None = None
             while not stop.is_set():
-                written = await self._step(connection, after, waited)
-                if written is not None:
-                    after = self.cursor = written
-                # Caught up (nothing new, or a batch short of batch_max: the store had no more):
-                # the long poll's answer carries the next events, so a set under light load costs
-                # one held read per batch, not a wake-up and two linearizable reads.
-                waited = await self._idle(stop, after) if written is None or self._caught_up else None
+                await self._take_locks(connection)
+                ready = await self._ready(stop)
+                if ready:
+                    await self._write(connection, ready)
         finally:
-            self.metrics.active.set(0)
+            for set_id, lane in self.lanes.items():  # their cursors stay known (the last committed)
+                lane.cancel()
+                self.metrics.active.labels(str(set_id)).set(0)
             with contextlib.suppress(*CONNECTION_ERRORS, TimeoutError):
                 await asyncio.wait_for(connection.close(), 5)
             if not connection.is_closed():
                 connection.terminate()
 
-    async def _acquire(self, connection: asyncpg.Connection, stop: asyncio.Event) -> bool:
-        told = False
-        while not stop.is_set():
-            if await ledger_writer.try_lock(connection, self._settings.set_id):
-                if told:
-                    log.info("set %d: took over as the active projector", self._settings.set_id)
-                return True
-            if not told:
-                log.info("set %d: another projector is active; standing by", self._settings.set_id)
-                told = True
-            await _wait(stop, self._settings.standby_poll_s)
-        return False
+    async def _take_locks(self, connection: asyncpg.Connection) -> None:
+        """Every `standby_poll_s`: the lock of each set this process does not hold, tried (with a
+        control set, the table re-read first when due, so a set added later is tried too)."""
+        now = time.monotonic()
+        if self._discover is not None and now - self._discovered_at >= self._settings.discover_every_s:
+            self._discovered_at = now
+            self.sets = dict(await self._discover())
+            for set_id, lane in self.lanes.items():
+                if set_id in self.sets:
+                    lane.use(self.sets[set_id])
+        free = sorted(set(self.sets) - set(self.lanes))
+        if not free or now - self._lock_tried_at < self._settings.standby_poll_s:
+            return
+        self._lock_tried_at = now
+        for set_id in free:
+            if not await ledger_writer.try_lock(connection, set_id):
+                if set_id not in self._standing_by:
+                    log.info("set %d: another projector is active; standing by", set_id)
+                    self._standing_by.add(set_id)
+                continue
+            if set_id in self._standing_by:
+                log.info("set %d: took over as the active projector", set_id)
+                self._standing_by.discard(set_id)
+            after = await ledger_writer.cursor(connection, set_id)
+            lane = self.lanes[set_id] = SetLane(set_id, self.sets[set_id], after, self._lane_settings,
+                                                tracer=self._tracer, metrics=self.metrics)  # fmt: skip
+            self.metrics.active.labels(str(set_id)).set(1)
+            self.metrics.cursor.labels(str(set_id)).set(after)
+            log.info("set %d: projecting from event %d", set_id, after + 1)
+            lane.start()
 
-    async def _idle(self, stop: asyncio.Event, after: int) -> Read[tuple[Event, ...]] | None:
-        """Caught up: wait until the store applies something after what the last read reflected
-        (a long poll, a stale read the node holds), at most `idle_poll_s`, and take the events
-        after `after` from its answer: the next step projects them without reading again (the
-        facts it reads are at least as new: facts.py). None when the wait ran out with
-        nothing new, or failed: the next step then reads linearizably (which also finds the
-        leader again, were the poll's node a follower cut off from it). An idle set costs one held
-        read and one linearizable read per period."""
-        if self._applied_seen is None:
-            await _wait(stop, self._settings.idle_poll_s)
-            return None
-        settings = self._settings
-        wait = LongPoll(self._applied_seen, settings.idle_poll_s)
-        poll = asyncio.ensure_future(self._queue.events_after(after, limit=settings.batch_max, wait=wait))
+    async def _ready(self, stop: asyncio.Event) -> list[SetLane]:
+        """The lanes with a batch ready, once one has (or the locks are due again, or stopping)."""
+        waiting = {lane.next: lane for lane in self.lanes.values() if lane.next is not None}
+        timeout = None
+        if set(self.sets) - set(self.lanes) or self._discover is not None:
+            timeout = self._settings.standby_poll_s
         stopping = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait((poll, stopping), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((*waiting, stopping), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            pending = [task for task in waiting if not task.done()]
+            if self._settings.round_gather_s and pending and len(pending) < len(waiting) and not stop.is_set():
+                # One is ready: the busy sets' batches are a few milliseconds behind it (their
+                # long polls answer at their next apply); wait for them, not for an idle set's poll.
+                await asyncio.wait(pending, timeout=self._settings.round_gather_s, return_when=asyncio.ALL_COMPLETED)
         finally:
             stopping.cancel()
-        if not poll.done():
-            poll.cancel()  # stopping: the node answers it when it runs out; the answer is dropped
-            return None
-        try:
-            read = poll.result()
-        except RequestRefused:  # a node that knows no waiting reads: plain polling from now on
-            self._applied_seen = None
-            return None
-        except EventsPurged:  # the next step's linearizable read says so, and stops
-            return None
-        except (ClientError, QueueError) as error:
-            log.warning("set %d: the store did not answer a wait (%s); trying again", settings.set_id, error)
-            await _wait(stop, settings.idle_poll_s)
-            return None
-        return read if read.value else None
+        return [lane for task, lane in waiting.items() if task.done()]
 
-    async def _step(self, connection: asyncpg.Connection, after: int, waited: Read[tuple[Event, ...]] | None) -> int | None:
-        """Project one batch after `after` (`waited`: a long poll's answer, else read now); its last
-        seq, or None when there was nothing new (or the store did not answer: the next step tries
-        again from the same cursor)."""
-        settings = self._settings
-        self._caught_up = True
-        try:
-            read = waited or await self._queue.events_after(after, limit=settings.batch_max)
-            events = read.value
-            if self._applied_seen is not None:
-                self._applied_seen = max(self._applied_seen, read.applied_index)
-            self._caught_up = len(events) < settings.batch_max
-            if not events:
-                self.metrics.lag_events.set(0)
-                self.metrics.lag_seconds.set(0)
-                return None
-            with self._tracer.start_as_current_span("projector.batch") as span:
-                span.set_attributes({"compensator.set_id": settings.set_id, "compensator.events": len(events),
-                                     "compensator.first_seq": events[0].seq, "compensator.last_seq": events[-1].seq})  # fmt: skip
-                facts = await self._facts.read(facts_needed(events), applied_index=read.applied_index)
-                rows = fold(events, set_id=settings.set_id, facts=facts)
-                started = time.perf_counter()
-                await ledger_writer.write_batch(connection, set_id=settings.set_id, after=after, rows=rows,
-                                                owner=settings.owner)  # fmt: skip
-                self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        except EventsPurged as gap:
-            raise ProjectorGap(settings.set_id, gap.after, gap.first_seq) from None
-        except (ClientError, QueueError) as error:
-            log.warning("set %d: the store did not answer (%s); trying again", settings.set_id, error)
-            return None
-        await self._count(events, rows)
-        return rows.last_seq
+    async def _write(self, connection: asyncpg.Connection, ready: list[SetLane]) -> None:
+        """One transaction: every ready lane's batch and cursor (a gap in a lane's log raises here)."""
+        batches: dict[int, Batch] = {lane.set_id: lane.next.result() for lane in ready if lane.next is not None}
+        started = time.perf_counter()
+        with self._tracer.start_as_current_span("projector.round") as span:
+            span.set_attributes({"compensator.sets": len(batches),
+                                 "compensator.events": sum(len(b.events) for b in batches.values())})  # fmt: skip
+            await ledger_writer.write_round(
+                connection, [ledger_writer.SetBatch(set_id, self.lanes[set_id].cursor, b.rows) for set_id, b in batches.items()],
+                owner=self._settings.owner,
+            )  # fmt: skip
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        self.metrics.rounds.inc()
+        self.rounds += 1
+        now_ms = self._clock_ms()
+        for set_id, batch in batches.items():
+            lane = self.lanes[set_id]
+            lane.committed(batch, now_ms)
+            self._count(batch, lane, now_ms)
+            lane.start()
 
-    async def _count(self, events: Sequence[Event], rows: BatchRows) -> None:
-        metrics, now_ms = self.metrics, self._clock_ms()
-        self.projected += len(events)
+    def _count(self, batch: Batch, lane: SetLane, now_ms: int) -> None:
+        metrics = self.metrics
+        self.projected += len(batch.events)
         metrics.batches.inc()
-        metrics.cursor.set(rows.last_seq)
         by_type: dict[str, int] = {}
-        for event in events:
+        for event in batch.events:
             by_type[event.type.value] = by_type.get(event.type.value, 0) + 1
             metrics.event_lag_seconds.observe(max(0, now_ms - event.ts_ms) / 1000)
         for name, count in by_type.items():
             metrics.events.labels(name).inc(count)
-        unreadable = self._facts.unreadable_payloads
+        unreadable = lane.facts.unreadable_payloads
         if unreadable:
             metrics.unreadable_payloads.inc(unreadable)
-            self._facts.unreadable_payloads = 0
-        if len(events) < self._settings.batch_max:
-            metrics.lag_events.set(0)
-            metrics.lag_seconds.set(0)
-            return
-        with contextlib.suppress(ClientError, QueueError):
-            last = (await self._queue.events_digest(rows.last_seq, 0)).value.last_seq
-            metrics.lag_events.set(max(0, last - rows.last_seq))
-            metrics.lag_seconds.set(max(0, now_ms - rows.last_ts_ms) / 1000 if last > rows.last_seq else 0)
+            lane.facts.unreadable_payloads = 0
 
 
 async def rebuild(queue: QueueClient, dsn: str, set_id: int) -> int:

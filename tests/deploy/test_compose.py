@@ -250,7 +250,8 @@ def test_the_three_set_overlay_is_a_control_set_and_three_sets_that_every_router
 ) -> None:
     """Each group's nodes agree on their addresses and talk on the peer network alone; the table's
     epoch 1 names sets 1-3 at their nodes' addresses; the API, the workers and the ingest know the
-    control set; each extra set has its own projector and events publisher at its addresses."""
+    control set, and so does the one projector of every set; each extra set has its own events
+    publisher at its addresses."""
     services = three_sets["services"]
     groups = {"control": [f"control{i}" for i in (1, 2, 3)], **{
         str(k): [f"set{k}-node{i}" for i in (1, 2, 3)] for k in (2, 3)}, "1": [f"store{i}" for i in (1, 2, 3)]}  # fmt: skip
@@ -266,10 +267,12 @@ def test_the_three_set_overlay_is_a_control_set_and_three_sets_that_every_router
     assert on_peers == {name for names in groups.values() for name in names}
     init = [str(part) for part in services["sets-init"]["command"]]
     assert [init[i + 1] for i, part in enumerate(init) if part == "--set"] == [f"{k}={addresses[str(k)]}" for k in (1, 2, 3)]
-    for name in ("api", "worker", "kafka-ingest", "sets-init"):
+    for name in ("api", "worker", "kafka-ingest", "sets-init", "projector"):
         assert _environment(services[name])["COMPENSATOR_STORE__CONTROL_ADDRESSES"] == addresses["control"], name
+    assert not any(name.startswith("projector-set") for name in services), "one projector for every set"
+    assert services["projector"]["depends_on"]["sets-init"] == {"condition": "service_completed_successfully"}
     for k in (2, 3):
-        for reader in (f"projector-set{k}", f"events-publisher-set{k}"):
+        for reader in (f"events-publisher-set{k}",):
             environment = _environment(services[reader])
             assert (environment["COMPENSATOR_STORE__ADDRESSES"], environment["COMPENSATOR_STORE__SET_ID"]) == (
                 addresses[str(k)], str(k)), reader  # fmt: skip

@@ -4,10 +4,11 @@ real store, and the check that the ledger in PostgreSQL says what the store says
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -28,6 +29,7 @@ from ledger.request_ids import RequestId
 from ledger.states import LEDGER_STATE_OF, OPEN_STATES, AttemptOutcome, LedgerState, attempt_outcome_of
 from queues import Code, QueueClient, State
 from queues.model import Enqueue, Event, EventType, MessageView
+from services.projector.runner import Projector
 
 SET_ID = 1
 FAST = RetryPolicy(tiers_ms=(50,), tier_jitter_ratio=0.0, attempts_max=3)
@@ -137,12 +139,18 @@ async def all_events(queue: QueueClient) -> list[Event]:
         events.extend(batch)
 
 
-async def ledger_rows(dsn: str) -> tuple[dict[str, asyncpg.Record], dict[tuple[str, int], asyncpg.Record], int]:
+async def ledger_rows(
+    dsn: str, set_id: int = SET_ID
+) -> tuple[dict[str, asyncpg.Record], dict[tuple[str, int], asyncpg.Record], int]:
+    """One set's requests, their attempts, and its cursor."""
     connection = await asyncpg.connect(dsn)
     try:
-        requests = {r["request_id"]: r for r in await connection.fetch("SELECT * FROM compensation_requests")}
-        attempts = {(r["request_id"], r["attempt_number"]): r for r in await connection.fetch("SELECT * FROM compensation_attempts")}  # fmt: skip
-        cursor = await connection.fetchval("SELECT last_seq FROM projector_cursors WHERE set_id = $1", SET_ID)
+        requests = {r["request_id"]: r for r in await connection.fetch(
+            "SELECT * FROM compensation_requests WHERE set_id = $1", set_id)}  # fmt: skip
+        attempts = {(r["request_id"], r["attempt_number"]): r for r in await connection.fetch(
+            "SELECT a.* FROM compensation_attempts a JOIN compensation_requests r USING (request_id)"
+            " WHERE r.set_id = $1", set_id)}  # fmt: skip
+        cursor = await connection.fetchval("SELECT last_seq FROM projector_cursors WHERE set_id = $1", set_id)
         return requests, attempts, int(cursor or 0)
     finally:
         await connection.close()
@@ -159,24 +167,24 @@ def expected_money(view: MessageView) -> Money | None:
         return None
 
 
-async def assert_ledger_matches_store(queue: QueueClient, dsn: str) -> None:
-    """Every request the log enqueued has exactly one row, in the state, with the amount and the
-    attempts the store has; the cursor is the log's last event."""
+async def assert_ledger_matches_store(queue: QueueClient, dsn: str, set_id: int = SET_ID) -> None:
+    """Every request the set's log enqueued has exactly one row, in the state, with the amount and
+    the attempts the store has; the set's cursor is its log's last event."""
     events = await all_events(queue)
     enqueued = [e.message_id for e in events if e.type is EventType.ENQUEUED]
-    requests, attempts, cursor = await ledger_rows(dsn)
+    requests, attempts, cursor = await ledger_rows(dsn, set_id)
     assert cursor == events[-1].seq
     assert len(enqueued) == len(set(enqueued))
-    assert set(requests) == {str(RequestId(SET_ID, m)) for m in enqueued}
+    assert set(requests) == {str(RequestId(set_id, m)) for m in enqueued}
     views: list[MessageView] = []
     for start in range(0, len(enqueued), 1000):
         views += (await queue.get_many(enqueued[start : start + 1000], with_history=True)).value
     assert len(views) == len(enqueued)  # nothing purged in these tests
     expected_attempts = 0
     for view in views:
-        _assert_request(requests[str(RequestId(SET_ID, view.message_id))], view)
+        _assert_request(requests[str(RequestId(set_id, view.message_id))], view)
         for history in view.history:
-            _assert_attempt(attempts[(str(RequestId(SET_ID, view.message_id)), history.attempt)], history)
+            _assert_attempt(attempts[(str(RequestId(set_id, view.message_id)), history.attempt)], history)
         expected_attempts += len(view.history)
     assert len(attempts) == expected_attempts
 
@@ -216,3 +224,22 @@ async def execute(dsn: str, statement: str) -> None:
         await connection.execute(statement)
     finally:
         await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def running(built: Projector, stop_timeout_s: float = 30.0) -> AsyncIterator[asyncio.Task[None]]:
+    """The projector runs for the block; on exit it is stopped, and whatever it raised is raised."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(built.run(stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, stop_timeout_s)
+
+
+async def wait_until(check: Callable[[], object], *, timeout_s: float, what: str = "condition not reached") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():  # type: ignore[misc]
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.02)

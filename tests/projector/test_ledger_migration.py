@@ -55,7 +55,8 @@ async def test_existing_rows_keep_their_ids_as_text_and_a_key_may_return(
 
 
 async def test_runners_started_at_once_on_a_new_database_all_succeed(postgres: pg.EmbeddedPostgres) -> None:
-    """`compensator run --sets 3` starts a projector per set, each migrating the one ledger at once.
+    """Projectors started at once (a standby beside the active one, processes restarted together)
+    each migrate the one ledger.
     `CREATE TABLE IF NOT EXISTS` is not safe against itself in PostgreSQL (two creators collide on
     pg_type's unique index), so the bookkeeping table is created under the runners' lock too."""
     import asyncio

@@ -5,9 +5,8 @@ the log stops it with a line that names the gap, and a rebuild writes the same l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import asyncpg
 import pytest
@@ -21,6 +20,8 @@ from projector_support import (
     assert_ledger_matches_store,
     event_types,
     ledger_rows,
+    running,
+    wait_until,
 )
 
 from queues import QueueClient
@@ -44,27 +45,12 @@ def projector(queue: QueueClient, dsn: str, *, owner: str = "p1", batch_max: int
     provider = TracerProvider()
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    settings = ProjectorSettings(set_id=SET_ID, owner=owner, batch_max=batch_max, idle_poll_s=0.02, standby_poll_s=0.05)
-    return Projector(queue, dsn, settings, tracer=provider.get_tracer("test"), metrics=ProjectorMetrics())
-
-
-@contextlib.asynccontextmanager
-async def running(built: Projector) -> AsyncIterator[asyncio.Task[None]]:
-    """The projector runs for the block; on exit it is stopped, and whatever it raised is raised."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(built.run(stop))
-    try:
-        yield task
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
+    settings = ProjectorSettings(owner=owner, batch_max=batch_max, idle_poll_s=0.02, standby_poll_s=0.05)
+    return Projector({SET_ID: queue}, dsn, settings, tracer=provider.get_tracer("test"), metrics=ProjectorMetrics())
 
 
 async def until(check: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():  # type: ignore[misc]
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
+    await wait_until(check, timeout_s=timeout_s)
 
 
 async def caught_up(queue: QueueClient, built: Projector) -> bool:
@@ -90,12 +76,12 @@ async def test_the_projector_catches_up_and_the_ledger_equals_the_store(queue: Q
     assert any(r["amount_minor"] and r["amount_minor"] >= 7_000 for r in requests.values()), "an edited amount"
     metrics = built.metrics.registry
     assert metrics.get_sample_value("compensator_projector_unreadable_payloads_total") == 1
-    assert metrics.get_sample_value("compensator_projector_cursor") == built.cursor
+    assert metrics.get_sample_value("compensator_projector_cursor", {"set": str(SET_ID)}) == built.cursor
     total = sum(
         metrics.get_sample_value("compensator_projector_events_total", {"type": t.value}) or 0 for t in EventType
     )
     assert total == built.projected == built.cursor
-    assert metrics.get_sample_value("compensator_projector_lag_events") == 0
+    assert metrics.get_sample_value("compensator_projector_lag_events", {"set": str(SET_ID)}) == 0
     batches = [s for s in spans.get_finished_spans() if s.name == "projector.batch"]
     assert batches and sum(s.attributes["compensator.events"] for s in batches) == built.cursor  # type: ignore[index, misc]
 
@@ -123,7 +109,7 @@ async def test_a_caught_up_projector_takes_each_batch_from_its_long_poll_not_fro
     monkeypatch.setattr(queue, "get_many", facts_counted)
     traffic = Traffic(queue, seed=3)
     built = projector(queue, pg_dsn, batch_max=50)
-    built._settings = dataclasses.replace(built._settings, idle_poll_s=5.0)
+    built._lane_settings = dataclasses.replace(built._lane_settings, idle_poll_s=5.0)
     async with running(built):
         await until(lambda: caught_up(queue, built))
         before, facts_before = len(calls), len(facts_linearizable)
@@ -164,7 +150,7 @@ async def test_a_standby_takes_over_without_a_gap_or_a_row_twice(queue: QueueCli
                 await traffic.round()
             await until(lambda: caught_up(queue, second))
             assert first.cursor is None, "the first lost its lock with its session and stands by"
-            assert first.metrics.registry.get_sample_value("compensator_projector_active") == 0
+            assert first.metrics.registry.get_sample_value("compensator_projector_active", {"set": str(SET_ID)}) == 0
         for _ in range(10):
             await traffic.round()
         await until(lambda: caught_up(queue, first))

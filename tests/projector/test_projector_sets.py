@@ -1,0 +1,222 @@
+"""One projector over several sets (real one-node stores in this process, a control set holding
+their table, a real PostgreSQL): what several sets had ready goes into one transaction, a set
+added to the table later is projected, a set that is down holds up no other, and the sets' locks
+are each held by one process (a second takes over a set whose lock is released, and a killed
+session's sets, without a gap or a row twice). Counted, not timed: the waits are generous."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from projector_support import FAST, KINDS, Traffic, assert_ledger_matches_store, running, wait_until
+
+from compensator.wiring.parts import table_rereader
+from queues import ControlSet, QueueClient, RaftClient, SetsClient
+from queues.replicated import machine_factory
+from queues.sets import table
+from raft_store.testing.inprocess import StoreThread, running_store
+from services.projector import ledger_writer
+from services.projector.ledger_writer import LOCK_CLASS
+from services.projector.metrics import ProjectorMetrics
+from services.projector.runner import Projector, ProjectorSettings
+
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
+    """The control set (0) and sets 1-4, each a started one-node store."""
+    with contextlib.ExitStack() as stack:
+        yield {s: stack.enter_context(running_store(tmp_path / f"set{s}", machine_factory)) for s in range(5)}
+
+
+def client_of(thread: StoreThread) -> QueueClient:
+    return QueueClient(RaftClient([thread.address], auth=thread.auth, attempt_timeout_s=0.5, deadline_s=2))
+
+
+@pytest.fixture
+async def sets(stores: dict[int, StoreThread]) -> AsyncIterator[SetsClient]:
+    """The facade over sets 1-3 (set 4 is added by a test), the table in the control set."""
+    by_address = {thread.addresses: thread for thread in stores.values()}
+    control = ControlSet(client_of(stores[0]))
+    await control.write(table.first_table({s: (stores[s].addresses,) for s in (1, 2, 3)}), expected_version=0,
+                        actor="test", reason="init")  # fmt: skip
+    found = await SetsClient.from_control(control, connect=lambda _s, a: client_of(by_address[a[0]]), refresh_s=0.1)
+    for s in (1, 2, 3, 4):
+        queue = client_of(stores[s])
+        for kind in KINDS:
+            await queue.set_policy(kind, FAST)
+        await queue.raft.close()
+    yield found
+    await found.close()
+
+
+async def add_set_4(stores: dict[int, StoreThread], sets: SetsClient) -> None:
+    assert sets.control is not None
+    found, version = await sets.control.read()
+    assert found is not None
+    grown, epoch = table.with_new_sets(found, [(stores[4].addresses,)])
+    version = await sets.control.write(grown, expected_version=version, actor="test", reason="grow")
+    await sets.control.write(table.activated(grown, epoch.epoch), expected_version=version, actor="test", reason="grow")
+
+
+def projector(sets: SetsClient, dsn: str, owner: str = "p1", standby_poll_s: float = 0.05) -> Projector:
+    settings = ProjectorSettings(owner=owner, batch_max=50, idle_poll_s=0.05, standby_poll_s=standby_poll_s,
+                                 discover_every_s=0.1, round_gather_s=0.02)  # fmt: skip
+    return Projector(sets.clients, dsn, settings, tracer=TracerProvider().get_tracer("test"), metrics=ProjectorMetrics(),
+                     discover=table_rereader(sets))  # fmt: skip
+
+
+async def until(check: Callable[[], object], what: str) -> None:
+    await wait_until(check, timeout_s=WAIT_S, what=what)
+
+
+async def caught_up(built: Projector, sets: SetsClient, *set_ids: int) -> bool:
+    for set_id in set_ids:
+        last = (await sets.clients[set_id].events_digest(0, 0)).value.last_seq
+        if set_id not in built.lanes or built.lanes[set_id].cursor != last:
+            return False
+    return True
+
+
+async def test_what_several_sets_have_ready_is_one_transaction_and_a_set_added_later_is_projected(
+    stores: dict[int, StoreThread], sets: SetsClient, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cursor rows are held by another transaction while every set has events: the first round
+    waits on them, the other sets' batches get ready meanwhile, and the next round carries them all:
+    with three sets some round writes two or more (the first, or the one after it). No round writes
+    a set twice."""
+    rounds: list[list[int]] = []
+    write_round = ledger_writer.write_round
+
+    async def recorded(connection: asyncpg.Connection, batches: list[ledger_writer.SetBatch], *, owner: str) -> None:
+        await write_round(connection, batches, owner=owner)
+        rounds.append([b.set_id for b in batches])
+
+    monkeypatch.setattr(ledger_writer, "write_round", recorded)
+    traffic = {s: Traffic(sets.clients[s], seed=s) for s in (1, 2, 3)}
+    for each in traffic.values():
+        await each.enqueue(20)
+    blocker = await asyncpg.connect(pg_dsn)
+    try:
+        await blocker.execute("INSERT INTO projector_cursors (set_id, last_seq) VALUES (1, 0), (2, 0), (3, 0)")
+        held = blocker.transaction()
+        await held.start()
+        await blocker.execute("SELECT 1 FROM projector_cursors FOR UPDATE")
+        built = projector(sets, pg_dsn)
+        async with running(built):
+            await until(lambda: _all_ready(built, 1, 2, 3), "every set's first batch ready")
+            await held.rollback()
+            await until(lambda: caught_up(built, sets, 1, 2, 3), "sets 1-3 projected")
+            assert any(len(r) >= 2 for r in rounds[:2]), rounds
+            await add_set_4(stores, sets)
+            await until(lambda: _has(sets, 4), "set 4 in the table")
+            traffic[4] = Traffic(sets.clients[4], seed=4)
+            for _ in range(6):
+                for each in traffic.values():
+                    await each.round()
+            await until(lambda: caught_up(built, sets, 1, 2, 3, 4), "every set projected, set 4 too")
+    finally:
+        await blocker.close()
+    assert all(len(r) == len(set(r)) for r in rounds), rounds
+    assert built.rounds == len(rounds) == built.metrics.registry.get_sample_value("compensator_projector_rounds_total")
+    assert built.metrics.registry.get_sample_value("compensator_projector_batches_total") == sum(map(len, rounds))
+    for set_id in (1, 2, 3, 4):
+        await assert_ledger_matches_store(sets.clients[set_id], pg_dsn, set_id)
+
+
+async def _all_ready(built: Projector, *set_ids: int) -> bool:
+    return all(s in built.lanes and (n := built.lanes[s].next) is not None and n.done() for s in set_ids)
+
+
+async def _has(sets: SetsClient, set_id: int) -> bool:
+    await sets.refresh()
+    return set_id in sets.clients
+
+
+async def test_a_set_that_is_down_holds_up_no_other_set(
+    stores: dict[int, StoreThread], sets: SetsClient, pg_dsn: str
+) -> None:
+    traffic = {s: Traffic(sets.clients[s], seed=s) for s in (1, 2)}
+    built = projector(sets, pg_dsn)
+    async with running(built):
+        await traffic[2].enqueue(5)
+        await until(lambda: caught_up(built, sets, 1, 2), "both sets projected")
+        stores[2].stop_node()
+        for _ in range(8):
+            await traffic[1].round()
+        await until(lambda: caught_up(built, sets, 1), "set 1 projected while set 2 is down")
+        stores[2].start_node()
+        for _ in range(4):
+            await traffic[2].round()
+        await until(lambda: caught_up(built, sets, 1, 2), "set 2 projected once it is back")
+    for set_id in (1, 2):
+        await assert_ledger_matches_store(sets.clients[set_id], pg_dsn, set_id)
+
+
+async def test_each_set_is_taken_over_by_the_other_process_without_a_gap_or_a_row_twice(
+    sets: SetsClient, pg_dsn: str
+) -> None:
+    """Another process holds set 2's lock: this one projects sets 1 and 3, and takes set 2 over
+    when that lock is released. Then a second projector stands by; the first's session is killed
+    (as its process would be; it reconnects only after 5 s), and the second takes the sets over
+    from the committed cursors. Every batch inserts new rows under primary keys: a row written
+    twice would fail a projector, and each set's ledger equals its store at the end."""
+    traffic = {s: Traffic(sets.clients[s], seed=20 + s) for s in (1, 2)}
+    other = await asyncpg.connect(pg_dsn)
+    try:
+        assert await ledger_writer.try_lock(other, 2)
+        first = projector(sets, pg_dsn, owner="a", standby_poll_s=5.0)
+        async with running(first):
+            for _ in range(5):
+                for each in traffic.values():
+                    await each.round()
+            await until(lambda: caught_up(first, sets, 1, 3), "sets 1 and 3 projected")
+            assert 2 not in first.lanes, "set 2's lock is another's"
+            await other.close()
+            await until(lambda: caught_up(first, sets, 1, 2, 3), "set 2 taken over once its lock is released")
+            second = projector(sets, pg_dsn, owner="b")
+            async with running(second):
+                await asyncio.sleep(0.3)
+                assert not second.lanes, "the second stands by for every set"
+                for _ in range(5):
+                    for each in traffic.values():
+                        await each.round()
+                await _end_session_of(pg_dsn, holder_of=1)
+                for _ in range(5):
+                    for each in traffic.values():
+                        await each.round()
+                await until(lambda: _caught_up_by_either(first, second, sets), "every set projected after the kill")
+            assert second.projected > 0
+    finally:
+        await other.close()
+    for set_id in (1, 2, 3):
+        await assert_ledger_matches_store(sets.clients[set_id], pg_dsn, set_id)
+
+
+async def _caught_up_by_either(first: Projector, second: Projector, sets: SetsClient) -> bool:
+    for set_id in (1, 2, 3):
+        holder = second if set_id in second.lanes else first
+        if not await caught_up(holder, sets, set_id):
+            return False
+    return True
+
+
+async def _end_session_of(dsn: str, holder_of: int) -> None:
+    """End the PostgreSQL session that holds set `holder_of`'s lock (and with it every lock it holds)."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        ended = await connection.fetchval(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
+            " AND objid = $2 AND granted",
+            LOCK_CLASS, holder_of,
+        )  # fmt: skip
+        assert ended
+    finally:
+        await connection.close()
