@@ -36,9 +36,14 @@ def umask_022() -> Iterator[None]:
 
 
 def modes(tree: Path) -> dict[str, int]:
+    """Every file's mode. A running node's transient files (a checkpoint's `.tmp`, renamed into
+    place) may go between the listing and their stat: those are not there to be loose."""
     found = {".": stat.S_IMODE(tree.stat().st_mode)}
     for path in tree.rglob("*"):
-        found[str(path.relative_to(tree))] = stat.S_IMODE(path.lstat().st_mode)
+        try:
+            found[str(path.relative_to(tree))] = stat.S_IMODE(path.lstat().st_mode)
+        except FileNotFoundError:
+            continue
     return found
 
 
