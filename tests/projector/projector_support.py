@@ -29,6 +29,7 @@ from ledger.request_ids import RequestId
 from ledger.states import LEDGER_STATE_OF, OPEN_STATES, AttemptOutcome, LedgerState, attempt_outcome_of
 from queues import Code, QueueClient, State
 from queues.model import Enqueue, Event, EventType, MessageView
+from services.projector.ledger_writer import LOCK_CLASS
 from services.projector.runner import Projector
 
 SET_ID = 1
@@ -243,3 +244,17 @@ async def wait_until(check: Callable[[], object], *, timeout_s: float, what: str
     while not await check():  # type: ignore[misc]
         assert asyncio.get_running_loop().time() < deadline, what
         await asyncio.sleep(0.02)
+
+
+async def end_session_of(dsn: str, set_id: int) -> None:
+    """End the PostgreSQL session that holds set `set_id`'s projector lock (and with it every lock it holds)."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        ended = await connection.fetchval(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
+            " AND objid = $2 AND granted",
+            LOCK_CLASS, set_id,
+        )  # fmt: skip
+        assert ended
+    finally:
+        await connection.close()

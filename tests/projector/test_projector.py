@@ -18,6 +18,7 @@ from projector_support import (
     Traffic,
     all_events,
     assert_ledger_matches_store,
+    end_session_of,
     event_types,
     ledger_rows,
     running,
@@ -29,7 +30,7 @@ from queues.model import EventType
 from raft_store.testing.inprocess import StoreThread
 from services.projector import ledger_writer
 from services.projector.facts import FactsReader
-from services.projector.ledger_writer import LOCK_CLASS, CursorMoved
+from services.projector.ledger_writer import CursorMoved
 from services.projector.metrics import ProjectorMetrics
 from services.projector.rows import facts_needed, fold
 from services.projector.runner import Projector, ProjectorGap, ProjectorSettings, RebuildRefused, rebuild
@@ -145,7 +146,7 @@ async def test_a_standby_takes_over_without_a_gap_or_a_row_twice(queue: QueueCli
             for _ in range(15):
                 await traffic.round()
             await until(lambda: _at_least(first, 20))
-            await _end_session_of_lock_holder(pg_dsn)
+            await end_session_of(pg_dsn, SET_ID)
             for _ in range(10):
                 await traffic.round()
             await until(lambda: caught_up(queue, second))
@@ -164,19 +165,6 @@ async def _holding(built: Projector) -> bool:
 
 async def _at_least(built: Projector, seq: int) -> bool:
     return built.cursor is not None and built.cursor >= seq
-
-
-async def _end_session_of_lock_holder(dsn: str) -> None:
-    connection = await asyncpg.connect(dsn)
-    try:
-        ended = await connection.fetchval(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
-            " AND objid = $2 AND granted",
-            LOCK_CLASS, SET_ID,
-        )  # fmt: skip
-        assert ended
-    finally:
-        await connection.close()
 
 
 async def test_two_writers_never_both_write_a_batch(queue: QueueClient, pg_dsn: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from projector_support import FAST, KINDS, Traffic, assert_ledger_matches_store, running, wait_until
+from projector_support import FAST, KINDS, Traffic, assert_ledger_matches_store, end_session_of, running, wait_until
 
 from compensator.wiring.parts import table_rereader
 from queues import ControlSet, QueueClient, RaftClient, SetsClient
@@ -22,7 +22,6 @@ from queues.replicated import machine_factory
 from queues.sets import table
 from raft_store.testing.inprocess import StoreThread, running_store
 from services.projector import ledger_writer
-from services.projector.ledger_writer import LOCK_CLASS
 from services.projector.metrics import ProjectorMetrics
 from services.projector.runner import Projector, ProjectorSettings
 
@@ -188,7 +187,7 @@ async def test_each_set_is_taken_over_by_the_other_process_without_a_gap_or_a_ro
                 for _ in range(5):
                     for each in traffic.values():
                         await each.round()
-                await _end_session_of(pg_dsn, holder_of=1)
+                await end_session_of(pg_dsn, 1)
                 for _ in range(5):
                     for each in traffic.values():
                         await each.round()
@@ -206,17 +205,3 @@ async def _caught_up_by_either(first: Projector, second: Projector, sets: SetsCl
         if not await caught_up(holder, sets, set_id):
             return False
     return True
-
-
-async def _end_session_of(dsn: str, holder_of: int) -> None:
-    """End the PostgreSQL session that holds set `holder_of`'s lock (and with it every lock it holds)."""
-    connection = await asyncpg.connect(dsn)
-    try:
-        ended = await connection.fetchval(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
-            " AND objid = $2 AND granted",
-            LOCK_CLASS, holder_of,
-        )  # fmt: skip
-        assert ended
-    finally:
-        await connection.close()
