@@ -37,6 +37,22 @@ SETS_MAX: Final = 5
 RATIO_LIMIT: Final = 1.15
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """bench.e2e's options for sets: how many, how hosted, and the comparison."""
+    parser.add_argument("--sets", type=int, default=1, help="sets of 3 nodes (more: with a control set)")
+    parser.add_argument("--process-per-replica", action="store_true", help="several sets: a process per node, not 3 hosts")
+    parser.add_argument("--compare-sets", metavar="N,M", help="run with N sets, then M; the CPU per done ratio (more sets over fewer)")
+    parser.add_argument("--compare-rounds", type=int, default=1, metavar="R",
+                        help="--compare-sets: R rounds, every other one in the reverse order; the ratio of the means")  # fmt: skip
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not 1 <= args.sets <= SETS_MAX or (args.compare_sets and parse_compare(args.compare_sets) is None):
+        parser.error(f"--sets must be in 1..{SETS_MAX}, --compare-sets two such counts (e.g. 1,3)")
+    if not 1 <= args.compare_rounds <= 10 or (args.compare_rounds > 1 and not args.compare_sets):
+        parser.error("--compare-rounds must be in 1..10, and goes with --compare-sets")
+
+
 def parse_compare(text: str) -> tuple[int, int] | None:
     """"1,3" as (1, 3); None for anything else."""
     parts = text.split(",")
