@@ -99,7 +99,7 @@ def test_every_process_kind_is_given_the_runtime_settings() -> None:
               outbox.shell(config, once=False)]  # fmt: skip
     assert [shell.gc for shell in shells] == [wanted] * len(shells)
     assert configuration.load(None, {}).runtime.gc_gen0_threshold == 50_000
-    with pytest.raises(configuration.ConfigError, match="runtime.gc_gen0_threshold"):
+    with pytest.raises(configuration.ConfigError, match=r"runtime\.gc_gen0_threshold"):
         configuration.load(None, {"COMPENSATOR_RUNTIME__GC_GEN0_THRESHOLD": "-1"})
 
 
