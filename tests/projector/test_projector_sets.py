@@ -10,10 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from projector_support import (
@@ -33,11 +40,13 @@ from queues import ControlSet, QueueClient, RaftClient, SetsClient
 from queues.replicated import machine_factory
 from queues.sets import table
 from raft_store.testing.inprocess import StoreThread, running_store
+from raft_store.testing.processes import free_ports
 from services.projector import ledger_writer
 from services.projector.metrics import ProjectorMetrics
 from services.projector.runner import EveryLaneStopped, Projector, ProjectorSettings, RebuildRefused, rebuild
 
 WAIT_S = 60.0
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -333,13 +342,105 @@ async def _stopped_and_caught_up(built: Projector, sets: SetsClient, stopped: se
 
 
 async def _cursor_rows(dsn: str, set_id: int) -> tuple[int, str | None, int]:
-    """The set's cursor, why it stopped, and its requests in the ledger."""
+    """The set's cursor, why it stopped, and its requests in the ledger (0, None, 0 before its row)."""
     connection = await asyncpg.connect(dsn)
     try:
         row = await connection.fetchrow(
             "SELECT last_seq, stopped_reason FROM projector_cursors WHERE set_id = $1", set_id
         )
         count = await connection.fetchval("SELECT count(*) FROM compensation_requests WHERE set_id = $1", set_id)
-        return int(row["last_seq"]), row["stopped_reason"], int(count)
+        return (0, None, int(count)) if row is None else (int(row["last_seq"]), row["stopped_reason"], int(count))
     finally:
         await connection.close()
+
+
+@pytest.fixture
+def shared_secret_stores(tmp_path: Path) -> Iterator[dict[int, StoreThread]]:
+    """The control set (0) and sets 1-3 behind one cluster secret, as a deployment's sets are, so
+    that one `compensator project` process (one `store.secret_file`) reads them all."""
+    folders = {s: tmp_path / f"set{s}" for s in range(4)}
+    with running_store(folders[0] / "store", machine_factory) as first:
+        for s in (1, 2, 3):
+            folders[s].mkdir()
+            shutil.copy(first.secret_file, folders[s] / first.secret_file.name)
+        with contextlib.ExitStack() as stack:
+            yield {0: first} | {s: stack.enter_context(running_store(folders[s] / "store", machine_factory))
+                                for s in (1, 2, 3)}  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_the_process_goes_on_with_the_other_sets_and_ends_with_one_line_when_none_is_left(
+    shared_secret_stores: dict[int, StoreThread], pg_dsn: str
+) -> None:
+    """`compensator project` over three sets: set 2's ledger loses its rows, a lease of them stops
+    set 2 (one stderr line, the metric on its endpoint), sets 1 and 3 keep reaching the ledger, and
+    SIGTERM exits 0 naming the stopped set. Started again without a fix, set 2 stops again; sets 1
+    and 3 failing the same way leave the process nothing: one line, exit 1. About 8 s."""
+    stores = shared_secret_stores
+    sets = await facade(stores)
+    (metrics_port,) = free_ports(1)
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("COMPENSATOR_")}
+    environ.update(stores[1].service_settings() | {
+        "COMPENSATOR_STORE__CONTROL_ADDRESSES": stores[0].addresses, "COMPENSATOR_PG_DSN": pg_dsn,
+        "COMPENSATOR_STORE__DEADLINE_S": "3", "COMPENSATOR_PROJECTOR__IDLE_POLL_MS": "50",
+        "COMPENSATOR_PROJECTOR__METRICS_PORT": str(metrics_port),
+    })  # fmt: skip
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "compensator", "project", "--id", "multi"], cwd=ROOT,
+                                env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    async def projected(process: subprocess.Popen[str], *set_ids: int) -> bool:
+        assert process.poll() is None, process.communicate()[1]
+        for set_id in set_ids:
+            last = (await sets.clients[set_id].events_digest(0, 0)).value.last_seq
+            if (await _cursor_rows(pg_dsn, set_id))[0] != last:
+                return False
+        return True
+
+    async def stopped(process: subprocess.Popen[str], set_id: int) -> bool:
+        assert process.poll() is None, process.communicate()[1]
+        return (await _cursor_rows(pg_dsn, set_id))[1] is not None
+
+    traffic = {s: Traffic(sets.clients[s], seed=50 + s) for s in (1, 2, 3)}
+    try:
+        for each in traffic.values():
+            await each.enqueue(4)
+        process = start()
+        try:
+            await until(lambda: projected(process, 1, 2, 3), "every set projected")
+            await execute(pg_dsn, "DELETE FROM compensation_requests WHERE set_id = 2")
+            await sets.clients[2].lease("w", count_max=2, lease_ms=30_000)
+            await until(lambda: stopped(process, 2), "set 2 stopped")
+            for s in (1, 3):
+                await traffic[s].enqueue(3)
+            await until(lambda: projected(process, 1, 3), "sets 1 and 3 projected after set 2 stopped")
+            scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+            assert re.search(r'^compensator_projector_lane_stopped\{set="2"\} 1\.0$', scraped, re.MULTILINE)
+            assert re.search(r'^compensator_projector_lane_stopped\{set="1"\} 0\.0$', scraped, re.MULTILINE)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=30)
+        assert process.returncode == 0, err
+        assert "(set 2 stopped on an error, see above)" in out.splitlines()[-1]
+        assert len([line for line in err.splitlines() if "projection stopped" in line]) == 1, err
+        assert "set 2: projection stopped at event" in err and "Traceback" not in err
+
+        again = start()
+        try:
+            await until(lambda: stopped(again, 2), "set 2 stopped again")
+            await until(lambda: projected(again, 1, 3), "sets 1 and 3 projected again")
+            await execute(pg_dsn, "DELETE FROM compensation_requests WHERE set_id IN (1, 3)")
+            for s in (1, 3):
+                await sets.clients[s].lease("w", count_max=2, lease_ms=30_000)
+            _, err = again.communicate(timeout=WAIT_S)
+        finally:
+            if again.poll() is None:
+                again.kill()
+                again.communicate()
+        assert again.returncode == 1, err
+        (line,) = [line for line in err.splitlines() if line.startswith("compensator project:")]
+        assert line.startswith("compensator project: error: every set's projection stopped (set 1: projection stopped")
+        assert all(f"set {s}: projection stopped at event" in line for s in (1, 2, 3)) and "Traceback" not in err
+    finally:
+        await sets.close()
