@@ -5,6 +5,7 @@
     python -m bench.e2e --profile var/profiles --json # py-spy on worker 1 through the window
     python -m bench.e2e --sets 3 --json               # a control set and 3 sets (bench/e2e_sets.py)
     python -m bench.e2e --compare-sets 1,3 --json     # both, one after the other, and the CPU ratio
+    python -m bench.e2e --compare-sets 1,3 --compare-rounds 2 --json   # 1,3 then 3,1: the ratio of the means
 
 Starts, in a temporary directory: an embedded PostgreSQL (the stand-ins' ledgers), the 3-node
 store (`--machine queues.replicated:machine_factory`, fsync on), a producer token whose quota
@@ -605,16 +606,13 @@ def parse_settings(argv: list[str] | None) -> tuple[Settings, argparse.Namespace
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy through the window")
     parser.add_argument("--profile-process", choices=PROFILED, default="worker", help="worker: the first worker")
     parser.add_argument("--profile-format", choices=("flamegraph", "speedscope", "raw"), default="flamegraph")
-    parser.add_argument("--sets", type=int, default=1, help="sets of 3 nodes (more: with a control set)")
-    parser.add_argument("--process-per-replica", action="store_true", help="several sets: a process per node, not 3 hosts")
-    parser.add_argument("--compare-sets", metavar="N,M", help="run with N sets, then M; the CPU per done ratio (more sets over fewer)")
+    sets_figures.add_arguments(parser)
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store, ledgers)")
     parser.add_argument("--json", action="store_true", help="one line of JSON")
     args = parser.parse_args(argv)
     if min(args.requests, args.in_flight, args.workers, args.api_workers, args.retry_ms, args.attempts_max) < 1:
         parser.error("--requests, --in-flight, --workers, --api-workers, --retry-ms, --attempts-max must be positive")
-    if not 1 <= args.sets <= sets_figures.SETS_MAX or (args.compare_sets and sets_figures.parse_compare(args.compare_sets) is None):
-        parser.error(f"--sets must be in 1..{sets_figures.SETS_MAX}, --compare-sets two such counts (e.g. 1,3)")
+    sets_figures.check_arguments(parser, args)
     if not 1 <= args.batch_size <= 1000:
         parser.error("--batch-size must be in 1..1000 (the API's limit)")
     if args.payment_attempt_timeout_s is not None and not 1.0 <= args.payment_attempt_timeout_s <= 120.0:

@@ -8,7 +8,8 @@ On one 2-core machine more sets cannot add cores: what a second and third set ma
 done request, so `--compare-sets` runs the same load with N sets, then M, in one command (the same
 machine, minutes apart, the load average recorded for each) and prints
 `cpu_us_per_done_ratio` = the total CPU per done request of the run with more sets over the one
-with fewer (whichever ran first), with `within_15_percent`.
+with fewer (whichever ran first), with `within_15_percent`; `--compare-rounds R` repeats the pair
+R times in alternating order (ABBA) and reads the ratio of the rounds' means.
 
 Must never: report a ratio of runs that lost a request, paid twice or did not finish.
 """
@@ -34,6 +35,22 @@ if TYPE_CHECKING:
 SETS_MAX: Final = 5
 """As `compensator run --sets`: set k's ports are free ones here, but 5 sets are 18 node processes."""
 RATIO_LIMIT: Final = 1.15
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """bench.e2e's options for sets: how many, how hosted, and the comparison."""
+    parser.add_argument("--sets", type=int, default=1, help="sets of 3 nodes (more: with a control set)")
+    parser.add_argument("--process-per-replica", action="store_true", help="several sets: a process per node, not 3 hosts")
+    parser.add_argument("--compare-sets", metavar="N,M", help="run with N sets, then M; the CPU per done ratio (more sets over fewer)")
+    parser.add_argument("--compare-rounds", type=int, default=1, metavar="R",
+                        help="--compare-sets: R rounds, every other one in the reverse order; the ratio of the means")  # fmt: skip
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not 1 <= args.sets <= SETS_MAX or (args.compare_sets and parse_compare(args.compare_sets) is None):
+        parser.error(f"--sets must be in 1..{SETS_MAX}, --compare-sets two such counts (e.g. 1,3)")
+    if not 1 <= args.compare_rounds <= 10 or (args.compare_rounds > 1 and not args.compare_sets):
+        parser.error("--compare-rounds must be in 1..10, and goes with --compare-sets")
 
 
 def parse_compare(text: str) -> tuple[int, int] | None:
@@ -90,31 +107,62 @@ def idle(cores: float, done_per_s: float | None) -> dict[str, Any]:
 RunOne = Callable[["Settings", argparse.Namespace], tuple[dict[str, Any], list[str]]]
 
 
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def _by_process(results: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each process group's CPU per done, averaged over the rounds that report it."""
+    groups = sorted({group for result in results for group in result.get("cpu_us_per_request", {})})
+    return {group: _mean([r["cpu_us_per_request"][group] for r in results if group in r.get("cpu_us_per_request", {})])
+            for group in groups}  # fmt: skip
+
+
 def compare(settings: Settings, args: argparse.Namespace, run_one: RunOne) -> int:
-    """Run with each of `--compare-sets`' counts in turn; print both results and the ratio."""
+    """Run with each of `--compare-sets`' counts in turn; print both results and the ratio.
+
+    With `--compare-rounds R` the pair runs R times, every other round in the reverse order
+    (N,M then M,N: ABBA), and the ratio is that of the rounds' mean CPU per done: on this shared
+    machine one run's CPU per done moves by 5-15 % with the minute (the stand-ins', which no set
+    count changes, as much as the service's), and whichever count runs in a slow minute loses;
+    alternating the order cancels a drift over the runs instead of charging it to one count."""
     counts = parse_compare(args.compare_sets)
     assert counts is not None  # parse_settings refused anything else
-    runs: dict[str, dict[str, Any]] = {}
+    rounds_wanted: int = getattr(args, "compare_rounds", 1)
+    runs: dict[str, list[dict[str, Any]]] = {str(c): [] for c in counts}
+    rounds: list[dict[str, Any]] = []
     failed: list[str] = []
-    for count in counts:
-        result, errors = run_one(dataclasses.replace(settings, sets=count), args)
-        runs[str(count)] = result
-        failed += [f"--sets {count}: {error}" for error in errors]
-    fewer, more = (runs[str(c)].get("cpu_us_per_request", {}).get("total") for c in sorted(counts))
+    for round_index in range(rounds_wanted):
+        order = counts if round_index % 2 == 0 else counts[::-1]
+        for count in order:
+            result, errors = run_one(dataclasses.replace(settings, sets=count), args)
+            runs[str(count)].append(result)
+            prefix = f"--sets {count}" if rounds_wanted == 1 else f"round {round_index + 1}, --sets {count}"
+            failed += [f"{prefix}: {error}" for error in errors]
+        totals = {str(c): runs[str(c)][-1].get("cpu_us_per_request", {}).get("total") for c in order}
+        fewer, more = (totals[str(c)] for c in sorted(counts))
+        rounds.append({"order": list(order), "cpu_us_per_done": totals,
+                       "cpu_us_per_done_ratio": round(more / fewer, 3) if fewer and more else None,
+                       "times_utc": {str(c): runs[str(c)][-1].get("time_utc") for c in order}})  # fmt: skip
+    mean_total = {str(c): _mean([r["cpu_us_per_request"]["total"] for r in runs[str(c)]
+                                 if r.get("cpu_us_per_request", {}).get("total")]) for c in counts}  # fmt: skip
+    fewer, more = (mean_total[str(c)] for c in sorted(counts))
     ratio = round(more / fewer, 3) if fewer and more else None
+    one = rounds_wanted == 1
     summary: dict[str, Any] = {
         "compare_sets": list(counts),
-        "ratio_of": f"--sets {max(counts)} over --sets {min(counts)}",
-        "cpu_us_per_done": {str(c): runs[str(c)].get("cpu_us_per_request", {}).get("total") for c in counts},
+        "ratio_of": f"--sets {max(counts)} over --sets {min(counts)}" + ("" if one else f", mean over {rounds_wanted} rounds (ABBA)"),
+        "cpu_us_per_done": mean_total,
         "cpu_us_per_done_ratio": ratio if not failed else None,
         "within_15_percent": ratio is not None and not failed and ratio <= RATIO_LIMIT,
-        "done_per_s": {str(c): runs[str(c)].get("done_per_s") for c in counts},
-        "nodes_idle": {str(c): runs[str(c)].get("nodes_idle") for c in counts},
-        "cpu_us_per_done_by_process": {str(c): runs[str(c)].get("cpu_us_per_request") for c in counts},
-        "lost": {str(c): runs[str(c)].get("lost") for c in counts},
-        "double_paid": {str(c): runs[str(c)].get("double_paid") for c in counts},
+        "done_per_s": {str(c): _mean([r["done_per_s"] for r in runs[str(c)] if r.get("done_per_s")]) for c in counts},
+        "nodes_idle": {str(c): runs[str(c)][-1].get("nodes_idle") for c in counts},
+        "cpu_us_per_done_by_process": {str(c): _by_process(runs[str(c)]) for c in counts},
+        "lost": {str(c): sum(r.get("lost") or 0 for r in runs[str(c)]) for c in counts},
+        "double_paid": {str(c): sum(r.get("double_paid") or 0 for r in runs[str(c)]) for c in counts},
+        "rounds": rounds,
         "errors": failed,
-        "runs": runs,
+        "runs": {str(c): runs[str(c)][0] if one else runs[str(c)] for c in counts},
     }
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=2))
     return 1 if failed else 0

@@ -364,6 +364,14 @@ class RaftClient:
         return status
 
     async def close(self) -> None:
+        """Closes every connection, those being opened too: a connect still in its handshake is
+        cancelled (and one that finished opening meanwhile is registered, then closed), so a
+        client closed during a first call leaves no socket and no reader task behind."""
+        opening = list(self._connecting.values())
+        for future in opening:
+            future.cancel()
+        if opening:
+            await asyncio.gather(*opening, return_exceptions=True)  # their done callbacks ran first
         for conn in list(self._conns.values()):
             await conn.close()
         self._conns.clear()

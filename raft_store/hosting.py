@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from raft_store.files import WalFailedError
 from raft_store.framing import CorruptLogError
+from raft_store.log_context import about
 from raft_store.node import Node, NodeStopped
 from raft_store.node_config import NodeConfig
 from raft_store.process import stop_on_signals
@@ -81,9 +82,10 @@ async def run_nodes(replicas: Sequence[Replica], beside: Beside | None = None, s
     failures: dict[int, BaseException] = {}
     try:
         for index, replica in enumerate(replicas):
-            node = Node(replica.config, replica.machine)
             try:
-                await node.start()
+                with about(replica.group):  # its tasks and threads log as its set's (log_context)
+                    node = Node(replica.config, replica.machine)
+                    await node.start()
             except STORAGE_ERRORS as exc:  # recovery failed: the same line as for a failure later
                 failures[index] = exc
                 log.critical("%s could not start: %r", _name(replica), exc, exc_info=exc)

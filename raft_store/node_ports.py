@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from raft_store.core import Ready
+from raft_store.log_context import GROUP
 from raft_store.metrics import NodeMetrics
 from raft_store.node_clock import NodeClock
 from raft_store.ready_runner import Results, _raising, _returning
@@ -46,8 +48,11 @@ class ThreadLane:
     def submit(self, job: Callable[[], T], done: Callable[[Callable[[], T]], None]) -> None:
         if self._closed:
             raise RuntimeError(f"{self._name}: cannot run a job after shutdown")
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+        if self._thread is None:  # run in this context: a hosted replica's thread logs as its set's
+            group = GROUP.get()
+            name = f"{self._name} ({group})" if group else self._name
+            context = contextvars.copy_context()
+            self._thread = threading.Thread(target=context.run, args=(self._work,), name=name, daemon=True)
             self._thread.start()
         self._jobs.put((job, done, asyncio.get_running_loop()))
 

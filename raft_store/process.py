@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
+from raft_store.log_context import GroupTag
+
 LOG_FORMAT: Final = "%(asctime)s %(name)s %(levelname)s %(message)s"
 STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 
@@ -39,6 +41,7 @@ def configure_logging(level: str, *, log_file: Path | None = None, quiet: Mappin
     handlers.append(to_stderr)
     for handler in handlers:
         handler.setFormatter(formatter)
+        handler.addFilter(GroupTag())  # a hosted replica's lines name its set (raft_store/log_context.py)
     logging.basicConfig(level=level.upper(), handlers=handlers, force=True)
     for name, held in (quiet or {}).items():
         logging.getLogger(name).setLevel(held)

@@ -98,7 +98,7 @@ IMPURE: Final = frozenset({"asyncio", "socket", "time", "os", "sqlite3", "thread
 MODULE_LINES_MAX: Final = 600
 CLASS_LINES_MAX: Final = 300
 OVERSIZED: Final[Mapping[str, int]] = {
-    "bench/e2e.py": 680,
+    "bench/e2e.py": 678,
     "queues/model.py": 817,
 }
 """Modules and classes over the limits, each with its ceiling: its size when it was listed. The

@@ -53,33 +53,68 @@ def test_compare_sets_takes_two_set_counts(text: str, parsed: tuple[int, int] | 
 
 
 def _compare(
-    totals: dict[int, float], errors: dict[int, list[str]], capsys: pytest.CaptureFixture[str], order: str = "1,3"
-) -> tuple[int, Any]:
+    totals: dict[int, float], errors: dict[int, list[str]], capsys: pytest.CaptureFixture[str], order: str = "1,3",
+    rounds: int = 1, drift: float = 0.0,
+) -> tuple[int, Any, list[int]]:  # fmt: skip
+    """`drift`: every run costs that much more per done than the one before (a machine slowing down)."""
     from bench.e2e import parse_settings
 
-    settings, args = parse_settings(["--compare-sets", order, "--json"])
+    settings, args = parse_settings(["--compare-sets", order, "--compare-rounds", str(rounds), "--json"])
     seen: list[int] = []
 
     def run_one(given: Any, _args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+        total = totals[given.sets] * (1 + drift * len(seen))
         seen.append(given.sets)
-        return {"cpu_us_per_request": {"total": totals[given.sets]}, "lost": 0, "double_paid": 0}, errors.get(given.sets, [])
+        return ({"cpu_us_per_request": {"total": total, "nodes": total / 4}, "lost": 0, "double_paid": 0, "done_per_s": 400.0},
+                errors.get(given.sets, []))  # fmt: skip
 
     code = e2e_sets.compare(settings, args, run_one)
-    assert seen == [int(n) for n in order.split(",")]
-    return code, json.loads(capsys.readouterr().out)
+    return code, json.loads(capsys.readouterr().out), seen
 
 
 def test_compare_sets_runs_both_and_reads_the_ratio_of_cpu_per_done(capsys: pytest.CaptureFixture[str]) -> None:
-    code, found = _compare({1: 4000.0, 3: 4400.0}, {}, capsys)
+    code, found, seen = _compare({1: 4000.0, 3: 4400.0}, {}, capsys)
     assert code == 0 and found["cpu_us_per_done_ratio"] == 1.1 and found["within_15_percent"] is True
-    code, found = _compare({1: 4000.0, 3: 4800.0}, {}, capsys)
+    assert seen == [1, 3] and found["runs"]["3"]["cpu_us_per_request"]["total"] == 4400.0
+    code, found, _ = _compare({1: 4000.0, 3: 4800.0}, {}, capsys)
     assert code == 0 and found["cpu_us_per_done_ratio"] == 1.2 and found["within_15_percent"] is False
-    code, found = _compare({1: 4000.0, 3: 4800.0}, {}, capsys, order="3,1")  # always more sets over fewer
-    assert found["cpu_us_per_done_ratio"] == 1.2 and found["within_15_percent"] is False
+    code, found, seen = _compare({1: 4000.0, 3: 4800.0}, {}, capsys, order="3,1")  # always more sets over fewer
+    assert seen == [3, 1] and found["cpu_us_per_done_ratio"] == 1.2 and found["within_15_percent"] is False
+
+
+def test_compare_rounds_alternate_the_order_so_a_drift_is_not_charged_to_one_count(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Both counts cost the same; the machine gets 10 % slower with every run.
+    code, found, _ = _compare({1: 4000.0, 3: 4000.0}, {}, capsys, drift=0.10)
+    assert code == 0 and found["cpu_us_per_done_ratio"] == 1.1  # one round: the drift reads as the sets' cost
+    code, found, seen = _compare({1: 4000.0, 3: 4000.0}, {}, capsys, rounds=2, drift=0.10)
+    assert seen == [1, 3, 3, 1] and code == 0
+    assert [r["order"] for r in found["rounds"]] == [[1, 3], [3, 1]]
+    assert [r["cpu_us_per_done_ratio"] for r in found["rounds"]] == [1.1, 0.923]
+    assert found["cpu_us_per_done_ratio"] == 1.0 and found["within_15_percent"] is True  # ABBA cancels it
+    assert found["cpu_us_per_done"] == {"1": 4600.0, "3": 4600.0} and len(found["runs"]["3"]) == 2
+    assert found["cpu_us_per_done_by_process"]["1"]["nodes"] == 1150.0 and found["done_per_s"]["3"] == 400.0
+
+
+def test_compare_rounds_give_no_ratio_when_any_run_failed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, found, _ = _compare({1: 4000.0, 3: 4000.0}, {3: ["1 lost"]}, capsys, rounds=2)
+    assert code == 1 and found["cpu_us_per_done_ratio"] is None and found["within_15_percent"] is False
+    assert found["errors"] == ["round 1, --sets 3: 1 lost", "round 2, --sets 3: 1 lost"]
+
+
+@pytest.mark.parametrize("argv", [["--compare-rounds", "2"], ["--compare-sets", "1,3", "--compare-rounds", "0"],
+                                  ["--compare-sets", "1,3", "--compare-rounds", "11"]])  # fmt: skip
+def test_compare_rounds_refuses_what_it_cannot_do(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.e2e import parse_settings
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_settings(argv)
+    assert exit_.value.code == 2 and "--compare-rounds" in capsys.readouterr().err
 
 
 def test_compare_sets_gives_no_ratio_when_a_run_failed(capsys: pytest.CaptureFixture[str]) -> None:
-    code, found = _compare({1: 4000.0, 3: 4000.0}, {3: ["1 acknowledged requests are not done"]}, capsys)
+    code, found, _ = _compare({1: 4000.0, 3: 4000.0}, {3: ["1 acknowledged requests are not done"]}, capsys)
     assert code == 1 and found["cpu_us_per_done_ratio"] is None and found["within_15_percent"] is False
     assert found["errors"] == ["--sets 3: 1 acknowledged requests are not done"]
 

@@ -364,3 +364,37 @@ async def test_calls_that_connect_at_once_share_one_connection_which_close_close
             break
         await asyncio.sleep(0.01)
     assert not node._serving  # every connection it opened is closed
+
+
+async def test_close_during_a_connect_leaves_no_connection_behind() -> None:
+    """A node that accepts but never finishes the handshake: `close` while a call is connecting
+    cancels the connect and the socket is closed (the node reads end of file), not left open."""
+    accepted: list[asyncio.Future[bytes]] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hung_up = asyncio.get_running_loop().create_future()
+        accepted.append(hung_up)
+        while chunk := await reader.read(65536):  # the client's hello, then nothing until it hangs up
+            pass
+        hung_up.set_result(chunk)
+        writer.close()
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    address = server.sockets[0].getsockname()[:2]
+    client = patient_client(address)
+    call = asyncio.ensure_future(client.status(address))
+    try:
+        for _ in range(200):
+            if accepted:
+                break
+            await asyncio.sleep(0.01)
+        assert accepted and not call.done()  # connected, the handshake pending
+        await client.close()
+        assert await asyncio.wait_for(accepted[0], 5.0) == b""  # the client's socket is closed
+        with pytest.raises((asyncio.CancelledError, ClientError)):
+            await asyncio.wait_for(call, 5.0)
+        assert not client._connecting and not client._conns
+    finally:
+        call.cancel()
+        server.close()
+        await server.wait_closed()
