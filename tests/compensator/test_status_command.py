@@ -186,4 +186,3 @@ def test_what_others_typed_is_printed_escaped_never_raw(
     report = json.loads(out)
     assert report["paused"]["transfer"] == [holder]
     assert next(b for b in report["breakers"] if b["downstream"] == "callback")["reason"] == reason
-
