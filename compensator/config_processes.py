@@ -161,6 +161,11 @@ class HostedReplica(Section, frozen=True):
     """host:port it listens on; default its own address in `peer_addresses` (else `addresses`)."""
     tick_ms: int = 0
     """Its Raft tick, when not `node.tick_ms` (0): a set of its own pace, such as the control set's."""
+    join: bool = False
+    """Start empty and wait to be added to its set (`raft-store add-learner`, then `add-voter`),
+    as `node.join` for the process's own: a replacement machine's replicas (docs/runbook.md)."""
+    voters: tuple[int, ...] = ()
+    """Its set's first voters, when it forms the set (default: every node of `addresses`)."""
 
     @property
     def group(self) -> str:
@@ -203,7 +208,7 @@ class StoreNodeConfig(Section, frozen=True):
     per machine instead of one per replica (docs/sets.md). Each a `[[node.replicas]]` table (or an
     object of COMPENSATOR_NODE__REPLICAS' JSON list, or of `--replica JSON`) of `set_id` (0: the
     control set), `id` (its place in `addresses`), `addresses` (its set's `store.addresses`),
-    `data_dir` (required), and optionally `peer_addresses`, `listen` and `tick_ms`; the other timing
+    `data_dir` (required), and optionally `peer_addresses`, `listen`, `tick_ms`, `join` and `voters`; the other timing
     settings above are every replica's. A storage failure of any stops them all (exit 1)."""
 
 
@@ -365,6 +370,10 @@ def replica_problems(replicas: tuple[HostedReplica, ...], addresses: tuple[str, 
             found.append("data_dir must be given (the folder the replica keeps wherever it runs)")
         if not 0 <= replica.tick_ms <= 10_000:
             found.append("tick_ms must be in 0..10000 (0: node.tick_ms)")
+        if replica.join and replica.voters:
+            found.append("join and voters exclude each other: a joining replica forms nothing")
+        elif not set(replica.voters) <= set(range(1, len(replica.addresses) + 1)):
+            found.append(f"voters must be places in addresses, 1..{len(replica.addresses)}")
         for address in (*replica.addresses, *replica.peer_addresses, *([replica.listen] if replica.listen else [])):
             try:
                 parse_address(address)

@@ -101,6 +101,16 @@ class ServerAddress:
         return f"jdbc:postgresql://{self.host}:{self.port}/{self.database}"
 
 
+def pg_ctl_path() -> Path:
+    """The wheel's pg_ctl."""
+    path: Path = _wheel_commands().POSTGRES_BIN_PATH / "pg_ctl"
+    return path
+
+
+class StopFailed(RuntimeError):
+    """pg_ctl could not stop a server this process started, and it still runs: say so, exit 1."""
+
+
 class EmbeddedPostgres:
     """One embedded server bound to one data directory.
 
@@ -165,10 +175,13 @@ class EmbeddedPostgres:
                 timeout=START_TIMEOUT_S + 5,
                 **self._run_as(),
             )
-        except BaseException:
+        except BaseException as error:
             # pg_ctl detaches the postmaster (setsid) before it waits: a start interrupted by a
             # signal or a timeout can leave a server that nobody would ever stop.
-            self.stop_any()
+            try:
+                self.stop_any()
+            except StopFailed as failed:
+                error.add_note(str(failed))  # the start's failure stays the one raised
             raise
         self._started_here = True
         self._address = ServerAddress(host=HOST, port=port, password=password)
@@ -248,19 +261,36 @@ class EmbeddedPostgres:
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def stop(self) -> None:
-        """Fast shutdown of a server this object started; a no-op otherwise."""
-        pg_commands = _wheel_commands()
+        """Fast shutdown of a server this object started; a no-op otherwise. A pg_ctl that fails
+        while the server still runs raises `StopFailed` (the data directory and pg_ctl's message),
+        and the server stays this object's, so a second `stop` tries again; one that fails because
+        the server is gone already is a stop."""
         if not self._started_here:
             return
-        with contextlib.suppress(subprocess.CalledProcessError):
-            pg_commands.pg_ctl(
-                ["-w", "-m", "fast", "stop"], pgdata=self._data_dir, timeout=STOP_TIMEOUT_S, **self._run_as()
-            )
+        failure = self._pg_ctl_stop()
+        if failure is not None and self.running_pid() is not None:
+            raise StopFailed(f"the embedded PostgreSQL in {self._data_dir} did not stop: {failure}")
         self._started_here = False
         self._address = None
         if self._socket_folder is not None:
             shutil.rmtree(self._socket_folder, ignore_errors=True)
             self._socket_folder = None
+
+    def _pg_ctl_stop(self) -> str | None:
+        """`pg_ctl stop -m fast`, waited for; None when it succeeded, else its message (one line).
+        Run here rather than through the wheel's wrapper, which logs pg_ctl's stderr but does not
+        hand it back (its error carries the exit status only)."""
+        command = [str(pg_ctl_path()), "-D", str(self._data_dir), "-w", "-m", "fast", "stop"]
+        with tempfile.TemporaryFile("w+") as errors:  # files, not pipes: as the wheel's wrapper does
+            try:
+                subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=errors, text=True,
+                               timeout=STOP_TIMEOUT_S, user=self._system_user)  # fmt: skip
+            except subprocess.CalledProcessError as error:
+                errors.seek(0)
+                return " ".join(errors.read().split()) or f"pg_ctl stop exited {error.returncode}"
+            except subprocess.TimeoutExpired:
+                return f"pg_ctl stop did not finish within {STOP_TIMEOUT_S} s"
+        return None
 
     def running_dsn(self) -> str | None:
         """The DSN of a server already running in this directory (started by anyone), else None:
@@ -336,6 +366,8 @@ class EmbeddedPostgres:
             os.kill(int(lines[0]), 0)
         except ProcessLookupError:
             return None
+        except PermissionError:
+            pass  # it exists (another user's: the server's own when we run as root)
         return lines
 
     def running_pid(self) -> int | None:
@@ -359,8 +391,10 @@ def temporary_server(prefix: str = "compensator-pg-") -> Iterator[EmbeddedPostgr
         server.start()
         yield server
     finally:
-        server.stop()
-        shutil.rmtree(parent, ignore_errors=True)
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(parent, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager
@@ -372,8 +406,10 @@ async def temporary_server_async(prefix: str = "compensator-pg-") -> AsyncIterat
         await server.start_async()
         yield server
     finally:
-        await server.stop_async()
-        await asyncio.to_thread(shutil.rmtree, parent, True)
+        try:
+            await server.stop_async()
+        finally:
+            await asyncio.to_thread(shutil.rmtree, parent, True)
 
 
 @contextlib.contextmanager

@@ -231,8 +231,18 @@ def _database(arguments: argparse.Namespace, *, create: bool) -> Iterator[str]:
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         first = (str(error).splitlines() or [type(error).__name__])[0]
         raise ReconcileError(f"cannot start the embedded PostgreSQL in {data}: {first} (see its server.log)") from None
-    with stack:
+    try:
         yield dsn
+    except BaseException:
+        try:
+            stack.close()
+        except pg.StopFailed as failed:  # said, and the run's own failure is the line after it
+            print(f"{failed}", file=sys.stderr, flush=True)
+        raise
+    try:
+        stack.close()
+    except pg.StopFailed as failed:  # the run ended well, but the server may still run: exit 1
+        raise ReconcileError(str(failed)) from None
 
 
 def _api_target(arguments: argparse.Namespace) -> Any:

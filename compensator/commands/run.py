@@ -164,6 +164,8 @@ class LocalService:
         self.pg_dsn: str | None = None
         self._pg: Any = None  # the EmbeddedPostgres this launcher started, if any
         self._pg_start: asyncio.Future[Any] | None = None
+        self.database_left_running: str | None = None
+        """Why the server this launcher started may still run (its stop failed): the launcher's line."""
         self.standins = [Child("stand-ins", [
             *python, "standins", *config_args, "--payment-port", str(self.standin_ports["payment"]),
             "--red-packet-port", str(self.standin_ports["red_packet"]), "--callback-port", str(local.callback_port),
@@ -225,7 +227,12 @@ class LocalService:
             return
         if not self._pg_start.done():
             await asyncio.wait([self._pg_start], timeout=60.0)
-        await asyncio.to_thread(self._pg.stop_any)
+        from ledger import pg
+
+        try:
+            await asyncio.to_thread(self._pg.stop_any)
+        except pg.StopFailed as failed:  # the rest still stops; the launcher then exits 1
+            self.database_left_running = str(failed)
 
     @property
     def children(self) -> list[Child]:
@@ -566,3 +573,7 @@ async def serve(service: LocalService, stop: asyncio.Event) -> int:
         await queue.raft.close()
         for node in service.nodes:
             node.stop()
+        if service.database_left_running is not None:
+            if sys.exc_info()[0] is None:
+                raise LaunchError(service.database_left_running)
+            print(service.database_left_running, file=sys.stderr, flush=True)  # before the failure's own line

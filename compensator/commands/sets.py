@@ -4,6 +4,7 @@
     compensator sets init [--set ID=h:p,h:p,h:p ...]        (default: store.set_id at store.addresses)
     compensator sets add --addresses h:p,h:p,h:p [--addresses ...] --reason R
     compensator sets add --resume --reason R                 (finish an add that stopped half-way)
+    compensator sets addresses --set ID --addresses h:p,h:p,h:p --reason R   (a node of the set replaced)
     compensator sets settings [--repair]                     (which sets miss an intended setting; apply them)
     compensator sets settings --adopt SET --reason R         (record what SET holds as intended: after an upgrade)
     compensator sets access --adopt SET --reason R           (copy SET's tokens and users to the control set)
@@ -60,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--addresses", action="append", default=[], metavar="h:p,h:p,h:p",
                      help="one new set's client addresses (repeat for several sets)")  # fmt: skip
     add.add_argument("--resume", action="store_true", help="finish a pending epoch (fence, activate)")
+    moved = actions.add_parser("addresses", help="a set's addresses after a node of it was replaced (keeping a majority)")
+    moved.add_argument("--set", dest="set_id", type=int, required=True, metavar="ID", help="the set")
+    moved.add_argument("--addresses", required=True, metavar="h:p,h:p,h:p", help="its client addresses now")
     drift = actions.add_parser("settings", help="the cluster-wide settings each set misses (exit 1 if any); --repair applies them")
     drift.add_argument("--repair", action="store_true", help="apply what a set misses now (audited as the settings repair)")
     drift.add_argument("--adopt", type=int, metavar="SET",
@@ -68,10 +72,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     access = actions.add_parser("access", help="copy the API tokens and review users a set holds to the control set,"
                                 " where they live with several sets (once, after an upgrade)")  # fmt: skip
     access.add_argument("--adopt", type=int, required=True, metavar="SET", help="the set that holds them (the home set)")
-    for parser in (init, add, drift, access):
+    for parser in (init, add, moved, drift, access):
         parser.add_argument("--actor", default=actor_name(), help="who is doing this (recorded)")
         parser.add_argument("--reason", default="", help="why (recorded)")
-    for parser in (listing, init, add, drift, access):
+    for parser in (listing, init, add, moved, drift, access):
         add_config_argument(parser)
     sets.set_defaults(handler=run)
 
@@ -82,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise SetsCommandError("store.control_addresses is empty: this deployment is one set, with no set table")
     action: Callable[[ControlSet], Awaitable[int]] = {
         "list": lambda c: _list(c, args), "init": lambda c: _init(c, config, args),
-        "add": lambda c: _add(c, config, args), "settings": lambda c: _settings(c, config, args),
+        "add": lambda c: _add(c, config, args), "addresses": lambda c: _readdress(c, config, args),
+        "settings": lambda c: _settings(c, config, args),
         "access": lambda c: _adopt_access(c, config, args),
     }[args.action]  # fmt: skip
     return asyncio.run(_with_control(config, action))
@@ -177,6 +182,21 @@ async def _add(control: ControlSet, config: Config, args: argparse.Namespace) ->
     await control.write(table.activated(found, pending.epoch), expected_version=version, actor=args.actor,
                         reason=reason)  # fmt: skip
     print(f"epoch {pending.epoch} active", file=sys.stderr)
+    return 0
+
+
+async def _readdress(control: ControlSet, config: Config, args: argparse.Namespace) -> int:
+    """After a node of a set was replaced (docs/runbook.md, "Replacing a failed node"): the table
+    names the set's nodes now, so the routers (the API, the workers, the projector) reconnect
+    there at their next table read. The set must answer at the new addresses first."""
+    found, version = await control.read()
+    if found is None:
+        raise SetsCommandError("the control set holds no set table yet (run `compensator sets init`)")
+    addresses = addresses_of(args.addresses)
+    moved = table.readdressed(found, args.set_id, addresses)
+    await _answering(config, {args.set_id: addresses})
+    await control.write(moved, expected_version=version, actor=args.actor, reason=args.reason or "sets addresses")
+    print(f"set {args.set_id}: {','.join(addresses)}", file=sys.stderr)
     return 0
 
 

@@ -143,8 +143,7 @@ async def _projector(config: Config, last_seq: int, set_id: int) -> dict[str, An
     try:
         connection = await asyncpg.connect(dsn, timeout=1.0)
         try:
-            found = await connection.fetchrow(
-                "SELECT last_seq, owner FROM projector_cursors WHERE set_id = $1", set_id)
+            found = await connection.fetchrow("SELECT * FROM projector_cursors WHERE set_id = $1", set_id)
         finally:
             await connection.close()
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
@@ -152,7 +151,8 @@ async def _projector(config: Config, last_seq: int, set_id: int) -> dict[str, An
     if found is None:
         return row | {"error": "no cursor yet: the projector has not written this set"}
     cursor = int(found["last_seq"])
-    return row | {"cursor": cursor, "lag_events": max(0, last_seq - cursor), "holder": found["owner"] or None}
+    return row | {"cursor": cursor, "lag_events": max(0, last_seq - cursor), "holder": found["owner"] or None,
+                  "stopped": found.get("stopped_reason")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -269,6 +269,8 @@ def render(report: dict[str, Any]) -> str:
         else:
             holder = follower["holder"] or "nobody holds it"
             lines.append(f"  {follower['name']}: cursor {follower['cursor']}, {follower['lag_events']} behind ({holder})")
+            if follower.get("stopped"):
+                lines.append(f"    STOPPED: {follower['stopped']}")
     lines.append("")
     for breaker in report["breakers"]:
         state = breaker["state"]

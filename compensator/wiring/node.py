@@ -104,7 +104,8 @@ def hosted_configs(config: Config, own: NodeConfig, *, volatile: bool = False) -
         settings = dataclasses.replace(
             own, node_id=replica.id, data_dir=Path(replica.data_dir), peers=peers, client_addresses=clients,
             listen=parse_address(replica.listen) if replica.listen else peers[replica.id],
-            initial_voters=frozenset(peers), volatile_until_fsync=volatile, tick_ms=replica.tick_ms or own.tick_ms,
+            initial_voters=frozenset() if replica.join else frozenset(replica.voters or peers),
+            volatile_until_fsync=volatile, tick_ms=replica.tick_ms or own.tick_ms,
         )  # fmt: skip
         try:
             settings.validate()

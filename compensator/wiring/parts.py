@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -75,7 +76,8 @@ def callback_secrets(path: Path | None, environ: Mapping[str, str]) -> dict[str,
 async def ledger_database(pg_data: Path, dsn: str | None = None) -> AsyncIterator[str]:
     """`dsn`, else $COMPENSATOR_PG_DSN, else the embedded server in `pg_data` for the block (started
     and stopped off the loop: pg_ctl waits; a stop signal meanwhile is acted on once it started, so
-    it is never left half-started)."""
+    it is never left half-started). A stop that fails with the server still running is the
+    process's one line and exit 1 (or, when the block failed, a line on stderr before the block's)."""
     if dsn:
         yield dsn
         return
@@ -86,8 +88,16 @@ async def ledger_database(pg_data: Path, dsn: str | None = None) -> AsyncIterato
         raise ProcessError(f"cannot start an embedded PostgreSQL in {pg_data}: {type(error).__name__}") from None
     try:
         yield found
-    finally:
+    except BaseException:
+        try:
+            await asyncio.to_thread(stack.close)
+        except pg.StopFailed as failed:  # said, and the block's own failure is the process's line
+            print(f"{failed}", file=sys.stderr, flush=True)
+        raise
+    try:
         await asyncio.to_thread(stack.close)
+    except pg.StopFailed as failed:  # the work ended well, but the server may still run: exit 1
+        raise ProcessError(str(failed)) from None
 
 
 def table_rereader(found: SetsClient) -> Callable[[], Awaitable[Mapping[int, QueueClient]]]:

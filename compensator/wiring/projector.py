@@ -9,7 +9,8 @@ never left half-started. ``rebuild`` empties one set's ledger and projects it ag
 first event, when the store still has it.
 
 Must never: run anything at import, or leave a gap unreported (a gap, a ledger that disagrees with
-the log, a database that is gone end the process in one line).
+the log, a database that is gone end the process in one line; with several sets a gap or a
+disagreement stops that set's projection, loudly, and ends the process when no set is left).
 """
 
 from __future__ import annotations
@@ -39,11 +40,21 @@ from queues import ClientError, QueueError
 from services.projector.ledger_writer import CursorMoved, LedgerMismatch
 from services.projector.metrics import ProjectorMetrics
 from services.projector.rows import ProjectionError
-from services.projector.runner import Projector, ProjectorGap, ProjectorSettings, RebuildRefused, rebuild
+from services.projector.runner import (
+    EveryLaneStopped,
+    Projector,
+    ProjectorGap,
+    ProjectorSettings,
+    RebuildRefused,
+    rebuild,
+)
 
 T = TypeVar("T")
-STOPS_THE_PROJECTOR = (ProjectorGap, ProjectionError, LedgerMismatch, CursorMoved, RebuildRefused, migrate.MigrationError)
-"""What the projector stops on, in one line: it cannot go on without a person."""
+STOPS_THE_PROJECTOR = (
+    ProjectorGap, ProjectionError, LedgerMismatch, CursorMoved, EveryLaneStopped, RebuildRefused, migrate.MigrationError,
+)  # fmt: skip
+"""What the projector stops on, in one line: it cannot go on without a person. With several sets,
+one set's gap or mismatch stops that set only (runner.py); the process ends when none is left."""
 
 
 def shell(config: Config) -> Shell:
@@ -114,7 +125,8 @@ async def process(config: Config, *, pg_data: Path | None = None, name: str = ""
                 cursors = running.cursors
                 stopped = (f"at event {running.cursor}" if len(running.sets) == 1 else
                            "at " + (", ".join(f"set {k} event {c}" for k, c in cursors.items()) or "no set held"))  # fmt: skip
-                print(f"projector stopped {stopped}: {running.projected} events projected", flush=True)
+                halted = f" ({_listed(running.stopped)} stopped on an error, see above)" if running.stopped else ""
+                print(f"projector stopped {stopped}: {running.projected} events projected{halted}", flush=True)
                 return 0
 
             yield Running(run, registry=running.metrics.registry)

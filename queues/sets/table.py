@@ -134,6 +134,24 @@ def with_new_sets(table: SetTable, added: Sequence[tuple[str, ...]]) -> tuple[Se
     return validate(SetTable(sets=table.sets + entries, epochs=(*table.epochs, epoch))), epoch
 
 
+def readdressed(table: SetTable, set_id: int, addresses: tuple[str, ...]) -> SetTable:
+    """The table with set `set_id` at `addresses`, which keep a majority of its addresses before:
+    a node replaced (or added, or removed) at a time, as Raft changes membership. Nothing on a node
+    says which set it is, so a list that kept no majority could name another set's nodes, and the
+    routers would send this set's keys there; moving a set is so many replacements, one at a time."""
+    before = table.addresses().get(set_id)
+    if before is None:
+        raise TableError(f"the set table has no set {set_id} (sets {','.join(map(str, sorted(table.addresses())))})")
+    kept = len(set(before) & set(addresses))
+    if kept <= len(before) // 2:
+        raise TableError(f"set {set_id}'s new addresses keep {kept} of its {len(before)} ({','.join(before)}): keep a"
+                         " majority, replacing one node at a time (docs/runbook.md)")  # fmt: skip
+    if tuple(addresses) == before:
+        raise TableError(f"set {set_id} is already at {','.join(before)}")
+    sets = tuple(SetEntry(entry.id, tuple(addresses)) if entry.id == set_id else entry for entry in table.sets)
+    return validate(msgspec.structs.replace(table, sets=sets))
+
+
 def activated(table: SetTable, epoch_number: int) -> SetTable:
     epochs = tuple(
         msgspec.structs.replace(epoch, state=EpochState.ACTIVE) if epoch.epoch == epoch_number else epoch

@@ -9,6 +9,10 @@ the committed cursor, so a takeover leaves no gap and writes nothing twice. The 
 makes this safe even if two ever ran (a lock lost with a connection, an operator's mistake): the
 second to commit finds the cursor moved and stops.
 
+A set whose batch cannot be written (its cursor moved by another, or events that change rows the
+ledger does not have) fails the whole round's transaction with a `SetStopped` naming the set: the
+runner stops that set and writes the round again without it, so nothing of a round half-applies.
+
 Must never: write a row outside a round's transaction that also moves the cursor, or move the
 cursor past an event it did not write.
 """
@@ -55,11 +59,19 @@ UPDATE compensation_attempts SET
 WHERE request_id = $1 AND attempt_number = $2"""
 
 
-class CursorMoved(RuntimeError):
+class SetStopped(RuntimeError):
+    """What stops one set's projection (the other sets go on): a person has to look at that set."""
+
+    def __init__(self, set_id: int, message: str) -> None:
+        super().__init__(message)
+        self.set_id = set_id
+
+
+class CursorMoved(SetStopped):
     """Another projector wrote this set's ledger since this one read the cursor: stop."""
 
 
-class LedgerMismatch(RuntimeError):
+class LedgerMismatch(SetStopped):
     """An event changes a row the ledger does not have: the ledger and the log disagree."""
 
 
@@ -113,8 +125,9 @@ async def write_round(connection: asyncpg.Connection, batches: Sequence[SetBatch
             )
             if current != batch.after:
                 raise CursorMoved(
+                    batch.set_id,
                     f"set {batch.set_id}'s ledger cursor is at {current}, not at {batch.after} where this projector"
-                    " left it: another projector wrote it"
+                    " left it: another projector wrote it",
                 )
             await _check_targets(connection, batch.set_id, batch.rows)
         # One statement per table for the whole round, whatever the number of sets.
@@ -137,6 +150,22 @@ async def write_round(connection: asyncpg.Connection, batches: Sequence[SetBatch
         )  # fmt: skip
 
 
+async def mark_stopped(connection: asyncpg.Connection, set_id: int, reason: str | None) -> None:
+    """Record in the set's cursor row why its projection stopped (None: it projects again), for
+    `compensator status`. The cursor itself is not touched. A clear writes only a row that is marked
+    (so it never waits on a cursor row another transaction holds, unless that row was stopped)."""
+    if reason is None:
+        await connection.execute(
+            "UPDATE projector_cursors SET stopped_at = NULL, stopped_reason = NULL"
+            " WHERE set_id = $1 AND stopped_reason IS NOT NULL",
+            set_id,
+        )  # fmt: skip
+        return
+    await connection.execute(
+        "UPDATE projector_cursors SET stopped_at = now(), stopped_reason = $2 WHERE set_id = $1", set_id, reason
+    )
+
+
 async def rebuild(connection: asyncpg.Connection, set_id: int) -> int:
     """Delete the set's requests (and their attempts) and reset its cursor to 0, in one transaction;
     the projector then writes the ledger again from the log's first event. Returns rows deleted."""
@@ -145,7 +174,8 @@ async def rebuild(connection: asyncpg.Connection, set_id: int) -> int:
         await connection.execute("SELECT 1 FROM projector_cursors WHERE set_id = $1 FOR UPDATE", set_id)
         deleted = await connection.execute("DELETE FROM compensation_requests WHERE set_id = $1", set_id)
         await connection.execute(
-            "UPDATE projector_cursors SET last_seq = 0, last_event_at = NULL, updated_at = now() WHERE set_id = $1",
+            "UPDATE projector_cursors SET last_seq = 0, last_event_at = NULL, updated_at = now(), stopped_at = NULL,"
+            " stopped_reason = NULL WHERE set_id = $1",
             set_id,
         )
     return int(deleted.split()[-1])
@@ -174,8 +204,9 @@ def _missing(what: str, missing: set[Any], set_id: int) -> None:
     if missing:
         example = sorted(missing)[0]
         raise LedgerMismatch(
+            set_id,
             f"set {set_id}: events change {len(missing)} {what}(s) the ledger does not have (e.g. {example}):"
-            " the ledger lost rows behind its cursor; rebuild it (docs/ledger.md)"
+            " the ledger lost rows behind its cursor; rebuild it (docs/ledger.md)",
         )
 
 

@@ -53,6 +53,11 @@ class ProjectorMetrics:
             "compensator_projector_active", "1 while this process holds the set's projector lock.", ["set"],
             registry=self.registry,
         )  # fmt: skip
+        self.lane_stopped = Gauge(
+            "compensator_projector_lane_stopped", "1 when the set's projection stopped on what needs a person (a gap in"
+            " its log, a ledger that disagrees with it): its cursor does not move until a restart after the fix; the"
+            " other sets go on.", ["set"], registry=self.registry,
+        )  # fmt: skip
         self.unreadable_payloads = Counter(
             "compensator_projector_unreadable_payloads", "Requests recorded without an amount: their payload was"
             " not a valid request of their kind.", registry=self.registry,

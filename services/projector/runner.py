@@ -15,10 +15,18 @@ their committed cursors.
 
 Stopping: `stop` is looked at between rounds, so SIGTERM ends the process after the transaction in
 progress commits (or never began). A lost PostgreSQL connection loses every lock with it, so the
-projector reconnects and queues for the locks again like a standby. What must stop it, with one
-line saying why and what to do: a gap in a set's log (events purged before they were projected), a
-message a batch needs already purged, the ledger disagreeing with the log, or a cursor moved by
-another.
+projector reconnects and queues for the locks again like a standby.
+
+What must stop a set's projection, with one line saying why and what to do: a gap in its log
+(events purged before they were projected), a message a batch needs already purged, the ledger
+disagreeing with the log, or its cursor moved by another. It stops that set only, as losing a
+set's majority does: the lane is stopped (its cursor where it was, nothing of its batch written:
+a round it was in is rolled back and written again without it), the line logged once, the stop
+recorded in the set's cursor row (`compensator status`) and in `compensator_projector_lane_stopped`,
+and the other sets go on. The stopped set's lock stays held, so a standby does not take it over
+only to stop on the same gap, again and again; a restart after the fix releases it. When every set
+this process knows is stopped there is nothing left for it to do: it ends with the stop's line
+(one set: exactly as before this existed) or one line for all of them.
 
 Must never: skip an event, or write a set's batch without holding that set's lock.
 """
@@ -40,10 +48,16 @@ from queues.query_codec import EVENTS_LIMIT_MAX
 from services.projector import ledger_writer
 from services.projector.lane import Batch, LaneSettings, ProjectorGap, SetLane
 from services.projector.metrics import ProjectorMetrics
+from services.projector.rows import ProjectionError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONNECTION_ERRORS", "Projector", "ProjectorGap", "ProjectorSettings", "RebuildRefused", "rebuild"]
+__all__ = [
+    "CONNECTION_ERRORS", "EveryLaneStopped", "Projector", "ProjectorGap", "ProjectorSettings", "RebuildRefused", "rebuild",
+]  # fmt: skip
+
+LANE_STOPS = (ProjectorGap, ProjectionError)
+"""What a lane's read raises that stops its set's projection (the writer's are `SetStopped`)."""
 
 CONNECTION_ERRORS = (
     OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.exceptions.OperatorInterventionError,
@@ -109,6 +123,9 @@ class Projector:
         """Transactions this process committed (each with one batch of one set or more)."""
         self._lock_tried_at = self._discovered_at = float("-inf")
         self._standing_by: set[int] = set()
+        self.stopped: dict[int, str] = {}
+        """Sets whose projection stopped, and the line that says why: never projected again by this
+        process (a restart after the fix is), their locks kept (taken again after a reconnect)."""
 
     @property
     def cursor(self) -> int | None:
@@ -177,6 +194,11 @@ class Projector:
                                                 tracer=self._tracer, metrics=self.metrics)  # fmt: skip
             self.metrics.active.labels(str(set_id)).set(1)
             self.metrics.cursor.labels(str(set_id)).set(after)
+            if set_id in self.stopped:  # held again after a reconnect, still stopped
+                await ledger_writer.mark_stopped(connection, set_id, self.stopped[set_id])
+                continue
+            await ledger_writer.mark_stopped(connection, set_id, None)
+            self.metrics.lane_stopped.labels(str(set_id)).set(0)
             log.info("set %d: projecting from event %d", set_id, after + 1)
             lane.start()
 
@@ -199,8 +221,56 @@ class Projector:
         return [lane for task, lane in waiting.items() if task.done()]
 
     async def _write(self, connection: asyncpg.Connection, ready: list[SetLane]) -> None:
-        """One transaction: every ready lane's batch and cursor (a gap in a lane's log raises here)."""
-        batches: dict[int, Batch] = {lane.set_id: lane.next.result() for lane in ready if lane.next is not None}
+        """One transaction: every ready lane's batch and cursor. A lane whose read stopped on a gap
+        (or a fact gone) is stopped and not in it; a set the writer refuses fails the transaction,
+        is stopped, and the round is written again without it."""
+        batches: dict[int, Batch] = {}
+        for lane in ready:
+            if lane.next is None:
+                continue
+            error = lane.next.exception()
+            if isinstance(error, LANE_STOPS):
+                await self._stop(connection, lane.set_id, error)
+            else:
+                batches[lane.set_id] = lane.next.result()  # anything else is raised, as before
+        while batches:
+            try:
+                await self._write_round(connection, batches)
+                return
+            except ledger_writer.SetStopped as refused:
+                if refused.set_id not in batches:
+                    raise
+                del batches[refused.set_id]
+                await self._stop(connection, refused.set_id, refused)
+
+    async def _stop(self, connection: asyncpg.Connection, set_id: int, error: Exception) -> None:
+        """Stop the set's projection: its lane reads no more, its cursor stays where it is, the line
+        is logged once and recorded in its cursor row; its lock stays held. Raised instead when no
+        set is left for this process (one set: the error itself, as before)."""
+        lane = self.lanes[set_id]
+        lane.cancel()
+        reason = str(error)
+        prefix = f"set {set_id}: "
+        line = f"set {set_id}: projection stopped at event {lane.cursor}: {reason.removeprefix(prefix)}"
+        self.stopped[set_id] = line
+        self.metrics.lane_stopped.labels(str(set_id)).set(1)
+        last = set(self.sets) <= set(self.stopped)
+        if not last:
+            log.error("%s; the other sets go on; this set's lock stays held until the projector restarts"
+                      " (docs/ledger.md, 'One set stopped')", line)  # fmt: skip
+        try:
+            await ledger_writer.mark_stopped(connection, set_id, line)
+        except CONNECTION_ERRORS:
+            if not last:
+                raise  # reconnect; the set is marked again when its lock is taken again
+        if last:
+            if len(self.stopped) == 1:
+                raise error
+            raise EveryLaneStopped(
+                f"every set's projection stopped ({'; '.join(self.stopped[k] for k in sorted(self.stopped))})"
+            )
+
+    async def _write_round(self, connection: asyncpg.Connection, batches: dict[int, Batch]) -> None:
         started = time.perf_counter()
         with self._tracer.start_as_current_span("projector.round") as span:
             span.set_attributes({"compensator.sets": len(batches),
@@ -253,6 +323,10 @@ async def rebuild(queue: QueueClient, dsn: str, set_id: int) -> int:
 
 class RebuildRefused(RuntimeError):
     """A rebuild would race the active projector."""
+
+
+class EveryLaneStopped(RuntimeError):
+    """Every set this process projects is stopped (each logged as it stopped): nothing left to do."""
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -24,6 +24,7 @@ from queues.sets import routing, table
 from queues.sets.client import ControlSet
 from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy
 from raft_store.testing.inprocess import StoreThread
+from raft_store.testing.processes import free_ports
 from submission.rules import store_key
 
 
@@ -334,3 +335,42 @@ def test_tokens_and_users_live_in_the_control_set_so_the_home_set_down_stops_onl
             assert (await api.client.get("/v1/requests/1-1", headers=old)).status_code in (200, 404)
 
     asyncio.run(scenario())
+
+
+def test_sets_addresses_names_a_replaced_node_keeping_a_majority_and_the_set_answering_there(
+    stores: dict[int, StoreThread], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`compensator sets addresses` after a node of set 2 was replaced: written (audited in the
+    control set's document events) when the new list keeps a majority and the set answers there;
+    refused in one line, the table unchanged, when it keeps no majority or nothing answers."""
+    dead = [f"127.0.0.1:{port}" for port in free_ports(4)]  # nothing listens there
+    before = table.first_table({1: (stores[1].addresses,), 2: (stores[2].addresses, dead[0], dead[1])})
+
+    async def control_table(write: bool) -> table.SetTable:
+        control = ControlSet(client(stores[0]))
+        try:
+            if write:
+                await control.write(before, expected_version=0, actor="test", reason="init")
+            found, _ = await control.read()
+            assert found is not None
+            return found
+        finally:
+            await control.queue.raft.close()
+
+    asyncio.run(control_table(write=True))
+    for name, value in {"ADDRESSES": stores[1].addresses, "CONTROL_ADDRESSES": stores[0].addresses,
+                        "SECRET_FILE": str(stores[1].secret_file), "DEADLINE_S": "1", "ATTEMPT_TIMEOUT_S": "0.5"}.items():  # fmt: skip
+        monkeypatch.setenv(f"COMPENSATOR_STORE__{name}", value)
+    for addresses, says in [((stores[3].addresses, dead[2], dead[3]), "keep 0 of its 3"),
+                            ((dead[0], dead[1], dead[2]), "does not answer")]:  # fmt: skip
+        assert main(["sets", "addresses", "--set", "2", "--addresses", ",".join(addresses), "--reason", "r"]) == 1
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("compensator sets: ") and says in line, line
+        assert asyncio.run(control_table(write=False)) == before
+    now = (stores[2].addresses, dead[0], dead[2])  # node 3 replaced
+    assert main(["sets", "addresses", "--set", "2", "--addresses", ",".join(now), "--reason", "node 3 replaced"]) == 0
+    assert capsys.readouterr().err.strip() == f"set 2: {','.join(now)}"
+    after = asyncio.run(control_table(write=False))
+    assert after.addresses() == {1: (stores[1].addresses,), 2: now} and after.epochs == before.epochs
+    assert main(["sets", "list"]) == 0
+    assert f"set 2: {','.join(now)}" in capsys.readouterr().out.splitlines()

@@ -145,6 +145,10 @@ def test_three_hosts_serve_three_sets_keep_a_moved_replicas_data_and_survive_one
          "COMPENSATOR_NODE__REPLICAS: node.replicas: replica 2 (set 3): addresses are another replica's"),
         ({"set_id": 2, "id": 1, "addresses": ["127.0.0.1:7111"], "data_dir": "OWN"},
          "node.replicas: set 2 and set 1 share the data directory OWN"),
+        ({"set_id": 2, "id": 1, "addresses": ["127.0.0.1:7111"], "data_dir": "x", "join": True, "voters": [1]},
+         "COMPENSATOR_NODE__REPLICAS: node.replicas: replica 1 (set 2): join and voters exclude each other"),
+        ({"set_id": 2, "id": 1, "addresses": ["127.0.0.1:7111"], "data_dir": "x", "voters": [1, 2]},
+         "COMPENSATOR_NODE__REPLICAS: node.replicas: replica 1 (set 2): voters must be places in addresses, 1..1"),
     ],
 )  # fmt: skip
 def test_a_bad_replica_is_one_line_before_any_data_directory_exists(
@@ -187,3 +191,22 @@ def test_run_sets_hosts_node_i_of_every_set_in_set_1s_node_i(tmp_path: Path) -> 
     config = load(None, {**environ, "COMPENSATOR_NODE__REPLICAS": json.dumps([paced])}, flags={("node", "id"): (2, "--id")})
     assert [settings.tick_ms for _, settings in hosted_configs(config, node_config(config))] == [100]
     assert not (tmp_path / "data").exists()
+
+
+def test_a_replacement_machines_hosted_replicas_join_their_sets(tmp_path: Path) -> None:
+    """`join = true` on a hosted replica: it starts with no voters and waits to be added, as
+    `node.join` does for the process's own (docs/runbook.md, a machine that hosted several sets);
+    `voters` names a set's first voters; by default every node of its addresses."""
+    auth = cluster_auth(tmp_path)
+    addresses = ["127.0.0.1:7111", "127.0.0.1:7112", "127.0.0.1:7113", "127.0.0.1:7114"]
+    replicas = [{"set_id": 2, "id": 4, "addresses": addresses, "data_dir": str(tmp_path / "s2"), "join": True},
+                {"set_id": 3, "id": 1, "addresses": ["127.0.0.1:7121", "127.0.0.1:7122", "127.0.0.1:7123"],
+                 "data_dir": str(tmp_path / "s3"), "voters": [1, 2]},
+                {"set_id": 0, "id": 1, "addresses": ["127.0.0.1:7150"], "data_dir": str(tmp_path / "c")}]  # fmt: skip
+    environ = {**_environ(auth, ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"], 1),
+               "COMPENSATOR_NODE__REPLICAS": json.dumps(replicas)}  # fmt: skip
+    config = load(None, environ, flags={("node", "id"): (1, "--id"), ("node", "data_dir"): (str(tmp_path / "own"), "--data")})
+    hosted = hosted_configs(config, node_config(config))
+    assert [(replica.set_id, settings.initial_voters) for replica, settings in hosted] == [
+        (2, frozenset()), (3, frozenset({1, 2})), (0, frozenset({1}))]  # fmt: skip
+    assert hosted[0][1].listen == parse_address(addresses[3]) and not (tmp_path / "s2").exists()

@@ -117,19 +117,21 @@ def test_the_projector_and_the_publisher_are_shown_with_their_lag(
     with pg.temporary_server() as server:
         migrate.apply(server.dsn)
 
-        async def projected(last_seq: int) -> None:
+        async def sql(statement: str) -> None:
             connection = await asyncpg.connect(server.dsn)
             try:
-                await connection.execute(
-                    "INSERT INTO projector_cursors (set_id, last_seq, owner) VALUES (1, $1, 'proj-a')", last_seq
-                )
+                await connection.execute(statement)
             finally:
                 await connection.close()
 
-        asyncio.run(projected(2))
+        asyncio.run(sql("INSERT INTO projector_cursors (set_id, last_seq, owner) VALUES (1, 2, 'proj-a')"))
         monkeypatch.setenv("COMPENSATOR_PG_DSN", server.dsn)
         code, out, err = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
         text_code, text, _ = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
+        asyncio.run(sql("UPDATE projector_cursors SET stopped_at = now(),"
+                        " stopped_reason = 'set 1: projection stopped at event 2: a gap'"))  # fmt: skip
+        stopped_code, stopped_out, _ = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
+        _, stopped_text, _ = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
     assert (code, err, text_code) == (0, "", 0)
     report = json.loads(out)
     last = report["last_event_seq"]
@@ -138,6 +140,11 @@ def test_the_projector_and_the_publisher_are_shown_with_their_lag(
     assert (publisher["cursor"], publisher["lag_events"], publisher["holder"]) == (3, last - 3, "pub-a")
     assert (projector["cursor"], projector["lag_events"], projector["holder"]) == (2, last - 2, "proj-a")
     assert f"ledger projector: cursor 2, {last - 2} behind (proj-a)" in text
+    assert projector["stopped"] is None and "STOPPED" not in text
+    # A set whose projection stopped on a gap or a ledger that disagrees (docs/ledger.md) says so.
+    assert json.loads(stopped_out)["followers"][1]["stopped"] == "set 1: projection stopped at event 2: a gap"
+    assert "    STOPPED: set 1: projection stopped at event 2: a gap" in stopped_text.splitlines()
+    assert stopped_code == 0, "the store's health, not the ledger's"
 
 
 def test_a_projector_without_a_database_is_named_not_fatal(

@@ -25,6 +25,7 @@ from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread, running_store
 from services.kafka.metrics import KafkaMetrics
 from services.node_metrics import NodeCollector
+from services.projector.metrics import ProjectorMetrics
 from services.worker.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreThread]:
 
 
 def exported(store: StoreThread) -> set[str]:
-    """Every series name the node, API, worker and Kafka processes expose (with the suffixes
+    """Every series name the node, API, worker, Kafka and projector processes expose (with the suffixes
     Prometheus gives counters and histograms)."""
 
     async def node_families() -> list[Metric]:
@@ -69,7 +70,8 @@ def exported(store: StoreThread) -> set[str]:
         return list(registry.collect())  # on the node's loop, as a scrape is
 
     families = store.run(node_families())
-    for registry in (ApiMetrics().registry, WorkerMetrics().registry, KafkaMetrics().registry):
+    for registry in (ApiMetrics().registry, WorkerMetrics().registry, KafkaMetrics().registry,
+                     ProjectorMetrics().registry):  # fmt: skip
         families += registry.collect()
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
                 "gauge": ("",), "summary": ("_sum", "_count")}  # fmt: skip

@@ -125,3 +125,68 @@ def test_a_standby_streams_from_its_primary_and_a_commit_waits_for_it(
                     await writer.close()
 
             asyncio.run(check())
+
+
+_PG_CTL_SAYS = "pg_ctl: could not send stop signal (PID: 4242): Operation not permitted"
+
+
+@pytest.fixture
+def failing_pg_ctl() -> Iterator[Path]:
+    """A pg_ctl that fails as the real one does when it cannot signal the server (one stderr
+    line, exit 1); in a folder the server's system user can run it from (when we are root)."""
+    bin_dir = Path(tempfile.mkdtemp(prefix="compensator-pg-ctl-"))
+    try:
+        bin_dir.chmod(0o755)
+        script = bin_dir / "pg_ctl"
+        script.write_text(f'#!/bin/sh\necho "{_PG_CTL_SAYS}" >&2\nexit 1\n')
+        script.chmod(0o755)
+        yield script
+    finally:
+        shutil.rmtree(bin_dir, ignore_errors=True)
+
+
+def test_a_stop_that_fails_says_so_and_the_commands_that_stop_it_exit_1(
+    folder: Path, failing_pg_ctl: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pg_ctl stop that fails while the server still runs is not swallowed: `stop` raises with the
+    data directory and pg_ctl's line, the server stays this object's (a second stop tries again),
+    and the processes that stop their embedded server (`compensator project`, `standins`: the
+    root's `ledger_database`) end with that line and exit 1, or, when their work failed, print it
+    before the work's own line."""
+    from compensator.shell import ProcessError
+    from compensator.wiring.parts import ledger_database
+
+    monkeypatch.delenv(pg.DSN_ENV, raising=False)
+    data = folder / "data"
+    real = pg.pg_ctl_path()
+    said = f"the embedded PostgreSQL in {data.resolve()} did not stop: {_PG_CTL_SAYS}"
+    server = pg.EmbeddedPostgres(data)
+    try:
+        server.start()
+        monkeypatch.setattr(pg, "pg_ctl_path", lambda: failing_pg_ctl)
+        with pytest.raises(pg.StopFailed) as failed:
+            server.stop()
+        assert str(failed.value) == said
+        assert server.running_pid() is not None, "it still runs, as the line says"
+        monkeypatch.setattr(pg, "pg_ctl_path", lambda: real)
+        server.stop()
+        assert server.running_pid() is None
+
+        async def a_process(work_fails: bool) -> None:
+            async with ledger_database(data):
+                monkeypatch.setattr(pg, "pg_ctl_path", lambda: failing_pg_ctl)
+                if work_fails:
+                    raise ProcessError("the work's own line")
+
+        for work_fails, line in ((False, said), (True, "the work's own line")):
+            with pytest.raises(ProcessError) as ended:
+                asyncio.run(a_process(work_fails))
+            assert str(ended.value) == line
+            assert capsys.readouterr().err.splitlines() == ([said] if work_fails else [])
+            monkeypatch.setattr(pg, "pg_ctl_path", lambda: real)
+            assert server.running_pid() is not None
+            server.stop_any()
+            assert server.running_pid() is None
+    finally:
+        monkeypatch.setattr(pg, "pg_ctl_path", lambda: real)
+        server.stop_any()

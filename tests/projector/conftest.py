@@ -9,12 +9,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from projector_support import FAST, KINDS, Traffic, execute
+from projector_support import FAST, KINDS, Traffic, execute, short_event_retention
 
 from ledger import migrate, pg
 from queues import QueueClient, RaftClient
-from queues.machine import QueueConfig
-from queues.replicated import DB_NAME, ReplicatedQueueMachine, machine_factory
+from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread, running_store
 
 
@@ -59,11 +58,7 @@ async def gapped(tmp_path: Path) -> AsyncIterator[tuple[StoreThread, QueueClient
     """A store whose event log lost its first events (set_policy x3, enqueue x3) to a 200 ms
     event retention, and a client of it."""
 
-    def short_retention(data_dir: Path) -> ReplicatedQueueMachine:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        return ReplicatedQueueMachine(str(data_dir / DB_NAME), QueueConfig(event_retention_ms=200))
-
-    with running_store(tmp_path / "gapped", short_retention) as store:
+    with running_store(tmp_path / "gapped", short_event_retention) as store:
         client = QueueClient(RaftClient([store.address], auth=store.auth, deadline_s=10))
         try:
             for kind in KINDS:

@@ -9,6 +9,7 @@ import datetime as dt
 import random
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -28,7 +29,9 @@ from ledger.kinds import (
 from ledger.request_ids import RequestId
 from ledger.states import LEDGER_STATE_OF, OPEN_STATES, AttemptOutcome, LedgerState, attempt_outcome_of
 from queues import Code, QueueClient, State
+from queues.machine import QueueConfig
 from queues.model import Enqueue, Event, EventType, MessageView
+from queues.replicated import DB_NAME, ReplicatedQueueMachine
 from services.projector.ledger_writer import LOCK_CLASS
 from services.projector.runner import Projector
 
@@ -36,6 +39,12 @@ SET_ID = 1
 FAST = RetryPolicy(tiers_ms=(50,), tier_jitter_ratio=0.0, attempts_max=3)
 KINDS = ("transfer", "list_update", "callback")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def short_event_retention(data_dir: Path) -> ReplicatedQueueMachine:
+    """A store's machine that keeps its events 200 ms: a purge after that leaves a gap in the log."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return ReplicatedQueueMachine(str(data_dir / DB_NAME), QueueConfig(event_retention_ms=200))
 
 
 def payload(kind: str, index: int, amount_minor: int = 100) -> bytes:

@@ -35,7 +35,7 @@ async def test_existing_rows_keep_their_ids_as_text_and_a_key_may_return(
             "INSERT INTO compensation_attempts (request_id, attempt_number, started_at, outcome)"
             " VALUES ($1, 1, now(), 'IN_PROGRESS')", uuid.UUID(old),
         )  # fmt: skip
-        assert await migrate.apply_async(dsn) == [4, 5]  # 0005 (the producers' outbox) rides along
+        assert await migrate.apply_async(dsn) == [4, 5, 6]  # 0005 (the producers' outbox) and 0006 ride along
         await connection.close()
         connection = await asyncpg.connect(dsn)  # its statements were prepared for a uuid column
         assert await connection.fetchval("SELECT request_id FROM compensation_attempts") == old

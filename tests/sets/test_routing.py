@@ -100,3 +100,22 @@ def test_a_pending_epoch_must_be_finished_before_another_is_added() -> None:
         table.with_new_sets(grown, [("h:3",)])
     with pytest.raises(TableError, match="two sets"):
         table.with_new_sets(table.activated(grown, 2), [("h:2",)])
+
+
+def test_a_sets_addresses_change_one_node_at_a_time() -> None:
+    """`compensator sets addresses`: a replaced node's address swapped in keeps a majority of the
+    set's addresses; a list that keeps no majority could be another set's nodes and is refused."""
+    start = table.first_table({1: ("h1:7001", "h2:7001", "h3:7001"), 2: ("h1:7002", "h2:7002", "h3:7002")})
+    moved = table.readdressed(start, 2, ("h1:7002", "h2:7002", "h4:7002"))
+    assert moved.addresses() == {1: start.addresses()[1], 2: ("h1:7002", "h2:7002", "h4:7002")}
+    assert moved.epochs == start.epochs
+    assert table.readdressed(start, 2, ("h1:7002", "h2:7002", "h3:7002", "h4:7002")).addresses()[2][-1] == "h4:7002"
+    for set_id, addresses, says in [
+        (2, ("h1:7002", "h4:7002", "h5:7002"), "keep 1 of its 3"),
+        (2, ("h1:7001", "h2:7001", "h3:7001"), "keep 0 of its 3"),  # set 1's nodes
+        (2, ("h1:7002", "h2:7002", "h3:7002"), "already at"),
+        (3, ("h1:7003",), "no set 3"),
+        (2, ("h1:7002", "h2:7002", "h1:7001"), "belongs to two sets"),
+    ]:
+        with pytest.raises(TableError, match=says):
+            table.readdressed(start, set_id, addresses)
