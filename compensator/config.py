@@ -209,6 +209,16 @@ class WebConfig(Section, frozen=True):
     its logins are refused (429) until lockout_s after its last failure."""
 
 
+class RuntimeConfig(Section, frozen=True):
+    """How every long-running process (the API, workers, nodes, projector, bridges) runs Python's
+    garbage collector once started (compensator/gc_policy.py says why; docs/benchmarks.md, i23g)."""
+
+    gc_freeze: bool = True
+    """Freeze the objects alive after start-up (`gc.freeze()`), so no collection walks them again: the API's full collections took 50-80 ms without it."""
+    gc_gen0_threshold: int = 50_000
+    """Net allocations of tracked objects between young collections (CPython's own is 700); 0 keeps CPython's. Cycles are still collected."""
+
+
 class LocalConfig(Section, frozen=True):
     """`make run` only: where the local set keeps its data, and what else it starts."""
 
@@ -256,6 +266,7 @@ class Config(Section, frozen=True):
     outbox: OutboxConfig = OutboxConfig()
     node: StoreNodeConfig = StoreNodeConfig()
     standins: StandinsConfig = StandinsConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
 
     @property
     def api_url(self) -> str:
@@ -291,6 +302,7 @@ def _problems(config: Config) -> list[str]:
             problems.append(f"store.addresses: {error}")
     check(len(set(store.addresses)) == len(store.addresses), "store.addresses", "an address is listed twice")
     check(1 <= store.set_id <= 65535, "store.set_id", "must be in 1..65535")
+    check(config.runtime.gc_gen0_threshold >= 0, "runtime.gc_gen0_threshold", "must be 0 (CPython's own) or more")
     for address in store.control_addresses:
         try:
             parse_address(address)

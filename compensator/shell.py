@@ -11,6 +11,8 @@ the configuration; this module runs them:
   nothing half-started behind;
 - the Prometheus endpoint on the process's metrics address, when it has one (compensator/
   metrics_endpoint.py: ``GET /metrics`` on the loop), up while the work runs;
+- the garbage collector's policy (compensator/gc_policy.py) applied once the process is built,
+  before its work runs, and its collections' pauses among the process's metrics;
 - an expected failure (a broker or database that does not answer, a gap in the log, unreadable
   secrets: the types the root names) ends the process with one line and exit status 1
   (`ProcessError`, which the command line prints), never a traceback.
@@ -37,6 +39,8 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
+from compensator.gc_policy import GcPauses, GcPolicy
+from compensator.gc_policy import apply as apply_gc_policy
 from compensator.metrics_endpoint import MetricsServer
 from raft_store.process import configure_logging, install_uvloop, stop_on_signals
 
@@ -74,6 +78,8 @@ class Shell:
     """host, port of the Prometheus endpoint; None: no endpoint."""
     expected: tuple[type[BaseException], ...] = ()
     """Failures that end the process with their first line, not a traceback."""
+    gc: GcPolicy | None = None
+    """Applied once the process is built; None: CPython's defaults (a test's loop, the launcher)."""
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -126,7 +132,14 @@ async def serve(shell: Shell, build: Callable[[], AbstractAsyncContextManager[Ru
     (a test's, or `run`'s)."""
     with stop_on_signals(asyncio.Event()) as stop:
         try:
-            async with build() as running, metrics_endpoint(shell.metrics, running.registry, running.busy):
+            async with build() as running, contextlib.AsyncExitStack() as started:
+                if shell.gc is not None:
+                    pauses = started.enter_context(GcPauses())
+                    if running.registry is not None:
+                        running.registry.register(pauses)
+                        started.callback(running.registry.unregister, pauses)
+                    apply_gc_policy(shell.gc)
+                await started.enter_async_context(metrics_endpoint(shell.metrics, running.registry, running.busy))
                 return await running.run(stop)
         except ProcessError:
             raise

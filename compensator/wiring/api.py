@@ -1,14 +1,18 @@
 """The API process kind: its app, built from the configuration by `app` in each of uvicorn's
 worker processes (`app_from_environment`, the factory compensator/commands/api.py names), with its
-store client, token cache, quotas, intake, review rules, web sessions and tracer.
+store client, token cache, quotas, intake, review rules, web sessions and tracer, and the garbage
+collector's policy once its lifespan started (uvicorn, not the process shell, runs it).
 
 Must never: run anything at import, or be imported by the packages it wires.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI
@@ -26,9 +30,11 @@ from api.web.sessions import WebAuth, WebSettings
 from compensator import config as configuration
 from compensator import guarantees
 from compensator.config import Config
+from compensator.gc_policy import GcPauses, GcPolicy
+from compensator.gc_policy import apply as apply_gc_policy
 from compensator.store import queue_client, sets_client
 from compensator.telemetry import tracer_provider
-from compensator.wiring.parts import wall_clock_ms
+from compensator.wiring.parts import gc_policy, wall_clock_ms
 
 
 def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> FastAPI:
@@ -80,6 +86,28 @@ def api_app(config: Config, *, span_exporter: SpanExporter | None = None) -> Fas
     return create_app(services, tracer=provider)
 
 
+def after_start_up(app: FastAPI, policy: GcPolicy, metrics: ApiMetrics) -> None:
+    """The garbage collector's policy (compensator/gc_policy.py) once the app's lifespan has
+    started everything, and the collections' pauses among the API's metrics (one process's: with
+    several workers the merged exposition holds only the shared counters). A policy of the
+    process, so only for uvicorn's worker processes (`api_app_from_environment`), never for an app
+    a test builds in its own process."""
+    started_up = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
+        async with started_up(app) as state:
+            with GcPauses() as pauses:
+                metrics.registry.register(pauses)
+                try:
+                    apply_gc_policy(policy)
+                    yield state
+                finally:
+                    metrics.registry.unregister(pauses)
+
+    app.router.lifespan_context = lifespan
+
+
 def web_settings(config: Config) -> WebSettings:
     web = config.web
     parts = urlsplit(config.api_url)
@@ -102,4 +130,7 @@ def four_eyes(config: Config) -> FourEyes:
 def api_app_from_environment() -> FastAPI:
     """uvicorn's factory in each worker process: the configuration the `api` command validated,
     found again through COMPENSATOR_CONFIG and the same environment."""
-    return api_app(configuration.load_from_environment())
+    config = configuration.load_from_environment()
+    app = api_app(config)
+    after_start_up(app, gc_policy(config), app.state.services.metrics)
+    return app

@@ -25,7 +25,7 @@ from compensator.config import Config
 from compensator.shell import ProcessError, Running, Shell
 from compensator.store import queue_client, sets_client
 from compensator.telemetry import tracer_provider
-from compensator.wiring.parts import metrics_address, process_name, wall_clock_ms
+from compensator.wiring.parts import gc_policy, metrics_address, process_name, wall_clock_ms
 from services.kafka.broker import BrokerSettings, RecordSink, ensure_topics
 from services.kafka.ingest import Ingest, IngestSettings
 from services.kafka.metrics import KafkaMetrics
@@ -39,7 +39,7 @@ QUIET_UNTIL_REACHED = {"aiokafka": logging.CRITICAL}
 def shell(config: Config, name: str) -> Shell:
     kafka = config.kafka
     return Shell(name=name, metrics=metrics_address(kafka.metrics_host, kafka.metrics_port), quiet=QUIET_UNTIL_REACHED,
-                 expected=(PublisherError, LeaseError))  # fmt: skip
+                 expected=(PublisherError, LeaseError), gc=gc_policy(config))  # fmt: skip
 
 
 def _broker(config: Config) -> BrokerSettings:

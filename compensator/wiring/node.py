@@ -31,7 +31,7 @@ from compensator.config import Config
 from compensator.config_processes import HostedReplica, parse_address
 from compensator.shell import ProcessError, Running, Shell, metrics_endpoint
 from compensator.store import store_auth
-from compensator.wiring.parts import metrics_address
+from compensator.wiring.parts import gc_policy, metrics_address
 from queues.replicated import machine_factory
 from queues.stores import StoreError
 from raft_store.files import private_dir
@@ -46,7 +46,7 @@ Addresses = dict[int, tuple[str, int]]
 
 def shell(config: Config) -> Shell:
     """The node's own log lines are few and matter (a storage failure): warnings and up."""
-    return Shell(name="node", log_level="warning")
+    return Shell(name="node", log_level="warning", gc=gc_policy(config))
 
 
 def _numbered(addresses: tuple[str, ...]) -> Addresses:

@@ -23,7 +23,7 @@ import asyncpg
 import outbox
 from compensator.config import Config
 from compensator.shell import ProcessError, Running, Shell
-from compensator.wiring.parts import metrics_address
+from compensator.wiring.parts import gc_policy, metrics_address
 
 TOKEN_ENV: Final = "COMPENSATOR_OUTBOX_TOKEN"
 
@@ -32,7 +32,7 @@ def shell(config: Config, *, once: bool = False) -> Shell:
     """`once`: a run of a few seconds beside the long-running relay serves no metrics (its port is that one's)."""
     settings = config.outbox
     metrics = None if once else metrics_address(settings.metrics_host, settings.metrics_port)
-    return Shell(name="outbox-relay", metrics=metrics, quiet={"httpx": logging.WARNING})
+    return Shell(name="outbox-relay", metrics=metrics, quiet={"httpx": logging.WARNING}, gc=gc_policy(config))
 
 
 def read_token(config: Config, environ: Mapping[str, str] | None = None) -> str:

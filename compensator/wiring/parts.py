@@ -1,5 +1,5 @@
 """What several process kinds build the same way: the wall clock, a process's name in leases and
-cursors, the address of a section's metrics endpoint, the callback targets' secrets, the
+cursors, the address of a section's metrics endpoint, the garbage collector's policy, the callback targets' secrets, the
 ledgers' PostgreSQL, and every set's client (one set, or the control set's table).
 
 Must never: read anything but the configuration it is given (and the host's name and pid).
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final
 
 from compensator.config import Config
+from compensator.gc_policy import GcPolicy
 from compensator.shell import ProcessError
 from compensator.store import open_sets, queue_client
 from handlers.signing import Secret, secrets_from_json
@@ -38,6 +39,11 @@ def wall_clock_ms() -> int:
 def process_name() -> str:
     """host:pid, a worker's, a projector's or a publisher's name unless the command line gives one."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def gc_policy(config: Config) -> GcPolicy:
+    """`[runtime]`: how the process's garbage collector runs once it started (compensator/gc_policy.py)."""
+    return GcPolicy(freeze=config.runtime.gc_freeze, gen0_threshold=config.runtime.gc_gen0_threshold)
 
 
 def metrics_address(host: str, port: int) -> tuple[str, int] | None:

@@ -27,7 +27,14 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from compensator.config import Config
 from compensator.shell import ProcessError, Running, Shell
 from compensator.telemetry import tracer_provider
-from compensator.wiring.parts import every_set, ledger_database, metrics_address, process_name, table_rereader
+from compensator.wiring.parts import (
+    every_set,
+    gc_policy,
+    ledger_database,
+    metrics_address,
+    process_name,
+    table_rereader,
+)
 from ledger import migrate
 from queues import ClientError, QueueError
 from services.projector.ledger_writer import CursorMoved, LedgerMismatch
@@ -52,7 +59,9 @@ one set's gap or mismatch stops that set only (runner.py); the process ends when
 
 def shell(config: Config) -> Shell:
     settings = config.projector
-    return Shell(name="project", metrics=metrics_address(settings.metrics_host, settings.metrics_port))
+    return Shell(
+        name="project", metrics=metrics_address(settings.metrics_host, settings.metrics_port), gc=gc_policy(config)
+    )
 
 
 @contextlib.asynccontextmanager

@@ -29,7 +29,14 @@ from compensator.config_processes import worker_breaker
 from compensator.guarantees import policy_problems
 from compensator.shell import ProcessError, Running, Shell
 from compensator.telemetry import tracer_provider
-from compensator.wiring.parts import callback_secrets, every_set, metrics_address, process_name, table_rereader
+from compensator.wiring.parts import (
+    callback_secrets,
+    every_set,
+    gc_policy,
+    metrics_address,
+    process_name,
+    table_rereader,
+)
 from handlers.registry import Registry, RegistryError, build_registry
 from handlers.signing import SecretsError
 from queues import ClientError, KindView, QueueClient, QueueError
@@ -44,7 +51,7 @@ log = logging.getLogger("compensator.worker")
 def shell(config: Config) -> Shell:
     settings = config.worker
     return Shell(name="worker", metrics=metrics_address(settings.metrics_host, settings.metrics_port),
-                 expected=(RegistryError, SecretsError))  # fmt: skip
+                 expected=(RegistryError, SecretsError), gc=gc_policy(config))  # fmt: skip
 
 
 @contextlib.asynccontextmanager

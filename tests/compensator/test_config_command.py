@@ -86,7 +86,7 @@ def test_check_reports_every_problem_with_its_file_or_variable_and_field(
         f"{bad}: api.port: Expected `int`, got `str`",
         f"{bad}: api.workers: Expected `int`, got `str`",
         f"{bad}: [apii]: no such section (the sections: store, api, quota, auth, telemetry, worker, handlers, kafka,"
-        " projector, local, review, web, outbox, node, standins)",
+        " projector, local, review, web, outbox, node, standins, runtime)",
         f"{bad}: worker.nope: no such setting",
         f"{bad}: handlers.payment.base_url: Expected `str`, got `int`",
         "COMPENSATOR_QUOTA__BURST: quota.burst: Expected `int`, got `str`",
