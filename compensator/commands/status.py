@@ -26,7 +26,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from compensator.commands.run import local_pg_data
 from compensator.config import Config
@@ -36,6 +36,7 @@ from ledger import pg
 from ledger.kinds import DOWNSTREAM_OF
 from queues import ClientError, QueueClient, QueueError, SetsClient, State
 from services.kafka.publisher_lease import NAMESPACE as PUBLISHER_NAMESPACE
+from services.projector.ledger_writer import LOCK_CLASS
 from services.worker.breaker import holder
 
 _STATES = [state.value for state in State]
@@ -144,6 +145,7 @@ async def _projector(config: Config, last_seq: int, set_id: int) -> dict[str, An
         connection = await asyncpg.connect(dsn, timeout=1.0)
         try:
             found = await connection.fetchrow("SELECT * FROM projector_cursors WHERE set_id = $1", set_id)
+            locked = await connection.fetchval(_LOCK_HELD, LOCK_CLASS, set_id)
         finally:
             await connection.close()
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
@@ -152,7 +154,24 @@ async def _projector(config: Config, last_seq: int, set_id: int) -> dict[str, An
         return row | {"error": "no cursor yet: the projector has not written this set"}
     cursor = int(found["last_seq"])
     return row | {"cursor": cursor, "lag_events": max(0, last_seq - cursor), "holder": found["owner"] or None,
-                  "stopped": found.get("stopped_reason")}  # fmt: skip
+                  "lock_held": bool(locked), "stopped": found.get("stopped_reason")}  # fmt: skip
+
+
+_LOCK_HELD: Final = (
+    "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2"
+)
+"""Whether a session holds the set's projector lock (`ledger_writer.try_lock`'s two keys) now: the
+cursor row's owner is only the last process that wrote, and a set with no batch yet has none."""
+
+
+def _projector_holder(follower: dict[str, Any]) -> str:
+    owner, held = str(follower["holder"] or ""), bool(follower.get("lock_held", True))
+    if owner and held:
+        return owner
+    if owner:
+        return f"last written by {owner}; no projector holds its lock"
+    return "a projector holds its lock; nothing written yet" if held else "nobody holds it"
 
 
 @dataclass(frozen=True)
@@ -267,7 +286,7 @@ def render(report: dict[str, Any]) -> str:
         if follower.get("error"):
             lines.append(f"  {follower['name']}: {follower['error']}")
         else:
-            holder = follower["holder"] or "nobody holds it"
+            holder = (_projector_holder(follower) if "lock_held" in follower else follower["holder"]) or "nobody holds it"
             lines.append(f"  {follower['name']}: cursor {follower['cursor']}, {follower['lag_events']} behind ({holder})")
             if follower.get("stopped"):
                 lines.append(f"    STOPPED: {follower['stopped']}")

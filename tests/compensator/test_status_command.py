@@ -4,7 +4,9 @@ engineer reads, its exit code, and one line when nothing answers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from queues.replicated import machine_factory
 from raft_store.testing.credentials import cluster_auth
 from raft_store.testing.inprocess import StoreThread, running_store
 from raft_store.testing.processes import free_ports
+from services.projector.ledger_writer import LOCK_CLASS
 
 
 @pytest.fixture
@@ -126,8 +129,13 @@ def test_the_projector_and_the_publisher_are_shown_with_their_lag(
 
         asyncio.run(sql("INSERT INTO projector_cursors (set_id, last_seq, owner) VALUES (1, 2, 'proj-a')"))
         monkeypatch.setenv("COMPENSATOR_PG_DSN", server.dsn)
-        code, out, err = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
-        text_code, text, _ = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
+        _, unheld, _ = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
+        with holding_projector_lock(server.dsn, 1):  # a projector's session holds set 1's lock
+            code, out, err = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
+            text_code, text, _ = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
+            asyncio.run(sql("UPDATE projector_cursors SET owner = ''"))
+            _, unwritten, _ = status(monkeypatch, capsys, store.addresses, secret=store.secret_file)
+            asyncio.run(sql("UPDATE projector_cursors SET owner = 'proj-a'"))
         asyncio.run(sql("UPDATE projector_cursors SET stopped_at = now(),"
                         " stopped_reason = 'set 1: projection stopped at event 2: a gap'"))  # fmt: skip
         stopped_code, stopped_out, _ = status(monkeypatch, capsys, store.addresses, "--json", secret=store.secret_file)
@@ -139,7 +147,10 @@ def test_the_projector_and_the_publisher_are_shown_with_their_lag(
     publisher, projector = report["followers"]
     assert (publisher["cursor"], publisher["lag_events"], publisher["holder"]) == (3, last - 3, "pub-a")
     assert (projector["cursor"], projector["lag_events"], projector["holder"]) == (2, last - 2, "proj-a")
-    assert f"ledger projector: cursor 2, {last - 2} behind (proj-a)" in text
+    assert f"ledger projector: cursor 2, {last - 2} behind (proj-a)" in text and projector["lock_held"] is True
+    # The cursor row's owner is the last writer; whether a projector holds the lock now is read apart.
+    assert f"ledger projector: cursor 2, {last - 2} behind (last written by proj-a; no projector holds its lock)" in unheld
+    assert f"ledger projector: cursor 2, {last - 2} behind (a projector holds its lock; nothing written yet)" in unwritten
     assert projector["stopped"] is None and "STOPPED" not in text
     # A set whose projection stopped on a gap or a ledger that disagrees (docs/ledger.md) says so.
     assert json.loads(stopped_out)["followers"][1]["stopped"] == "set 1: projection stopped at event 2: a gap"
@@ -186,3 +197,28 @@ def test_what_others_typed_is_printed_escaped_never_raw(
     report = json.loads(out)
     assert report["paused"]["transfer"] == [holder]
     assert next(b for b in report["breakers"] if b["downstream"] == "callback")["reason"] == reason
+
+
+@contextlib.contextmanager
+def holding_projector_lock(dsn: str, set_id: int) -> Iterator[None]:
+    """A session of its own (on a thread with its own loop) holds the set's projector lock."""
+    taken, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        connection = await asyncpg.connect(dsn)
+        try:
+            if await connection.fetchval("SELECT pg_try_advisory_lock($1, $2)", LOCK_CLASS, set_id):
+                taken.set()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        finally:
+            await connection.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(hold(),), daemon=True)
+    thread.start()
+    try:
+        assert taken.wait(10), "could not take the projector lock"
+        yield
+    finally:
+        release.set()
+        thread.join(10)
