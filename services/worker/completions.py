@@ -89,6 +89,7 @@ class Completions:
         self._taken = asyncio.Event()
         self._pending: list[Completion] = []
         self._wake = asyncio.Event()
+        self._arrived = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -127,6 +128,16 @@ class Completions:
         self._pending.append(completion)
         self._idle.clear()
         self._wake.set()
+        self._arrived.set()
+
+    async def arrival(self, timeout_s: float) -> bool:
+        """Until a completion is pending, at most `timeout_s`: a lease that would go alone waits for
+        one to carry (lanes.py). True if one is pending."""
+        if not self._pending:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout_s)
+        return bool(self._pending)
 
     @property
     def pending(self) -> int:

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("compensator.worker")
 ERROR_BACKOFF_MIN_S: Final = 0.05
 ERROR_BACKOFF_MAX_S: Final = 2.0
+CARRY_WAIT_S: Final = 0.05
+"""While the lanes take turns: the longest a lease with nothing of its set's to carry waits for one
+of the set's running attempts to end (then it carries that settlement and refills its slot too)."""
 
 Start = Callable[["SetLane", Grant, LeaseTime, bool], None]
 """The worker's: run this grant of this lane's set (the last argument: it is a breaker's probe)."""
@@ -171,7 +174,7 @@ class SetLane:
         board.ramp(room)
         backlog = [kind for kind in watch.backlogged(room) if not board.blocked(kind)]
         if backlog and self._busy():
-            await asyncio.sleep(self._settings.linger_s)  # slots freed meanwhile join one lease
+            await self._gather()
             room = self._shares.free(self.set_id)
             board.ramp(room)
             backlog = [kind for kind in watch.backlogged(room) if not board.blocked(kind)]
@@ -196,6 +199,17 @@ class SetLane:
                 return longest
             return min(longest, max(0.0, (due.next_due_ms - due.now_ms) / 1000))
         return watch.wait_after(await self._lease(ready, probes, room), from_read=True)
+
+    async def _gather(self) -> None:
+        """Before a busy lane's lease: the slots freed within a linger join it. With several sets
+        a slot is often freed by another set's attempt (any set's lane may take it), so the lease
+        would carry nothing of its own set: an entry of its own where one set's lease carries the
+        settlement of the attempt that freed its slot. While the lanes take turns, such a lease
+        first waits, at most `CARRY_WAIT_S`, for one of its set's running attempts to end."""
+        if (self._turns is not None and self._turns.active() and not self.completions.pending
+                and self._shares.held(self.set_id)):  # fmt: skip
+            await self.completions.arrival(CARRY_WAIT_S)
+        await asyncio.sleep(self._settings.linger_s)
 
     async def _lease(self, ready: list[str], probes: list[str], room: dict[str, int]) -> int:
         """One Lease command per kind (`ready`, then one-grant probes), in one frame, for room
