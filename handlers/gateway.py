@@ -70,8 +70,10 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """The whole call, connection retries included."""
     connections_max: Annotated[int, msgspec.Meta(ge=1, le=CONNECTIONS_LIMIT)] = 32
     """Connections to this downstream per worker; the worker never runs more of its calls at once."""
-    keepalive_connections_max: Annotated[int, msgspec.Meta(ge=0, le=CONNECTIONS_LIMIT)] = 16
-    """Idle connections kept open for the next call."""
+    keepalive_connections_max: Annotated[int, msgspec.Meta(ge=0, le=CONNECTIONS_LIMIT)] | None = None
+    """Idle connections kept open for the next call; unset: as many as `connections_max`, so a
+    burst of calls above a smaller number does not close the extra connections on their release
+    only to open them again at the next burst (docs/benchmarks.md, "Connections kept")."""
     keepalive_expiry_s: Seconds = 30.0
     """How long an idle connection is kept."""
     connect_tries_max: Annotated[int, msgspec.Meta(ge=1, le=CONNECT_TRIES_LIMIT)] = 3
@@ -87,7 +89,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             msgspec.json.decode(msgspec.json.encode(self), type=GatewaySettings, strict=True)
         except msgspec.ValidationError as error:
             return [str(error)]
-        if self.keepalive_connections_max > self.connections_max:
+        if self.keepalive_connections_max is not None and self.keepalive_connections_max > self.connections_max:
             found.append("keepalive_connections_max must be at most connections_max")
         if self.connect_backoff_min_s > self.connect_backoff_max_s:
             found.append("connect_backoff_min_s must be at most connect_backoff_max_s")
@@ -144,7 +146,8 @@ def _backoff(settings: GatewaySettings, rng: random.Random, try_number: int) -> 
 
 def _limits(settings: GatewaySettings) -> http_request.PoolLimits:
     return http_request.PoolLimits(
-        connections_max=settings.connections_max, keepalive_max=settings.keepalive_connections_max,
+        connections_max=settings.connections_max,
+        keepalive_max=settings.connections_max if settings.keepalive_connections_max is None else settings.keepalive_connections_max,
         keepalive_expiry_s=settings.keepalive_expiry_s, connect_timeout_s=settings.connect_timeout_s,
         write_timeout_s=settings.write_timeout_s, read_timeout_s=settings.read_timeout_s,
         pool_timeout_s=settings.pool_timeout_s,

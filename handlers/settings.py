@@ -26,7 +26,7 @@ URL_CHARS_MAX: Final = 2048
 
 CALLBACK_GATEWAY: Final = GatewaySettings(
     connect_timeout_s=1.0, write_timeout_s=2.0, read_timeout_s=3.0, pool_timeout_s=1.0, attempt_timeout_s=5.0,
-    connections_max=16, keepalive_connections_max=8,
+    connections_max=16,
 )  # fmt: skip
 """Merchant endpoints are many and slow ones must not hold our workers: tighter than a payment API's."""
 

@@ -30,10 +30,11 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Final
@@ -109,6 +110,21 @@ def pg_ctl_path() -> Path:
 
 class StopFailed(RuntimeError):
     """pg_ctl could not stop a server this process started, and it still runs: say so, exit 1."""
+
+
+def stop_said(close: Callable[[], None], *, work_failed: bool) -> str | None:
+    """Run `close` (what stops a command's embedded server) and return the line a `StopFailed`
+    leaves for the command to end with (exit 1: the work ended well, the server may still run).
+    When the work itself failed, its own failure stays the command's last line: the stop's line is
+    printed on stderr before it, and None returned. One rule for every command that stops its own
+    server (`compensator project`, `standins`, `reconcile`), so none says less than another."""
+    try:
+        close()
+    except StopFailed as failed:
+        if not work_failed:
+            return str(failed)
+        print(failed, file=sys.stderr, flush=True)
+    return None
 
 
 class EmbeddedPostgres:

@@ -234,15 +234,10 @@ def _database(arguments: argparse.Namespace, *, create: bool) -> Iterator[str]:
     try:
         yield dsn
     except BaseException:
-        try:
-            stack.close()
-        except pg.StopFailed as failed:  # said, and the run's own failure is the line after it
-            print(f"{failed}", file=sys.stderr, flush=True)
+        pg.stop_said(stack.close, work_failed=True)
         raise
-    try:
-        stack.close()
-    except pg.StopFailed as failed:  # the run ended well, but the server may still run: exit 1
-        raise ReconcileError(str(failed)) from None
+    if (left_running := pg.stop_said(stack.close, work_failed=False)) is not None:
+        raise ReconcileError(left_running)
 
 
 def _api_target(arguments: argparse.Namespace) -> Any:

@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -89,15 +88,10 @@ async def ledger_database(pg_data: Path, dsn: str | None = None) -> AsyncIterato
     try:
         yield found
     except BaseException:
-        try:
-            await asyncio.to_thread(stack.close)
-        except pg.StopFailed as failed:  # said, and the block's own failure is the process's line
-            print(f"{failed}", file=sys.stderr, flush=True)
+        await asyncio.to_thread(pg.stop_said, stack.close, work_failed=True)
         raise
-    try:
-        await asyncio.to_thread(stack.close)
-    except pg.StopFailed as failed:  # the work ended well, but the server may still run: exit 1
-        raise ProcessError(str(failed)) from None
+    if (left_running := await asyncio.to_thread(pg.stop_said, stack.close, work_failed=False)) is not None:
+        raise ProcessError(left_running)
 
 
 def table_rereader(found: SetsClient) -> Callable[[], Awaitable[Mapping[int, QueueClient]]]:

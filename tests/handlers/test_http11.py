@@ -347,6 +347,34 @@ async def test_a_busy_pool_hands_a_freed_connection_to_the_next_waiting_call() -
     assert (served.connections, len(served.requests)) == (1, 5)
 
 
+@pytest.mark.parametrize(("keepalive", "connections"), [(None, 8), (2, 14)])
+async def test_a_burst_keeps_its_connections_for_the_next_unless_told_to_keep_fewer(
+    keepalive: int | None, connections: int
+) -> None:
+    """Unset, `keepalive_connections_max` keeps every connection the pool opened (up to
+    `connections_max`): a second burst of 8 calls reuses the first burst's 8. Told to keep 2, the
+    pool closes 6 as the first burst ends and opens them again for the second."""
+
+    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, served: Served) -> None:
+        while True:
+            await read_request(reader, served)
+            await asyncio.sleep(0.05)  # the burst's calls overlap: each needs a connection of its own
+            writer.write(OK)
+            await writer.drain()
+
+    settings = GatewaySettings(connections_max=8, keepalive_connections_max=keepalive, pool_timeout_s=5.0,
+                               read_timeout_s=5.0, connect_timeout_s=5.0)  # fmt: skip
+    async with scripted(held) as served:
+        client = gateway(served.url, settings)
+        try:
+            for _ in range(2):
+                outcomes = await asyncio.gather(*(client.send(POST) for _ in range(8)))
+                assert all(isinstance(o, Answer) and o.status == 200 for o in outcomes)
+        finally:
+            await client.aclose()
+    assert (served.connections, len(served.requests)) == (connections, 16)
+
+
 async def test_a_cancelled_call_closes_its_connection_and_frees_its_slot() -> None:
     async def slow_then_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, served: Served) -> None:
         await read_request(reader, served)

@@ -190,3 +190,62 @@ def test_a_stop_that_fails_says_so_and_the_commands_that_stop_it_exit_1(
     finally:
         monkeypatch.setattr(pg, "pg_ctl_path", lambda: real)
         server.stop_any()
+
+
+def test_reconcile_and_the_local_launcher_say_a_failed_stop_and_exit_1(
+    folder: Path, failing_pg_ctl: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The other two commands that stop an embedded server of their own keep the same rule:
+    `compensator reconcile` (its `--pg-data` server) ends with the stop's line (ReconcileError:
+    one line, exit 1), or prints it before its own failure's; `compensator run` (`make run`'s
+    launcher) stops everything else, then keeps the line for its exit 1 (`database_left_running`)."""
+    import argparse
+
+    from compensator.commands.run import LocalService, local_pg_data
+    from compensator.config import load
+    from spark_reconcile import command
+
+    monkeypatch.delenv(pg.DSN_ENV, raising=False)
+    real = pg.pg_ctl_path()
+    data = folder / "reconcile"
+    said = f"the embedded PostgreSQL in {data.resolve()} did not stop: {_PG_CTL_SAYS}"
+    arguments = argparse.Namespace(pg_data=str(data))
+    server = pg.EmbeddedPostgres(data)
+    try:
+        for work_fails, line in ((False, said), (True, "the run's own line")):
+            with pytest.raises(command.ReconcileError) as ended, command._database(arguments, create=True):
+                monkeypatch.setattr(pg, "pg_ctl_path", lambda: failing_pg_ctl)
+                if work_fails:
+                    raise command.ReconcileError("the run's own line")
+            assert str(ended.value) == line
+            assert capsys.readouterr().err.splitlines() == ([said] if work_fails else [])
+            monkeypatch.setattr(pg, "pg_ctl_path", lambda: real)
+            assert server.running_pid() is not None, "it still runs, as the line says"
+            server.stop_any()
+            assert server.running_pid() is None
+    finally:
+        monkeypatch.setattr(pg, "pg_ctl_path", lambda: real)
+        server.stop_any()
+
+    config = load(None, {"COMPENSATOR_LOCAL__DATA_DIR": str(folder / "local")})
+    launched = pg.EmbeddedPostgres(local_pg_data(config))
+    said = f"the embedded PostgreSQL in {local_pg_data(config).resolve()} did not stop: {_PG_CTL_SAYS}"
+
+    async def launch_and_stop() -> str | None:
+        service = LocalService(config, config_path=None)
+        service.start_database()
+        assert await service.database_ready()
+        assert service.pg_dsn is not None and all(c.env["COMPENSATOR_PG_DSN"] == service.pg_dsn
+                                                  for c in (*service.standins, *service.projectors))  # fmt: skip
+        monkeypatch.setattr(pg, "pg_ctl_path", lambda: failing_pg_ctl)
+        await service.stop_database()
+        return service.database_left_running
+
+    try:
+        assert asyncio.run(launch_and_stop()) == said
+        monkeypatch.setattr(pg, "pg_ctl_path", lambda: real)
+        assert launched.running_pid() is not None, "it still runs, as the line says"
+    finally:
+        monkeypatch.setattr(pg, "pg_ctl_path", lambda: real)
+        launched.stop_any()
+    assert launched.running_pid() is None

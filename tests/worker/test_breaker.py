@@ -42,6 +42,37 @@ def test_it_trips_on_the_downstreams_failures_only() -> None:
     assert breaker.open and not breaker.should_trip()
 
 
+def test_its_decision_is_the_windows_count_after_any_history() -> None:
+    """The failures are counted as attempts come and leave the window (not recounted per check):
+    over a random history of attempts, clock steps, and the store opening and closing the breaker,
+    every decision and the trip's reason match a count of the window made from scratch."""
+    rng = random.Random(11)
+    clock = Clock()
+    breaker = _breaker(clock, window_s=5.0, attempts_min=8)
+    window: list[tuple[float, bool]] = []
+    classes = [None, "timeout", "server_error", "insufficient_funds", "pool_exhausted", "connection_lost"]
+    for _ in range(3000):
+        step = rng.random()
+        if step < 0.75:
+            error_class = rng.choice(classes)
+            breaker.record(error_class)
+            window.append((clock.now, error_class in {"timeout", "server_error", "connection_lost"}))
+        elif step < 0.95:
+            clock.now += rng.choice([0.01, 0.3, 1.0, 2.5, 6.0])
+        else:
+            held = rng.random() < 0.5
+            if not held and breaker.open:
+                window.clear()  # closing forgets the failures that opened it
+            breaker.observe(held)
+        window = [(at, bad) for at, bad in window if at >= clock.now - 5.0]
+        failed = sum(bad for _, bad in window)
+        expected = not breaker.open and len(window) >= 8 and failed >= 0.5 * len(window)
+        assert breaker.should_trip() is expected
+        if expected and rng.random() < 0.1:
+            assert breaker.tripped() == f"{failed} of {len(window)} attempts failed in 5 s"
+            assert breaker.open
+
+
 def test_probes_are_spaced_and_closing_starts_a_ramp_without_a_burst() -> None:
     clock = Clock()
     breaker = _breaker(clock, probe_every_s=1.0, ramp_start_per_s=5.0, ramp_double_s=2.0, ramp_until_per_s=80.0)
