@@ -73,7 +73,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     keepalive_connections_max: Annotated[int, msgspec.Meta(ge=0, le=CONNECTIONS_LIMIT)] | None = None
     """Idle connections kept open for the next call; unset: as many as `connections_max`, so a
     burst of calls above a smaller number does not close the extra connections on their release
-    only to open them again at the next burst (docs/benchmarks.md, "Connections kept")."""
+    only to open them again at the next burst (docs/benchmarks.md, "the worker's breaker window
+    and its connections kept")."""
     keepalive_expiry_s: Seconds = 30.0
     """How long an idle connection is kept."""
     connect_tries_max: Annotated[int, msgspec.Meta(ge=1, le=CONNECT_TRIES_LIMIT)] = 3
