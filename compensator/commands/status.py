@@ -26,7 +26,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from compensator.commands.run import local_pg_data
 from compensator.config import Config
@@ -36,7 +36,7 @@ from ledger import pg
 from ledger.kinds import DOWNSTREAM_OF
 from queues import ClientError, QueueClient, QueueError, SetsClient, State
 from services.kafka.publisher_lease import NAMESPACE as PUBLISHER_NAMESPACE
-from services.projector.ledger_writer import LOCK_CLASS
+from services.projector import ledger_writer
 from services.worker.breaker import holder
 
 _STATES = [state.value for state in State]
@@ -145,7 +145,7 @@ async def _projector(config: Config, last_seq: int, set_id: int) -> dict[str, An
         connection = await asyncpg.connect(dsn, timeout=1.0)
         try:
             found = await connection.fetchrow("SELECT * FROM projector_cursors WHERE set_id = $1", set_id)
-            locked = await connection.fetchval(_LOCK_HELD, LOCK_CLASS, set_id)
+            locked = await ledger_writer.lock_held(connection, set_id)
         finally:
             await connection.close()
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
@@ -154,19 +154,13 @@ async def _projector(config: Config, last_seq: int, set_id: int) -> dict[str, An
         return row | {"error": "no cursor yet: the projector has not written this set"}
     cursor = int(found["last_seq"])
     return row | {"cursor": cursor, "lag_events": max(0, last_seq - cursor), "holder": found["owner"] or None,
-                  "lock_held": bool(locked), "stopped": found.get("stopped_reason")}  # fmt: skip
-
-
-_LOCK_HELD: Final = (
-    "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND granted"
-    " AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2"
-)
-"""Whether a session holds the set's projector lock (`ledger_writer.try_lock`'s two keys) now: the
-cursor row's owner is only the last process that wrote, and a set with no batch yet has none."""
+                  "lock_held": locked, "stopped": found.get("stopped_reason")}  # fmt: skip
 
 
 def _projector_holder(follower: dict[str, Any]) -> str:
-    owner, held = str(follower["holder"] or ""), bool(follower.get("lock_held", True))
+    """Who projects the set: the cursor row's owner is only the last process that wrote, and a set
+    with no batch yet has none, so whether a projector holds the lock now is said beside it."""
+    owner, held = str(follower["holder"] or ""), bool(follower["lock_held"])
     if owner and held:
         return owner
     if owner:

@@ -89,6 +89,17 @@ async def try_lock(connection: asyncpg.Connection, set_id: int) -> bool:
     return taken
 
 
+async def lock_held(connection: asyncpg.Connection, set_id: int) -> bool:
+    """Whether any session holds the set's projector lock now (`try_lock`'s two keys, as pg_locks
+    shows a two-key advisory lock: classid, objid, objsubid 2)."""
+    held: bool = await connection.fetchval(
+        "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2",
+        LOCK_CLASS, set_id,
+    )  # fmt: skip
+    return held
+
+
 async def cursor(connection: asyncpg.Connection, set_id: int) -> int:
     """The set's last projected seq (0 for a set never projected: its cursor row is created)."""
     await connection.execute(

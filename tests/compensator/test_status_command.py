@@ -21,7 +21,7 @@ from queues.replicated import machine_factory
 from raft_store.testing.credentials import cluster_auth
 from raft_store.testing.inprocess import StoreThread, running_store
 from raft_store.testing.processes import free_ports
-from services.projector.ledger_writer import LOCK_CLASS
+from services.projector import ledger_writer
 
 
 @pytest.fixture
@@ -207,7 +207,7 @@ def holding_projector_lock(dsn: str, set_id: int) -> Iterator[None]:
     async def hold() -> None:
         connection = await asyncpg.connect(dsn)
         try:
-            if await connection.fetchval("SELECT pg_try_advisory_lock($1, $2)", LOCK_CLASS, set_id):
+            if await ledger_writer.try_lock(connection, set_id):  # the projector's own lock, as it takes it
                 taken.set()
             while not release.is_set():
                 await asyncio.sleep(0.01)
