@@ -11,12 +11,15 @@ The claim is judged by the store's clock: a claim is live while the store's `now
 publishers' clocks never have to agree. The holder itself counts its lease from *before* it sent
 the write, on its own monotonic clock, so it gives up no later than anyone else may take over.
 
-The store's documents have no compare-and-set, so taking over is write-then-read-back: of two
-standbys that both find the claim expired and both write, the later write is the one both read
-back, and the other stands down. Whatever overlap remains (between those writes and the read back,
-or a holder paused mid-batch) only publishes some events twice, which consumers drop by sequence
-number; it never loses one, because a cursor is only ever written by a publisher that had every
-event up to it acknowledged, starting from a cursor with the same property (docs/kafka.md).
+Every write is a compare-and-set on the namespace's version as the writer read it (documents'
+`expected_version`): a standby takes over only the claim it saw expired, and a holder renews only
+the claim it saw it still held. Of two standbys that find the claim expired, one write lands and
+the other's is refused (CONFLICT), so it reads again and finds the claim live. A holder paused
+between its read and its renewal finds its write refused once another took over, and stands
+down. The only overlap left is a holder paused mid-batch past its own lease (it stops at its next
+renewal): that only publishes some events twice, which consumers drop by sequence number; it never
+loses one, because a cursor is only ever written by a publisher that had every event up to it
+acknowledged, starting from a cursor with the same property (docs/kafka.md).
 
 Every write is an event in the store (document_put): a publisher renews every third of its lease,
 never per batch, so its own bookkeeping cannot feed itself.
@@ -59,6 +62,12 @@ class Claim:
         return self.body.holder is not None and self.now_ms - self.updated_ms < self.body.lease_ms
 
 
+WRITE_TRIES: Final = 3
+"""Compare-and-set attempts before giving up for this round: a refusal means the namespace moved
+since the read, which is another publisher's claim (read again: it decides) or, rarely, another
+topic's document in the same namespace (try again)."""
+
+
 class PublisherLease:
     def __init__(
         self, queue: QueueClient, *, name: str, holder: str, lease_ms: int,
@@ -78,59 +87,69 @@ class PublisherLease:
         return self._clock_s() < self._valid_until_s
 
     async def read(self) -> Claim | None:
-        read = await self._queue.documents(NAMESPACE)
-        for document in read.value.documents:
-            if document.name == self._name:
-                body = msgspec.json.decode(document.body, type=LeaseBody)
-                return Claim(body, document.updated_ms, read.now_ms)
-        return None
+        return (await self._read())[0]
 
     async def acquire(self) -> int | None:
         """The cursor to resume from if this publisher now holds the claim, else None."""
-        claim = await self.read()
-        if claim is not None and claim.live and claim.body.holder != self.holder:
-            return None
-        cursor = 0 if claim is None else claim.body.cursor
-        started_s = self._clock_s()
-        await self._write(self.holder, cursor)
-        after = await self.read()
-        if after is None or after.body.holder != self.holder:
-            return None  # another standby wrote after this one: it holds the claim
-        self._valid_until_s = started_s + self._lease_ms / 1000
-        return after.body.cursor
+        for _ in range(WRITE_TRIES):
+            claim, version = await self._read()
+            if claim is not None and claim.live and claim.body.holder != self.holder:
+                return None
+            cursor = 0 if claim is None else claim.body.cursor
+            started_s = self._clock_s()
+            if await self._write(self.holder, cursor, version):
+                self._valid_until_s = started_s + self._lease_ms / 1000
+                return cursor
+        return None
 
     async def renew(self, cursor: int) -> bool:
         """Extend the claim and save the cursor; False if the claim was lost (this publisher must
         stop publishing: another may have taken over)."""
-        if not self.valid:
-            return False
-        claim = await self.read()
-        if claim is None or claim.body.holder != self.holder:
-            self._valid_until_s = float("-inf")
-            return False
-        started_s = self._clock_s()
-        await self._write(self.holder, cursor)
-        self._valid_until_s = started_s + self._lease_ms / 1000
-        return True
+        for _ in range(WRITE_TRIES):
+            if not self.valid:
+                return False
+            claim, version = await self._read()
+            if claim is None or claim.body.holder != self.holder:
+                break
+            started_s = self._clock_s()
+            if await self._write(self.holder, cursor, version):
+                self._valid_until_s = started_s + self._lease_ms / 1000
+                return True
+        self._valid_until_s = float("-inf")
+        return False
 
     async def release(self, cursor: int) -> None:
         """Save the cursor and free the claim at once, so a standby takes over without waiting."""
-        if not self.valid:
-            return
-        claim = await self.read()
-        if claim is not None and claim.body.holder == self.holder:
-            await self._write(None, cursor)
+        for _ in range(WRITE_TRIES):
+            if not self.valid:
+                break
+            claim, version = await self._read()
+            if claim is None or claim.body.holder != self.holder or await self._write(None, cursor, version):
+                break
         self._valid_until_s = float("-inf")
 
     def drop(self) -> None:
         self._valid_until_s = float("-inf")
 
-    async def _write(self, holder: str | None, cursor: int) -> None:
+    async def _read(self) -> tuple[Claim | None, int]:
+        """The claim (None if never written) and the namespace's version it was read at."""
+        read = await self._queue.documents(NAMESPACE)
+        for document in read.value.documents:
+            if document.name == self._name:
+                body = msgspec.json.decode(document.body, type=LeaseBody)
+                return Claim(body, document.updated_ms, read.now_ms), read.value.version
+        return None, read.value.version
+
+    async def _write(self, holder: str | None, cursor: int, version: int) -> bool:
+        """False when the namespace moved on since `version` was read (nothing written)."""
         body = msgspec.json.encode(LeaseBody(holder=holder, cursor=cursor, lease_ms=self._lease_ms))
         result = await self._queue.put_document(NAMESPACE, self._name, body, actor="events-publish",
-                                                reason="publisher lease and cursor")  # fmt: skip
+                                                reason="publisher lease and cursor", expected_version=version)  # fmt: skip
+        if result.code is Code.CONFLICT:
+            return False
         if result.code is not Code.OK:
             raise LeaseError(f"the store refused the publisher's document: {result.code.name}")
+        return True
 
 
 class LeaseError(Exception):

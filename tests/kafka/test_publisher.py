@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 from kafka_support import Broker, read_topic, until
 from opentelemetry import trace
@@ -17,7 +18,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from publisher_support import TOPIC, TYPES_OF_TRAFFIC, check_topic, enqueue, last_seq, lease_body, lifecycle, publishing
 
-from queues import QueueClient
+from queues import QueueClient, Read
+from queues.model import DocumentResult
+from queues.query_codec import DocumentsAnswer
 from services.kafka.broker import BrokerSettings, RecordSink, SinkError, ensure_topics
 from services.kafka.event_records import Record
 from services.kafka.metrics import KafkaMetrics
@@ -96,6 +99,57 @@ async def test_the_lease_is_held_by_one_until_it_expires_by_the_store_clock_or_i
     await b.release(9)
     assert (await lease_body(queue)).holder is None
     assert await a.acquire() == 9  # freed: taken at once, no expiry to wait for
+
+
+class Interleaved:
+    """A publisher's store client that, once, runs `between` after its next read of the lease
+    document and before anything else: another publisher acting between this one's read and its
+    write, the interleaving a write-then-read-back claim cannot tell from a clean take-over."""
+
+    def __init__(self, queue: QueueClient) -> None:
+        self._queue = queue
+        self.between: Callable[[], Awaitable[object]] | None = None
+
+    async def documents(self, namespace: str) -> Read[DocumentsAnswer]:
+        read = await self._queue.documents(namespace)
+        between, self.between = self.between, None
+        if between is not None:
+            await between()
+        return read
+
+    async def put_document(self, *args: Any, **kwargs: Any) -> DocumentResult:
+        return await self._queue.put_document(*args, **kwargs)
+
+
+async def test_two_standbys_racing_for_an_expired_claim_never_both_hold_it(queue: QueueClient) -> None:
+    a = PublisherLease(queue, name=TOPIC, holder="a", lease_ms=300)
+    assert await a.acquire() == 0
+    await asyncio.sleep(0.4)  # a was killed: its claim runs out
+    b = PublisherLease(queue, name=TOPIC, holder="b", lease_ms=5000)
+    slow = Interleaved(queue)
+    c = PublisherLease(cast(QueueClient, slow), name=TOPIC, holder="c", lease_ms=5000)
+    slow.between = b.acquire  # c finds the claim expired; b takes it before c writes
+    assert await c.acquire() is None and not c.valid
+    assert b.valid and (await lease_body(queue)).holder == "b"
+
+
+async def test_a_holder_paused_between_its_read_and_its_renewal_never_takes_back_a_claim_taken_over(
+    queue: QueueClient,
+) -> None:
+    slow = Interleaved(queue)
+    a = PublisherLease(cast(QueueClient, slow), name=TOPIC, holder="a", lease_ms=300)
+    b = PublisherLease(queue, name=TOPIC, holder="b", lease_ms=5000)
+    assert await a.acquire() == 0
+
+    async def paused_past_expiry_while_b_takes_over() -> None:
+        await asyncio.sleep(0.35)
+        assert await b.acquire() == 0
+
+    await asyncio.sleep(0.1)
+    slow.between = paused_past_expiry_while_b_takes_over  # a reads its own claim, then stalls
+    assert not await a.renew(7) and not a.valid
+    body = await lease_body(queue)
+    assert (body.holder, body.cursor) == ("b", 0)
 
 
 class HalfFailingSink:
