@@ -124,7 +124,7 @@ class EventPublisher:
                 try:
                     if not await self._hold_lease():
                         await _sleep(stop, settings.lease_ms / RENEWALS_PER_LEASE / 1000)
-                    elif not await self._publish_batch():
+                    elif not await self._publish_renewing():
                         await _sleep(stop, settings.poll_ms / 1000)
                 except (ClientError, QueueError) as error:
                     log.warning("store call failed, retrying: %r", error)
@@ -142,11 +142,8 @@ class EventPublisher:
         renew_every_s = self._settings.lease_ms / RENEWALS_PER_LEASE / 1000
         if self._lease.valid and now_s < self._renew_at_s:
             return True
-        if self._lease.valid:
-            if await self._lease.renew(self.acked):
-                self._renew_at_s = now_s + renew_every_s
-                return True
-            log.warning("lease lost to another publisher at seq %d; standing by", self.acked)
+        if self._lease.valid and await self._renew():
+            return True
         cursor = await self._lease.acquire()
         self._metrics.publisher_active.set(0 if cursor is None else 1)
         if cursor is None:
@@ -156,6 +153,36 @@ class EventPublisher:
         self._metrics.publisher_cursor.set(cursor)
         self._renew_at_s = now_s + renew_every_s
         return True
+
+    async def _renew(self) -> bool:
+        """Renew the claim now, saving the cursor; False (logged) when it was lost."""
+        now_s = self._clock_s()
+        if await self._lease.renew(self.acked):
+            self._renew_at_s = now_s + self._settings.lease_ms / RENEWALS_PER_LEASE / 1000
+            return True
+        log.warning("lease lost at seq %d (taken over or run out); standing by", self.acked)
+        return False
+
+    async def _publish_renewing(self) -> bool:
+        """One round (`_publish_batch`), renewing the claim whenever a renewal falls due while it
+        runs: a slow round (a broker electing a partition leader, a store leader change) must not
+        let the claim lapse while this publisher still sends, which would hand it to a standby and
+        publish the same events from two places. A round still running when the claim is lost is
+        abandoned (its events go out again from the saved cursor, never skipped)."""
+        round_ = asyncio.ensure_future(self._publish_batch())
+        try:
+            while True:
+                wait_s = max(0.0, self._renew_at_s - self._clock_s())
+                done, _ = await asyncio.wait((round_,), timeout=wait_s)
+                if done:
+                    return round_.result()
+                if not await self._renew():
+                    return False
+        finally:
+            if not round_.done():
+                round_.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await round_
 
     async def _publish_batch(self) -> bool:
         """One round; False when there was nothing to publish."""

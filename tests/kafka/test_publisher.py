@@ -204,5 +204,49 @@ async def test_a_batch_acknowledged_only_in_part_is_sent_again_and_the_cursor_wa
     assert len(records) > len({int(dict(r.headers)["seq"]) for r in records}), "the failed halves were sent again"
 
 
+class SlowSink:
+    """The real sink, but the first batch takes `stall_s` before it is sent: a broker electing a
+    partition leader, longer than the publisher's whole lease."""
+
+    def __init__(self, sink: RecordSink, stall_s: float) -> None:
+        self.sink = sink
+        self.stall_s = stall_s
+        self.batches = 0
+
+    async def send_all(self, topic: str, records: Sequence[Record]) -> None:
+        self.batches += 1
+        if self.batches == 1:
+            await asyncio.sleep(self.stall_s)
+        await self.sink.send_all(topic, records)
+
+
+async def test_a_batch_slower_than_the_lease_keeps_the_claim_renewed_and_no_standby_takes_over(
+    queue: QueueClient, broker: Broker
+) -> None:
+    await enqueue(queue, 0, 30)
+    target = await last_seq(queue)
+    settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
+    await ensure_topics(settings, [TOPIC], 3)
+    sink = SlowSink(RecordSink(settings), stall_s=2.0)
+    lease = PublisherLease(queue, name=TOPIC, holder="p", lease_ms=600)
+    publisher = EventPublisher(queue, sink, lease, PublisherSettings(topic=TOPIC, batch_max=8, poll_ms=20, lease_ms=600,
+                               retry_ms=20), metrics=KafkaMetrics(), tracer=trace.NoOpTracer())  # fmt: skip
+    standby = PublisherLease(queue, name=TOPIC, holder="s", lease_ms=600)
+    stop = asyncio.Event()
+    task = asyncio.create_task(publisher.run(stop))
+    try:
+        while not lease.valid:  # the publisher takes the claim first
+            await asyncio.sleep(0.005)
+        while publisher.acked < target:
+            assert await standby.acquire() is None, "the claim lapsed while its holder was still sending"
+            await asyncio.sleep(0.05)
+        assert sink.batches > 1 and (await lease_body(queue)).holder == "p"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await sink.sink.close()
+    await check_topic(queue, await read_topic(broker.bootstrap, TOPIC), target)
+
+
 async def _at_least(publisher: EventPublisher, seq: int) -> bool:
     return publisher.acked >= seq
