@@ -406,6 +406,17 @@ class SetsClient:
                                 set_id, failure)  # fmt: skip
             if observe is not None:
                 observe(compared, report)
+            if not any(isinstance(failure, Exception) for failure in report.values()):
+                try:
+                    await self.prune_settings()
+                except (ClientError, QueueError) as error:
+                    log.warning("old absences were not pruned from the intended settings (next pass retries): %s", error)
+
+    async def prune_settings(self, *, keep_ms: int = settings.ABSENCE_KEEP_MS) -> list[str]:
+        """settings.prune over every set of the table: the intended absences deleted."""
+        if self.control is None:
+            return []
+        return await settings.prune(self.control.queue, {e.id: self.client(e.id) for e in self.table.sets}, keep_ms=keep_ms)
 
     async def close(self) -> None:
         self._retired.cancel()

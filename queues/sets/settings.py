@@ -47,6 +47,11 @@ NAMESPACE: Final = "settings"
 """The control set's namespace of intended settings."""
 REPAIR_ACTOR: Final = "system:settings-repair"
 BREAKER_HOLDER_PREFIX: Final = "breaker:"
+ABSENCE_KEEP_MS: Final = 24 * 60 * 60 * 1000
+"""How long an intent that records an absence (a resume, a document's reset) is kept at least, by
+the control set's clock, before `prune` may delete it: far longer than a write still in flight can
+take to land (a client gives up within seconds, `store.deadline_s`), so no late pause or document
+can reach a set after the intent that would have repaired it is gone."""
 
 
 class _Setting(msgspec.Struct, frozen=True, kw_only=True, tag_field="setting"):
@@ -203,7 +208,8 @@ async def record(control: QueueClient, setting: Setting, *, actor: str) -> None:
         if result.code is not Code.OK:
             raise IntentUnavailable(QueueError(
                 f"it refused the intent {name} ({result.code.name}; its namespace {NAMESPACE!r} holds at most 1000"
-                " settings, and intents are never deleted: see docs/sets.md, 'Not done yet')"), refused=True)  # fmt: skip
+                " settings; a resume's or a reset's intent is deleted a day after every set holds it: see"
+                " docs/sets.md, 'Writing a cluster-wide setting')"), refused=True)  # fmt: skip
 
 
 async def broadcast(
@@ -337,6 +343,56 @@ async def repair(control: QueueClient, clients: Mapping[int, QueueClient]) -> di
             log.warning("set %d was behind the intended settings; re-applied %d: %s", set_id, len(result),
                         ", ".join(name for s in result for name, _ in intents(s)))  # fmt: skip
     return report
+
+
+def absence(setting: Setting) -> bool:
+    """An intent that only records that something is not set (a resume, a document's reset): once
+    every set holds it, it says nothing that a missing intent would not."""
+    return isinstance(setting, Resume) or (isinstance(setting, Document) and setting.body is None)
+
+
+async def prune(
+    control: QueueClient, clients: Mapping[int, QueueClient], *, keep_ms: int = ABSENCE_KEEP_MS
+) -> list[str]:
+    """Delete from the control set the intents that record an absence, once older than `keep_ms`
+    and held by every set in `clients`, which must be **every set of the table** (a set not
+    compared might still hold the pause). The names deleted; an error when a set does not answer
+    (nothing is deleted then).
+
+    Without it a resume's intent stayed forever, and the namespace's 1000 documents would fill with
+    one per kind and holder ever paused. Each deletion is a compare and set on the namespace's
+    version as read before the sets were compared, chained from one to the next: an operator's
+    write in the meantime (the same holder paused again) refuses it, and the next pass looks again.
+    Each deletion is a `document_put` of the control set, audited there as REPAIR_ACTOR."""
+    read = await control.documents(NAMESPACE)
+    old: dict[str, Setting] = {}
+    for document in read.value.documents:
+        if read.now_ms - document.updated_ms < keep_ms:
+            continue
+        try:
+            setting = _codec_decoder.decode(document.body)
+        except msgspec.DecodeError:
+            continue  # `intended` logs it; never deleted unread
+        if absence(setting):
+            old[document.name] = setting
+    if not old:
+        return []
+    ids = sorted(clients)
+    behind = await asyncio.gather(*(drift(clients[s], list(old.values())) for s in ids))
+    held_somewhere = {name for missing in behind for setting in missing for name, _ in intents(setting)}
+    version = read.value.version
+    pruned: list[str] = []
+    for name in sorted(old.keys() - held_somewhere):
+        reason = _text(f"prune: every set ({', '.join(map(str, ids))}) holds this absence, recorded over a day ago")
+        result = await control.put_document(NAMESPACE, name, None, actor=REPAIR_ACTOR, reason=reason,
+                                            expected_version=version)  # fmt: skip
+        if not isinstance(result, DocumentResult) or result.code is not Code.OK:
+            break  # the intents changed since they were read: the next pass decides again
+        version = result.version
+        pruned.append(name)
+    if pruned:
+        log.info("pruned %d intended absences every set holds: %s", len(pruned), ", ".join(pruned))
+    return pruned
 
 
 def _text(text: str) -> str:

@@ -6,10 +6,13 @@ before its epoch is active. In-process one-node stores, the real client protocol
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from delay.policy import RetryPolicy
-from queues import Code, ControlSet, EnqueueResult, QueueClient, RaftClient, SetsClient, cluster_settings
+from queues import Code, ControlSet, EnqueueResult, QueueClient, RaftClient, Read, SetsClient, cluster_settings
+from queues.model import DocumentResult
+from queues.query_codec import DocumentsAnswer
 from queues.sets import table
 from queues.sets.settings import REPAIR_ACTOR, Document, Pause, Policy, Resume
 from raft_store.testing.inprocess import StoreThread
@@ -118,5 +121,66 @@ async def test_a_set_that_is_down_is_named_and_repaired_and_a_set_added_later_ge
         placed = await sets.enqueue_many([item(f"new:{n}") for n in range(200)])
         assert 4 in {s for s, r in placed if isinstance(r, EnqueueResult) and r.code is Code.OK}
         assert await leased_kinds(sets.client(4)) == set()  # paused there too
+    finally:
+        await sets.close()
+
+
+class OperatorBetween:
+    """The control set's client, except that an operator's write lands right before the first
+    write through it: after `prune` read the intents and compared the sets, before it deletes."""
+
+    def __init__(self, queue: QueueClient, write: Callable[[], Awaitable[object]]) -> None:
+        self._queue = queue
+        self._write: Callable[[], Awaitable[object]] | None = write
+
+    async def documents(self, namespace: str) -> Read[DocumentsAnswer]:
+        return await self._queue.documents(namespace)
+
+    async def put_document(self, *args: Any, **kwargs: Any) -> DocumentResult:
+        write, self._write = self._write, None
+        if write is not None:
+            await write()
+        return await self._queue.put_document(*args, **kwargs)
+
+
+async def test_a_resume_or_reset_is_pruned_from_the_intents_only_when_old_held_by_every_set_and_unchanged(
+    stores: dict[int, StoreThread],
+) -> None:
+    control, sets = await facade(stores)
+    try:
+        for holder in ("ops:a", "ops:b"):
+            await sets.broadcast(Pause(kind=KIND, holder=holder, reason="outage"), actor="alice")
+            await sets.broadcast(Resume(kind=KIND, holder=holder), actor="alice")
+        await sets.broadcast(Document(namespace="test", name="d", body=b'{"mode": "open"}'), actor="alice")
+        await sets.broadcast(Document(namespace="test", name="d", body=None), actor="alice")
+        await sets.broadcast(Policy(kind=KIND, policy=RetryPolicy(attempts_max=9)), actor="alice")
+        # a late pause of ops:b reached set 2 only: it does not hold that absence
+        assert (await sets.client(2).pause(KIND, "ops:b", "late", actor="alice")).code is Code.OK
+        names = {"pause/transfer/ops:a", "pause/transfer/ops:b", "document/test/d", "policy/transfer"}
+
+        async def intent_names() -> set[str]:
+            return {d.name for d in (await control.queue.documents(cluster_settings.NAMESPACE)).value.documents}
+
+        assert await intent_names() == names
+        assert await sets.prune_settings() == []  # all younger than a day
+        assert await sets.prune_settings(keep_ms=0) == ["document/test/d", "pause/transfer/ops:a"]
+        assert await intent_names() == names - {"document/test/d", "pause/transfer/ops:a"}
+        audit = (await control.queue.audit_log(limit=5)).value.entries
+        assert any(e.actor == REPAIR_ACTOR and "ops:a" in e.target for e in audit), audit
+
+        # set 2 is repaired from the absence the prune kept, which can go after that
+        assert set(await sets.repair_settings()) == {2} and await holders(sets.client(2)) == []
+
+        async def paused_again() -> None:
+            await sets.broadcast(Pause(kind=KIND, holder="ops:b", reason="again"), actor="bob")
+
+        racing = OperatorBetween(control.queue, paused_again)
+        clients = {s: sets.client(s) for s in (1, 2, 3)}
+        assert await cluster_settings.prune(cast(QueueClient, racing), clients, keep_ms=0) == []
+        wanted, _ = await cluster_settings.intended(control.queue)
+        assert Pause(kind=KIND, holder="ops:b", reason="again", actor="bob") in wanted  # the operator's write kept
+        assert [await holders(sets.client(s)) for s in (1, 2, 3)] == [["ops:b"]] * 3
+        assert await sets.prune_settings(keep_ms=0) == []  # a pause is no absence
+        assert await intent_names() == {"pause/transfer/ops:b", "policy/transfer"}
     finally:
         await sets.close()
