@@ -385,10 +385,13 @@ class SetsClient:
         ids = [entry.id for entry in self.table.sets] if set_ids is None else sorted(set_ids)
         return await settings.repair(self.control.queue, {s: self.client(s) for s in ids})
 
-    async def repair_settings_forever(self, period_s: float, observe: RepairObserver | None = None) -> None:
+    async def repair_settings_forever(
+        self, period_s: float, observe: RepairObserver | None = None, *, keep_ms: int = settings.ABSENCE_KEEP_MS
+    ) -> None:
         """`repair_settings` every `period_s` (the table re-read first, so a set added later is
-        compared too) until cancelled; a pass that fails is logged and tried again. `observe` is
-        told of each pass: the sets compared and the report (None: the control set was not read)."""
+        compared too) until cancelled, then `prune_settings` when every set was compared; a pass
+        that fails is logged and tried again. `observe` is told of each pass: the sets compared
+        and the report (None: the control set was not read)."""
         while True:
             await asyncio.sleep(period_s)
             await self.refresh()
@@ -408,7 +411,7 @@ class SetsClient:
                 observe(compared, report)
             if not any(isinstance(failure, Exception) for failure in report.values()):
                 try:
-                    await self.prune_settings()
+                    await self.prune_settings(keep_ms=keep_ms)
                 except (ClientError, QueueError) as error:
                     log.warning("old absences were not pruned from the intended settings (next pass retries): %s", error)
 

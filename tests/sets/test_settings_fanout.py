@@ -6,6 +6,7 @@ before its epoch is active. In-process one-node stores, the real client protocol
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -182,5 +183,26 @@ async def test_a_resume_or_reset_is_pruned_from_the_intents_only_when_old_held_b
         assert [await holders(sets.client(s)) for s in (1, 2, 3)] == [["ops:b"]] * 3
         assert await sets.prune_settings(keep_ms=0) == []  # a pause is no absence
         assert await intent_names() == {"pause/transfer/ops:b", "policy/transfer"}
+    finally:
+        await sets.close()
+
+
+async def test_the_repair_loop_prunes_an_absence_once_a_pass_compared_every_set(stores: dict[int, StoreThread]) -> None:
+    control, sets = await facade(stores)
+    try:
+        await sets.broadcast(Pause(kind=KIND, holder="ops:c", reason="outage"), actor="carol")
+        await sets.broadcast(Resume(kind=KIND, holder="ops:c"), actor="carol")
+        passes: list[int] = []
+        loop = asyncio.create_task(sets.repair_settings_forever(0.05, lambda ids, _report: passes.append(len(ids)),
+                                                                keep_ms=0))  # fmt: skip
+        try:
+            for _ in range(200):
+                names = {d.name for d in (await control.queue.documents(cluster_settings.NAMESPACE)).value.documents}
+                if not names:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            loop.cancel()
+        assert names == set() and passes and set(passes) == {3}
     finally:
         await sets.close()
