@@ -383,7 +383,7 @@ async def prune(
     version = read.value.version
     pruned: list[str] = []
     for name in sorted(old.keys() - held_somewhere):
-        reason = _text(f"prune: every set ({', '.join(map(str, ids))}) holds this absence, recorded over a day ago")
+        reason = _text(f"prune: every set ({', '.join(map(str, ids))}) holds this absence, recorded {keep_ms // 1000} s ago or more")
         result = await control.put_document(NAMESPACE, name, None, actor=REPAIR_ACTOR, reason=reason,
                                             expected_version=version)  # fmt: skip
         if not isinstance(result, DocumentResult) or result.code is not Code.OK:

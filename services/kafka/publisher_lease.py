@@ -16,8 +16,9 @@ Every write is a compare-and-set on the namespace's version as the writer read i
 the claim it saw it still held. Of two standbys that find the claim expired, one write lands and
 the other's is refused (CONFLICT), so it reads again and finds the claim live. A holder paused
 between its read and its renewal finds its write refused once another took over, and stands
-down. The only overlap left is a holder paused mid-batch past its own lease (it stops at its next
-renewal): that only publishes some events twice, which consumers drop by sequence number; it never
+down. The only overlap left is a holder whose whole process stalled past its own lease (a slow
+round alone does not: the publisher renews while a round runs), and it stops at its next renewal:
+that only publishes some events twice, which consumers drop by sequence number; it never
 loses one, because a cursor is only ever written by a publisher that had every event up to it
 acknowledged, starting from a cursor with the same property (docs/kafka.md).
 
