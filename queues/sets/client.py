@@ -385,9 +385,8 @@ class SetsClient:
         ids = [entry.id for entry in self.table.sets] if set_ids is None else sorted(set_ids)
         return await settings.repair(self.control.queue, {s: self.client(s) for s in ids})
 
-    async def repair_settings_forever(
-        self, period_s: float, observe: RepairObserver | None = None, *, keep_ms: int = settings.ABSENCE_KEEP_MS
-    ) -> None:
+    async def repair_settings_forever(self, period_s: float, observe: RepairObserver | None = None, *,
+                                      keep_ms: int = settings.ABSENCE_KEEP_MS) -> None:  # fmt: skip
         """`repair_settings` every `period_s` (the table re-read first, so a set added later is
         compared too) until cancelled, then `prune_settings` when every set was compared; a pass
         that fails is logged and tried again. `observe` is told of each pass: the sets compared
@@ -403,23 +402,22 @@ class SetsClient:
                 if observe is not None:
                     observe(compared, None)
                 continue
-            for set_id, failure in report.items():
-                if isinstance(failure, Exception):
-                    log.warning("set %d cannot be compared with the intended settings (next pass retries): %s",
-                                set_id, failure)  # fmt: skip
+            failed = {set_id: failure for set_id, failure in report.items() if isinstance(failure, Exception)}
+            for set_id, failure in failed.items():
+                log.warning("set %d cannot be compared with the intended settings (next pass retries): %s",
+                            set_id, failure)  # fmt: skip
             if observe is not None:
                 observe(compared, report)
-            if not any(isinstance(failure, Exception) for failure in report.values()):
+            if not failed:
                 try:
                     await self.prune_settings(keep_ms=keep_ms)
                 except (ClientError, QueueError) as error:
                     log.warning("old absences were not pruned from the intended settings (next pass retries): %s", error)
 
     async def prune_settings(self, *, keep_ms: int = settings.ABSENCE_KEEP_MS) -> list[str]:
-        """settings.prune over every set of the table: the intended absences deleted."""
-        if self.control is None:
-            return []
-        return await settings.prune(self.control.queue, {e.id: self.client(e.id) for e in self.table.sets}, keep_ms=keep_ms)
+        """settings.prune over every set of the table: the intended absences deleted (none without a control set)."""
+        control = None if self.control is None else self.control.queue
+        return await settings.prune(control, {e.id: self.client(e.id) for e in self.table.sets}, keep_ms=keep_ms)
 
     async def close(self) -> None:
         self._retired.cancel()

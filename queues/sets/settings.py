@@ -352,7 +352,7 @@ def absence(setting: Setting) -> bool:
 
 
 async def prune(
-    control: QueueClient, clients: Mapping[int, QueueClient], *, keep_ms: int = ABSENCE_KEEP_MS
+    control: QueueClient | None, clients: Mapping[int, QueueClient], *, keep_ms: int = ABSENCE_KEEP_MS
 ) -> list[str]:
     """Delete from the control set the intents that record an absence, once older than `keep_ms`
     and held by every set in `clients`, which must be **every set of the table** (a set not
@@ -363,7 +363,10 @@ async def prune(
     one per kind and holder ever paused. Each deletion is a compare and set on the namespace's
     version as read before the sets were compared, chained from one to the next: an operator's
     write in the meantime (the same holder paused again) refuses it, and the next pass looks again.
-    Each deletion is a `document_put` of the control set, audited there as REPAIR_ACTOR."""
+    Each deletion is a `document_put` of the control set, audited there as REPAIR_ACTOR. Without
+    a control set (one set) there are no intents, so nothing to prune."""
+    if control is None:
+        return []
     read = await control.documents(NAMESPACE)
     old: dict[str, Setting] = {}
     for document in read.value.documents:
