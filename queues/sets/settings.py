@@ -389,7 +389,7 @@ async def prune(
         reason = _text(f"prune: every set ({', '.join(map(str, ids))}) holds this absence, recorded {keep_ms // 1000} s ago or more")
         result = await control.put_document(NAMESPACE, name, None, actor=REPAIR_ACTOR, reason=reason,
                                             expected_version=version)  # fmt: skip
-        if not isinstance(result, DocumentResult) or result.code is not Code.OK:
+        if result.code is not Code.OK:
             break  # the intents changed since they were read: the next pass decides again
         version = result.version
         pruned.append(name)

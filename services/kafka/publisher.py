@@ -113,6 +113,7 @@ class EventPublisher:
         self._clock_s = clock_s
         self._refs = MessageRefs(queue, settings.refs_cached_max)
         self._renew_at_s = float("-inf")
+        self._renew_every_s = settings.lease_ms / RENEWALS_PER_LEASE / 1000
         self.acked = 0
         """Every event up to this sequence number was acknowledged by the broker (while active)."""
 
@@ -123,7 +124,7 @@ class EventPublisher:
             while not stop.is_set():
                 try:
                     if not await self._hold_lease():
-                        await _sleep(stop, settings.lease_ms / RENEWALS_PER_LEASE / 1000)
+                        await _sleep(stop, self._renew_every_s)
                     elif not await self._publish_renewing():
                         await _sleep(stop, settings.poll_ms / 1000)
                 except (ClientError, QueueError) as error:
@@ -139,7 +140,6 @@ class EventPublisher:
 
     async def _hold_lease(self) -> bool:
         now_s = self._clock_s()
-        renew_every_s = self._settings.lease_ms / RENEWALS_PER_LEASE / 1000
         if self._lease.valid and now_s < self._renew_at_s:
             return True
         if self._lease.valid and await self._renew():
@@ -151,14 +151,14 @@ class EventPublisher:
         log.info("%s is the active publisher to %s from seq %d", self._lease.holder, self._settings.topic, cursor + 1)
         self.acked = cursor
         self._metrics.publisher_cursor.set(cursor)
-        self._renew_at_s = now_s + renew_every_s
+        self._renew_at_s = now_s + self._renew_every_s
         return True
 
     async def _renew(self) -> bool:
         """Renew the claim now, saving the cursor; False (logged) when it was lost."""
         now_s = self._clock_s()
         if await self._lease.renew(self.acked):
-            self._renew_at_s = now_s + self._settings.lease_ms / RENEWALS_PER_LEASE / 1000
+            self._renew_at_s = now_s + self._renew_every_s
             return True
         log.warning("lease lost at seq %d (taken over or run out); standing by", self.acked)
         return False

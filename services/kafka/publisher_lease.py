@@ -87,9 +87,6 @@ class PublisherLease:
     def valid(self) -> bool:
         return self._clock_s() < self._valid_until_s
 
-    async def read(self) -> Claim | None:
-        return (await self._read())[0]
-
     async def acquire(self) -> int | None:
         """The cursor to resume from if this publisher now holds the claim, else None."""
         for _ in range(WRITE_TRIES):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 from kafka_support import Broker, read_topic, until
 from opentelemetry import trace
@@ -152,6 +152,38 @@ async def test_a_holder_paused_between_its_read_and_its_renewal_never_takes_back
     assert (body.holder, body.cursor) == ("b", 0)
 
 
+class WrappedSink(Protocol):
+    sink: RecordSink
+
+    async def send_all(self, topic: str, records: Sequence[Record]) -> None: ...
+
+
+W = TypeVar("W", bound=WrappedSink)
+
+
+@contextlib.asynccontextmanager
+async def publishing_to(
+    queue: QueueClient, broker: Broker, wrap: Callable[[RecordSink], W], *, lease_ms: int
+) -> AsyncIterator[tuple[EventPublisher, W, PublisherLease, KafkaMetrics]]:
+    """A publisher "p" running over the real sink wrapped in `wrap` (batches of 8, polls and retries
+    every 20 ms), stopped and its sink closed on the way out."""
+    settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
+    await ensure_topics(settings, [TOPIC], 3)
+    sink = wrap(RecordSink(settings))
+    metrics = KafkaMetrics()
+    lease = PublisherLease(queue, name=TOPIC, holder="p", lease_ms=lease_ms)
+    publisher = EventPublisher(queue, sink, lease, PublisherSettings(topic=TOPIC, batch_max=8, poll_ms=20,
+                               lease_ms=lease_ms, retry_ms=20), metrics=metrics, tracer=trace.NoOpTracer())  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(publisher.run(stop))
+    try:
+        yield publisher, sink, lease, metrics
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await sink.sink.close()
+
+
 class HalfFailingSink:
     """The real sink, except that every third batch sends only its first half and then fails (a
     broker that acknowledged part of a batch): the publisher must send that batch again whole."""
@@ -181,23 +213,10 @@ async def test_a_batch_acknowledged_only_in_part_is_sent_again_and_the_cursor_wa
 ) -> None:
     await enqueue(queue, 0, 60)
     target = await last_seq(queue)
-    settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
-    await ensure_topics(settings, [TOPIC], 3)
-    sink = HalfFailingSink(RecordSink(settings))
-    metrics = KafkaMetrics()
-    lease = PublisherLease(queue, name=TOPIC, holder="p", lease_ms=3000)
-    publisher = EventPublisher(queue, sink, lease, PublisherSettings(topic=TOPIC, batch_max=8, poll_ms=20, lease_ms=3000,
-                               retry_ms=20), metrics=metrics, tracer=trace.NoOpTracer())  # fmt: skip
-    stop = asyncio.Event()
-    task = asyncio.create_task(publisher.run(stop))
-    try:
+    async with publishing_to(queue, broker, HalfFailingSink, lease_ms=3000) as (publisher, sink, _lease, metrics):
         while publisher.acked < target:  # the cursor never passes an event the broker did not acknowledge
             assert set(range(1, publisher.acked + 1)) <= sink.acknowledged
             await asyncio.sleep(0.005)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await sink.sink.close()
     assert sink.failed >= 2 and metrics.publish_failures.labels("broker")._value.get() == sink.failed
     records = await read_topic(broker.bootstrap, TOPIC)
     await check_topic(queue, records, target)
@@ -208,7 +227,7 @@ class SlowSink:
     """The real sink, but the first batch takes `stall_s` before it is sent: a broker electing a
     partition leader, longer than the publisher's whole lease."""
 
-    def __init__(self, sink: RecordSink, stall_s: float) -> None:
+    def __init__(self, sink: RecordSink, stall_s: float = 2.0) -> None:
         self.sink = sink
         self.stall_s = stall_s
         self.batches = 0
@@ -225,26 +244,14 @@ async def test_a_batch_slower_than_the_lease_keeps_the_claim_renewed_and_no_stan
 ) -> None:
     await enqueue(queue, 0, 30)
     target = await last_seq(queue)
-    settings = BrokerSettings(bootstrap_servers=(broker.bootstrap,))
-    await ensure_topics(settings, [TOPIC], 3)
-    sink = SlowSink(RecordSink(settings), stall_s=2.0)
-    lease = PublisherLease(queue, name=TOPIC, holder="p", lease_ms=600)
-    publisher = EventPublisher(queue, sink, lease, PublisherSettings(topic=TOPIC, batch_max=8, poll_ms=20, lease_ms=600,
-                               retry_ms=20), metrics=KafkaMetrics(), tracer=trace.NoOpTracer())  # fmt: skip
     standby = PublisherLease(queue, name=TOPIC, holder="s", lease_ms=600)
-    stop = asyncio.Event()
-    task = asyncio.create_task(publisher.run(stop))
-    try:
+    async with publishing_to(queue, broker, SlowSink, lease_ms=600) as (publisher, sink, lease, _metrics):
         while not lease.valid:  # the publisher takes the claim first
             await asyncio.sleep(0.005)
         while publisher.acked < target:
             assert await standby.acquire() is None, "the claim lapsed while its holder was still sending"
             await asyncio.sleep(0.05)
         assert sink.batches > 1 and (await lease_body(queue)).holder == "p"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await sink.sink.close()
     await check_topic(queue, await read_topic(broker.bootstrap, TOPIC), target)
 
 
