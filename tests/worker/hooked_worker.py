@@ -3,7 +3,8 @@ started as ``python tests/worker/hooked_worker.py worker --id ...``. Each hook i
 an environment variable the test sets for the process it starts; without them this is `compensator`.
 
 - ``EXACTLY_ONCE_STOP_FILE=<path>``: when a POST is about to enter the gateway while that file
-  exists, the file is removed, ``hook: stopping before POST`` is printed, and the process stops
+  exists, the file is removed (of several workers given the same file, the one whose removal
+  succeeds), ``hook: stopping before POST`` is printed, and the process stops
   itself (SIGSTOP). A worker paused right before its send, deterministically: the test waits until
   the lease has passed, then sends SIGCONT.
 - ``EXACTLY_ONCE_PLANTED_BUG=resend_without_wait``: the transfer handler neither waits for earlier
@@ -14,7 +15,6 @@ an environment variable the test sets for the process it starts; without them th
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -33,10 +33,13 @@ def install() -> None:
 
         async def send(self: gateway.Gateway, request: gateway.Outbound) -> Any:
             if request.method == "POST" and os.path.exists(stop_file):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(stop_file)
-                print(f"hook: stopping before POST {request.url}", flush=True)
-                os.kill(os.getpid(), signal.SIGSTOP)
+                try:
+                    os.remove(stop_file)  # of workers sharing the file, the one that removes it stops
+                except FileNotFoundError:
+                    pass
+                else:
+                    print(f"hook: stopping before POST {request.url}", flush=True)
+                    os.kill(os.getpid(), signal.SIGSTOP)
             return await original(self, request)
 
         gateway.Gateway.send = send  # type: ignore[method-assign]

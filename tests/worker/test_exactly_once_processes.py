@@ -78,7 +78,7 @@ SKEW_MS: Final = 200
 HORIZON_S: Final = 3.0
 POLICY: Final = RetryPolicy(tiers_ms=(100, 300, 600), tier_jitter_ratio=0.2, attempts_max=100)
 WORKER_IDS: Final = ("w1", "w2", "w3")
-"""w3 carries the stop-before-send hook."""
+"""Each carries the stop-before-send hook (`Faults.stop_before_send`)."""
 
 
 # ---- the stand-ins in a mode, the proxy before the payment system -----------------------------
@@ -176,6 +176,11 @@ def hooked(tmp_path: Path) -> Iterator[Callable[[dict[str, str], dict[str, dict[
             group.stop_all()
 
 
+def stop_hooks(tmp_path: Path) -> dict[str, dict[str, str]]:
+    """Every worker's hook (tests/worker/hooked_worker.py): the first to POST once the file exists stops."""
+    return {slot: {"EXACTLY_ONCE_STOP_FILE": str(tmp_path / "stop-before-send")} for slot in WORKER_IDS}
+
+
 def handler_events(worker: WorkerProcess) -> collections.Counter[str]:
     found: collections.Counter[str] = collections.Counter()
     for (name, labels), value in worker.metrics().items():
@@ -194,35 +199,43 @@ class Faults(Chaos):
 
     stop_file: Path = Path("/nonexistent")
 
-    async def stop_before_send(self, slot: str) -> None:
-        """The worker's hook stops it as its next POST enters the gateway; resumed past the lease."""
-        worker = self.current[slot]
+    stopped: str = ""
+    """The slot of the worker that stopped right before its send."""
+
+    async def stop_before_send(self) -> None:
+        """The first worker whose POST enters the gateway next stops there (every worker carries
+        the hook; the one that removes the file stops); resumed once its lease has passed."""
         self.stop_file.touch()
         deadline = time.monotonic() + HOLDING_WAIT_S
-        while "hook: stopping before POST" not in worker.log.read_text(errors="replace"):
-            assert time.monotonic() < deadline, f"{worker.worker_id} sent no POST: {worker.tail()}"
+        while not (slots := [slot for slot in self.running()
+                             if "hook: stopping before POST" in self.current[slot].log.read_text(errors="replace")]):  # fmt: skip
+            assert time.monotonic() < deadline, "no worker sent a POST: " + "\n".join(
+                self.current[slot].tail() for slot in self.running())  # fmt: skip
             await asyncio.sleep(0.05)
+        (self.stopped,) = slots
+        self.spared.add(self.stopped)
+        worker = self.current[self.stopped]
         await asyncio.sleep(LEASE_MS / 1000 + 1.0)
         worker.signal(signal.SIGCONT)
         self.faults.append(Fault("SIGSTOP right before its send, past its lease", worker.worker_id))
 
     async def run(self) -> None:
         await self.at(1.5)
-        await self.kill("w1")
+        killed = await self.kill()
         await self.at(2.5)
-        self.start("w1")
+        self.start(killed)
         await self.at(3.0)
-        await self.stop_before_send("w3")
+        await self.stop_before_send()
         await self.at(7.0)
         leader = await self.kill_leader()
         await self.at(8.5)
         self.cluster.start(leader)
         await self.at(9.0)
-        await self.pause("w2", LEASE_MS / 1000 + 1.0)
+        await self.pause(LEASE_MS / 1000 + 1.0)
         await self.at(13.0)
-        await self.kill("w1", mid_attempt=False)  # the first kill was mid-attempt; by now the work may be drained
+        killed = await self.kill(mid_attempt=False)  # the first kill was mid-attempt; by now the work may be drained
         await self.at(14.0)
-        self.start("w1")
+        self.start(killed)
 
     def said(self) -> list[tuple[str, str, int]]:
         return [(fault.what, fault.target, len(fault.held)) for fault in self.faults]
@@ -333,13 +346,13 @@ async def test_with_expiry_enforced_every_transfer_is_paid_exactly_once_through_
     before = await expiring.stats()
     with proxy_before(expiring) as proxy:
         workers = hooked(worker_env(cluster, expiring, proxy, guarantee="expiry", clock_skew_ms=SKEW_MS),
-                         {"w3": {"EXACTLY_ONCE_STOP_FILE": str(tmp_path / "stop-before-send")}})  # fmt: skip
+                         stop_hooks(tmp_path))  # fmt: skip
         finished, paid, plan = await run_expiry_scenario(
             cluster, expiring, workers, proxy, workload, faults=EXPIRY_FAULTS, transfers=EXPIRY_TRANSFERS, chaos=True,
             tmp_path=tmp_path,
         )  # fmt: skip
         fates = proxy.counts()
-        stopped = handler_events(plan.current["w3"])
+        stopped = handler_events(plan.current[plan.stopped])
         events = sum((handler_events(w) for w in plan.current.values()), collections.Counter[str]())
     after = await expiring.stats()
     check_paid_exactly_once(paid, workload)
@@ -393,7 +406,7 @@ async def test_without_a_guarantee_no_transfer_is_paid_twice_and_the_unknown_are
     workload = Workload(run=f"none-{uuid.uuid4().hex[:6]}")
     with proxy_before(unguarded) as proxy:
         workers = hooked(worker_env(cluster, unguarded, proxy, guarantee="none", in_flight_horizon_s=HORIZON_S),
-                         {"w3": {"EXACTLY_ONCE_STOP_FILE": str(tmp_path / "stop-before-send")}})  # fmt: skip
+                         stop_hooks(tmp_path))  # fmt: skip
         finished, paid, plan = await run_expiry_scenario(
             cluster, unguarded, workers, proxy, workload, faults=UNGUARDED_FAULTS, transfers=UNGUARDED_TRANSFERS,
             chaos=True, tmp_path=tmp_path,

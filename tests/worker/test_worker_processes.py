@@ -422,10 +422,14 @@ async def events(queue: QueueClient) -> list[Event]:
     return found
 
 
-async def held_by(queue: QueueClient, workload: Workload, worker_id: str) -> dict[int, int]:
-    """The leases `worker_id` holds now, by the store: message id -> token."""
-    held = await views(queue, sorted(workload.ids.values()), with_history=False)
-    return {v.message_id: v.token for v in held if v.state is State.LEASED and v.lease_worker == worker_id}
+async def held_by(queue: QueueClient, workload: Workload, *worker_ids: str) -> dict[str, dict[int, int]]:
+    """The leases each of `worker_ids` holds now, by the store: worker -> message id -> token
+    (a worker that holds none is left out)."""
+    held: dict[str, dict[int, int]] = {}
+    for v in await views(queue, sorted(workload.ids.values()), with_history=False):
+        if v.state is State.LEASED and v.lease_worker in worker_ids:
+            held.setdefault(v.lease_worker, {})[v.message_id] = v.token
+    return held
 
 
 async def until_terminal(queue: QueueClient, workload: Workload, timeout_s: float) -> float:
@@ -552,52 +556,78 @@ class Chaos:
     generations: collections.Counter[str] = field(default_factory=collections.Counter)
     faults: list[Fault] = field(default_factory=list)
 
+    down: set[str] = field(default_factory=set)
+    """Slots whose worker was killed and not yet started again."""
+    paused: str = ""
+    """The slot of the worker that was paused: never killed after, so its settlements can be read."""
+    spared: set[str] = field(default_factory=set)
+    """Slots never killed: a check reads their workers' metrics after the scenario."""
+
     def start(self, slot: str) -> None:
         self.current[slot] = self.workers.start(f"{slot}.{self.generations[slot]}")
         self.generations[slot] += 1
+        self.down.discard(slot)
+
+    def running(self, *, but: Sequence[str] = ()) -> list[str]:
+        return [slot for slot in self.current if slot not in self.down and slot not in but]
 
     async def at(self, offset_s: float) -> None:
         await asyncio.sleep(max(0.0, self.started_s + offset_s - time.monotonic()))
 
-    async def frozen_mid_attempt(self, slot: str, *, required: bool = True) -> tuple[WorkerProcess, dict[int, int]]:
-        """The slot's worker stopped (SIGSTOP) while it holds leases, and those leases, read once
-        SETTLE_S passed: a settlement it sent before it stopped has landed by then, so each lease
-        left is an attempt it cannot finish while stopped (and never will if it is then killed).
-        Not `required`: a worker that held none for HOLDING_WAIT_S is stopped idle (late in a
-        scenario whose work is nearly drained, on a store where a lease lasts milliseconds)."""
-        worker = self.current[slot]
+    async def frozen_mid_attempt(self, slots: Sequence[str], *, required: bool = True) -> tuple[str, dict[int, int]]:
+        """One of `slots`' workers stopped (SIGSTOP) while it holds leases, and those leases, read
+        once SETTLE_S passed: a settlement it sent before it stopped has landed by then, so each
+        lease left is an attempt it cannot finish while stopped (and never will if it is then
+        killed). Whichever of them holds work is the one: the store hands work to whichever
+        worker asks first, so one named worker may go seconds without any (seen in CI), while
+        some worker holds work whenever work flows. Not `required`: if none held any for
+        HOLDING_WAIT_S, the first is stopped idle (late in a scenario whose work is nearly drained,
+        on a store where a lease lasts milliseconds)."""
         deadline = time.monotonic() + HOLDING_WAIT_S
         stopped_too_late = 0
         while True:
             if not required and time.monotonic() >= deadline:
-                worker.signal(signal.SIGSTOP)
-                return worker, {}
+                self.current[slots[0]].signal(signal.SIGSTOP)
+                return slots[0], {}
             assert time.monotonic() < deadline, (
-                f"{worker.worker_id} held no lease for {HOLDING_WAIT_S} s (stopped {stopped_too_late} times just"
-                f" after its attempts ended); its log ends:\n{worker.tail()}")  # fmt: skip
-            if not await held_by(self.queue, self.workload, worker.worker_id):
+                f"none of {list(slots)} held a lease for {HOLDING_WAIT_S} s (stopped {stopped_too_late} times just"
+                f" after its attempts ended); their logs end:\n"
+                + "\n".join(self.current[slot].tail() for slot in slots))  # fmt: skip
+            holding = await held_by(self.queue, self.workload, *(self.current[slot].worker_id for slot in slots))
+            slot = next((slot for slot in slots if holding.get(self.current[slot].worker_id)), None)
+            if slot is None:
                 await asyncio.sleep(0.05)
                 continue
+            worker = self.current[slot]
             worker.signal(signal.SIGSTOP)
             await asyncio.sleep(SETTLE_S)
-            held = await held_by(self.queue, self.workload, worker.worker_id)
+            held = (await held_by(self.queue, self.workload, worker.worker_id)).get(worker.worker_id, {})
             if held:
-                return worker, held
+                return slot, held
             stopped_too_late += 1
             worker.signal(signal.SIGCONT)  # its attempts ended as it stopped: try again
 
-    async def kill(self, slot: str, *, mid_attempt: bool = True) -> None:
-        """kill -9 of the slot's worker: mid-attempt, or (not `mid_attempt`) idle if it holds nothing."""
-        worker, held = await self.frozen_mid_attempt(slot, required=mid_attempt)
+    async def kill(self, *, mid_attempt: bool = True) -> str:
+        """kill -9 of a running worker but the spared ones, mid-attempt (or, not
+        `mid_attempt`, idle if none holds anything); the slot, to start again."""
+        slot, held = await self.frozen_mid_attempt(self.running(but=sorted(self.spared)), required=mid_attempt)
+        worker = self.current[slot]
         worker.signal(signal.SIGKILL)
         worker.process.wait(10)
+        self.down.add(slot)
         self.faults.append(Fault("kill -9 worker", worker.worker_id, held))
+        return slot
 
-    async def pause(self, slot: str, pause_s: float) -> None:
-        worker, held = await self.frozen_mid_attempt(slot)
+    async def pause(self, pause_s: float) -> str:
+        """SIGSTOP of a running worker mid-attempt for `pause_s`; the slot (never killed after)."""
+        slot, held = await self.frozen_mid_attempt(self.running())
+        worker = self.current[slot]
+        self.paused = slot
+        self.spared.add(slot)
         self.faults.append(Fault(f"SIGSTOP worker {pause_s:g} s", worker.worker_id, held))
         await asyncio.sleep(pause_s - SETTLE_S)
         worker.signal(signal.SIGCONT)
+        return slot
 
     async def kill_leader(self) -> int:
         leader = await self.cluster.wait_leader(self.queue.raft)
@@ -607,23 +637,23 @@ class Chaos:
 
     async def run(self) -> None:
         await self.at(2.0)
-        await self.kill("w1")
+        killed = await self.kill()
         await self.at(3.5)
-        self.start("w1")
+        self.start(killed)
         await self.at(6.0)
         leader = await self.kill_leader()
         await self.at(8.0)
         self.cluster.start(leader)
         await self.at(10.0)
-        await self.pause("w2", CHAOS_LEASE_MS / 1000 + 2.0)
+        await self.pause(CHAOS_LEASE_MS / 1000 + 2.0)
         await self.at(16.0)
-        await self.kill("w3")
+        killed = await self.kill()
         await self.at(17.5)
-        self.start("w3")
+        self.start(killed)
         await self.at(19.0)
-        await self.kill("w1")
+        killed = await self.kill()
         await self.at(20.5)
-        self.start("w1")
+        self.start(killed)
 
 
 async def check_stored(queue: QueueClient, workload: Workload, finished: Sequence[MessageView]) -> list[MessageView]:
@@ -748,7 +778,7 @@ async def test_payments_stay_exactly_once_under_downstream_faults_worker_kills_a
         finished = await views(queue, sorted(workload.ids.values()))
         dead = await check_stored(queue, workload, finished)
         found = await events(queue)
-        paused = chaos.current["w2"]  # never killed: the worker that was paused past its leases
+        paused = chaos.current[chaos.paused]  # never killed: the worker that was paused past its leases
         settled = settlements(paused)
         after = await standins.stats()
     assert all(worker.running() for worker in chaos.current.values()), "a worker exited on its own"
@@ -918,7 +948,7 @@ async def test_sigterm_drains_a_busy_worker_and_hands_back_what_it_held_at_once(
         ids = sorted(workload.ids.values())
 
         async def all_sent() -> bool:
-            held = await held_by(queue, workload, "busy")
+            held = (await held_by(queue, workload, "busy")).get("busy", {})
             sent = (await standins.stats())["payment"]["requests"] - sent_before
             return len(held) == DRAIN_MESSAGES and sent >= DRAIN_MESSAGES
 
@@ -926,7 +956,7 @@ async def test_sigterm_drains_a_busy_worker_and_hands_back_what_it_held_at_once(
         other = workers.start("other")  # idle until the busy worker hands its work back
         await workers.wait_running(other)
         await standins.faults("payment")  # what follows is quick; the busy worker's calls still wait
-        assert sorted(await held_by(queue, workload, "busy")) == ids
+        assert sorted((await held_by(queue, workload, "busy")).get("busy", {})) == ids
         signalled = time.monotonic()
         busy.signal(signal.SIGTERM)
         while busy.running():
