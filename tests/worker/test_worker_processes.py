@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -422,14 +422,19 @@ async def events(queue: QueueClient) -> list[Event]:
     return found
 
 
-async def held_by(queue: QueueClient, workload: Workload, *worker_ids: str) -> dict[str, dict[int, int]]:
-    """The leases each of `worker_ids` holds now, by the store: worker -> message id -> token
-    (a worker that holds none is left out)."""
+async def holders(queue: QueueClient, workload: Workload) -> dict[str, dict[int, int]]:
+    """The leases on the workload now, by the store: worker -> message id -> token (a worker that
+    holds none is left out); one read for every worker."""
     held: dict[str, dict[int, int]] = {}
     for v in await views(queue, sorted(workload.ids.values()), with_history=False):
-        if v.state is State.LEASED and v.lease_worker in worker_ids:
+        if v.state is State.LEASED and v.lease_worker is not None:
             held.setdefault(v.lease_worker, {})[v.message_id] = v.token
     return held
+
+
+async def held_by(queue: QueueClient, workload: Workload, worker_id: str) -> dict[int, int]:
+    """The leases `worker_id` holds now, by the store: message id -> token."""
+    return (await holders(queue, workload)).get(worker_id, {})
 
 
 async def until_terminal(queue: QueueClient, workload: Workload, timeout_s: float) -> float:
@@ -568,7 +573,7 @@ class Chaos:
         self.generations[slot] += 1
         self.down.discard(slot)
 
-    def running(self, *, but: Sequence[str] = ()) -> list[str]:
+    def running(self, *, but: Collection[str] = ()) -> list[str]:
         return [slot for slot in self.current if slot not in self.down and slot not in but]
 
     async def at(self, offset_s: float) -> None:
@@ -593,7 +598,7 @@ class Chaos:
                 f"none of {list(slots)} held a lease for {HOLDING_WAIT_S} s (stopped {stopped_too_late} times just"
                 f" after its attempts ended); their logs end:\n"
                 + "\n".join(self.current[slot].tail() for slot in slots))  # fmt: skip
-            holding = await held_by(self.queue, self.workload, *(self.current[slot].worker_id for slot in slots))
+            holding = await holders(self.queue, self.workload)
             slot = next((slot for slot in slots if holding.get(self.current[slot].worker_id)), None)
             if slot is None:
                 await asyncio.sleep(0.05)
@@ -601,7 +606,7 @@ class Chaos:
             worker = self.current[slot]
             worker.signal(signal.SIGSTOP)
             await asyncio.sleep(SETTLE_S)
-            held = (await held_by(self.queue, self.workload, worker.worker_id)).get(worker.worker_id, {})
+            held = await held_by(self.queue, self.workload, worker.worker_id)
             if held:
                 return slot, held
             stopped_too_late += 1
@@ -610,7 +615,7 @@ class Chaos:
     async def kill(self, *, mid_attempt: bool = True) -> str:
         """kill -9 of a running worker but the spared ones, mid-attempt (or, not
         `mid_attempt`, idle if none holds anything); the slot, to start again."""
-        slot, held = await self.frozen_mid_attempt(self.running(but=sorted(self.spared)), required=mid_attempt)
+        slot, held = await self.frozen_mid_attempt(self.running(but=self.spared), required=mid_attempt)
         worker = self.current[slot]
         worker.signal(signal.SIGKILL)
         worker.process.wait(10)
@@ -948,7 +953,7 @@ async def test_sigterm_drains_a_busy_worker_and_hands_back_what_it_held_at_once(
         ids = sorted(workload.ids.values())
 
         async def all_sent() -> bool:
-            held = (await held_by(queue, workload, "busy")).get("busy", {})
+            held = await held_by(queue, workload, "busy")
             sent = (await standins.stats())["payment"]["requests"] - sent_before
             return len(held) == DRAIN_MESSAGES and sent >= DRAIN_MESSAGES
 
@@ -956,7 +961,7 @@ async def test_sigterm_drains_a_busy_worker_and_hands_back_what_it_held_at_once(
         other = workers.start("other")  # idle until the busy worker hands its work back
         await workers.wait_running(other)
         await standins.faults("payment")  # what follows is quick; the busy worker's calls still wait
-        assert sorted((await held_by(queue, workload, "busy")).get("busy", {})) == ids
+        assert sorted(await held_by(queue, workload, "busy")) == ids
         signalled = time.monotonic()
         busy.signal(signal.SIGTERM)
         while busy.running():
