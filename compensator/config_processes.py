@@ -199,6 +199,8 @@ class StoreNodeConfig(Section, frozen=True):
     """Log entries between snapshots."""
     snapshot_every_mib: int = 64
     """MiB of log between snapshots."""
+    wal_preallocate: bool = True
+    """Zero-fill the log's next segment on a thread ahead of need, so each fsync flushes data, not the file system's journal (docs/storage.md); false on copy-on-write file systems (btrfs, ZFS), where it buys nothing."""
     metrics_port: int = 0
     """Prometheus metrics (the node's Raft state and its replica's queue depth) on metrics_host:port (0: off)."""
     metrics_host: str = "127.0.0.1"

@@ -128,6 +128,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         snapshot_every_entries=int(settings.get("snapshot_every_entries", args.snapshot_every)),
         snapshot_every_bytes=int(settings.get("snapshot_every_mib", args.snapshot_every_mib)) << 20,
         volatile_until_fsync=bool(args.volatile or settings.get("volatile_until_fsync", False)),
+        wal_preallocate=bool(settings.get("wal_preallocate", True)),
         client_addresses=client_addresses,
         auth=store_auth(args, settings),
     )

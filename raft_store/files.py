@@ -125,11 +125,18 @@ class FaultHook:
             raise OSError(errno.EIO, "injected fsync failure", str(path))
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
-        n = os.write(fd, view)
+        n = os.pwrite(fd, view, offset)
         view = view[n:]
+        offset += n
+
+
+# fdatasync skips the inode's timestamps; the size and block map, which reading the data back
+# needs, it still flushes. Writes into a preallocated (zero-filled, synced) segment change
+# neither, so their sync is one data flush with no journal commit.
+datasync = getattr(os, "fdatasync", os.fsync)
 
 
 class FileSystem:
@@ -165,15 +172,27 @@ class FileSystem:
         """Create a new, empty file for appending (never reuses a name: O_EXCL)."""
         self.before_op("create", path)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, PRIVATE_FILE)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
         except OSError as err:
             raise self.fail(err, "create", path) from err
-        return AppendFile(self, path, fd, 0)
+        return AppendFile(self, path, fd, 0, 0)
 
-    def open_append(self, path: Path) -> AppendFile:
+    def open_at(self, path: Path, end: int) -> AppendFile:
+        """Reopen a file to write on from `end`: the bytes after it (if any) are zeros, unwritten
+        space that later writes fill instead of growing the file."""
         self.check()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        return AppendFile(self, path, fd, os.fstat(fd).st_size)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        return AppendFile(self, path, fd, end, os.fstat(fd).st_size)
+
+    def adopt(self, spare: Path, path: Path) -> AppendFile:
+        """Give a zero-filled, synced spare file its segment name and open it to write from 0.
+        The new name becomes durable with the caller's next directory fsync, like a created file's."""
+        self.rename(spare, path)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as err:
+            raise self.fail(err, "create", path) from err
+        return AppendFile(self, path, fd, 0, os.fstat(fd).st_size)
 
     def fsync_dir(self, directory: Path) -> None:
         self.before_op("fsync_dir", directory)
@@ -225,15 +244,19 @@ class FileSystem:
 
 
 class AppendFile:
-    """An append-only file; `size` counts held (volatile) bytes too."""
+    """A file written at its end, `size` (which counts held, volatile bytes too). The file may be
+    longer: `capacity` bytes exist on disk, the ones past `size` zeros (a preallocated segment),
+    which writes overwrite instead of growing the file."""
 
-    __slots__ = ("_fd", "_fs", "_held", "path", "size")
+    __slots__ = ("_fd", "_fs", "_held", "_written", "capacity", "path", "size")
 
-    def __init__(self, fs: FileSystem, path: Path, fd: int, size: int) -> None:
+    def __init__(self, fs: FileSystem, path: Path, fd: int, size: int, capacity: int) -> None:
         self._fs = fs
         self.path = path
         self._fd: int | None = fd
         self.size = size
+        self._written = size
+        self.capacity = capacity
         self._held: list[bytes] = []
 
     def write(self, data: bytes) -> None:
@@ -255,9 +278,10 @@ class AppendFile:
         if fs.fault is not None:
             fs.before_op("write", self.path)
         try:
-            _write_all(self._fd, data)
+            _write_all(self._fd, data, self._written)
         except OSError as err:
             raise fs.fail(err, "write", self.path) from err
+        self._written += len(data)
 
     def sync(self) -> None:
         fs = self._fs
@@ -270,7 +294,7 @@ class AppendFile:
         if fs.fault is not None:
             fs.before_op("fsync", self.path)
         try:
-            os.fsync(self._fd)
+            datasync(self._fd)
         except OSError as err:
             raise fs.fail(err, "fsync", self.path) from err
 

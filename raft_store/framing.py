@@ -2,8 +2,10 @@
 
 Little-endian. `length` is the payload length (the type byte is not counted). The CRC32C covers
 the type byte and the payload, so a record whose type was damaged cannot be misread as another
-kind of record. Type 0 is never written: a zero-filled region (what some file systems leave after
-a crash that extended the file but did not write its blocks) therefore never parses as a record.
+kind of record. Type 0 is never written: a zero-filled region therefore never parses as a record.
+Zeros from some offset to the end of a file are *unwritten* space: a preallocated WAL segment's
+room not used yet (raft_store/wal_spare.py), or what some file systems leave after a crash that
+extended a file but did not write its blocks. Either way nothing there was ever synced.
 
 The decoder only *classifies* what it sees (valid record, torn/incomplete, checksum mismatch);
 `scan_log` applies the recovery policy of Protocol-Aware Recovery (FAST'18): a damaged region is
@@ -111,11 +113,24 @@ class ChecksumMismatch:
     reason: str
 
 
-Decoded = Record | Torn | ChecksumMismatch
+@dataclass(frozen=True, slots=True)
+class Unwritten:
+    """Only zeros from `offset` to the end: space never written (see the module docstring)."""
+
+    offset: int
+
+
+Decoded = Record | Torn | ChecksumMismatch | Unwritten
 
 
 def _zero_tail(buf: bytes, offset: int) -> bool:
     return buf.count(0, offset) == len(buf) - offset
+
+
+def written_end(buf: bytes) -> int:
+    """One past the last non-zero byte: no record can start at or after it, since every record's
+    type byte is non-zero."""
+    return len(buf.rstrip(b"\0"))
 
 
 def decode_at(buf: bytes, offset: int) -> Decoded:
@@ -123,11 +138,11 @@ def decode_at(buf: bytes, offset: int) -> Decoded:
     size = len(buf)
     if size - offset < HEADER_SIZE:
         if _zero_tail(buf, offset):
-            return Torn(offset, "zero-filled tail")
+            return Unwritten(offset)
         return Torn(offset, f"incomplete header ({size - offset} of {HEADER_SIZE} bytes)")
     length, crc, rtype = RECORD_HEADER.unpack_from(buf, offset)
     if length == 0 and crc == 0 and rtype == 0 and _zero_tail(buf, offset):
-        return Torn(offset, "zero-filled tail")
+        return Unwritten(offset)
     start = offset + HEADER_SIZE
     end = start + length
     if length > MAX_PAYLOAD:
@@ -140,7 +155,7 @@ def decode_at(buf: bytes, offset: int) -> Decoded:
     return Record(offset, rtype, start, end)
 
 
-def scan(buf: bytes, start: int = 0) -> tuple[list[Record], Torn | ChecksumMismatch | None]:
+def scan(buf: bytes, start: int = 0) -> tuple[list[Record], Torn | ChecksumMismatch | Unwritten | None]:
     """Decode records from `start` until the end or the first problem (which is returned)."""
     records: list[Record] = []
     offset = start
@@ -177,7 +192,8 @@ def find_valid_record_after(buf: bytes, offset: int, known_types: frozenset[int]
     size = len(buf)
     view = memoryview(buf)
     unpack_from = RECORD_HEADER.unpack_from
-    for pos in range(offset + 1, size - HEADER_SIZE + 1):
+    # A record's type byte (at +8) is non-zero, so none starts in a preallocated segment's zeros.
+    for pos in range(offset + 1, min(size - HEADER_SIZE, written_end(buf) - HEADER_SIZE) + 1):
         rtype = buf[pos + 8]
         if rtype not in known_types:
             continue
@@ -202,18 +218,25 @@ class TornTail:
 
 def scan_log(
     buf: bytes, path: Path, *, is_last: bool, known_types: frozenset[int]
-) -> tuple[list[Record], TornTail | None]:
+) -> tuple[list[Record], TornTail | None, int]:
     """Apply the recovery policy to one segment's bytes.
 
-    Returns the valid records and, for the last segment only, the torn tail to truncate.
+    Returns the valid records, for the last segment only the torn tail to truncate, and where the
+    records end (the last segment is written on from there: zeros after it are unwritten space,
+    neither torn nor reported).
     Raises CorruptLogError for anything that is not provably a torn tail.
     """
     records, problem = scan(buf)
     for rec in records:
         if rec.rtype not in known_types:
             raise CorruptLogError(path, rec.offset, f"unknown record type {rec.rtype} with a valid checksum")
+    end = records[-1].end if records else 0
     if problem is None:
-        return records, None
+        return records, None, end
+    if isinstance(problem, Unwritten):
+        if not is_last:
+            raise CorruptLogError(path, problem.offset, "zero-filled tail in a segment that is not the last")
+        return records, None, end
     later = find_valid_record_after(buf, problem.offset, known_types)
     if later is not None:
         raise CorruptLogError(path, problem.offset, f"{problem.reason}, followed by a valid record at offset {later}")
@@ -222,4 +245,4 @@ def scan_log(
     # A complete-length record with a bad CRC at the very end is indistinguishable from a crash
     # that persisted the file size but not the data; it is truncated like a torn write but the
     # reason says so, so the node can treat it with suspicion.
-    return records, TornTail(path, problem.offset, len(buf) - problem.offset, problem.reason)
+    return records, TornTail(path, problem.offset, len(buf) - problem.offset, problem.reason), end

@@ -38,6 +38,9 @@ class NodeConfig:
     snapshot_every_bytes: int = 64 << 20
     volatile_until_fsync: bool = False
     segment_bytes: int = 64 << 20
+    wal_preallocate: bool = True
+    """Zero-fill the log's next segment ahead of need, so a sync flushes data and no file system
+    metadata (raft_store/wal_spare.py); off where that buys nothing, as on copy-on-write file systems."""
     client_addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Node id -> the address clients use for that node, advertised in the status answer. Peers
     may talk on a network clients cannot reach, so clients never use `peers` addresses."""

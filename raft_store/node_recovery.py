@@ -31,7 +31,10 @@ def recover(
     clock_from_machine: Callable[[], None],
 ) -> tuple[Wal, RaftCore]:  # fmt: skip
     """Open the WAL and rebuild the core's starting point (runs on the WAL thread)."""
-    wal, rec = Wal.open(cfg.data_dir / "wal", segment_bytes=cfg.segment_bytes, volatile=cfg.volatile_until_fsync)
+    wal, rec = Wal.open(
+        cfg.data_dir / "wal", segment_bytes=cfg.segment_bytes, volatile=cfg.volatile_until_fsync,
+        preallocate=cfg.wal_preallocate and not cfg.volatile_until_fsync,
+    )  # fmt: skip
     if rec.torn_tail is not None:
         log.warning("node %d: WAL torn tail truncated: %s", cfg.node_id, rec.torn_tail)
         metrics.torn_tails += 1

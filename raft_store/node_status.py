@@ -28,6 +28,7 @@ def node_status(node: Node) -> dict[str, Any]:
         for peer, pr in sorted(core.progress.items())
         if peer != config.node_id
     }
+    spare = node.wal.spare if node.wal is not None else None
     return {
         "node": config.node_id,
         "role": core.role.value,
@@ -47,7 +48,8 @@ def node_status(node: Node) -> dict[str, Any]:
         "client_addresses": {str(n): f"{h}:{p}" for n, (h, p) in sorted(config.client_addresses.items())},
         "failure": repr(node.failure) if node.failure else None,
         "clock": node.clock.status(),
-        "metrics": node.metrics.as_dict(),
+        # A spare that cannot be filled costs speed, not safety (docs/storage.md): counted, not fatal.
+        "metrics": {**node.metrics.as_dict(), "wal_spare_failures": spare.failures if spare is not None else 0},
     }
 
 

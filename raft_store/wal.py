@@ -46,6 +46,7 @@ from raft_store.wal_records import (
     Segment,
 )
 from raft_store.wal_recovery import Recovered, recover, segment_name
+from raft_store.wal_spare import SpareSegment
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -106,12 +107,14 @@ class Wal:
         segment_bytes: int,
         segments: list[Segment],
         replay: Replay,
+        spare: SpareSegment | None = None,
     ) -> None:
         self._dir = directory
         self._fs = fs
         self._segment_bytes = segment_bytes
         self._segments = segments
-        self._cur: AppendFile | None = fs.open_append(segments[-1].path) if segments else None
+        self._cur: AppendFile | None = fs.open_at(segments[-1].path, segments[-1].end) if segments else None
+        self._spare = spare
         self._offset = replay.offset
         self._terms = array("Q", [e.term for e in replay.entries])
         self._snap_index = replay.snap_index
@@ -133,13 +136,23 @@ class Wal:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         volatile: bool = False,
         fault: FaultHook | None = None,
+        preallocate: bool = False,
     ) -> tuple[Wal, Recovered]:
+        """`preallocate`: new segments are zero-filled and synced ahead of need on a thread of
+        their own (raft_store/wal_spare.py), so syncs write data only. Not with `volatile`, whose
+        point is a file that holds exactly what was synced."""
         if segment_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
+        if preallocate and volatile:
+            raise ValueError("a volatile WAL does not preallocate")
         directory = Path(directory)
         fs = FileSystem(volatile=volatile, fault=fault)
         segments, replay, recovered = recover(directory, fs)
-        return cls(directory, fs, segment_bytes, segments, replay), recovered
+        spare = SpareSegment(directory, segment_bytes) if preallocate else None
+        wal = cls(directory, fs, segment_bytes, segments, replay, spare)
+        if spare is not None:
+            spare.prepare()
+        return wal, recovered
 
     # ------------------------------------------------------------------ queries
 
@@ -160,6 +173,11 @@ class Wal:
         return self._pending_records
 
     @property
+    def spare(self) -> SpareSegment | None:
+        """The next segment being prepared, with preallocation on."""
+        return self._spare
+
+    @property
     def segment_paths(self) -> list[Path]:
         return [s.path for s in self._segments]
 
@@ -175,15 +193,34 @@ class Wal:
 
         Rolling only at sync boundaries keeps "one sync = one file fsync (+ one directory fsync
         if a segment was created)", and means no un-synced data ever sits in a closed segment.
-        A segment can therefore exceed segment_bytes by up to one group-commit batch.
+        A segment can therefore exceed its size by up to one group-commit batch.
+
+        Full means `segment_bytes`, or, with preallocation and a spare ready, the end of the
+        current segment's zero-filled space (for a segment without any, such as the one a restart
+        found, now): writes go on into preallocated space wherever there is some. Either way a
+        segment rolls only once written up to (or past) its capacity, so a closed segment never
+        keeps zeros after its records, which recovery refuses in any segment but the last.
         """
         cur = self._cur
-        if cur is not None and (cur.size < self._segment_bytes or self._pending_bytes > 0):
-            return 0
+        spare = self._spare
+        if cur is not None:
+            if self._pending_bytes > 0 or cur.size * 2 < cur.capacity:
+                return 0  # unsynced data stays in its segment; well inside preallocated space
+            if spare is None:
+                if cur.size < max(cur.capacity, self._segment_bytes):
+                    return 0
+            elif not spare.ready:
+                spare.settle()
+                spare.prepare()  # the next segment's spare, from half way through this one
+                if cur.size < max(cur.capacity, self._segment_bytes):
+                    return 0
+            elif cur.size < cur.capacity:
+                return 0
         seq = self._segments[-1].seq + 1 if self._segments else 1
         first = self.last_index() + 1
         path = self._dir / segment_name(seq, first)
-        new = self._fs.create(path)
+        filled = spare.take() if spare is not None else None
+        new = self._fs.adopt(filled, path) if filled is not None else self._fs.create(path)
         if cur is not None:
             cur.close()
         self._cur = new
@@ -348,6 +385,8 @@ class Wal:
     def abandon(self) -> None:
         """Release descriptors without syncing: what a kill -9 leaves (volatile mode loses the tail)."""
         self._closed = True
+        if self._spare is not None:
+            self._spare.close()
         if self._cur is not None:
             self._cur.close()
             self._cur = None

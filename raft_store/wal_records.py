@@ -36,6 +36,7 @@ class Segment:
     first_index: int
     path: Path
     max_index: int  # highest entry index ever written in it; decides when compaction may delete it
+    end: int = 0  # where its records end: the log writes on from there in the last segment
 
 
 class Replay:

@@ -19,6 +19,8 @@ from raft_store.framing import CorruptLogError, TornTail
 from raft_store.types import Entry, HardState
 from raft_store.wal_records import KNOWN_TYPES, REC_COMPACT, REC_HARD_STATE, Replay, Segment
 
+SPARE_SUFFIX = ".spare"
+
 _SEGMENT_NAME = re.compile(r"^(\d{16})-(\d{20})\.wal$")
 
 
@@ -41,13 +43,17 @@ class Recovered:
 
 def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Recovered]:
     """Read and verify every segment, then (only then) repair the tail: a last segment whose
-    header never became durable is removed, a torn last record cut off."""
+    header never became durable is removed, a torn last record cut off. Zeros after the last
+    segment's records are kept: unwritten space the log writes on into (`Segment.end`)."""
     if not directory.exists():
         private_dir(directory)
         fs.fsync_dir(directory.parent)
 
     segments: list[Segment] = []
     for p in directory.iterdir():
+        if p.suffix == SPARE_SUFFIX:
+            fs.remove(p)  # a spare being filled when the node stopped: never part of the log
+            continue
         if p.suffix != ".wal":
             continue
         m = _SEGMENT_NAME.match(p.name)
@@ -63,11 +69,11 @@ def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Rec
     replay = Replay()
     drop_last = False
     last_torn: TornTail | None = None
-    last_size = 0
+    last_size = last_written = 0
     for i, seg in enumerate(segments):
         is_last = i == len(segments) - 1
         buf = seg.path.read_bytes()
-        records, torn_here = framing.scan_log(buf, seg.path, is_last=is_last, known_types=KNOWN_TYPES)
+        records, torn_here, end = framing.scan_log(buf, seg.path, is_last=is_last, known_types=KNOWN_TYPES)
         # Every segment starts with a hard-state and a compaction record, written in the same
         # write as its first data. Only the last segment may lack them, and only as the result
         # of a crash before its first sync: then nothing in it was ever durable and it goes.
@@ -79,8 +85,9 @@ def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Rec
             drop_last = True
         else:
             replay.segment(seg, buf, records, first=i == 0)
+        seg.end = end
         if is_last:
-            last_torn, last_size = torn_here, len(buf)
+            last_torn, last_size, last_written = torn_here, len(buf), framing.written_end(buf)
         del buf, records
     if replay.offset != replay.snap_index:
         raise CorruptLogError(
@@ -96,7 +103,7 @@ def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Rec
         last = segments.pop()
         fs.remove(last.path)
         fs.fsync_dir(directory)
-        if last_size:
+        if last_written:  # an adopted spare still all zeros held nothing: not worth a report
             reason = last_torn.reason if last_torn else "no data after the header"
             torn = TornTail(last.path, 0, last_size, f"segment header incomplete: {reason}")
     elif last_torn is not None:

@@ -102,6 +102,8 @@ class NodeCollector(Collector):
             ("proposed_commands", "proposed_commands", "Commands this node proposed as leader."),
             ("applied_commands", "applied_commands", "Commands its queue machine applied."),
             ("torn_tails", "torn_tails", "Torn WAL tails found and cut at start-up."),
+            ("wal_spare_failures", "wal_spare_failures",
+             "Next WAL segments that could not be zero-filled ahead of need (then created empty: slower syncs, nothing lost)."),
         ):
             counter = CounterMetricFamily(f"compensator_raft_{name}", text, labels=["node"])
             counter.add_metric([node], float(metrics[key]))

@@ -84,7 +84,7 @@ def node_config(
         election_ticks=node.election_ticks,
         group_commit=GroupCommitPolicy(max_entries=node.group_commit_entries, max_delay_ms=node.group_commit_delay_ms),
         snapshot_every_entries=node.snapshot_every_entries, snapshot_every_bytes=node.snapshot_every_mib << 20,
-        volatile_until_fsync=volatile, client_addresses=dict(client_addresses or {}),
+        wal_preallocate=node.wal_preallocate, volatile_until_fsync=volatile, client_addresses=dict(client_addresses or {}),
     )  # fmt: skip
     try:
         settings.validate()

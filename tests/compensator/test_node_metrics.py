@@ -79,6 +79,7 @@ def test_a_node_serves_its_raft_and_queue_metrics(tmp_path: Path) -> None:
     assert found[("compensator_raft_term", node_label)] >= 1
     assert found[("compensator_raft_fsyncs_total", node_label)] >= 1
     assert found[("compensator_raft_fsync_batch_entries_count", node_label)] == found[("compensator_raft_fsyncs_total", node_label)]
+    assert found[("compensator_raft_wal_spare_failures_total", node_label)] == 0  # the next segment was zero-filled
     assert ("compensator_queue_oldest_due_age_seconds", (("kind", "transfer"), ("node", "1"))) in found
     assert found[("compensator_raft_connections_refused_total", (("node", "1"), ("reason", "unknown_secret")))] == 1
     assert node.returncode == 0

@@ -1,8 +1,8 @@
 """fsync returning EIO stops the node: never retried, never ignored (the "fsyncgate" lesson).
 
-strace injects EIO into the node's fsync calls after the first few; the node must exit non-zero,
-and no command may be acknowledged after the failed fsync. A restart on a healthy disk recovers
-everything that was acknowledged.
+strace injects EIO into the node's fsync and fdatasync calls (the log syncs with fdatasync) after
+the first few; the node must exit non-zero, and no command may be acknowledged after the failed
+fsync. A restart on a healthy disk recovers everything that was acknowledged.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ async def test_fsync_eio_stops_the_node(tmp_path: Path) -> None:
     auth = cluster_auth(tmp_path)
     log = open(tmp_path / "node.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [tracer, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "-e", "inject=fsync:error=EIO:when=40+",
+        [tracer, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync,fdatasync",
+         "-e", "inject=fsync,fdatasync:error=EIO:when=40+",
          *node_args(port, data)],
         stdout=log, stderr=log,
     )
