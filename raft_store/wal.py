@@ -210,7 +210,6 @@ class Wal:
                 if cur.size < max(cur.capacity, self._segment_bytes):
                     return 0
             elif not spare.ready:
-                spare.settle()
                 spare.prepare()  # the next segment's spare, from half way through this one
                 if cur.size < max(cur.capacity, self._segment_bytes):
                     return 0
@@ -221,6 +220,8 @@ class Wal:
         path = self._dir / segment_name(seq, first)
         filled = spare.take() if spare is not None else None
         new = self._fs.adopt(filled, path) if filled is not None else self._fs.create(path)
+        if spare is not None:
+            spare.settle()
         if cur is not None:
             cur.close()
         self._cur = new

@@ -105,7 +105,9 @@ class SpareSegment:
         return self.path
 
     def settle(self) -> None:
-        """Forget a fill that failed, so the next `prepare` tries again."""
+        """At a roll: forget a fill that failed, so the next `prepare` tries again. Once a roll,
+        not at every write: a full disk is not hammered (nor the log flooded) a thousand times a
+        second."""
         if self._thread is not None and not self._thread.is_alive() and not self._ready:
             self._thread = None
 
