@@ -1,8 +1,9 @@
-"""The only place the WAL and snapshot store touch the OS.
+"""The only place the WAL and snapshot store touch the OS (but for raft_store/wal_spare.py, which
+fills the next segment's zeros on a thread of its own, before that file is part of the log).
 
 Two modes:
-- normal: `os.write` on real file descriptors, `os.fsync` at sync, and a directory fsync after
-  a file is created, renamed or removed (a new name is not durable until its directory is
+- normal: `os.pwrite` at a file's logical end on real file descriptors, `fdatasync` at sync, and
+  a directory fsync after a file is created, renamed or removed (a new name is not durable until its directory is
   fsynced; "All File Systems Are Not Created Equal", OSDI'14);
 - volatile: appends are held in process memory and only written and fsynced at `sync()`, so a
   kill -9 (or `close()` without sync) loses exactly the un-fsynced data. This turns "power loss"
