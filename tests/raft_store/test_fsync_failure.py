@@ -8,8 +8,11 @@ fsync. A restart on a healthy disk recovers everything that was acknowledged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +50,7 @@ async def test_fsync_eio_stops_the_node(tmp_path: Path) -> None:
         [tracer, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync,fdatasync",
          "-e", "inject=fsync,fdatasync:error=EIO:when=40+",
          *node_args(port, data)],
-        stdout=log, stderr=log,
+        stdout=log, stderr=log, start_new_session=True,  # killed as a group: strace's node with it
     )
     client = RaftClient([("127.0.0.1", port)], auth=auth, attempt_timeout_s=1.0, deadline_s=3.0)
     acked: list[int] = []
@@ -60,8 +63,9 @@ async def test_fsync_eio_stops_the_node(tmp_path: Path) -> None:
             acked.append(value)
         returncode = proc.wait(30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # strace and the node it traces: killing
+            os.killpg(proc.pid, signal.SIGKILL)  # strace alone left the node running after a failure
+        proc.wait(10)
         await client.close()
         log.close()
     output = (tmp_path / "node.log").read_text()
