@@ -50,9 +50,10 @@ def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Rec
         fs.fsync_dir(directory.parent)
 
     segments: list[Segment] = []
+    spares: list[Path] = []
     for p in directory.iterdir():
         if p.suffix == SPARE_SUFFIX:
-            fs.remove(p)  # a spare being filled when the node stopped: never part of the log
+            spares.append(p)  # a spare being filled when the node stopped: never part of the log
             continue
         if p.suffix != ".wal":
             continue
@@ -98,6 +99,8 @@ def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Rec
         )
 
     # Only now, with the whole log verified, change files.
+    for spare in spares:
+        fs.remove(spare)
     torn: TornTail | None = None
     if drop_last:
         last = segments.pop()

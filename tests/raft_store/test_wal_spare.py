@@ -211,8 +211,10 @@ def test_zeros_closing_a_segment_that_is_not_the_last_refuse_to_open(tmp_path: P
     first, _second = sorted(tmp_path.glob("*.wal"))
     with first.open("ab") as f:
         f.write(bytes(4096))
+    (tmp_path / SPARE_NAME).write_bytes(bytes(100))
     with pytest.raises(CorruptLogError, match="zero-filled tail in a segment that is not the last"):
         Wal.open(tmp_path)
+    assert (tmp_path / SPARE_NAME).exists()  # a refused log's directory is left as it was found
 
 
 def test_a_spare_that_cannot_be_filled_leaves_the_log_as_it_was(
