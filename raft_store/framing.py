@@ -218,25 +218,23 @@ class TornTail:
 
 def scan_log(
     buf: bytes, path: Path, *, is_last: bool, known_types: frozenset[int]
-) -> tuple[list[Record], TornTail | None, int]:
+) -> tuple[list[Record], TornTail | None]:
     """Apply the recovery policy to one segment's bytes.
 
-    Returns the valid records, for the last segment only the torn tail to truncate, and where the
-    records end (the last segment is written on from there: zeros after it are unwritten space,
-    neither torn nor reported).
+    Returns the valid records and, for the last segment only, the torn tail to truncate (zeros
+    after the records are unwritten space, neither torn nor reported).
     Raises CorruptLogError for anything that is not provably a torn tail.
     """
     records, problem = scan(buf)
     for rec in records:
         if rec.rtype not in known_types:
             raise CorruptLogError(path, rec.offset, f"unknown record type {rec.rtype} with a valid checksum")
-    end = records[-1].end if records else 0
     if problem is None:
-        return records, None, end
+        return records, None
     if isinstance(problem, Unwritten):
         if not is_last:
             raise CorruptLogError(path, problem.offset, "zero-filled tail in a segment that is not the last")
-        return records, None, end
+        return records, None
     later = find_valid_record_after(buf, problem.offset, known_types)
     if later is not None:
         raise CorruptLogError(path, problem.offset, f"{problem.reason}, followed by a valid record at offset {later}")
@@ -245,4 +243,4 @@ def scan_log(
     # A complete-length record with a bad CRC at the very end is indistinguishable from a crash
     # that persisted the file size but not the data; it is truncated like a torn write but the
     # reason says so, so the node can treat it with suspicion.
-    return records, TornTail(path, problem.offset, len(buf) - problem.offset, problem.reason), end
+    return records, TornTail(path, problem.offset, len(buf) - problem.offset, problem.reason)

@@ -70,11 +70,12 @@ def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Rec
     replay = Replay()
     drop_last = False
     last_torn: TornTail | None = None
-    last_size = last_written = 0
+    last_size = 0
+    last_held_data = False
     for i, seg in enumerate(segments):
         is_last = i == len(segments) - 1
         buf = seg.path.read_bytes()
-        records, torn_here, end = framing.scan_log(buf, seg.path, is_last=is_last, known_types=KNOWN_TYPES)
+        records, torn_here = framing.scan_log(buf, seg.path, is_last=is_last, known_types=KNOWN_TYPES)
         # Every segment starts with a hard-state and a compaction record, written in the same
         # write as its first data. Only the last segment may lack them, and only as the result
         # of a crash before its first sync: then nothing in it was ever durable and it goes.
@@ -86,9 +87,10 @@ def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Rec
             drop_last = True
         else:
             replay.segment(seg, buf, records, first=i == 0)
-        seg.end = end
+        seg.end = records[-1].end if records else 0
         if is_last:
-            last_torn, last_size, last_written = torn_here, len(buf), framing.written_end(buf)
+            last_torn, last_size = torn_here, len(buf)
+            last_held_data = bool(records) or torn_here is not None  # else only zeros: an adopted spare
         del buf, records
     if replay.offset != replay.snap_index:
         raise CorruptLogError(
@@ -106,7 +108,7 @@ def recover(directory: Path, fs: FileSystem) -> tuple[list[Segment], Replay, Rec
         last = segments.pop()
         fs.remove(last.path)
         fs.fsync_dir(directory)
-        if last_written:  # an adopted spare still all zeros held nothing: not worth a report
+        if last_held_data:  # an adopted spare still all zeros held nothing: not worth a report
             reason = last_torn.reason if last_torn else "no data after the header"
             torn = TornTail(last.path, 0, last_size, f"segment header incomplete: {reason}")
     elif last_torn is not None:

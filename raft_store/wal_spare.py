@@ -31,8 +31,7 @@ log = logging.getLogger("raft_store.wal")
 
 SPARE_NAME = "next.spare"
 FIRST_SPARE_BYTES = 1 << 20
-_CHUNK = 1 << 20
-_SYNC_EVERY = 1 << 20  # flush as it goes, a little at a time: the log's syncs wait behind each flush
+_CHUNK = 1 << 20  # flushed one at a time: the log's syncs wait behind one chunk's flush at most
 
 
 def fill_zeros(path: Path, size: int, stop: threading.Event) -> bool:
@@ -40,16 +39,12 @@ def fill_zeros(path: Path, size: int, stop: threading.Event) -> bool:
     zeros = bytes(min(_CHUNK, size))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PRIVATE_FILE)
     try:
-        done = unsynced = 0
+        done = 0
         while done < size:
             if stop.is_set():
                 return False
-            n = os.pwrite(fd, zeros[: size - done], done)
-            done += n
-            unsynced += n
-            if unsynced >= _SYNC_EVERY:
-                datasync(fd)
-                unsynced = 0
+            done += os.pwrite(fd, zeros[: size - done], done)
+            datasync(fd)
         os.fsync(fd)
     finally:
         os.close(fd)
