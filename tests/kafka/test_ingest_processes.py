@@ -1,6 +1,10 @@
 """`compensator kafka-ingest` as a real process against Tansu and the store: killed with -9
 mid-stream (twice) and restarted, every valid record is enqueued exactly once, every malformed
-one is in the rejects topic with its coordinates, and the offsets end committed."""
+one is in the rejects topic with its coordinates, and the offsets end committed.
+
+The records are produced in three parts, the next part only after the kill: the stream is certainly
+unfinished at each kill (on a fast host the ingest can otherwise drain all of it between two polls),
+and each kill still lands while the ingest works through a part larger than its kill point."""
 
 from __future__ import annotations
 
@@ -43,13 +47,17 @@ MALFORMED = (b"{not json", json.dumps({"kind": "transfer", "ref_key": "x", "payl
              json.dumps({"kind": "nope", "ref_key": "x", "payload": {}}).encode())  # fmt: skip
 
 
-async def produce(bootstrap: str) -> dict[tuple[int, int], str]:
+PARTS = (range(0, 130), range(130, 270), range(270, VALID))
+KILL_AT = (60, 200)  # enqueued count at which each of the first two runs is killed, inside its part
+
+
+async def produce(bootstrap: str, indexes: range) -> dict[tuple[int, int], str]:
     """The valid records and, between them, malformed ones: the coordinates of each malformed one."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     malformed: dict[tuple[int, int], str] = {}
     try:
-        for index in range(VALID):
+        for index in indexes:
             await producer.send("requests", body(index), key=f"r{index}".encode())
             if index % MALFORMED_EVERY == 0:
                 bad = MALFORMED[(index // MALFORMED_EVERY) % len(MALFORMED)]
@@ -80,18 +88,21 @@ async def test_ingest_killed_mid_stream_enqueues_every_valid_record_once_and_rej
     queue: QueueClient, store: StoreThread, broker: Broker, tmp_path: Path
 ) -> None:
     await ensure_topics(BrokerSettings(bootstrap_servers=(broker.bootstrap,)), ["requests", "rejects"], 3)
-    malformed = await produce(broker.bootstrap)
     env = kafka_env(broker.bootstrap, store, ingest_topic="requests", rejects_topic="rejects",
                     ingest_batch_max=10, group_id=GROUP, ingest_producer="orders-kafka")  # fmt: skip
     log = tmp_path / "ingest.log"
-    for kill_at in (60, 200):
+    malformed: dict[tuple[int, int], str] = {}
+    for part, kill_at in zip(PARTS[:-1], KILL_AT, strict=True):
+        assert part.start < kill_at < part.stop
+        malformed |= await produce(broker.bootstrap, part)
         process = spawn("kafka-ingest", env, log)
         try:
             await until(lambda kill_at=kill_at: _at_least(queue, kill_at), timeout_s=90, what=f"{kill_at} enqueued")
         finally:
             process.send_signal(signal.SIGKILL)
             process.wait(10)
-        assert await enqueued(queue) < VALID, "killed too late to be mid-stream"
+        assert await enqueued(queue) <= part.stop
+    malformed |= await produce(broker.bootstrap, PARTS[-1])
     process = spawn("kafka-ingest", env, log)
     try:
         await until(lambda: _at_least(queue, VALID), timeout_s=90, what="every valid record enqueued")
