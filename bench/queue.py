@@ -20,6 +20,8 @@ and talks to it through QueueClient, the way a service and its workers would.
   continuously through the window's first `--measure-s` seconds, with the rest of the backlog still
   delayed behind. Lateness of each grant is the leader's now_ms at the lease minus the message's
   due_ms (queues/lateness.py); messages that fell due while the preload still ran are left out.
+  `disk_probe`: what the nodes' disk did meanwhile (bench/disk_probe.py: a light fdatasync probe
+  beside the window; its stalls stall every node's WAL at once, and the grants due then).
 - burst: preload `messages` messages all due within one second. `all_ready_s`: from the end of
   that second (every message due; or from the end of the preload if it overran the second) until a linearizable count shows all of them ready, i.e.
   leasable (the lease predicate: waiting, due, kind not paused), confirmed on 1000 ids read back;
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import queue_sets
+from bench.disk_probe import DiskProbe
 from bench.memory_limit import CgroupUnavailable, MemoryLimit
 from bench.queue_figures import log_shape, percentile
 from queues.client import QueueClient
@@ -282,8 +285,9 @@ async def lateness_mode(cluster: ProcessCluster, args: argparse.Namespace) -> di
     t0 = time.perf_counter()
     # Poll-lease (and ack) through the first measure_s seconds of the window: everything due in
     # that stretch, with the rest of the backlog still delayed behind it.
-    received = await drain_workers(queue, due_by_end, workers=args.workers, ack=True,
-                                   on_grants=observe, deadline_s=args.measure_s + 60)
+    with DiskProbe(cluster.root) as probe:
+        received = await drain_workers(queue, due_by_end, workers=args.workers, ack=True,
+                                       on_grants=observe, deadline_s=args.measure_s + 60)
     elapsed = time.perf_counter() - t0
     counts = (await queue.counts()).value
     await raft.close()
@@ -305,6 +309,7 @@ async def lateness_mode(cluster: ProcessCluster, args: argparse.Namespace) -> di
         "backlog_extra_delayed": calib,
         "payload_bytes": args.payload_bytes,
         "lateness_from": "leader now_ms at lease - due_ms",
+        "disk_probe": probe.summary(),
     }
 
 
