@@ -7,7 +7,8 @@ it; here the three nodes share one virtual disk, and when that disk stalls every
 once (measured 2026-11-27: the three nodes' WAL syncs stalled for the same 100-600 ms at the same
 instant, and a probe with no node running stalled too). A lateness p99 taken in a minute with such
 stalls measures the disk as much as the queue. So `bench.queue lateness` runs this probe beside its
-measured window and prints what the disk did; run alone, it measures the idle disk.
+measured window and prints what the disk did, and so does `bench.queue enqueue` for its p99; run
+alone, it measures the idle disk.
 
 The probe is light on purpose (one 512-byte write and fdatasync every `interval_s`, 20 a second by
 default, against the hundreds a second of the nodes) so that it observes the stalls without
@@ -65,15 +66,23 @@ class DiskProbe:
         self._stopped = 0.0
         self._thread = threading.Thread(target=self._run, name="disk-probe", daemon=True)
 
-    def __enter__(self) -> DiskProbe:
+    def start(self) -> None:
         self._started = time.monotonic()
         self._thread.start()
+
+    def stop(self) -> None:
+        """Idempotent, and a no-op for a probe never started (a run that failed before its window)."""
+        if self._thread.is_alive() or (self._started and not self._stopped):
+            self._stop.set()
+            self._thread.join()
+            self._stopped = time.monotonic()
+
+    def __enter__(self) -> DiskProbe:
+        self.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._stopped = time.monotonic()
+        self.stop()
 
     def summary(self) -> dict[str, Any]:
         return summarize(self._durations_ms, (self._stopped or time.monotonic()) - self._started)
