@@ -48,9 +48,18 @@ class FakeNode:
     frames: list[int] = field(default_factory=list)
     """Commands in each propose frame, in the order they came."""
     connections: int = 0
+    gate: asyncio.Event | None = None
+    """Set: proposals are answered only once it is set (what comes meanwhile is still read)."""
     address: Address = ("127.0.0.1", 0)
     _server: asyncio.Server | None = None
     _serving: dict[asyncio.Task[Any], asyncio.StreamWriter] = field(default_factory=dict)
+    _gated: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @staticmethod
+    async def _answer_at_gate(gate: asyncio.Event, writer: asyncio.StreamWriter, answer: bytes) -> None:
+        await gate.wait()
+        if not writer.is_closing():
+            writer.write(answer)
 
     async def start(self) -> Address:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -59,6 +68,8 @@ class FakeNode:
 
     async def stop(self) -> None:
         assert self._server is not None
+        for task in self._gated:
+            task.cancel()
         self._server.close()
         for writer in self._serving.values():
             writer.close()
@@ -88,7 +99,11 @@ class FakeNode:
                     continue
                 request_id, results = _answer(ftype, body, act)
                 result = codec.Result(request_id, act, self.leader_hint, results)
-                writer.write(codec.frame(FrameType.RESULT, codec.encode_result(result)))
+                answer = codec.frame(FrameType.RESULT, codec.encode_result(result))
+                if self.gate is not None and ftype is FrameType.PROPOSE:
+                    self._gated.append(asyncio.create_task(self._answer_at_gate(self.gate, writer, answer)))
+                    continue
+                writer.write(answer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -348,6 +363,59 @@ async def test_the_queue_coalescer_sends_an_iteration_s_commands_in_frames_of_at
     results = await asyncio.gather(*(coalescer.submit(b"c%d" % i, True) for i in range(burst)))
     assert results == [b"applied"] * burst
     assert node.frames[1:] == frames
+    await client.close()
+
+
+async def until_frames(node: FakeNode, count: int) -> None:
+    for _ in range(500):
+        if len(node.frames) >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} frames expected, {node.frames} came")
+
+
+async def gated_coalescer(fake: Any, hold_max_s: float) -> tuple[FakeNode, RaftClient, _Coalescer]:
+    """A coalescer on a connected client whose node answers proposals only once its gate is set."""
+    node = await fake(1, always(Status.OK))
+    client = patient_client(node.address)
+    await client.propose_many([b"warm"])
+    node.gate = asyncio.Event()
+    return node, client, _Coalescer(client, COALESCE_COMMANDS_MAX, hold_max_s=hold_max_s)
+
+
+async def test_while_a_frame_is_at_the_store_the_next_commands_wait_for_its_answer_and_go_together(
+    fake: Any,
+) -> None:
+    """The Nagle rule: nothing at the store, a command goes at once; a frame there, the commands
+    submitted meanwhile (in separate iterations) go as one frame when its answer comes."""
+    node, client, coalescer = await gated_coalescer(fake, hold_max_s=30.0)
+    first = asyncio.ensure_future(coalescer.submit(b"a", True))
+    await until_frames(node, 2)  # sent at once: nothing of this client's was at the store
+    held = []
+    for data in (b"b", b"c", b"d"):
+        held.append(asyncio.ensure_future(coalescer.submit(data, True)))
+        await asyncio.sleep(0.02)
+    assert node.frames == [1, 1], "held while the first frame waits for its answer"
+    assert node.gate is not None
+    node.gate.set()
+    assert await first == b"applied"
+    assert await asyncio.gather(*held) == [b"applied"] * 3
+    assert node.frames == [1, 1, 3]
+    await client.close()
+
+
+async def test_commands_are_held_behind_an_unanswered_frame_only_for_the_hold_s_bound(fake: Any) -> None:
+    """A frame that waits on a retry or a stalled disk does not hold the next commands longer
+    than `hold_max_s`: they go without its answer."""
+    node, client, coalescer = await gated_coalescer(fake, hold_max_s=0.05)
+    first = asyncio.ensure_future(coalescer.submit(b"a", True))
+    await until_frames(node, 2)
+    second = asyncio.ensure_future(coalescer.submit(b"b", True))
+    await until_frames(node, 3)  # the first is still unanswered: the hold ended
+    assert not first.done()
+    assert node.gate is not None
+    node.gate.set()
+    assert [await first, await second] == [b"applied", b"applied"]
     await client.close()
 
 
