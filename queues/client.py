@@ -113,7 +113,7 @@ class _Coalescer:
     iterations apart, each a task and an answer to wake for; held, the burst's commands travel
     together once the store has answered, and the API and the store overlap better (measured in
     docs/benchmarks.md, "the coalescer holds": the API's single POSTs faster in 5 of 6 alternated
-    rounds, median +5 %, the machine busier by 0.15 cores). Held at most COALESCE_HOLD_MAX_S: a
+    rounds, median +5 %, the machine busier by 0.14 cores). Held at most COALESCE_HOLD_MAX_S: a
     frame waiting on a retry or a stalled disk does not hold the rest behind it longer than that."""
 
     def __init__(self, raft: RaftClient, limit: int, hold_max_s: float = COALESCE_HOLD_MAX_S) -> None:
