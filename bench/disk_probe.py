@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench.harness import code_revision
+from bench.queue_figures import percentile
 
 STALL_MS: Final = 100.0
 RECORD: Final = b"p" * 512
@@ -37,18 +38,13 @@ RECORD: Final = b"p" * 512
 
 def summarize(durations_ms: list[float], seconds: float) -> dict[str, Any]:
     """The probe's syncs, as the figures `bench.queue lateness` prints beside its own."""
-    ordered = sorted(durations_ms)
-    stalls = [d for d in ordered if d > STALL_MS]
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else 0.0
-
+    stalls = [d for d in durations_ms if d > STALL_MS]
     return {
-        "syncs": len(ordered),
+        "syncs": len(durations_ms),
         "seconds": round(seconds, 1),
-        "sync_p50_ms": at(0.50),
-        "sync_p99_ms": at(0.99),
-        "sync_max_ms": round(ordered[-1], 1) if ordered else 0.0,
+        "sync_p50_ms": round(percentile(durations_ms, 0.50), 1),
+        "sync_p99_ms": round(percentile(durations_ms, 0.99), 1),
+        "sync_max_ms": round(max(durations_ms, default=0.0), 1),
         "stalls_over_100ms": len(stalls),
         "stalled_ms": round(sum(d - STALL_MS for d in stalls), 1),
     }
@@ -64,6 +60,10 @@ class DiskProbe:
         self._durations_ms: list[float] = []
         self._started = 0.0
         self._stopped = 0.0
+        self.cpu_s = 0.0
+        """The probe thread's own CPU (a benchmark that reports its process's CPU takes it out)."""
+        self.failure: str | None = None
+        """Why the probe stopped early (the disk full, the directory gone): printed with its figures."""
         self._thread = threading.Thread(target=self._run, name="disk-probe", daemon=True)
 
     def start(self) -> None:
@@ -72,7 +72,7 @@ class DiskProbe:
 
     def stop(self) -> None:
         """Idempotent, and a no-op for a probe never started (a run that failed before its window)."""
-        if self._thread.is_alive() or (self._started and not self._stopped):
+        if self._started and not self._stopped:
             self._stop.set()
             self._thread.join()
             self._stopped = time.monotonic()
@@ -85,9 +85,18 @@ class DiskProbe:
         self.stop()
 
     def summary(self) -> dict[str, Any]:
-        return summarize(self._durations_ms, (self._stopped or time.monotonic()) - self._started)
+        figures = summarize(self._durations_ms, (self._stopped or time.monotonic()) - self._started)
+        return figures if self.failure is None else {**figures, "failure": self.failure}
 
     def _run(self) -> None:
+        try:
+            self._probe()
+        except OSError as error:
+            self.failure = f"{self._path}: {error.strerror or error}"
+        finally:
+            self.cpu_s = time.thread_time()
+
+    def _probe(self) -> None:
         fd = os.open(self._path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
         try:
             # Preallocated and synced first: each probe write then changes no metadata, like the
@@ -115,6 +124,10 @@ def main() -> None:
                         help="a directory on the disk the nodes use (default: the temp directory)")  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.seconds <= 0 or args.interval_s <= 0:
+        parser.error("--seconds and --interval-s must be above 0")
+    if not args.dir.is_dir():
+        parser.error(f"--dir {args.dir}: not a directory")
     with DiskProbe(args.dir, args.interval_s) as probe:
         time.sleep(args.seconds)
     figures = {"mode": "disk_probe", **probe.summary(), "interval_s": args.interval_s, "revision": code_revision(),

@@ -25,8 +25,19 @@ def test_the_probe_syncs_on_the_given_disk_and_removes_its_file(tmp_path: Path) 
         while not list(tmp_path.iterdir()) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert [p.name for p in tmp_path.iterdir()] == [f"disk-probe-{os.getpid()}"]
-        time.sleep(0.3)
+        while probe.summary()["syncs"] < 3 and time.monotonic() < deadline:  # a stalled disk is slow, not wrong
+            time.sleep(0.01)
     figures = probe.summary()
     assert figures["syncs"] >= 3
     assert figures["sync_max_ms"] > 0
+    assert "failure" not in figures
+    assert probe.cpu_s > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_probe_that_cannot_write_says_why_instead_of_failing_its_benchmark(tmp_path: Path) -> None:
+    with DiskProbe(tmp_path / "gone", interval_s=0.01) as probe:
+        pass
+    figures = probe.summary()
+    assert figures["syncs"] == 0
+    assert "No such file or directory" in figures["failure"]

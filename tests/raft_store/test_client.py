@@ -374,13 +374,15 @@ async def until_frames(node: FakeNode, count: int) -> None:
     raise AssertionError(f"{count} frames expected, {node.frames} came")
 
 
-async def gated_coalescer(fake: Any, hold_max_s: float) -> tuple[FakeNode, RaftClient, _Coalescer]:
-    """A coalescer on a connected client whose node answers proposals only once its gate is set."""
+async def gated_coalescer(
+    fake: Any, hold_max_s: float
+) -> tuple[FakeNode, asyncio.Event, RaftClient, _Coalescer]:
+    """A coalescer on a connected client whose node answers proposals only once the gate is set."""
     node = await fake(1, always(Status.OK))
     client = patient_client(node.address)
     await client.propose_many([b"warm"])
-    node.gate = asyncio.Event()
-    return node, client, _Coalescer(client, COALESCE_COMMANDS_MAX, hold_max_s=hold_max_s)
+    node.gate = gate = asyncio.Event()
+    return node, gate, client, _Coalescer(client, COALESCE_COMMANDS_MAX, hold_max_s=hold_max_s)
 
 
 async def test_while_a_frame_is_at_the_store_the_next_commands_wait_for_its_answer_and_go_together(
@@ -388,7 +390,7 @@ async def test_while_a_frame_is_at_the_store_the_next_commands_wait_for_its_answ
 ) -> None:
     """The Nagle rule: nothing at the store, a command goes at once; a frame there, the commands
     submitted meanwhile (in separate iterations) go as one frame when its answer comes."""
-    node, client, coalescer = await gated_coalescer(fake, hold_max_s=30.0)
+    node, gate, client, coalescer = await gated_coalescer(fake, hold_max_s=30.0)
     first = asyncio.ensure_future(coalescer.submit(b"a", True))
     await until_frames(node, 2)  # sent at once: nothing of this client's was at the store
     held = []
@@ -396,8 +398,7 @@ async def test_while_a_frame_is_at_the_store_the_next_commands_wait_for_its_answ
         held.append(asyncio.ensure_future(coalescer.submit(data, True)))
         await asyncio.sleep(0.02)
     assert node.frames == [1, 1], "held while the first frame waits for its answer"
-    assert node.gate is not None
-    node.gate.set()
+    gate.set()
     assert await first == b"applied"
     assert await asyncio.gather(*held) == [b"applied"] * 3
     assert node.frames == [1, 1, 3]
@@ -407,14 +408,13 @@ async def test_while_a_frame_is_at_the_store_the_next_commands_wait_for_its_answ
 async def test_commands_are_held_behind_an_unanswered_frame_only_for_the_hold_s_bound(fake: Any) -> None:
     """A frame that waits on a retry or a stalled disk does not hold the next commands longer
     than `hold_max_s`: they go without its answer."""
-    node, client, coalescer = await gated_coalescer(fake, hold_max_s=0.05)
+    node, gate, client, coalescer = await gated_coalescer(fake, hold_max_s=0.05)
     first = asyncio.ensure_future(coalescer.submit(b"a", True))
     await until_frames(node, 2)
     second = asyncio.ensure_future(coalescer.submit(b"b", True))
     await until_frames(node, 3)  # the first is still unanswered: the hold ended
     assert not first.done()
-    assert node.gate is not None
-    node.gate.set()
+    gate.set()
     assert [await first, await second] == [b"applied", b"applied"]
     await client.close()
 
