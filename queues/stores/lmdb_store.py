@@ -63,7 +63,7 @@ Why this many: LMDB copies a page on its first write in each transaction, and an
 a random leaf of each random-keyed index (idempotency key, ref key, and a delayed message's due
 time), so each commit writes about one 4 KiB leaf per index per enqueue until a group is large
 against the index. At 16,384 rows a 1 M-message backlog of UUID keys wrote 21.6-21.9 GB to the
-disk for its three replicas; at 65,536, 15.3 GB, and took its enqueues 21 % faster (docs/
+disk for its three replicas; at 65,536, 15.3 GB, and took its enqueues 17-21 % faster (docs/
 benchmarks.md, "fewer, larger group commits"). The cost is memory: the group's dirty pages live
 in the process until its commit (anonymous RSS at 1 M pending 134 -> 181 MiB per node). A larger
 group cannot fail for size: LMDB spills dirty pages to the file beyond its own limit (a group of
