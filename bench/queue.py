@@ -1,6 +1,7 @@
 """Queue benchmark: the queue machine on a 3-node cluster of processes on loopback, fsync on.
 
     python -m bench.queue enqueue --concurrency 256 --seconds 10 --json
+    python -m bench.queue enqueue --concurrency 256 --preload 1000000 --json
     python -m bench.queue drain --messages 100000 --json
     python -m bench.queue lateness --delayed 1000000 --json
     python -m bench.queue burst --messages 500000 --json
@@ -14,7 +15,10 @@ and talks to it through QueueClient, the way a service and its workers would.
   before the next; concurrent calls are coalesced into shared frames and log entries. Reports
   acknowledged enqueues per second and the p50/p99 latency of each acknowledgement, with
   `disk_probe` (the disk's stalls meanwhile, as in lateness; its thread's CPU, about 0.4 ms a
-  sync with the kernel's part, is taken out of the client's).
+  sync with the kernel's part, is taken out of the client's). `--preload N` first enqueues N
+  delayed messages (UUID keys, due in a day, 256-byte payloads, as backlog does), so the window
+  measures intake into a store that is not empty, as during an outage: each enqueue then lands on
+  leaves of large random-keyed indexes, and the group commits that write them are long.
 - drain: preload `messages` ready messages, then 4 workers lease 1000 at a time and ack each
   batch in one frame; reports acked messages per second.
 - lateness: preload `delayed` messages whose due times are spread uniformly over a window
@@ -159,10 +163,24 @@ async def closed_loop(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def uuid_key(i: int) -> str:
+    """The i-th caller's key as a UUID (random B-tree positions), the same in every run."""
+    return str(uuid.UUID(int=random.Random(i).getrandbits(128), version=4))
+
+
 async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
     raft, queue = await connect(cluster)
     payload = payload_of(args.payload_bytes)
     readings: dict[str, Any] = {}
+    preload_s = 0.0
+    if args.preload:
+        backlog_payload = payload_of(256)
+        due_ms = now_ms() + DAY_MS
+        preload_s = await preload(
+            queue, args.preload,
+            lambda i: Enqueue(kind="transfer", idempotency_key=uuid_key(i), ref_key=f"r{i}", payload=backlog_payload,
+                              due_ms=due_ms + i),
+        )  # fmt: skip
 
     async def send(key: str) -> None:
         result = await queue.enqueue("transfer", idempotency_key=key, ref_key=key, payload=payload)
@@ -197,6 +215,8 @@ async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
         "client_cpu_us_per_enqueue": round(1e6 * client_cpu / max(1, len(latencies)), 1),
         "commands_per_entry": round((after[1] - before[1]) / max(1, after[0] - before[0]), 1),
         "client_retries": raft.retries,
+        "preloaded": args.preload,
+        "preload_per_s": round(args.preload / preload_s, 1) if preload_s else None,
         "disk_probe": probe.summary(),
     }
 
@@ -409,7 +429,7 @@ async def _backlog(cluster: ProcessCluster, args: argparse.Namespace, limit: Mem
 
     def key_of(i: int) -> str:
         """Callers' keys: UUIDs (random B-tree positions) with --random-keys, else k0, k1, ..."""
-        return str(uuid.UUID(int=random.Random(i).getrandbits(128), version=4)) if args.random_keys else f"k{i}"
+        return uuid_key(i) if args.random_keys else f"k{i}"
 
     marks: list[tuple[int, float]] = []
     done = 0
@@ -517,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-bytes", type=int, default=None,
                         help="default 1024 for enqueue and drain, 256 for the preloaded modes")
     parser.add_argument("--random-keys", action="store_true", help="backlog: UUID idempotency keys, not k0, k1, ...")
+    parser.add_argument("--preload", type=int, default=0,
+                        help="enqueue: this many delayed messages (UUID keys) enqueued before the window")
     parser.add_argument("--sets", type=int, default=1,
                         help="enqueue: this many sets of 3 nodes, routed by key (bench/queue_sets.py)")
     parser.add_argument("--lose-set", type=int, default=None,
@@ -532,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         args.payload_bytes = 1024 if args.mode in ("enqueue", "drain") else 256
     if args.concurrency <= 0 or args.seconds <= 0 or args.workers <= 0:
         parser.error("--concurrency, --seconds and --workers must be positive")
+    if args.preload < 0 or (args.preload and (args.mode != "enqueue" or args.sets > 1)):
+        parser.error("--preload: a count of 0 or more, with the enqueue mode of one set")
     if args.memory_limit_mib and args.mode != "backlog":
         parser.error("--memory-limit-mib: only with the backlog mode")
     if args.memory_limit_mib < 0:
