@@ -168,19 +168,20 @@ def uuid_key(i: int) -> str:
     return str(uuid.UUID(int=random.Random(i).getrandbits(128), version=4))
 
 
+def backlog_message(i: int, key: str, payload: bytes, start_ms: int) -> Enqueue:
+    """The i-th message of a preloaded backlog: delayed a day past `start_ms`, one ms after the
+    previous, so none falls due while the benchmark runs."""
+    return Enqueue(kind="transfer", idempotency_key=key, ref_key=f"r{i}", payload=payload, due_ms=start_ms + DAY_MS + i)
+
+
 async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dict[str, Any]:
     raft, queue = await connect(cluster)
     payload = payload_of(args.payload_bytes)
     readings: dict[str, Any] = {}
     preload_s = 0.0
     if args.preload:
-        backlog_payload = payload_of(256)
-        due_ms = now_ms() + DAY_MS
-        preload_s = await preload(
-            queue, args.preload,
-            lambda i: Enqueue(kind="transfer", idempotency_key=uuid_key(i), ref_key=f"r{i}", payload=backlog_payload,
-                              due_ms=due_ms + i),
-        )  # fmt: skip
+        backlog_payload, start_ms = payload_of(256), now_ms()
+        preload_s = await preload(queue, args.preload, lambda i: backlog_message(i, uuid_key(i), backlog_payload, start_ms))
 
     async def send(key: str) -> None:
         result = await queue.enqueue("transfer", idempotency_key=key, ref_key=key, payload=payload)
@@ -455,8 +456,7 @@ async def _backlog(cluster: ProcessCluster, args: argparse.Namespace, limit: Mem
     started = time.perf_counter()
     preload_s = await preload(
         queue, count,
-        lambda i: Enqueue(kind="transfer", idempotency_key=key_of(i), ref_key=f"r{i}", payload=payload,
-                          due_ms=started_ms + DAY_MS + i),
+        lambda i: backlog_message(i, key_of(i), payload, started_ms),
         on_batch=on_batch,
     )
     sampler.cancel()

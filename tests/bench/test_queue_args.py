@@ -31,3 +31,9 @@ def test_uuid_keys_are_the_same_in_every_run_and_distinct() -> None:
     assert keys == [queue.uuid_key(i) for i in range(1000)]
     assert len(set(keys)) == 1000
     assert all(len(k) == 36 and k[14] == "4" for k in keys)
+
+
+def test_a_backlog_message_falls_due_a_day_after_the_start_one_ms_after_the_previous() -> None:
+    first, second = (queue.backlog_message(i, queue.uuid_key(i), b"p", 1_000) for i in (0, 1))
+    assert (first.due_ms, second.due_ms) == (1_000 + queue.DAY_MS, 1_001 + queue.DAY_MS)
+    assert (first.idempotency_key, second.ref_key) == (queue.uuid_key(0), "r1")
