@@ -60,6 +60,7 @@ from bench.harness import (
     Profiler,
     Server,
     api_server,
+    caught_up_of,
     child_environment,
     children_cpu_s,
     code_revision,
@@ -193,7 +194,9 @@ def submission_template(body_bytes: int) -> str:
 
 
 def run_wrk(load: Load, cpu_sources: dict[str, Callable[[], float]] | None = None,
-            on_start: Callable[[], None] | None = None) -> WrkRun:  # fmt: skip
+            on_start: Callable[[], None] | None = None, settle: Callable[[], object] | None = None) -> WrkRun:  # fmt: skip
+    """`settle`: called once wrk has ended; the "nodes" CPU is read after it (the followers' applies
+    the window's commits left, caught_up_of), the other sources at the window's end."""
     command = [
         "wrk", "-t", str(load.threads), "-c", str(load.connections), "-d", f"{load.seconds}s",
         "--timeout", f"{WRK_TIMEOUT_S}s", "--latency", "-s", str(LUA_SCRIPT), load.url,
@@ -215,6 +218,10 @@ def run_wrk(load: Load, cpu_sources: dict[str, Callable[[], float]] | None = Non
                 wrk.wait()
     wall_s = time.perf_counter() - started
     cpu_s = {name: read() - before[name] for name, read in sources.items()}
+    if settle is not None:
+        settle()
+        if "nodes" in sources:
+            cpu_s["nodes"] = sources["nodes"]() - before["nodes"]
     lines = [line for line in out.decode(errors="replace").splitlines() if line.startswith("WRK_RESULT ")]
     if wrk.returncode != 0 or not lines:
         raise BenchError(f"wrk exited {wrk.returncode} without a result: {err.decode(errors='replace').strip()[-500:]}")
@@ -348,8 +355,9 @@ class Bench:
             sources["nodes"] = self.cluster.cpu_seconds
         profiler = self.profiler(phase, server)
         leader = asyncio.run(leader_progress_of(self.cluster)) if self.cluster is not None and phase != "hello" else {}
-        measured = run_wrk(self.load(phase, url, warm=False), sources,
-                           on_start=profiler.start if profiler else None)  # fmt: skip
+        cluster = self.cluster
+        measured = run_wrk(self.load(phase, url, warm=False), sources, on_start=profiler.start if profiler else None,
+                           settle=(lambda: caught_up_of(cluster)) if cluster is not None and phase != "hello" else None)  # fmt: skip
         if leader:
             after = asyncio.run(leader_progress_of(self.cluster)) if self.cluster is not None else {}
             measured = dataclasses.replace(measured, leader={name: after[name] - leader.get(name, 0.0) for name in after})

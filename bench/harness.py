@@ -16,6 +16,7 @@ settings to a child.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from api.tokens import token_hash
+from bench.queue_figures import caught_up
 from compensator import config as configuration
 from queues import Code, QueueClient, RaftClient, Role
 from raft_store.testing.processes import ProcessCluster
@@ -348,3 +350,16 @@ async def leader_progress_of(cluster: ProcessCluster) -> dict[str, float]:
         return await leader_progress(QueueClient(raft))
     finally:
         await raft.close()
+
+
+def caught_up_of(cluster: ProcessCluster) -> float:
+    """`caught_up` through a client of its own."""
+
+    async def wait() -> float:
+        raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=30.0)
+        try:
+            return await caught_up(cluster, raft)
+        finally:
+            await raft.close()
+
+    return asyncio.run(wait())

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from bench import queue as bench_queue
+from bench import queue_args
 from bench.harness import BenchError, code_revision, run_in_directory, trees_cpu_s
 from bench.peer_clusters import EtcdCluster, NatsCluster, PostgresPair, RabbitCluster, b64
 from bench.queue_figures import percentile
@@ -247,12 +248,19 @@ async def postgres_level(pair: PostgresPair, concurrency: int, settings: Setting
 
 
 # ---- ours -----------------------------------------------------------------------------------------
+def ours_arguments(concurrency: int, seconds: float) -> argparse.Namespace:
+    """`bench.queue enqueue`'s arguments for one level, through its own parser (every option at its
+    default: a Namespace built here by hand once lacked one added later, and ours failed to run)."""
+    return queue_args.parse(["enqueue", "--concurrency", str(concurrency), "--seconds", str(seconds),
+                              "--payload-bytes", str(len(PAYLOAD))])  # fmt: skip
+
+
 def ours_level(root: Path, concurrency: int, settings: Settings) -> dict[str, Any]:
     """`python -m bench.queue enqueue --concurrency N --seconds S --json`, in this process."""
     cluster = ProcessCluster(root / f"ours-{concurrency}", machine=bench_queue.MACHINE)
     cluster.start_all()
     try:
-        args = argparse.Namespace(concurrency=concurrency, seconds=settings.seconds, payload_bytes=len(PAYLOAD))
+        args = ours_arguments(concurrency, settings.seconds)
         found = _run_async(bench_queue.enqueue_mode(cluster, args))
     finally:
         cluster.stop_all()

@@ -57,8 +57,9 @@ from typing import Any
 
 from bench import queue_sets
 from bench.disk_probe import DiskProbe
-from bench.memory_limit import CgroupUnavailable, MemoryLimit
-from bench.queue_figures import log_shape, percentile
+from bench.memory_limit import MemoryLimit
+from bench.queue_args import parse
+from bench.queue_figures import caught_up, log_shape, percentile
 from queues.client import QueueClient
 from queues.lateness import LatenessReport
 from queues.model import Code, Enqueue, Grant
@@ -198,6 +199,7 @@ async def enqueue_mode(cluster: ProcessCluster, args: argparse.Namespace) -> dic
                                                at_start=at_start)  # fmt: skip
     finally:
         probe.stop()
+    await caught_up(cluster, raft)  # the followers' applies the window's commits left: theirs too
     node_cpu = cluster.cpu_seconds() - readings["cpu0"]
     client_cpu = time.process_time() - readings["client0"] - probe.cpu_s
     before = readings["before"]
@@ -525,56 +527,13 @@ MODES = {"enqueue": enqueue_mode, "drain": drain_mode, "lateness": lateness_mode
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.queue", description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=sorted(MODES))
-    parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--messages", type=int, default=None)
-    parser.add_argument("--delayed", type=int, default=1_000_000)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--window-s", type=float, default=3600.0, help="lateness: due times spread over this window")
-    parser.add_argument("--measure-s", type=float, default=60.0, help="lateness: poll the window's first seconds")
-    parser.add_argument("--payload-bytes", type=int, default=None,
-                        help="default 1024 for enqueue and drain, 256 for the preloaded modes")
-    parser.add_argument("--random-keys", action="store_true", help="backlog: UUID idempotency keys, not k0, k1, ...")
-    parser.add_argument("--preload", type=int, default=0,
-                        help="enqueue: this many delayed messages (UUID keys) enqueued before the window")
-    parser.add_argument("--sets", type=int, default=1,
-                        help="enqueue: this many sets of 3 nodes, routed by key (bench/queue_sets.py)")
-    parser.add_argument("--lose-set", type=int, default=None,
-                        help="enqueue --sets N: kill a majority of this set after the first --seconds")
-    parser.add_argument("--memory-limit-mib", type=int, default=0,
-                        help="backlog: run each node in a memory cgroup of this many MiB (page cache included)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    defaults = {"drain": 100_000, "burst": 500_000, "backlog": 10_000_000}
-    if args.messages is None:
-        args.messages = defaults.get(args.mode, 0)
-    if args.payload_bytes is None:
-        args.payload_bytes = 1024 if args.mode in ("enqueue", "drain") else 256
-    if args.concurrency <= 0 or args.seconds <= 0 or args.workers <= 0:
-        parser.error("--concurrency, --seconds and --workers must be positive")
-    if args.preload < 0 or (args.preload and (args.mode != "enqueue" or args.sets > 1)):
-        parser.error("--preload: a count of 0 or more, with the enqueue mode of one set")
-    if args.memory_limit_mib and args.mode != "backlog":
-        parser.error("--memory-limit-mib: only with the backlog mode")
-    if args.memory_limit_mib < 0:
-        parser.error("--memory-limit-mib must be positive")
-    if args.sets < 1 or (args.sets > 1 and args.mode != "enqueue"):
-        parser.error("--sets: 1, or more with the enqueue mode")
-    if args.lose_set is not None and (args.sets < 2 or not 1 <= args.lose_set <= args.sets):
-        parser.error("--lose-set: one of the sets 1..N of --sets N (N at least 2)")
+    args = parse(argv)
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    if args.memory_limit_mib:
-        try:
-            MemoryLimit("bench-queue-probe", 0)
-        except CgroupUnavailable as exc:
-            parser.error(f"--memory-limit-mib: {exc}")
     if args.sets > 1:
         result = queue_sets.run(args)
     else:

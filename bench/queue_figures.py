@@ -1,8 +1,11 @@
 """What the queue benchmarks read from a cluster beside their own clocks: the leader's log shape,
-and the percentile every queue figure uses (one set's and several sets' alike, so they compare)."""
+whether the followers have applied what it committed, and the percentile every queue figure uses
+(one set's and several sets' alike, so they compare)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from raft_store.client import RaftClient
@@ -21,3 +24,23 @@ async def log_shape(cluster: ProcessCluster, raft: RaftClient) -> tuple[int, int
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+async def caught_up(cluster: ProcessCluster, raft: RaftClient, timeout_s: float = 30.0) -> float:
+    """Wait until every node has applied what the leader had committed when called; the seconds it
+    took. A follower applies in the background (docs/raft.md), a few dozen entries behind at full
+    load: the nodes' CPU read at the end of a window must wait for the applies its commits left
+    on the followers, or it would leave part of their work out."""
+    started = time.monotonic()
+    target: int | None = None
+    while True:
+        statuses = await cluster.statuses(raft)
+        if target is None:
+            target = next((int(str(s["commit"])) for s in statuses.values() if s.get("role") == "leader"), None)
+        applied = [int(str(s["applied"])) for s in statuses.values()]
+        if target is not None and len(applied) == cluster.size and min(applied) >= target:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"the nodes did not apply the leader's commit {target} within {timeout_s:.0f} s: {applied}")
+        await asyncio.sleep(0.01)
+

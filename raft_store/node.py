@@ -4,8 +4,9 @@ The node's turns own the core (a loop callback scheduled by `wake`, one at a tim
 ticks (when one is due, node_ticks.py), peer messages and client proposals into it, and hands each
 Ready to the runner, which sends the leader's appends, writes and fsyncs the WAL on the WAL thread
 (group commit: everything that arrived while the previous fsync ran goes into the next one), sends
-replies once durable, applies committed commands on the apply thread, answers clients and serves
-reads between applies (node_ports.py, node_proposals.py, node_reads.py). Client commands arriving
+replies once durable, applies committed commands on the apply thread (a follower's at background
+priority: they are off the commit path, docs/raft.md), answers clients and serves reads between
+applies (node_ports.py, node_proposals.py, node_reads.py). Client commands arriving
 at the leader in one loop iteration share one log entry, one WAL record and one fsync. Snapshots,
 made, shipped and received, are node_snapshots.py's.
 
@@ -38,13 +39,20 @@ from raft_store.node_recovery import recover
 from raft_store.node_snapshots import NodeSnapshots, NodeStopped
 from raft_store.node_status import node_status
 from raft_store.node_ticks import Ticks
-from raft_store.ready_runner import ReadyRunner, RunnerConfig
+from raft_store.ready_runner import FOLLOWER_INLINE_APPLY_BYTES_MAX, ReadyRunner, RunnerConfig
 from raft_store.state_machine import ClockedMachine, GroupCommittingMachine, StateMachine
 from raft_store.transport import ClientConnection, Transport, TransportConfig
 from raft_store.types import Message, MessageType
 from raft_store.wal import Wal
 
 log = logging.getLogger("raft_store.node")
+
+APPLY_BEHIND_MAX = 64
+"""Committed entries a follower may have left to apply before its applies leave the background
+priority (they return to it at a quarter of this). At the queue's full load on the benchmark
+machine (256 commands an entry) that is about 0.4 s of one replica's applying, which a follower
+elected leader must do before it answers; there the followers kept 8-61 entries behind
+(docs/benchmarks.md, "A follower applies in the background")."""
 
 
 class Node:
@@ -109,8 +117,9 @@ class Node:
         )
         storage = WalStorage(self._wal, self.snapshots.install)
         runner_config = RunnerConfig(
-            snapshot_every_entries=cfg.snapshot_every_entries, snapshot_every_bytes=cfg.snapshot_every_bytes
-        )
+            follower_inline_apply_bytes_max=FOLLOWER_INLINE_APPLY_BYTES_MAX,
+            snapshot_every_entries=cfg.snapshot_every_entries, snapshot_every_bytes=cfg.snapshot_every_bytes,
+        )  # fmt: skip
         self.runner = ReadyRunner(core, runner_config, storage=storage, applier=applier, reader=self.reads,
                                   disk=self._io, machine=self._apply, effects=self)  # fmt: skip
         self.core = self.proposals.core = self.reads.core = self.snapshots.core = core
@@ -265,6 +274,14 @@ class Node:
         if not is_leader and self.reads.awaiting_index and core.leader == 0:
             self.reads.leader_lost()
         self._was_leader = is_leader
+        # A follower applies in the background (ready_runner.py, `follower_inline_apply_bytes_max`), unless
+        # its applies fall behind: then at normal priority until they have nearly caught up, so a
+        # follower that becomes leader never has much to apply before it can answer.
+        behind = core.log.committed - core.log.applied
+        if is_leader or behind > APPLY_BEHIND_MAX:
+            self._apply.set_background(False)
+        elif behind <= APPLY_BEHIND_MAX // 4:
+            self._apply.set_background(True)
 
     def _fail_all_waiters(self) -> None:
         self.proposals.fail_all(self.core.leader if self.core is not None else 0)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -37,24 +38,41 @@ class ThreadLane:
 
     A job hands its result straight to the loop (`call_soon_threadsafe`), without the executor's
     futures: a concurrent Future wrapped in an asyncio Future cost a lock, two futures, their
-    callbacks and one more loop turn per job, paid by every write and apply handed to a thread."""
+    callbacks and one more loop turn per job, paid by every write and apply handed to a thread.
+
+    `set_background(True)` runs the jobs submitted from then on at the lowest priority (Linux's
+    SCHED_IDLE: the thread gets a core only when nothing of normal priority wants it). A thread
+    that has lowered its priority may not raise it again without privilege (sched(7)), and a
+    thread it starts inherits it, so a change starts a new thread from the caller's (the loop's):
+    it takes the later jobs once the thread before it has run what it was given and ended. One
+    thread at a time runs jobs, in submission order, as before."""
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._context: contextvars.Context | None = None
         self._closed = False
+        self._background = False
 
     def submit(self, job: Callable[[], T], done: Callable[[Callable[[], T]], None]) -> None:
         if self._closed:
             raise RuntimeError(f"{self._name}: cannot run a job after shutdown")
         if self._thread is None:  # run in this context: a hosted replica's thread logs as its set's
             group = GROUP.get()
-            name = f"{self._name} ({group})" if group else self._name
-            context = contextvars.copy_context()
-            self._thread = threading.Thread(target=context.run, args=(self._work,), name=name, daemon=True)
-            self._thread.start()
+            self._name = f"{self._name} ({group})" if group else self._name
+            self._context = contextvars.copy_context()
+            self._start(None)
         self._jobs.put((job, done, asyncio.get_running_loop()))
+
+    def set_background(self, background: bool) -> None:
+        """The priority of the jobs submitted from now on (call from a thread of normal priority)."""
+        if background is self._background or self._closed:
+            return
+        self._background = background
+        if self._thread is not None:  # else the first job starts the thread at this priority
+            self._jobs.put(None)  # the thread ends after the jobs it was given
+            self._start(self._thread)
 
     async def run(self, job: Callable[[], T]) -> T:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -70,8 +88,22 @@ class ThreadLane:
         self.submit(job, done)
         return await future
 
-    def _work(self) -> None:
-        while (item := self._jobs.get()) is not None:
+    def _start(self, before: threading.Thread | None) -> None:
+        assert self._context is not None
+        jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        thread = threading.Thread(
+            target=self._context.copy().run, args=(self._work, jobs, self._background, before), name=self._name,
+            daemon=True,
+        )  # fmt: skip
+        self._jobs, self._thread = jobs, thread
+        thread.start()
+
+    def _work(self, jobs: queue.SimpleQueue[_Job | None], background: bool, before: threading.Thread | None) -> None:
+        if before is not None:
+            before.join()  # its jobs were submitted first
+        if background:
+            _lower_priority(self._name)
+        while (item := jobs.get()) is not None:
             job, done, loop = item
             result: Callable[[], Any]
             try:
@@ -82,11 +114,25 @@ class ThreadLane:
                 loop.call_soon_threadsafe(done, result)
 
     def shutdown(self) -> None:
-        """Run what is queued, then end the thread."""
+        """Run what is queued, then end the thread (and the ones before it, which it waits for)."""
         self._closed = True
         if self._thread is not None:
             self._jobs.put(None)
             self._thread.join()
+
+
+def _lower_priority(name: str) -> None:
+    """This thread at SCHED_IDLE; where the platform refuses, it goes on at normal priority."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError) as exc:  # not Linux, or a sandbox that forbids it
+        global _WARNED
+        if not _WARNED:
+            _WARNED = True
+            log.warning("%s: background priority not available (%s); running at normal priority", name, exc)
+
+
+_WARNED = False
 
 
 _Job = tuple[Callable[[], Any], Callable[[Callable[[], Any]], None], asyncio.AbstractEventLoop]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from raft_store.core import RaftCore, Ready
-from raft_store.types import Entry, Message, ReadState, Snapshot
+from raft_store.types import Entry, Message, ReadState, Role, Snapshot
 
 T = TypeVar("T")
 Results = list[list[bytes] | None]
@@ -111,6 +111,9 @@ class Effects(Protocol):
 
 INLINE_PERSIST_BYTES_MAX = 32 << 10
 INLINE_APPLY_BYTES_MAX = 64 << 10
+FOLLOWER_INLINE_APPLY_BYTES_MAX = 4 << 10
+"""A follower's inline limit on a node (docs/raft.md, "A follower applies in the background"): a
+few commands, whose apply costs less than the hand-off to the apply thread and back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,11 @@ class RunnerConfig:
     the WAL thread and back (measured: ~60 us of CPU and a GIL round trip). -1: never."""
     inline_apply_bytes_max: int = INLINE_APPLY_BYTES_MAX
     """A batch of committed entries this small is applied inline. -1: never."""
+    follower_inline_apply_bytes_max: int = INLINE_APPLY_BYTES_MAX
+    """The same for a node that is not the leader (-1: never). A follower's apply is off the commit
+    path (it acknowledges entries once durable, and nobody waits for its answers), so only an apply
+    cheaper than the hand-off should hold the loop that writes and acknowledges the next entries;
+    the node runs the machine lane at background priority while it follows (node.py)."""
     idle_commit_s: float = 0.05
     """A group-committing machine with applied but uncommitted entries is committed once its apply
     pipeline has been idle this long: no apply in the last `idle_commit_s` (under load, light or
@@ -287,7 +295,9 @@ class ReadyRunner:
         batch = [entry for committed in self._apply_queue for entry in committed]
         self._apply_queue = []
         inline = not self.snapshotting and not self.reading
-        if inline and sum(len(e.data) for e in batch) <= self.config.inline_apply_bytes_max:
+        config = self.config
+        limit = config.inline_apply_bytes_max if self.core.role is Role.LEADER else config.follower_inline_apply_bytes_max
+        if inline and sum(len(e.data) for e in batch) <= limit:
             # A small batch costs less to apply here than a round trip through the machine lane;
             # nothing else touches the machine meanwhile (no snapshot, no read job). During a
             # read job the batch queues behind it on the machine lane instead.

@@ -7,7 +7,9 @@ reads between applies and snapshot installs once drained. What differs is only w
   simulated latency, in order, so a crash can land between write and fsync (and keep any prefix
   of what was written, or tear it);
 - the machine lane runs each job after a simulated delay, in order (the apply thread), or, on
-  the seeds drawn `threaded=False`, small applies run inline as the node's do;
+  the seeds drawn `threaded=False`, small applies run inline as the node's do (a follower's only
+  below the node's lower limit for followers: the others go to the lane, which the node runs at
+  background priority);
 - timers are events; a snapshot is taken in an event of its own;
 - a confirmed read is served by a read job between applies, and the state it reads is checked.
 A crash drops the incarnation: its pending events see a newer generation and do nothing.
@@ -21,7 +23,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raft_store.core import Ready
-from raft_store.ready_runner import INLINE_APPLY_BYTES_MAX, ReadJob, ReadyRunner, Results, RunnerConfig
+from raft_store.ready_runner import (
+    FOLLOWER_INLINE_APPLY_BYTES_MAX,
+    INLINE_APPLY_BYTES_MAX,
+    ReadJob,
+    ReadyRunner,
+    Results,
+    RunnerConfig,
+)
 from raft_store.types import Entry, Message, ReadState, Snapshot
 
 if TYPE_CHECKING:
@@ -81,6 +90,7 @@ class SimPorts:
         config = RunnerConfig(
             inline_persist_bytes_max=-1,  # the fsync latency is the disk lane's
             inline_apply_bytes_max=-1 if threaded else INLINE_APPLY_BYTES_MAX,
+            follower_inline_apply_bytes_max=-1 if threaded else FOLLOWER_INLINE_APPLY_BYTES_MAX,
             idle_commit_s=0.05,
             snapshot_every_entries=cluster.faults.snapshot_every_entries,
         )

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
-from bench.peers_queue import compare, parse, summarize
+from bench.peers_queue import Settings, compare, ours_arguments, ours_level, parse, summarize
 from bench.queue import closed_loop
 
 
@@ -81,3 +82,14 @@ def test_rounds_are_summarized_by_their_medians_and_a_failure_in_any_round_is_th
     assert summary["nats"]["levels"]["16"]["acked_per_s"] == 4500.0
     assert summary["etcd"] == {"error": "etcd not found"}
     assert summary["ours"]["load_average_at_start"] == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.slow
+def test_ours_runs_bench_queue_enqueue_with_every_option_it_reads(tmp_path: Path) -> None:
+    """Ours is `bench.queue`'s enqueue mode on a real cluster; its arguments come from bench.queue's
+    own parser, so an option bench.queue adds cannot leave ours without it (it once did: `--preload`
+    made every run of ours fail with an AttributeError)."""
+    settings = Settings(concurrency=(4,), seconds=1.0, warmup_s=0.2, nats_server="", pg_pool_max=1)
+    assert vars(ours_arguments(4, 1.0)).keys() >= {"concurrency", "seconds", "payload_bytes", "preload", "sets"}
+    found = ours_level(tmp_path, 4, settings)
+    assert found["acked"] > 0 and found["acked_per_s"] > 0 and found["server_cpu_us_per_msg"] > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import queue
+from bench import queue, queue_args
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,7 @@ def test_a_backlog_message_falls_due_a_day_after_the_start_one_ms_after_the_prev
     first, second = (queue.backlog_message(i, queue.uuid_key(i), b"p", 1_000) for i in (0, 1))
     assert (first.due_ms, second.due_ms) == (1_000 + queue.DAY_MS, 1_001 + queue.DAY_MS)
     assert (first.idempotency_key, second.ref_key) == (queue.uuid_key(0), "r1")
+
+
+def test_every_mode_the_command_line_offers_is_one_the_benchmark_runs() -> None:
+    assert tuple(sorted(queue.MODES)) == queue_args.MODE_NAMES

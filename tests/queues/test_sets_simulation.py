@@ -17,7 +17,10 @@ from raft_store.simulation.runner import Outcome
 
 BUDGET_S = float(os.environ.get("SETS_SIM_BUDGET_S", "25"))
 FIRST_SEED = int(os.environ.get("SETS_SIM_FIRST_SEED", "7001000"))
-BUG_SEEDS_MAX = 6
+BUG_SEEDS_MAX = 16
+"""The planted bug needs two routers to disagree while a key is new: it shows in about a quarter of
+the seeds (over seeds 1-24: 7 before followers applied in the background, 6 since, the first on
+seed 3 and then on seed 8), so 16 seeds miss it by chance at about 1 % and a blind checker always."""
 
 
 @pytest.mark.slow

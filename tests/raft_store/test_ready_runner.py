@@ -10,9 +10,12 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from raft_store import ready_runner
 from raft_store.core import Config, RaftCore, Ready, Recovered, Role
 from raft_store.ready_runner import ReadJob, ReadyRunner, Results, RunnerConfig
-from raft_store.types import ConfState, Entry, EntryKind, Message, ReadState, Snapshot, SnapshotMeta
+from raft_store.types import ConfState, Entry, EntryKind, Message, MessageType, ReadState, Snapshot, SnapshotMeta
 
 
 class ManualLane:
@@ -180,6 +183,48 @@ def test_an_apply_committed_during_a_read_job_queues_behind_it() -> None:
     machine.complete()  # then the apply
     assert index in ports.applied
     assert runner.core.log.entry(index).kind is EntryKind.NORMAL
+
+
+def _follower(**config: Any) -> tuple[ReadyRunner, Ports, ManualLane, ManualLane]:
+    """Node 2 of three, following node 1 in term 1, with entries 1-2 durable and 1 committed."""
+    conf = ConfState(voters=frozenset({1, 2, 3}))
+    core = RaftCore(Config(node_id=2), Recovered(snapshot=SnapshotMeta(0, 0, conf)), random.Random(1))
+    ports, disk, machine = Ports(), ManualLane(), ManualLane()
+    runner = ReadyRunner(core, RunnerConfig(**config), storage=ports, applier=_Applier(ports), reader=ports,
+                         disk=disk, machine=machine, effects=ports)  # fmt: skip
+    entries = tuple(Entry(term=1, index=i, kind=EntryKind.NORMAL, data=b"x") for i in (1, 2))
+    core.step(Message(MessageType.APP, to=2, frm=1, term=1, entries=entries, commit=1))
+    runner.pump()
+    assert core.role is Role.FOLLOWER and core.log.committed == 1
+    return runner, ports, disk, machine
+
+
+@pytest.mark.parametrize(
+    "limit", [ready_runner.INLINE_APPLY_BYTES_MAX, ready_runner.FOLLOWER_INLINE_APPLY_BYTES_MAX, 0, -1]
+)
+def test_a_follower_applies_inline_only_below_its_own_limit(limit: int) -> None:
+    """A follower's apply larger than `follower_inline_apply_bytes_max` goes to the machine lane
+    (which the node runs at background priority), not on the loop that writes and acknowledges the
+    next entries; one within it runs inline. The committed entry here is one byte."""
+    runner, ports, _, machine = _follower(follower_inline_apply_bytes_max=limit)
+    if limit >= 1:
+        assert ports.applied == [1] and not machine.jobs
+    else:
+        assert ports.applied == [] and len(machine.jobs) == 1 and runner.apply_running
+        machine.complete()
+        assert ports.applied == [1] and not runner.apply_running
+    assert any(m.type is MessageType.APP_RESP and m.index == 2 for m in ports.sent), "acknowledged either way"
+    assert not ports.failures
+
+
+def test_the_leader_applies_small_batches_inline_whatever_followers_do() -> None:
+    runner, ports, disk, machine = _runner(inline_persist_bytes_max=-1, follower_inline_apply_bytes_max=-1)
+    _lead(runner, disk)
+    index = runner.core.propose(b"x")
+    runner.pump()
+    disk.complete()
+    runner.pump()
+    assert index in ports.applied and not machine.jobs
 
 
 class _Timers(Ports):

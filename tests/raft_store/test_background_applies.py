@@ -1,0 +1,82 @@
+"""Real node processes: followers apply at background priority, the leader at normal priority.
+
+A follower's apply is off the commit path (it acknowledges an entry once it is durable), so the
+node runs it (all but the smallest) on a thread at SCHED_IDLE, which takes a core only when
+nothing else wants one; a
+node that becomes leader answers its clients from its applies and runs them at normal priority
+again. Checked from outside, by the scheduling policy of each process's threads (the apply
+thread also runs the machine's group commits, so on a follower it exists whatever the sizes; which
+applies go to it is test_ready_runner.py's to check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from raft_store.client import RaftClient
+from raft_store.ready_runner import FOLLOWER_INLINE_APPLY_BYTES_MAX
+from raft_store.testing.processes import ProcessCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")]
+
+
+def _idle_threads(pid: int) -> int:
+    count = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            count += os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
+        except OSError:  # the thread ended meanwhile
+            continue
+    return count
+
+
+async def _until(predicate: object, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(what)
+
+
+PADDING = "x" * (FOLLOWER_INLINE_APPLY_BYTES_MAX + 1)
+"""Each entry above a follower's inline limit: applies that go to the apply thread."""
+
+
+async def _append(client: RaftClient, count: int, start: int = 0) -> None:
+    for value in range(start, start + count):
+        await client.propose(json.dumps({"op": "append", "key": "k", "value": f"{value}{PADDING}"}).encode())
+
+
+async def test_followers_apply_in_the_background_and_a_new_leader_in_the_foreground(tmp_path: Path) -> None:
+    cluster = ProcessCluster(tmp_path, machine="kv", extra_args=["--volatile"])
+    cluster.start_all()
+    client = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=1.0, deadline_s=20)
+    try:
+        leader = await cluster.wait_leader(client)
+        await _append(client, 20)
+        followers = [node for node in cluster.ids if node != leader]
+        pids = {node: cluster.procs[node].pid for node in cluster.ids}
+        await _until(lambda: all(_idle_threads(pids[node]) == 1 for node in followers),
+                     f"each follower applies on one background thread: {[_idle_threads(pids[n]) for n in followers]}")
+        assert _idle_threads(pids[leader]) == 0, "the leader applies at normal priority"
+
+        cluster.kill(leader, signal.SIGKILL)
+        successor = await cluster.wait_leader(client, exclude=leader)
+        await _append(client, 20, start=20)
+        await _until(lambda: _idle_threads(pids[successor]) == 0, "the new leader left the background priority")
+        (other,) = [node for node in followers if node != successor]
+        assert _idle_threads(pids[other]) == 1
+
+        answer, _ = await client.read(json.dumps({"key": "k"}).encode())
+        assert json.loads(answer)["value"].split(",") == [f"{v}{PADDING}" for v in range(40)]
+    finally:
+        await client.close()
+        cluster.stop_all()
