@@ -52,7 +52,8 @@ APPLY_BEHIND_MAX = 64
 priority (they return to it at a quarter of this). At the queue's full load on the benchmark
 machine (256 commands an entry) that is about 0.4 s of one replica's applying, which a follower
 elected leader must do before it answers; there the followers kept 8-61 entries behind
-(docs/benchmarks.md, "A follower applies in the background")."""
+(docs/benchmarks.md, "A follower applies in the background"). Entries of 1,000 commands (batch
+enqueues) make it several times that: a bound in bytes would follow the cost more closely."""
 
 
 class Node:
