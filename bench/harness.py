@@ -352,14 +352,14 @@ async def leader_progress_of(cluster: ProcessCluster) -> dict[str, float]:
         await raft.close()
 
 
-def caught_up_of(cluster: ProcessCluster) -> float:
+def caught_up_of(cluster: ProcessCluster) -> None:
     """`caught_up` through a client of its own."""
 
-    async def wait() -> float:
+    async def wait() -> None:
         raft = RaftClient(cluster.addresses(), auth=cluster.auth, attempt_timeout_s=10.0, deadline_s=30.0)
         try:
-            return await caught_up(cluster, raft)
+            await caught_up(cluster, raft)
         finally:
             await raft.close()
 
-    return asyncio.run(wait())
+    asyncio.run(wait())

@@ -26,11 +26,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-async def caught_up(cluster: ProcessCluster, raft: RaftClient, timeout_s: float = 30.0) -> float:
-    """Wait until every node has applied what the leader had committed when called; the seconds it
-    took. A follower applies in the background (docs/raft.md), a few dozen entries behind at full
-    load: the nodes' CPU read at the end of a window must wait for the applies its commits left
-    on the followers, or it would leave part of their work out."""
+async def caught_up(cluster: ProcessCluster, raft: RaftClient, timeout_s: float = 30.0) -> None:
+    """Wait until every node has applied what the leader had committed when called. A follower
+    applies in the background (docs/raft.md), a few dozen entries behind at full load: the nodes'
+    CPU read at the end of a window must wait for the applies its commits left on the followers,
+    or it would leave part of their work out."""
     started = time.monotonic()
     target: int | None = None
     while True:
@@ -39,8 +39,7 @@ async def caught_up(cluster: ProcessCluster, raft: RaftClient, timeout_s: float 
             target = next((int(str(s["commit"])) for s in statuses.values() if s.get("role") == "leader"), None)
         applied = [int(str(s["applied"])) for s in statuses.values()]
         if target is not None and len(applied) == cluster.size and min(applied) >= target:
-            return time.monotonic() - started
+            return
         if time.monotonic() - started > timeout_s:
             raise TimeoutError(f"the nodes did not apply the leader's commit {target} within {timeout_s:.0f} s: {applied}")
         await asyncio.sleep(0.01)
-

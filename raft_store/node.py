@@ -56,6 +56,17 @@ elected leader must do before it answers; there the followers kept 8-61 entries 
 enqueues) make it several times that: a bound in bytes would follow the cost more closely."""
 
 
+def applies_in_background(is_leader: bool, behind: int, *, now: bool) -> bool:
+    """Whether a node's applies run at background priority (ready_runner.py,
+    `follower_inline_apply_bytes_max`): a follower's do, unless they fall more than
+    `APPLY_BEHIND_MAX` committed entries behind; then at normal priority until within a quarter of
+    it (between the two, as `now`), so a follower that becomes leader never has much to apply
+    before it can answer. A leader's never: its applies are on the commit path."""
+    if is_leader or behind > APPLY_BEHIND_MAX:
+        return False
+    return True if behind <= APPLY_BEHIND_MAX // 4 else now
+
+
 class Node:
     """The shell: the runner's effects on a real loop, WAL thread, apply thread and transport."""
 
@@ -275,14 +286,8 @@ class Node:
         if not is_leader and self.reads.awaiting_index and core.leader == 0:
             self.reads.leader_lost()
         self._was_leader = is_leader
-        # A follower applies in the background (ready_runner.py, `follower_inline_apply_bytes_max`), unless
-        # its applies fall behind: then at normal priority until they have nearly caught up, so a
-        # follower that becomes leader never has much to apply before it can answer.
         behind = core.log.committed - core.log.applied
-        if is_leader or behind > APPLY_BEHIND_MAX:
-            self._apply.set_background(False)
-        elif behind <= APPLY_BEHIND_MAX // 4:
-            self._apply.set_background(True)
+        self._apply.set_background(applies_in_background(is_leader, behind, now=self._apply.background))
 
     def _fail_all_waiters(self) -> None:
         self.proposals.fail_all(self.core.leader if self.core is not None else 0)

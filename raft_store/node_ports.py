@@ -65,6 +65,11 @@ class ThreadLane:
             self._start(None)
         self._jobs.put((job, done, asyncio.get_running_loop()))
 
+    @property
+    def background(self) -> bool:
+        """The priority jobs submitted now run at (True: background)."""
+        return self._background
+
     def set_background(self, background: bool) -> None:
         """The priority of the jobs submitted from now on (call from a thread of normal priority)."""
         if background is self._background or self._closed:
