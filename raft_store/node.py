@@ -48,23 +48,27 @@ from raft_store.wal import Wal
 log = logging.getLogger("raft_store.node")
 
 APPLY_BEHIND_MAX = 64
-"""Committed entries a follower may have left to apply before its applies leave the background
-priority (they return to it at a quarter of this). At the queue's full load on the benchmark
-machine (256 commands an entry) that is about 0.4 s of one replica's applying, which a follower
-elected leader must do before it answers; there the followers kept 8-61 entries behind
-(docs/benchmarks.md, "A follower applies in the background"). Entries of 1,000 commands (batch
-enqueues) make it several times that: a bound in bytes would follow the cost more closely."""
+APPLY_BEHIND_BYTES_MAX = 16 << 20
+"""How far a follower's applies may fall behind its commit index, in committed entries and in their
+bytes, before they leave the background priority (they return to it once within a quarter of
+both). A follower elected leader must apply all of it before it answers. At the queue's full load
+on the benchmark machine (256 commands of 1 KiB an entry; one replica applies about 27 µs a
+command) either bound is about 0.4 s of applying; there the followers kept 8-61 entries behind
+(docs/benchmarks.md, "A follower applies in the background"). The bytes bound holds entries of
+large commands (batch enqueues of 1,000 items, about 1 MiB each) to 16 of them instead of 64; the
+entries bound holds entries of small ones (acks)."""
 
 
-def applies_in_background(is_leader: bool, behind: int, *, now: bool) -> bool:
+def applies_in_background(is_leader: bool, behind: int, behind_bytes: int, *, now: bool) -> bool:
     """Whether a node's applies run at background priority (ready_runner.py,
     `follower_inline_apply_bytes_max`): a follower's do, unless they fall more than
-    `APPLY_BEHIND_MAX` committed entries behind; then at normal priority until within a quarter of
-    it (between the two, as `now`), so a follower that becomes leader never has much to apply
-    before it can answer. A leader's never: its applies are on the commit path."""
-    if is_leader or behind > APPLY_BEHIND_MAX:
+    `APPLY_BEHIND_MAX` committed entries or `APPLY_BEHIND_BYTES_MAX` bytes behind; then at normal
+    priority until within a quarter of both (between the bounds, as `now`), so a follower that
+    becomes leader never has much to apply before it can answer. A leader's never: its applies are
+    on the commit path."""
+    if is_leader or behind > APPLY_BEHIND_MAX or behind_bytes > APPLY_BEHIND_BYTES_MAX:
         return False
-    return True if behind <= APPLY_BEHIND_MAX // 4 else now
+    return True if behind <= APPLY_BEHIND_MAX // 4 and behind_bytes <= APPLY_BEHIND_BYTES_MAX // 4 else now
 
 
 class Node:
@@ -286,8 +290,9 @@ class Node:
         if not is_leader and self.reads.awaiting_index and core.leader == 0:
             self.reads.leader_lost()
         self._was_leader = is_leader
-        behind = core.log.committed - core.log.applied
-        self._apply.set_background(applies_in_background(is_leader, behind, now=self._apply.background))
+        assert self.runner is not None
+        behind, behind_bytes = core.log.committed - core.log.applied, self.runner.unapplied_bytes
+        self._apply.set_background(applies_in_background(is_leader, behind, behind_bytes, now=self._apply.background))
 
     def _fail_all_waiters(self) -> None:
         self.proposals.fail_all(self.core.leader if self.core is not None else 0)

@@ -170,6 +170,9 @@ class ReadyRunner:
         self._applied_since_armed = False
         """An apply ended since the idle commit's timer was armed: the pipeline was not idle."""
         self._bytes_since_snapshot = 0
+        self.unapplied_bytes = 0
+        """Bytes of the committed entries handed to the runner and not yet applied: with the count of
+        entries, how far behind the applies are (a follower's lag bound, node.py)."""
 
     # ---- the Readies ----------------------------------------------------------------------
     @property
@@ -222,6 +225,7 @@ class ReadyRunner:
                 for m in rd.messages:  # nothing to write and nothing in flight: safe now
                     self._effects.send(m)
         if rd.committed:
+            self.unapplied_bytes += sum(len(e.data) for e in rd.committed)
             self._apply_queue.append(rd.committed)
             self._kick_apply()
 
@@ -327,7 +331,9 @@ class ReadyRunner:
         self._kick_apply()
         self._applied_since_armed = True
         self._arm_idle_commit()
-        self._bytes_since_snapshot += sum(len(e.data) for e in batch)
+        size = sum(len(e.data) for e in batch)
+        self.unapplied_bytes -= size
+        self._bytes_since_snapshot += size
         every, every_bytes = self.config.snapshot_every_entries, self.config.snapshot_every_bytes
         if not self.snapshotting and (
             (every and core.log.applied - core.log.snapshot_index >= every)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from raft_store.client import RaftClient
-from raft_store.node import APPLY_BEHIND_MAX, applies_in_background
+from raft_store.node import APPLY_BEHIND_BYTES_MAX, APPLY_BEHIND_MAX, applies_in_background
 from raft_store.ready_runner import FOLLOWER_INLINE_APPLY_BYTES_MAX
 from raft_store.testing.processes import ProcessCluster
 
@@ -83,19 +83,25 @@ async def test_followers_apply_in_the_background_and_a_new_leader_in_the_foregro
         cluster.stop_all()
 
 
+B = APPLY_BEHIND_BYTES_MAX
+
+
 @pytest.mark.parametrize(
-    ("is_leader", "behind", "now", "expected"),
+    ("is_leader", "behind", "behind_bytes", "now", "expected"),
     [
-        (True, 0, True, False),  # a leader's applies are on the commit path
-        (True, 0, False, False),
-        (False, 0, False, True),  # a follower's go to the background
-        (False, APPLY_BEHIND_MAX // 4, False, True),
-        (False, APPLY_BEHIND_MAX // 4 + 1, False, False),  # between the bounds: as they are
-        (False, APPLY_BEHIND_MAX, True, True),
-        (False, APPLY_BEHIND_MAX + 1, True, False),  # too far behind: normal priority
+        (True, 0, 0, True, False),  # a leader's applies are on the commit path
+        (True, 0, 0, False, False),
+        (False, 0, 0, False, True),  # a follower's go to the background
+        (False, APPLY_BEHIND_MAX // 4, B // 4, False, True),
+        (False, APPLY_BEHIND_MAX // 4 + 1, 0, False, False),  # between the bounds: as they are
+        (False, 0, B // 4 + 1, False, False),
+        (False, APPLY_BEHIND_MAX // 4 + 1, 0, True, True),
+        (False, APPLY_BEHIND_MAX, B, True, True),
+        (False, APPLY_BEHIND_MAX + 1, 0, True, False),  # too far behind: normal priority
+        (False, 1, B + 1, True, False),  # a few entries of large commands: too far as well
     ],
 )
 def test_a_follower_too_far_behind_applies_at_normal_priority_until_nearly_caught_up(
-    is_leader: bool, behind: int, now: bool, expected: bool
+    is_leader: bool, behind: int, behind_bytes: int, now: bool, expected: bool
 ) -> None:
-    assert applies_in_background(is_leader, behind, now=now) is expected
+    assert applies_in_background(is_leader, behind, behind_bytes, now=now) is expected

@@ -217,6 +217,25 @@ def test_a_follower_applies_inline_only_below_its_own_limit(limit: int) -> None:
     assert not ports.failures
 
 
+def test_the_runner_counts_the_bytes_committed_and_not_yet_applied() -> None:
+    """What a follower's lag bound reads (node.py, `applies_in_background`): the bytes of the
+    entries committed and handed to the runner, until their apply has ended."""
+    runner, ports, disk, machine = _follower(follower_inline_apply_bytes_max=-1)
+    assert runner.unapplied_bytes == 1 and len(machine.jobs) == 1  # entry 1, one byte, on the lane
+    entries = (Entry(term=1, index=3, kind=EntryKind.NORMAL, data=b"y" * 1000),)
+    runner.core.step(Message(MessageType.APP, to=2, frm=1, term=1, index=2, log_term=1, entries=entries, commit=3))
+    runner.pump()
+    while disk.jobs:
+        disk.complete()
+        runner.pump()
+    assert runner.core.log.committed == 3 and runner.unapplied_bytes == 1 + 1 + 1000
+    machine.complete()  # entry 1; entries 2 and 3 were queued behind it and go next, together
+    assert ports.applied == [1] and runner.unapplied_bytes == 1001 and len(machine.jobs) == 1
+    machine.complete()
+    assert ports.applied == [1, 2, 3] and runner.unapplied_bytes == 0
+    assert not ports.failures
+
+
 def test_the_leader_applies_small_batches_inline_whatever_followers_do() -> None:
     runner, ports, disk, machine = _runner(inline_persist_bytes_max=-1, follower_inline_apply_bytes_max=-1)
     _lead(runner, disk)
