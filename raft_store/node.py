@@ -178,6 +178,11 @@ class Node:
         return self._failure
 
     @property
+    def apply_background(self) -> bool:
+        """Whether its applies run at background priority now (`applies_in_background` above)."""
+        return self._apply.background
+
+    @property
     def applying(self) -> bool:
         """Whether the machine is in use on the apply thread right now (`query_applied` waits it out)."""
         return self.runner is not None and self.runner.busy

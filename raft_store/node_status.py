@@ -38,6 +38,11 @@ def node_status(node: Node) -> dict[str, Any]:
         "applied": core.log.applied,
         "last_index": last,
         "snapshot_index": core.log.snapshot_index,
+        # A follower applies in the background, some entries behind its commit index (docs/raft.md).
+        "apply": {
+            "background": node.apply_background,
+            "unapplied_bytes": node.runner.unapplied_bytes if node.runner is not None else 0,
+        },
         "voters": sorted(core.conf.voters),
         "learners": sorted(core.conf.learners),
         "followers": followers,

@@ -77,6 +77,8 @@ def test_a_node_serves_its_raft_and_queue_metrics(tmp_path: Path) -> None:
     assert found[("compensator_queue_depth", (("kind", "transfer"), ("node", "1"), ("state", "ready")))] == 5
     assert found[("compensator_raft_commit_index", node_label)] == found[("compensator_raft_applied_index", node_label)] > 0
     assert found[("compensator_raft_term", node_label)] >= 1
+    assert found[("compensator_raft_unapplied_bytes", node_label)] == 0  # everything committed is applied
+    assert found[("compensator_raft_apply_background", node_label)] == 0  # a leader applies at normal priority
     assert found[("compensator_raft_fsyncs_total", node_label)] >= 1
     assert found[("compensator_raft_fsync_batch_entries_count", node_label)] == found[("compensator_raft_fsyncs_total", node_label)]
     assert found[("compensator_raft_wal_spare_failures_total", node_label)] == 0  # the next segment was zero-filled

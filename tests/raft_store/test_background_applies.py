@@ -68,6 +68,9 @@ async def test_followers_apply_in_the_background_and_a_new_leader_in_the_foregro
         await _until(lambda: all(_idle_threads(pids[node]) == 1 for node in followers),
                      f"each follower applies on one background thread: {[_idle_threads(pids[n]) for n in followers]}")
         assert _idle_threads(pids[leader]) == 0, "the leader applies at normal priority"
+        statuses = {node: (await client.status(cluster.address(node)))["apply"] for node in cluster.ids}
+        assert {node: s["background"] for node, s in statuses.items()} == {n: n != leader for n in cluster.ids}
+        assert all(s["unapplied_bytes"] >= 0 for s in statuses.values())
 
         cluster.kill(leader, signal.SIGKILL)
         successor = await cluster.wait_leader(client, exclude=leader)
