@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.queue_figures import log_shape, percentile
+from bench.queue_figures import caught_up, log_shape, percentile
 from bench.sets_cluster import SetProcesses
 from compensator.config import StoreConfig
 from queues import RaftClient
@@ -119,6 +119,8 @@ async def enqueue_sets(processes: SetProcesses, args: argparse.Namespace) -> dic
     await asyncio.gather(*tasks)
     end = time.perf_counter()
     if not lose:
+        for k in ids:  # the followers' applies the window's commits left: theirs too (as `bench.queue enqueue`)
+            await caught_up(processes.sets[k], probes[k])
         cpu_kill = processes.cpu_seconds()
         after_shape = {k: await log_shape(processes.sets[k], probes[k]) for k in ids}
         killed_at = end

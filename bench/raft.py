@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.queue_figures import caught_up
 from raft_store.client import RaftClient
 from raft_store.testing.credentials import certificates
 from raft_store.testing.processes import ProcessCluster
@@ -67,6 +68,7 @@ async def throughput(cluster: ProcessCluster, concurrency: int, seconds: float, 
     self_cpu0 = time.process_time()
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - t0
+    await caught_up(cluster, client)  # the followers' applies the window's commits left: theirs too
     node_cpu = cluster.cpu_seconds() - cpu0
     client_cpu = time.process_time() - self_cpu0
     status = await client.status(cluster.address(leader))
