@@ -17,7 +17,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from raft_store.core import Ready
 from raft_store.log_context import GROUP
@@ -33,8 +33,8 @@ T = TypeVar("T")
 
 
 class ThreadLane:
-    """One thread; `done` runs on the loop that submitted. A job whose loop has closed when it ends
-    reports nothing.
+    """Jobs one at a time, in submission order, on a thread; `done` runs on the loop that
+    submitted. A job whose loop has closed when it ends reports nothing.
 
     A job hands its result straight to the loop (`call_soon_threadsafe`), without the executor's
     futures: a concurrent Future wrapped in an asyncio Future cost a lock, two futures, their
@@ -42,15 +42,17 @@ class ThreadLane:
 
     `set_background(True)` runs the jobs submitted from then on at the lowest priority (Linux's
     SCHED_IDLE: the thread gets a core only when nothing of normal priority wants it). A thread
-    that has lowered its priority may not raise it again without privilege (sched(7)), and a
-    thread it starts inherits it, so a change starts a new thread from the caller's (the loop's):
-    it takes the later jobs once the thread before it has run what it was given and ended. One
-    thread at a time runs jobs, in submission order, as before."""
+    that has lowered its priority may not raise it again without privilege (sched(7)), so the lane
+    keeps a thread per priority, each started when first needed (from the caller's thread, whose
+    priority a new thread inherits) and kept: a change hands the queue over, the thread that takes
+    over waiting until the other has run everything it was given. A thread per change instead cost
+    memory: each new thread's allocations went to another malloc arena, which kept what was freed
+    there (docs/benchmarks.md, "an apply batch's bound")."""
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._jobs: dict[bool, queue.SimpleQueue[_Item]] = {}
+        self._threads: dict[bool, threading.Thread] = {}
         self._context: contextvars.Context | None = None
         self._closed = False
         self._background = False
@@ -58,12 +60,7 @@ class ThreadLane:
     def submit(self, job: Callable[[], T], done: Callable[[Callable[[], T]], None]) -> None:
         if self._closed:
             raise RuntimeError(f"{self._name}: cannot run a job after shutdown")
-        if self._thread is None:  # run in this context: a hosted replica's thread logs as its set's
-            group = GROUP.get()
-            self._name = f"{self._name} ({group})" if group else self._name
-            self._context = contextvars.copy_context()
-            self._start(None)
-        self._jobs.put((job, done, asyncio.get_running_loop()))
+        self._queue(self._background).put((job, done, asyncio.get_running_loop()))
 
     @property
     def background(self) -> bool:
@@ -74,10 +71,11 @@ class ThreadLane:
         """The priority of the jobs submitted from now on (call from a thread of normal priority)."""
         if background is self._background or self._closed:
             return
-        self._background = background
-        if self._thread is not None:  # else the first job starts the thread at this priority
-            self._jobs.put(None)  # the thread ends after the jobs it was given
-            self._start(self._thread)
+        before, self._background = self._background, background
+        if self._jobs:  # else the first job starts a thread at this priority
+            handed = threading.Event()
+            self._queue(before).put(_HandOver(handed))
+            self._queue(background).put(_TakeOver(handed))
 
     async def run(self, job: Callable[[], T]) -> T:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -93,22 +91,34 @@ class ThreadLane:
         self.submit(job, done)
         return await future
 
-    def _start(self, before: threading.Thread | None) -> None:
-        assert self._context is not None
-        jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+    def _queue(self, background: bool) -> queue.SimpleQueue[_Item]:
+        """The queue of the thread of this priority, started if it is not yet."""
+        jobs = self._jobs.get(background)
+        if jobs is not None:
+            return jobs
+        if self._context is None:  # run in this context: a hosted replica's thread logs as its set's
+            group = GROUP.get()
+            self._name = f"{self._name} ({group})" if group else self._name
+            self._context = contextvars.copy_context()
+        jobs = self._jobs[background] = queue.SimpleQueue()
         thread = threading.Thread(
-            target=self._context.copy().run, args=(self._work, jobs, self._background, before), name=self._name,
-            daemon=True,
+            target=self._context.copy().run, args=(self._work, jobs, background), daemon=True,
+            name=f"{self._name} (background)" if background else self._name,
         )  # fmt: skip
-        self._jobs, self._thread = jobs, thread
+        self._threads[background] = thread
         thread.start()
+        return jobs
 
-    def _work(self, jobs: queue.SimpleQueue[_Job | None], background: bool, before: threading.Thread | None) -> None:
-        if before is not None:
-            before.join()  # its jobs were submitted first
+    def _work(self, jobs: queue.SimpleQueue[_Item], background: bool) -> None:
         if background:
             _lower_priority(self._name)
         while (item := jobs.get()) is not None:
+            if isinstance(item, _HandOver):
+                item.handed.set()  # every job before the change has run
+                continue
+            if isinstance(item, _TakeOver):
+                item.handed.wait()
+                continue
             job, done, loop = item
             result: Callable[[], Any]
             try:
@@ -119,11 +129,24 @@ class ThreadLane:
                 loop.call_soon_threadsafe(done, result)
 
     def shutdown(self) -> None:
-        """Run what is queued, then end the thread (and the ones before it, which it waits for)."""
+        """Run what is queued, then end the lane's threads."""
         self._closed = True
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
+        for jobs in self._jobs.values():
+            jobs.put(None)
+        for thread in self._threads.values():
+            thread.join()
+
+
+class _HandOver(NamedTuple):
+    """Last of what a thread runs before the other takes over: it sets `handed`."""
+
+    handed: threading.Event
+
+
+class _TakeOver(NamedTuple):
+    """First of what the other thread runs after a change: it waits for `handed`."""
+
+    handed: threading.Event
 
 
 def _lower_priority(name: str) -> None:
@@ -141,6 +164,8 @@ _WARNED = False
 
 
 _Job = tuple[Callable[[], Any], Callable[[Callable[[], Any]], None], asyncio.AbstractEventLoop]
+_Item = _Job | _HandOver | _TakeOver | None
+"""A job, a change of thread (`ThreadLane.set_background`), or None: end."""
 
 
 class WalStorage:

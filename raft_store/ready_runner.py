@@ -111,6 +111,13 @@ class Effects(Protocol):
 
 INLINE_PERSIST_BYTES_MAX = 32 << 10
 INLINE_APPLY_BYTES_MAX = 64 << 10
+APPLY_BATCH_BYTES_MAX = 1 << 20
+"""Why a bound: a follower applying in the background takes what committed meanwhile in one job,
+up to its whole lag (64 entries of 1,000 commands when batches are enqueued), and a job holds all
+its decoded commands and results at once; and a group-committing machine commits only between
+jobs (the queue's store once its group has grown past its rows limit), so the group grew by the
+whole job. Both stayed in the process's memory (docs/benchmarks.md, "an apply batch's bound").
+1 MiB is a few thousand small commands: the leader's applies at full load stay whole."""
 FOLLOWER_INLINE_APPLY_BYTES_MAX = 4 << 10
 """A follower's inline limit on a node (docs/raft.md, "A follower applies in the background"): a
 few commands, whose apply costs less than the hand-off to the apply thread and back."""
@@ -128,6 +135,9 @@ class RunnerConfig:
     path (it acknowledges entries once durable, and nobody waits for its answers), so only an apply
     cheaper than the hand-off should hold the loop that writes and acknowledges the next entries;
     the node runs the machine lane at background priority while it follows (node.py)."""
+    apply_batch_bytes_max: int = APPLY_BATCH_BYTES_MAX
+    """At most this many bytes of committed entries in one apply (at least one entry): a follower
+    that fell behind applies its backlog in steps, not in one job as large as its lag."""
     idle_commit_s: float = 0.05
     """A group-committing machine with applied but uncommitted entries is committed once its apply
     pipeline has been idle this long: no apply in the last `idle_commit_s` (under load, light or
@@ -296,12 +306,11 @@ class ReadyRunner:
     def _kick_apply(self) -> None:
         if self.apply_running or not self._apply_queue or self.stopping or self._installing:
             return
-        batch = [entry for committed in self._apply_queue for entry in committed]
-        self._apply_queue = []
+        batch, size = self._take_apply_batch()
         inline = not self.snapshotting and not self.reading
         config = self.config
         limit = config.inline_apply_bytes_max if self.core.role is Role.LEADER else config.follower_inline_apply_bytes_max
-        if inline and sum(len(e.data) for e in batch) <= limit:
+        if inline and size <= limit:
             # A small batch costs less to apply here than a round trip through the machine lane;
             # nothing else touches the machine meanwhile (no snapshot, no read job). During a
             # read job the batch queues behind it on the machine lane instead.
@@ -314,6 +323,24 @@ class ReadyRunner:
             return
         self.apply_running = True
         self._machine.submit(functools.partial(self._applier.apply, batch), lambda r: self._applied(r, batch))
+
+    def _take_apply_batch(self) -> tuple[list[Entry], int]:
+        """The next committed entries to apply, in order, and their bytes: all that wait, or as many
+        as fit `apply_batch_bytes_max` (at least one)."""
+        cap = self.config.apply_batch_bytes_max
+        queue = self._apply_queue
+        batch: list[Entry] = []
+        size = 0
+        for taken, committed in enumerate(queue):  # `taken`: the whole lists before this one
+            for i, entry in enumerate(committed):
+                if batch and size + len(entry.data) > cap:
+                    queue[taken] = committed[i:]
+                    del queue[:taken]
+                    return batch, size
+                batch.append(entry)
+                size += len(entry.data)
+        queue.clear()
+        return batch, size
 
     def _applied(self, result: Callable[[], Results], batch: list[Entry]) -> None:
         self.apply_running = False

@@ -4,9 +4,10 @@ A follower's apply is off the commit path (it acknowledges an entry once it is d
 node runs it (all but the smallest) on a thread at SCHED_IDLE, which takes a core only when
 nothing else wants one; a
 node that becomes leader answers its clients from its applies and runs them at normal priority
-again. Checked from outside, by the scheduling policy of each process's threads (the apply
-thread also runs the machine's group commits, so on a follower it exists whatever the sizes; which
-applies go to it is test_ready_runner.py's to check).
+again. Checked from outside, by the scheduling policy of each process's threads and the node's
+status (the apply thread also runs the machine's group commits, so on a follower it exists
+whatever the sizes; which applies go to it is test_ready_runner.py's to check, and which thread
+runs a job at which priority test_thread_lane.py's).
 """
 
 from __future__ import annotations
@@ -75,9 +76,14 @@ async def test_followers_apply_in_the_background_and_a_new_leader_in_the_foregro
         cluster.kill(leader, signal.SIGKILL)
         successor = await cluster.wait_leader(client, exclude=leader)
         await _append(client, 20, start=20)
-        await _until(lambda: _idle_threads(pids[successor]) == 0, "the new leader left the background priority")
+        # The successor keeps its background thread, idle (a thread per priority, node_ports.py); its
+        # applies now go to a thread of normal priority.
+        status = await client.status(cluster.address(successor))
+        assert status["role"] == "leader" and status["apply"]["background"] is False
+        assert _idle_threads(pids[successor]) == 1, "no thread started per change of priority"
         (other,) = [node for node in followers if node != successor]
         assert _idle_threads(pids[other]) == 1
+        assert (await client.status(cluster.address(other)))["apply"]["background"] is True
 
         answer, _ = await client.read(json.dumps({"key": "k"}).encode())
         assert json.loads(answer)["value"].split(",") == [f"{v}{PADDING}" for v in range(40)]

@@ -236,6 +236,28 @@ def test_the_runner_counts_the_bytes_committed_and_not_yet_applied() -> None:
     assert not ports.failures
 
 
+def test_an_apply_takes_at_most_its_bytes_bound_of_what_waits_and_at_least_one_entry() -> None:
+    """`apply_batch_bytes_max`: a follower behind by many entries applies them in steps, in order."""
+    runner, ports, disk, machine = _follower(follower_inline_apply_bytes_max=-1, apply_batch_bytes_max=1000)
+    machine.complete()  # entry 1
+    sizes = {3: 400, 4: 400, 5: 400, 6: 1500, 7: 10}
+    entries = tuple(Entry(term=1, index=i, kind=EntryKind.NORMAL, data=b"y" * n) for i, n in sizes.items())
+    runner.core.step(Message(MessageType.APP, to=2, frm=1, term=1, index=2, log_term=1, entries=entries, commit=7))
+    runner.pump()
+    while disk.jobs:
+        disk.complete()
+        runner.pump()
+    jobs = []
+    while machine.jobs:
+        before = len(ports.applied)
+        machine.complete()
+        jobs.append(ports.applied[before:])
+    # Entry 2 (durable already) committed first, alone; then 400+400 fit 1000, a third 400 does
+    # not; 1500 goes alone although above the bound; 1500+10 do not fit either.
+    assert jobs == [[2], [3, 4], [5], [6], [7]]
+    assert runner.unapplied_bytes == 0 and not ports.failures
+
+
 def test_the_leader_applies_small_batches_inline_whatever_followers_do() -> None:
     runner, ports, disk, machine = _runner(inline_persist_bytes_max=-1, follower_inline_apply_bytes_max=-1)
     _lead(runner, disk)

@@ -1,10 +1,11 @@
 """The node's thread lane: jobs one at a time, in order, at the priority the node asks for.
 
 A follower runs its applies at background priority (Linux's SCHED_IDLE) and a leader at normal
-priority; a thread cannot raise its own priority back without privilege, so the lane hands its
-queue to a successor thread instead. These tests pin that a change of priority keeps the lane's
-contract (order, one job at a time, every job run, shutdown ends every thread) and that a platform
-which refuses the lower priority only costs a warning.
+priority; a thread cannot raise its own priority back without privilege, so the lane keeps a
+thread per priority and hands its queue from one to the other. These tests pin that a change of
+priority keeps the lane's contract (order, one job at a time, every job run, shutdown ends every
+thread), that changes start no threads beyond those two, and that a platform which refuses the
+lower priority only costs a warning.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def test_jobs_run_at_the_priority_asked_for_when_they_were_submitted() -> None:
     assert [policy for policy, _ in seen] == [os.SCHED_OTHER, os.SCHED_IDLE, os.SCHED_IDLE, os.SCHED_OTHER]
     threads = [thread for _, thread in seen]
     assert threads[1] is threads[2], "no new thread without a change of priority"
-    assert threads[0] is not threads[1] and threads[1] is not threads[3] and threads[0] is not threads[3]
+    assert threads[0] is not threads[1], "a thread of each priority"
+    assert threads[3] is threads[0], "kept: a change back takes up the thread of that priority again"
 
 
 def test_switches_keep_the_order_and_one_job_at_a_time_and_shutdown_ends_every_thread() -> None:
@@ -64,6 +66,8 @@ def test_switches_keep_the_order_and_one_job_at_a_time_and_shutdown_ends_every_t
             running -= 1
         return n
 
+    threads: set[threading.Thread] = set()
+
     async def main() -> list[int]:
         lane = ThreadLane("test-lane")
         loop = asyncio.get_running_loop()
@@ -74,12 +78,14 @@ def test_switches_keep_the_order_and_one_job_at_a_time_and_shutdown_ends_every_t
             future: asyncio.Future[int] = loop.create_future()
             lane.submit(lambda n=n: job(n), lambda result, f=future: f.set_result(result()))  # type: ignore[misc]
             futures.append(future)
+            threads.update(t for t in threading.enumerate() if t.name.startswith("test-lane"))
         results = list(await asyncio.gather(*futures))
         lane.shutdown()
         return results
 
     assert asyncio.run(main()) == list(range(60))
     assert order == list(range(60)) and not overlap
+    assert len(threads) == 2, "one thread per priority, whatever the number of changes"
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("test-lane")]
 
 
