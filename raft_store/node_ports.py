@@ -46,8 +46,8 @@ class ThreadLane:
     keeps a thread per priority, each started when first needed (from the caller's thread, whose
     priority a new thread inherits) and kept: a change hands the queue over, the thread that takes
     over waiting until the other has run everything it was given. A thread per change instead cost
-    memory: each new thread's allocations went to another malloc arena, which kept what was freed
-    there (docs/benchmarks.md, "an apply batch's bound")."""
+    a follower memory: by a run with one malloc arena, each new thread's arena kept what was freed
+    in it (docs/benchmarks.md, "a follower's lag and memory bounded")."""
 
     def __init__(self, name: str) -> None:
         self._name = name

@@ -116,7 +116,8 @@ APPLY_BATCH_BYTES_MAX = 1 << 20
 up to its whole lag (64 entries of 1,000 commands when batches are enqueued), and a job holds all
 its decoded commands and results at once; and a group-committing machine commits only between
 jobs (the queue's store once its group has grown past its rows limit), so the group grew by the
-whole job. Both stayed in the process's memory (docs/benchmarks.md, "an apply batch's bound").
+whole job. Both stayed in the process's memory (docs/benchmarks.md, "a follower's lag and
+memory bounded").
 1 MiB is a few thousand small commands: the leader's applies at full load stay whole."""
 FOLLOWER_INLINE_APPLY_BYTES_MAX = 4 << 10
 """A follower's inline limit on a node (docs/raft.md, "A follower applies in the background"): a
