@@ -68,7 +68,7 @@ def applies_in_background(is_leader: bool, behind: int, behind_bytes: int, *, no
     on the commit path."""
     if is_leader or behind > APPLY_BEHIND_MAX or behind_bytes > APPLY_BEHIND_BYTES_MAX:
         return False
-    return True if behind <= APPLY_BEHIND_MAX // 4 and behind_bytes <= APPLY_BEHIND_BYTES_MAX // 4 else now
+    return (behind <= APPLY_BEHIND_MAX // 4 and behind_bytes <= APPLY_BEHIND_BYTES_MAX // 4) or now
 
 
 class Node:
