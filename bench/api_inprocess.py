@@ -11,7 +11,9 @@ figure is this thread's CPU time (`time.thread_time`) over `--requests` single P
 Idempotency-Key each), under uvloop as uvicorn runs it. It counts everything the app does for a
 request (middleware, span, metrics, token, validation, fingerprint, the store client and its
 coroutine hand-offs, the answer's encoding) and nothing of uvicorn's HTTP parsing and socket
-writes, which the hello route pays too. Compare two checkouts in the same session.
+writes, which the hello route pays too. The garbage collector runs as in the API's process
+(compensator/gc_policy.py, applied once the app's lifespan has started). Compare two checkouts in
+the same session.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from api.tokens import new_token, token_hash
 from bench.api import submission_template
 from bench.harness import code_revision
 from compensator import config as configuration
-from compensator.wiring.api import api_app
+from compensator.wiring.api import after_start_up, api_app
+from compensator.wiring.parts import gc_policy
 from queues import QueueClient, RaftClient, Role
 from queues.replicated import machine_factory
 from raft_store.testing.inprocess import StoreThread
@@ -80,7 +83,11 @@ async def _run(store: StoreThread, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await queue.raft.close()
     environ = {**store.service_settings(), "COMPENSATOR_QUOTA__RATE_PER_S": "1000000", "COMPENSATOR_QUOTA__BURST": "10000000"}
-    app = api_app(configuration.load(None, environ))
+    config = configuration.load(None, environ)
+    app = api_app(config)
+    # The garbage collector's policy, as `compensator api` runs its app (without it the figure
+    # counted CPython's default collections, which the API process does not run).
+    after_start_up(app, gc_policy(config), app.state.services.metrics)
     template = submission_template(args.body_bytes)
     prefix = f"{time.time_ns() % 10**8:08d}"
     bodies = [(template.replace(KEY_MARKER, f"{prefix}{i:012d}").encode(), f"{prefix}{i:012d}")
