@@ -39,7 +39,12 @@ from raft_store.node_recovery import recover
 from raft_store.node_snapshots import NodeSnapshots, NodeStopped
 from raft_store.node_status import node_status
 from raft_store.node_ticks import Ticks
-from raft_store.ready_runner import FOLLOWER_INLINE_APPLY_BYTES_MAX, ReadyRunner, RunnerConfig
+from raft_store.ready_runner import (
+    FOLLOWER_INLINE_APPLY_BYTES_MAX,
+    FOLLOWER_INLINE_PERSIST_BYTES_MAX,
+    ReadyRunner,
+    RunnerConfig,
+)
 from raft_store.state_machine import ClockedMachine, GroupCommittingMachine, StateMachine
 from raft_store.transport import ClientConnection, Transport, TransportConfig
 from raft_store.types import Message, MessageType
@@ -134,6 +139,7 @@ class Node:
         storage = WalStorage(self._wal, self.snapshots.install)
         runner_config = RunnerConfig(
             follower_inline_apply_bytes_max=FOLLOWER_INLINE_APPLY_BYTES_MAX,
+            follower_inline_persist_bytes_max=FOLLOWER_INLINE_PERSIST_BYTES_MAX,
             snapshot_every_entries=cfg.snapshot_every_entries, snapshot_every_bytes=cfg.snapshot_every_bytes,
         )  # fmt: skip
         self.runner = ReadyRunner(core, runner_config, storage=storage, applier=applier, reader=self.reads,

@@ -119,6 +119,12 @@ jobs (the queue's store once its group has grown past its rows limit), so the gr
 whole job. Both stayed in the process's memory (docs/benchmarks.md, "a follower's lag and
 memory bounded").
 1 MiB is a few thousand small commands: the leader's applies at full load stay whole."""
+FOLLOWER_INLINE_PERSIST_BYTES_MAX = 1 << 20
+"""A follower's inline limit for writes on a node: its loop has nothing to do meanwhile that the
+write does not come before (it acknowledges entries once durable, and entries that arrive during
+the fsync are written together next), so the hand-off to the WAL thread and back is all the thread
+would add. The leader keeps INLINE_PERSIST_BYTES_MAX: its loop has acknowledgements to count and
+proposals to take while it writes (docs/benchmarks.md, "a follower writes inline")."""
 FOLLOWER_INLINE_APPLY_BYTES_MAX = 4 << 10
 """A follower's inline limit on a node (docs/raft.md, "A follower applies in the background"): a
 few commands, whose apply costs less than the hand-off to the apply thread and back."""
@@ -129,6 +135,8 @@ class RunnerConfig:
     inline_persist_bytes_max: int = INLINE_PERSIST_BYTES_MAX
     """A batch of writes this small is written (and fsynced) inline: cheaper than the hand-off to
     the WAL thread and back (measured: ~60 us of CPU and a GIL round trip). -1: never."""
+    follower_inline_persist_bytes_max: int | None = None
+    """The same for a node that is not the leader (None: `inline_persist_bytes_max`)."""
     inline_apply_bytes_max: int = INLINE_APPLY_BYTES_MAX
     """A batch of committed entries this small is applied inline. -1: never."""
     follower_inline_apply_bytes_max: int = INLINE_APPLY_BYTES_MAX
@@ -148,6 +156,10 @@ class RunnerConfig:
     """Compact once this many entries applied since the last snapshot (0: never by count)."""
     snapshot_every_bytes: int = 0
     """... or this many bytes of entries (0: never by size)."""
+
+    def persist_inline_max(self, *, leader: bool) -> int:
+        follower = self.follower_inline_persist_bytes_max
+        return self.inline_persist_bytes_max if leader or follower is None else follower
 
 
 class ReadyRunner:
@@ -277,7 +289,7 @@ class ReadyRunner:
         started = self._effects.now()
         size = sum(len(e.data) for rd in batch for e in rd.entries)
         # (Never inline while a snapshot compacts the log on the disk lane: one writer at a time.)
-        if not self.snapshotting and size <= self.config.inline_persist_bytes_max:
+        if not self.snapshotting and size <= self.config.persist_inline_max(leader=self.core.role is Role.LEADER):
             # The leader's appends are already sent, so followers fsync in parallel with us.
             try:
                 self._storage.persist(batch)

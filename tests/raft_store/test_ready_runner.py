@@ -217,6 +217,43 @@ def test_a_follower_applies_inline_only_below_its_own_limit(limit: int) -> None:
     assert not ports.failures
 
 
+@pytest.mark.parametrize("limit", [None, -1, 999, 1000, ready_runner.FOLLOWER_INLINE_PERSIST_BYTES_MAX])
+def test_a_follower_writes_inline_only_within_its_own_limit(limit: int | None) -> None:
+    """`follower_inline_persist_bytes_max` (None: the leader's, here -1, never inline): an append
+    within it is written and acknowledged in the same turn, a larger one goes to the disk lane and
+    is acknowledged only once that write is done. The appended entry is 1,000 bytes."""
+    runner, ports, disk, _ = _follower(inline_persist_bytes_max=-1, follower_inline_persist_bytes_max=limit)
+    while disk.jobs:  # the helper's own entries
+        disk.complete()
+        runner.pump()
+    entries = (Entry(term=1, index=3, kind=EntryKind.NORMAL, data=b"y" * 1000),)
+    runner.core.step(Message(MessageType.APP, to=2, frm=1, term=1, index=2, log_term=1, entries=entries, commit=1))
+    runner.pump()
+
+    def acknowledged() -> bool:
+        return any(m.type is MessageType.APP_RESP and m.index == 3 for m in ports.sent)
+
+    if limit is not None and limit >= 1000:
+        assert not disk.jobs and acknowledged()
+    else:
+        assert len(disk.jobs) == 1 and not acknowledged(), "never acknowledged before it is durable"
+        disk.complete()
+        runner.pump()
+        assert acknowledged()
+    assert runner.core.log.last_index() == 3 and not ports.failures
+
+
+def test_the_leader_keeps_its_own_write_limit_beside_a_larger_followers() -> None:
+    runner, ports, disk, _ = _runner(inline_persist_bytes_max=-1, follower_inline_persist_bytes_max=1 << 20)
+    _lead(runner, disk)
+    index = runner.core.propose(b"x")
+    runner.pump()
+    assert len(disk.jobs) == 1 and index not in ports.applied
+    disk.complete()
+    runner.pump()
+    assert index in ports.applied and not ports.failures
+
+
 def test_the_runner_counts_the_bytes_committed_and_not_yet_applied() -> None:
     """What a follower's lag bound reads (node.py, `applies_in_background`): the bytes of the
     entries committed and handed to the runner, until their apply has ended."""
