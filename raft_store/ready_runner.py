@@ -120,10 +120,10 @@ whole job. Both stayed in the process's memory (docs/benchmarks.md, "a follower'
 memory bounded").
 1 MiB is a few thousand small commands: the leader's applies at full load stay whole."""
 FOLLOWER_INLINE_PERSIST_BYTES_MAX = 1 << 20
-"""A follower's inline limit for writes on a node: its loop has nothing to do meanwhile that the
-write does not come before (it acknowledges entries once durable, and entries that arrive during
-the fsync are written together next), so the hand-off to the WAL thread and back is all the thread
-would add. The leader keeps INLINE_PERSIST_BYTES_MAX: its loop has acknowledgements to count and
+"""A follower's inline limit for writes on a node: nothing its loop would do meanwhile has to go
+before the write (it acknowledges entries once durable, and entries that arrive during the fsync
+are written together next), so the hand-off to the WAL thread and back is all the thread would
+add. The leader keeps INLINE_PERSIST_BYTES_MAX: its loop has acknowledgements to count and
 proposals to take while it writes (docs/benchmarks.md, "a follower writes inline")."""
 FOLLOWER_INLINE_APPLY_BYTES_MAX = 4 << 10
 """A follower's inline limit on a node (docs/raft.md, "A follower applies in the background"): a
