@@ -832,6 +832,10 @@ OPEN_WITHIN_S: Final = 2.0
 BREAKER: Final = {"breaker_window_s": 1.0, "breaker_attempts_min": 5, "breaker_failure_ratio": 0.5,
                   "breaker_probe_every_s": 1.0, "ramp_start_per_s": 4.0, "ramp_double_s": 2.0,
                   "ramp_until_per_s": 64.0}  # fmt: skip
+FLOW_WITHIN_S: Final = 2.0
+"""A list update or callback that arrives while transfers are paused is done within this (at
+light load it takes tens of milliseconds; a worker held by a payment call would keep it for the
+read timeout, 5 s)."""
 PROBES_PER_S_MAX: Final = 2.0
 """Per worker while open: one probe every probe_every_s, stretched by a factor of 0.5-1.5."""
 
@@ -853,6 +857,15 @@ async def produce_steadily(queue: QueueClient, workload: Workload, stop: asyncio
             number += 1
         await workload.submit(queue, items)
         await asyncio.sleep(max(0.0, TICK_S - (time.monotonic() - tick)))
+
+
+def waits_of(found: Sequence[Event], kind: str, start_ms: int, end_ms: int) -> list[int]:
+    """From enqueue to success, sorted, of the messages of `kind` enqueued within [start_ms, end_ms)."""
+    arrived = {e.message_id: e.ts_ms for e in found
+               if e.kind == kind and e.type is EventType.ENQUEUED and start_ms <= e.ts_ms < end_ms}  # fmt: skip
+    done = {e.message_id: e.ts_ms for e in found if e.type is EventType.SUCCEEDED and e.message_id in arrived}
+    assert done.keys() == arrived.keys(), sorted(arrived.keys() - done.keys())
+    return sorted(done[m] - arrived[m] for m in arrived)
 
 
 def breaker_events(found: Sequence[Event]) -> tuple[int, int]:
@@ -905,13 +918,17 @@ async def test_a_payment_outage_pauses_transfers_for_every_worker_while_the_othe
     open_for_s = (resumed_ms - paused_ms) / 1000
     leased_while_open = [t for t in times_of(found, "transfer", EventType.LEASED) if paused_ms < t < resumed_ms]
     assert len(leased_while_open) <= PROBES_PER_S_MAX * BREAKER_WORKERS * open_for_s + BREAKER_WORKERS
-    # Isolation: the other downstreams' kinds complete at the rate they come in, every second.
-    flowing = {}
+    # Isolation: the other downstreams' kinds complete at the rate they come in, each within
+    # FLOW_WITHIN_S of its arrival (a worker that waited on the payment system would hold them for
+    # its read timeout).
+    flowing, waits = {}, {}
     seconds = int((stopped_ms - paused_ms) // 1000)
     for kind in ("list_update", "callback"):
         rates = per_second(times_of(found, kind, EventType.SUCCEEDED), paused_ms, paused_ms + seconds * 1000)
-        flowing[kind] = rates
-        assert min(rates) >= 1 and sum(rates) >= 0.75 * RATE_PER_S * seconds, (kind, rates)
+        flowing[kind], waits[kind] = rates, waits_of(found, kind, paused_ms, stopped_ms)
+        assert sum(rates) >= 0.75 * RATE_PER_S * seconds, (kind, rates)
+        assert len(waits[kind]) >= 0.75 * RATE_PER_S * seconds, (kind, len(waits[kind]))
+        assert waits[kind][-1] <= FLOW_WITHIN_S * 1000, (kind, waits[kind][-10:], rates)
     # The ramp: the backlog's completions per second rise after the close; no second carries it all.
     after = sorted(t for t in times_of(found, "transfer", EventType.SUCCEEDED) if t >= resumed_ms)
     ramp = per_second(after, resumed_ms, after[-1] + 1)
@@ -923,6 +940,7 @@ async def test_a_payment_outage_pauses_transfers_for_every_worker_while_the_othe
           f" (the pause event {paused_ms - outage_ms} ms after), resumed {resumed_ms - outage_ms} ms after it began;"
           f" {len(leased_while_open)} transfer leases (probes) in {open_for_s:.1f} s open;"
           f" completions per second while open: list_update {flowing['list_update']}, callback {flowing['callback']};"
+          f" their waits from arrival to done, p50 and max: {[(w[len(w) // 2], w[-1]) for w in waits.values()]} ms;"
           f" backlog of {backlog} transfers after the close, per second: {ramp}")  # fmt: skip
 
 
