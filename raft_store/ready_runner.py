@@ -161,6 +161,9 @@ class RunnerConfig:
         follower = self.follower_inline_persist_bytes_max
         return self.inline_persist_bytes_max if leader or follower is None else follower
 
+    def apply_inline_max(self, *, leader: bool) -> int:
+        return self.inline_apply_bytes_max if leader else self.follower_inline_apply_bytes_max
+
 
 class ReadyRunner:
     def __init__(
@@ -290,7 +293,7 @@ class ReadyRunner:
         size = sum(len(e.data) for rd in batch for e in rd.entries)
         # (Never inline while a snapshot compacts the log on the disk lane: one writer at a time.)
         if not self.snapshotting and size <= self.config.persist_inline_max(leader=self.core.role is Role.LEADER):
-            # The leader's appends are already sent, so followers fsync in parallel with us.
+            # (On the leader its appends are already sent, so followers fsync in parallel with it.)
             try:
                 self._storage.persist(batch)
             except Exception as exc:
@@ -321,9 +324,7 @@ class ReadyRunner:
             return
         batch, size = self._take_apply_batch()
         inline = not self.snapshotting and not self.reading
-        config = self.config
-        limit = config.inline_apply_bytes_max if self.core.role is Role.LEADER else config.follower_inline_apply_bytes_max
-        if inline and size <= limit:
+        if inline and size <= self.config.apply_inline_max(leader=self.core.role is Role.LEADER):
             # A small batch costs less to apply here than a round trip through the machine lane;
             # nothing else touches the machine meanwhile (no snapshot, no read job). During a
             # read job the batch queues behind it on the machine lane instead.
