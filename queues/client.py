@@ -193,6 +193,14 @@ def _request_id() -> int:
     return secrets.randbits(63) or 1
 
 
+def _stamped(command: QueueCommand) -> QueueCommand:
+    """An enqueue without a request_id given one, so that it travels sessionless (above): every
+    path a command takes to the log, a single submit as much as a frame of many."""
+    if isinstance(command, Enqueue) and not command.request_id:
+        return msgspec.structs.replace(command, request_id=_request_id())
+    return command
+
+
 class QueueClient(QueueReads):
     """Commands through the log (below) and queries through reads (`QueueReads`)."""
 
@@ -207,6 +215,7 @@ class QueueClient(QueueReads):
     # ---- commands -----------------------------------------------------------------------------
     async def submit(self, command: QueueCommand) -> QueueResult:
         """One command through the log; its decoded result."""
+        command = _stamped(command)
         data = codec.encode_command(command)
         if self._coalescer is not None:
             raw = await self._coalescer.submit(data, travels_sessionless(command))
@@ -217,11 +226,13 @@ class QueueClient(QueueReads):
         return _decode(raw)
 
     async def submit_many(self, commands: Sequence[QueueCommand]) -> list[QueueResult]:
-        """Many commands in one frame and one log entry (each on its own session lane)."""
+        """Many commands in one frame and one log entry (each on its own session lane, but enqueues:
+        they travel sessionless)."""
         if not commands:
             return []
+        stamped = [_stamped(c) for c in commands]
         raws = await self.raft.propose_many(
-            [codec.encode_command(c) for c in commands], sessionless=[travels_sessionless(c) for c in commands]
+            [codec.encode_command(c) for c in stamped], sessionless=[travels_sessionless(c) for c in stamped]
         )
         return [_decode(raw) for raw in raws]
 
@@ -233,12 +244,11 @@ class QueueClient(QueueReads):
         CONFLICT / UNKNOWN_KIND. Retrying with the same key after a ClientError is safe: after
         OutcomeUnknown the retry may answer EXISTS for the message the first attempt created."""
         command = Enqueue(kind=kind, idempotency_key=idempotency_key, ref_key=ref_key, payload=payload,
-                          headers=headers or {}, delay_ms=delay_ms, due_ms=due_ms, request_id=_request_id())
+                          headers=headers or {}, delay_ms=delay_ms, due_ms=due_ms)
         return _expect(await self.submit(command), EnqueueResult)
 
     async def enqueue_many(self, items: Sequence[Enqueue]) -> list[EnqueueResult]:
-        stamped = [item if item.request_id else msgspec.structs.replace(item, request_id=_request_id()) for item in items]
-        return [_expect(r, EnqueueResult) for r in await self.submit_many(stamped)]
+        return [_expect(r, EnqueueResult) for r in await self.submit_many(items)]
 
     async def lease(
         self, worker_id: str, *, kinds: Sequence[str] = (), count_max: int = 100, lease_ms: int = 30_000,

@@ -13,6 +13,7 @@ import pytest
 from api_support import CALLBACK_TARGET, Api, running_api, transfer
 
 from queues import Role
+from queues.core.port import Table
 from raft_store.testing.inprocess import StoreThread
 
 
@@ -49,6 +50,22 @@ async def test_created_then_replayed_then_reused(api: Api) -> None:
     _problem(delayed, 422, "idempotency-key-reused")
     stored = (await api.queue.by_ref_key("rp-1")).value
     assert [view.message_id for view in stored] == [int(created["id"].split("-")[1])]
+
+
+async def test_enqueues_travel_without_a_session_lane(store: StoreThread, api: Api) -> None:
+    """An enqueue is exactly-once by its key (and by its request id for the client's own retry):
+    a session row for a single POST would cost every replica a read and three writes for nothing."""
+    view = store.node.machine.view
+    before = view.count(Table.SESSIONS)
+    for n in range(3):
+        single = await _post(api, transfer(str(n)), key=f"lane-{n}")
+        assert single.status_code == 201, single.text
+    batch = await api.client.post("/v1/requests:batch", headers=api.auth(), json={"items": [
+        {"idempotency_key": f"lane-batch-{n}", "request": transfer(f"b{n}")} for n in range(2)]})  # fmt: skip
+    assert [item["status"] for item in batch.json()["items"]] == [201, 201], batch.text
+    replayed = await _post(api, transfer("0"), key="lane-0")
+    assert replayed.status_code == 200 and replayed.json()["replayed"], replayed.text
+    assert view.count(Table.SESSIONS) == before
 
 
 async def test_the_request_reads_back_as_submitted(api: Api) -> None:
