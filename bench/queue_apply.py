@@ -2,14 +2,16 @@
 
     python -m bench.queue_apply --messages 100000 --json
     python -m bench.queue_apply --messages 200000 --per-entry 256 --random-keys --json
+    python -m bench.queue_apply --messages 100000 --per-entry 32 --random-keys --enqueue-lanes 1 --json
 
 Why it exists: on 2 shared cores every replica applies every command, so the microseconds that
 `QueueMachine.apply_batch` spends per command bound the cluster's throughput more than the log
-does. This isolates that cost for the three hot commands, on a file-backed SQLite store in WAL mode
-exactly as a node opens it: enqueue (1 KiB payloads, `--per-entry` per log entry, without session
-lanes as QueueClient sends them; `--random-keys`: UUID idempotency and ref keys, as real callers
-send them, instead of k0, k1, ...), lease (1000 grants per command, on a session lane) and ack
-(one AckMany of 1000, as QueueClient.ack_many sends them).
+does. This isolates that cost for the three hot commands, on a file-backed LMDB store as a node
+opens it: enqueue (1 KiB payloads, `--per-entry` per log entry, without session lanes as
+QueueClient sends them; `--enqueue-lanes N`: on N session lanes instead, as the API's single POST
+travelled before 2026-11-28; `--random-keys`: UUID idempotency and ref keys, as real callers send
+them, instead of k0, k1, ...), lease (1000 grants per command, on a session lane) and ack (one
+AckMany of 1000, as QueueClient.ack_many sends them).
 Figures are microseconds per command per replica, wall and CPU (CPU is steadier on a shared machine).
 """
 
@@ -32,7 +34,9 @@ from raft_store.state_machine import Command
 BATCH = 1000
 
 
-def run(messages: int, payload_bytes: int, per_entry: int = BATCH, random_keys: bool = False) -> dict[str, Any]:
+def run(
+    messages: int, payload_bytes: int, per_entry: int = BATCH, random_keys: bool = False, enqueue_lanes: int = 0
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="queue-apply-") as tmp:
         machine = QueueMachine(str(Path(tmp) / "queue.lmdb"), threaded=False)
         index = 0
@@ -40,11 +44,12 @@ def run(messages: int, payload_bytes: int, per_entry: int = BATCH, random_keys: 
         payload = b"x" * payload_bytes
         lanes = 1024
 
-        def entry(commands: list[bytes], base: int, *, sessions: bool = True) -> list[bytes]:
+        def entry(commands: list[bytes], base: int, *, sessions: int = lanes) -> list[bytes]:
+            """On `sessions` session lanes, or none (0)."""
             nonlocal index
             index += 1
             batch = [
-                Command(1 + (base + i) % lanes, 1 + (base + i) // lanes, data) if sessions else Command(0, 0, data)
+                Command(1 + (base + i) % sessions, 1 + (base + i) // sessions, data) if sessions else Command(0, 0, data)
                 for i, data in enumerate(commands)
             ]
             return machine.apply_batch(index, now, batch)
@@ -61,7 +66,7 @@ def run(messages: int, payload_bytes: int, per_entry: int = BATCH, random_keys: 
                 )
                 for i in range(count)
             ]
-            entry(commands, sent, sessions=False)
+            entry(commands, sent, sessions=enqueue_lanes)
             sent += count
         machine.commit()
         enqueue_s, enqueue_cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -97,6 +102,7 @@ def run(messages: int, payload_bytes: int, per_entry: int = BATCH, random_keys: 
         "payload_bytes": payload_bytes,
         "per_entry": per_entry,
         "random_keys": random_keys,
+        "enqueue_lanes": enqueue_lanes,
         "enqueue_us": round(enqueue_s / messages * 1e6, 1),
         "lease_us_per_grant": round(lease_s / messages * 1e6, 1),
         "ack_us": round(ack_s / messages * 1e6, 1),
@@ -116,13 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-bytes", type=int, default=1024)
     parser.add_argument("--per-entry", type=int, default=BATCH, help="enqueues per log entry")
     parser.add_argument("--random-keys", action="store_true", help="UUID keys instead of k0, k1, ...")
+    parser.add_argument("--enqueue-lanes", type=int, default=0,
+                        help="enqueues on this many session lanes (0: sessionless, as QueueClient sends them)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.messages < 1:
         parser.error("--messages must be at least 1")
     if args.per_entry < 1:
         parser.error("--per-entry must be at least 1")
-    result = run(args.messages, args.payload_bytes, args.per_entry, args.random_keys)
+    if args.enqueue_lanes < 0:
+        parser.error("--enqueue-lanes must be at least 0")
+    result = run(args.messages, args.payload_bytes, args.per_entry, args.random_keys, args.enqueue_lanes)
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0
 

@@ -9,6 +9,8 @@ clients and the nodes at the same instant.
 from __future__ import annotations
 
 import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
 
 from queues import codec
 from queues import query_codec as qc
@@ -46,3 +48,12 @@ def test_a_grant_from_an_older_node_has_no_hash_and_an_answer_may_grow_too() -> 
     answer = qc.decode_answer(_newer({"r": "events_digest", "last_seq": 4, "digest": b"d", "algorithm": "x"},
                                      qc.QUERY_CODEC_VERSION))
     assert isinstance(answer, qc.DigestAnswer) and (answer.last_seq, answer.digest) == (4, b"d")
+
+
+@given(st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=10))
+def test_stored_headers_are_their_keys_sorted_whatever_order_they_came_in(headers: dict[str, str]) -> None:
+    """The bytes every replica stores for a message's headers: its digests compare them."""
+    canonical = msgspec.msgpack.encode(dict(sorted(headers.items())))
+    assert codec.encode_headers(headers) == canonical
+    assert codec.encode_headers(dict(reversed(list(headers.items())))) == canonical
+    assert codec.decode_headers(canonical) == headers
