@@ -193,12 +193,15 @@ def _request_id() -> int:
     return secrets.randbits(63) or 1
 
 
+def with_request_id(item: Enqueue) -> Enqueue:
+    """The enqueue with a request id (its own, else a new one), so that it travels sessionless
+    (above). Stamp once, before any retry: a retry of an applied enqueue is then answered OK."""
+    return item if item.request_id else msgspec.structs.replace(item, request_id=_request_id())
+
+
 def _stamped(command: QueueCommand) -> QueueCommand:
-    """An enqueue without a request_id given one, so that it travels sessionless (above): every
-    path a command takes to the log, a single submit as much as a frame of many."""
-    if isinstance(command, Enqueue) and not command.request_id:
-        return msgspec.structs.replace(command, request_id=_request_id())
-    return command
+    """Every path a command takes to the log stamps enqueues: a single submit as much as a frame."""
+    return with_request_id(command) if isinstance(command, Enqueue) else command
 
 
 class QueueClient(QueueReads):

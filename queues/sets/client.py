@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Final
 
 import msgspec
 
-from queues.client import QueueClient
+from queues.client import QueueClient, with_request_id
 from queues.client_reads import QueueError
 from queues.model import Code, Enqueue, EnqueueResult, ErrorResult, MessageView, RouteFence, RouteResult
 from queues.sets import routing, settings, table
@@ -235,7 +234,7 @@ class SetsClient:
             unknown = Unavailable("no set table read from the control set yet: nothing was stored",
                                   last_error="no set table", last_address=None)  # fmt: skip
             return [(0, unknown) for _ in items]
-        stamped = [item if item.request_id else msgspec.structs.replace(item, request_id=secrets.randbits(63) or 1) for item in items]
+        stamped = [with_request_id(item) for item in items]
         placed: list[Placed | None] = [None] * len(stamped)
         waiting = list(range(len(stamped)))
         for attempt in range(STALE_RETRIES + 1):
